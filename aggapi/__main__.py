@@ -1,0 +1,3 @@
+from aggapi.cli import main
+
+raise SystemExit(main())
