@@ -14,6 +14,7 @@ Existing files are kept unless --force, so re-running is safe (idempotent).
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from aggapi import pki
@@ -58,19 +59,25 @@ def generate(
         written += [out / "ca.crt", out / "ca.key"]
         force = True  # a new CA invalidates every leaf
 
+    @dataclass(frozen=True)
+    class Leaf:
+        cn: str
+        dns: list[str]
+        server: bool = False
+        client: bool = False
+
     leaves = {
-        "apiserver": dict(cn=service, dns=default_apiserver_dns(service, namespace)
-                          + (extra_dns or []), server=True),
-        "agent": dict(cn=AGENT_CN, dns=[agent_service, f"{agent_service}.{namespace}.svc",
-                                        "localhost"] + (extra_dns or []), server=True),
-        "agent-client": dict(cn=APISERVER_CLIENT_CN, dns=[], client=True),
+        "apiserver": Leaf(service, default_apiserver_dns(service, namespace) + (extra_dns or []),
+                          server=True),
+        "agent": Leaf(AGENT_CN, [agent_service, f"{agent_service}.{namespace}.svc", "localhost",
+                                 *(extra_dns or [])], server=True),
+        "agent-client": Leaf(APISERVER_CLIENT_CN, [], client=True),
     }
-    for name, spec in leaves.items():
+    for name, leaf in leaves.items():
         if have(f"{name}.crt", f"{name}.key"):
             continue
-        pair = pki.issue(ca, str(spec["cn"]), dns=list(spec["dns"]),  # type: ignore[arg-type]
-                         ips=ips if spec.get("server") else [],
-                         server=bool(spec.get("server")), client=bool(spec.get("client")))
+        pair = pki.issue(ca, leaf.cn, dns=leaf.dns, ips=ips if leaf.server else [],
+                         server=leaf.server, client=leaf.client)
         pair.write(out / f"{name}.crt", out / f"{name}.key")
         written += [out / f"{name}.crt", out / f"{name}.key"]
 

@@ -135,13 +135,13 @@ async def status_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        err = StatusError(exc.status, exc.text or exc.reason or "error",
-                          headers={k: v for k, v in exc.headers.items()
-                                   if k in ("Allow", "Retry-After", "WWW-Authenticate")})
-        return err.response()
+        return StatusError(exc.status, exc.text or exc.reason or "error",
+                           headers={k: v for k, v in exc.headers.items()
+                                    if k in ("Allow", "Retry-After", "WWW-Authenticate")}
+                           ).response()
     except ConnectionResetError:
         # The client went away mid-stream; there is nobody to answer.
         raise
-    except Exception:  # noqa: BLE001 - last resort: never leak a traceback to clients
+    except Exception:  # last resort: never leak a traceback to clients
         log.exception("internal error handling %s %s", request.method, request.path)
         return StatusError(500, "internal error").response()

@@ -1,0 +1,147 @@
+"""Calls from the apiserver to a node's agent: mTLS plus a signed capability token.
+
+The token carries everything the agent may act on (user, pod, containers, path,
+operation), so the agent needs no Kubernetes credentials and cannot be talked into
+acting on anything else. Agent-side Status errors are passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from aggapi.apiserver.agents import AgentDirectory
+from aggapi.capability import CapabilitySigner, ContainerRef
+from aggapi.status import StatusError
+
+AGENT_SERVER_NAME = "aggapi-agent"
+
+
+class _ClientTLS:
+    """An SSLContext for agent calls, rebuilt when the cert files change on disk."""
+
+    def __init__(self, ca_file: str, cert_file: str, key_file: str,
+                 check_every: float = 30.0) -> None:
+        self._files = (ca_file, cert_file, key_file)
+        self._check_every = check_every
+        self._checked = 0.0
+        self._stamp: tuple[float, ...] = ()
+        self._ctx: ssl.SSLContext | None = None
+
+    def context(self) -> ssl.SSLContext:
+        now = time.monotonic()
+        if self._ctx is None or now - self._checked > self._check_every:
+            self._checked = now
+            stamp = tuple(os.stat(f).st_mtime for f in self._files)
+            if stamp != self._stamp or self._ctx is None:
+                ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self._files[0])
+                ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+                ctx.load_cert_chain(self._files[1], self._files[2])
+                self._ctx, self._stamp = ctx, stamp
+        assert self._ctx is not None
+        return self._ctx
+
+
+class AgentClient:
+    def __init__(
+        self,
+        directory: AgentDirectory,
+        signer: CapabilitySigner,
+        *,
+        ca_file: str,
+        cert_file: str,
+        key_file: str,
+        server_name: str = AGENT_SERVER_NAME,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.directory = directory
+        self._signer = signer
+        self._tls = _ClientTLS(ca_file, cert_file, key_file)
+        self._server_name = server_name
+        self._connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No total timeout: progress streams and copies are long-lived by design.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
+                auto_decompress=False,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        node: str,
+        subject: str,
+        operation: str,
+        pod_namespace: str = "",
+        pod_name: str = "",
+        pod_uid: str = "",
+        containers: Sequence[ContainerRef] = (),
+        copy_path: str | None = None,
+        params: Mapping[str, str] | None = None,
+        query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        data: Any = None,
+    ) -> aiohttp.ClientResponse:
+        """Start a request to ``node``'s agent; the caller reads and releases the response.
+
+        Raises StatusError for a missing/unreachable agent (503) and for any error
+        Status the agent answered.
+        """
+        ep = self.directory.lookup(node)
+        token = self._signer.sign(
+            node=node, subject=subject, operation=operation, pod_namespace=pod_namespace,
+            pod_name=pod_name, pod_uid=pod_uid, containers=tuple(containers),
+            path=copy_path, params=dict(params or {}),
+        )
+        hdrs = {"Authorization": f"Bearer {token}", **(headers or {})}
+        try:
+            resp = await self._get_session().request(
+                method, ep.url + path, params=dict(query or {}), headers=hdrs, data=data,
+                ssl=self._tls.context(), server_hostname=self._server_name,
+            )
+        except (aiohttp.ClientConnectionError, TimeoutError, ssl.SSLError) as exc:
+            raise StatusError(503, f'aggapi agent on node "{node}" is unreachable: {exc}',
+                              retry_after=5) from None
+        if resp.status >= 400:
+            raise await error_from_response(resp, node)
+        return resp
+
+
+async def error_from_response(resp: aiohttp.ClientResponse, node: str) -> StatusError:
+    """Turn an agent's error reply into the StatusError it describes."""
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    try:
+        status = json.loads(body)
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("kind") == "Status":
+        retry = resp.headers.get("Retry-After")
+        return StatusError(
+            int(status.get("code") or resp.status), str(status.get("message") or ""),
+            reason=status.get("reason"), details=status.get("details"),
+            retry_after=int(retry) if retry and retry.isdigit() else None,
+        )
+    # Auth failures between our own components are our fault, not the user's.
+    code = 502 if resp.status in (401, 403) else resp.status
+    return StatusError(code, f'aggapi agent on node "{node}" answered {resp.status}: '
+                             f"{body[:200].decode(errors='replace')}")

@@ -1,0 +1,125 @@
+"""A small list+watch cache (an "informer") over kubernetes_asyncio, holding plain dicts.
+
+Used where aggapi needs current cluster state on every request without one API
+call per request: the agent EndpointSlices (node -> agent address). It relists on
+410 Gone and reconnects with backoff, the way client-go's reflector does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import watch
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+ListFunc = Callable[..., Awaitable[Any]]
+Listener = Callable[[str, Mapping[str, Any]], None]
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace") or ""
+    return f"{ns}/{meta.get('name', '')}"
+
+
+class Informer:
+    """Keep ``items`` equal to what ``list_func(**kwargs)`` returns, via watch."""
+
+    def __init__(
+        self,
+        api_client: ApiClient,
+        list_func: ListFunc,
+        *,
+        watch_timeout: int = 300,
+        max_backoff: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        self._api = api_client
+        self._list = list_func
+        self._kwargs = kwargs
+        self._watch_timeout = watch_timeout
+        self._max_backoff = max_backoff
+        self.items: dict[str, dict[str, Any]] = {}
+        self.synced = asyncio.Event()
+        self._listeners: list[Listener] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def add_listener(self, fn: Listener) -> None:
+        """``fn(event_type, obj)`` after every change (ADDED/MODIFIED/DELETED/RELIST)."""
+        self._listeners.append(fn)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"informer:{self._list.__name__}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _notify(self, kind: str, obj: Mapping[str, Any]) -> None:
+        for fn in self._listeners:
+            try:
+                fn(kind, obj)
+            except Exception:  # a listener bug must not kill the cache
+                log.exception("informer listener failed")
+
+    async def _relist(self) -> str:
+        result = await self._list(**self._kwargs)
+        data = self._api.sanitize_for_serialization(result)
+        self.items = {_key(o): o for o in data.get("items") or []}
+        self.synced.set()
+        self._notify("RELIST", {})
+        return str((data.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                rv = await self._relist()
+                backoff = 0.5
+                while True:
+                    rv = await self._watch(rv)
+            except asyncio.CancelledError:
+                raise
+            except ApiException as exc:
+                if exc.status != 410:
+                    log.warning("informer %s: %s", self._list.__name__, exc.reason)
+            except Exception as exc:  # keep the cache alive through outages
+                log.warning("informer %s: %r", self._list.__name__, exc)
+            await asyncio.sleep(backoff * (1 + random.random() / 2))
+            backoff = min(backoff * 2, self._max_backoff)
+
+    async def _watch(self, rv: str) -> str:
+        w = watch.Watch()
+        try:
+            async with w.stream(self._list, resource_version=rv,
+                                timeout_seconds=self._watch_timeout,
+                                allow_watch_bookmarks=True, **self._kwargs) as stream:
+                async for event in stream:
+                    kind = event["type"]
+                    obj = event["raw_object"]
+                    if kind == "ERROR":
+                        code = obj.get("code") if isinstance(obj, dict) else None
+                        raise ApiException(status=code or 500, reason=str(obj))
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        self.items.pop(_key(obj), None)
+                    else:
+                        self.items[_key(obj)] = obj
+                    self._notify(kind, obj)
+        finally:
+            w.stop()
+        return rv

@@ -1,0 +1,215 @@
+"""A bandwidth-limited TCP proxy on 127.0.0.1, to make pulls slow enough to watch.
+
+The proxy runs its own asyncio loop in a daemon thread, so it serves at a steady
+rate whatever the test's loop is doing, and one instance can be shared by tests
+that run on different loops. All public methods are thread-safe and blocking
+(they return once the proxy's loop has applied them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+CHUNK = 64 * 1024
+
+
+class TokenBucket:
+    """Shared by all connections: ``rate`` bytes/s in total, bursts of ``burst``."""
+
+    def __init__(self, rate: float | None, burst: int = CHUNK) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+        self.lock = asyncio.Lock()
+
+    def set_rate(self, rate: float | None) -> None:
+        self._refill()
+        self.rate = rate
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        if self.rate:
+            self.tokens = min(float(max(self.burst, CHUNK)),
+                              self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    async def take(self, n: int) -> None:
+        # The lock makes waiters queue in order, so connections share the rate fairly.
+        async with self.lock:
+            while self.rate:
+                self._refill()
+                if self.tokens >= n:
+                    self.tokens -= n
+                    return
+                await asyncio.sleep(min((n - self.tokens) / self.rate, 0.1))
+
+
+class ThrottleProxy:
+    """Forward 127.0.0.1:<port> to ``upstream`` (host:port), limiting the download
+    direction (upstream -> client) to ``rate`` bytes/s (None: unlimited)."""
+
+    def __init__(self, upstream: str, rate: float | None = None, *, port: int = 0) -> None:
+        host, _, p = upstream.removeprefix("http://").rpartition(":")
+        self.upstream = (host, int(p))
+        self.port = port
+        self.bytes_down = 0
+        self._rate = rate
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
+        self._bucket: TokenBucket | None = None
+        self._flowing: asyncio.Event | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    @property
+    def host(self) -> str:
+        """``127.0.0.1:PORT``: use it as the registry host in image references."""
+        return f"127.0.0.1:{self.port}"
+
+    # --- control (any thread) --------------------------------------------------------
+
+    def start(self) -> None:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            loop.call_soon(ready.set)
+            loop.run_forever()
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="throttle-proxy", daemon=True)
+        self._thread.start()
+        ready.wait()
+        self._run(self._setup())
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        self._run(self._kill())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._loop = None
+
+    def set_rate(self, rate: float | None) -> None:
+        """Change the limit at run time (bytes/s; None: unlimited)."""
+        self._rate = rate
+
+        async def apply() -> None:
+            assert self._bucket is not None
+            self._bucket.set_rate(rate)
+
+        self._run(apply())
+
+    def pause(self) -> None:
+        """Stall every connection: bytes stop flowing but sockets stay open."""
+        self._run(self._set_flow(False))
+
+    def resume(self) -> None:
+        self._run(self._set_flow(True))
+
+    def kill(self) -> None:
+        """Registry goes down: reset open connections and refuse new ones."""
+        self._run(self._kill())
+
+    def revive(self) -> None:
+        """Registry is back: accept connections again on the same port."""
+        self._run(self._listen())
+
+    # --- loop side -------------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        assert self._loop is not None, "ThrottleProxy not started"
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    async def _setup(self) -> None:
+        self._bucket = TokenBucket(self._rate)
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        await self._listen()
+
+    async def _listen(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+            self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _set_flow(self, on: bool) -> None:
+        assert self._flowing is not None
+        if on:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
+
+    async def _kill(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for t in list(self._conns):
+            t.cancel()
+        for t in list(self._conns):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        uw: asyncio.StreamWriter | None = None
+        try:
+            ur, uw = await asyncio.open_connection(*self.upstream)
+            up = asyncio.ensure_future(self._pump(cr, uw, throttle=False))
+            down = asyncio.ensure_future(self._pump(ur, cw, throttle=True))
+            try:
+                await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+                # Client finished sending: keep relaying the answer until upstream closes.
+                if up.done() and not down.done():
+                    await down
+            finally:
+                up.cancel()
+                down.cancel()
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self._conns.discard(task)
+            for w in (cw, uw):
+                if w is not None:
+                    # abort(), not close(): a killed registry resets, it doesn't say goodbye.
+                    w.transport.abort()
+
+    async def _pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, *,
+                    throttle: bool) -> None:
+        assert self._bucket is not None and self._flowing is not None
+        while True:
+            data = await r.read(CHUNK if not throttle else min(CHUNK, self._chunk()))
+            if not data:
+                if w.can_write_eof():
+                    w.write_eof()
+                return
+            await self._flowing.wait()
+            if throttle:
+                await self._bucket.take(len(data))
+                self.bytes_down += len(data)
+            w.write(data)
+            await w.drain()
+
+    def _chunk(self) -> int:
+        # ~20 slices per second at the current rate: smooth progress, not bursts.
+        rate = self._bucket.rate if self._bucket else None
+        return max(4096, int(rate / 20)) if rate else CHUNK
+
+    def __enter__(self) -> ThrottleProxy:
+        self.start()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

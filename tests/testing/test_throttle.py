@@ -1,0 +1,83 @@
+"""ThrottleProxy limits bandwidth, pauses, and can play a registry going down."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+
+import pytest
+
+from aggapi.testing import oci
+from aggapi.testing.registry import Registry
+from aggapi.testing.throttle import ThrottleProxy
+
+MiB = 1024 * 1024
+
+
+def _fetch(host: str, path: str) -> bytes:
+    conn = http.client.HTTPConnection(host, timeout=30)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def blob(registry: Registry, oci_cache: oci.BlobCache) -> tuple[str, oci.Blob]:
+    img = oci.build_image([oci_cache.random_layer(2 * MiB, seed="throttle")])
+    oci.push_image(registry.host, "t/throttle", img, "1")
+    b = img.layers[0].blob
+    return f"/v2/t/throttle/blobs/{b.digest}", b
+
+
+def test_rate_limit_and_change(registry: Registry, blob: tuple[str, oci.Blob]) -> None:
+    path, b = blob
+    with ThrottleProxy(registry.host, rate=4 * MiB) as proxy:
+        t = time.monotonic()
+        assert len(_fetch(proxy.host, path)) == b.size
+        slow = time.monotonic() - t
+        assert slow >= 0.4, f"2 MiB at 4 MiB/s took {slow:.2f} s"  # lower bound only
+        proxy.set_rate(None)
+        assert len(_fetch(proxy.host, path)) == b.size
+        assert proxy.bytes_down >= 2 * b.size
+
+
+def test_pause_resume(registry: Registry, blob: tuple[str, oci.Blob]) -> None:
+    path, b = blob
+    with ThrottleProxy(registry.host, rate=8 * MiB) as proxy:
+        got: list[bytes] = []
+        proxy.pause()
+        th = threading.Thread(target=lambda: got.append(_fetch(proxy.host, path)))
+        th.start()
+        time.sleep(0.5)
+        assert proxy.bytes_down == 0 and th.is_alive()
+        proxy.resume()
+        th.join(10)
+        assert got and len(got[0]) == b.size
+
+
+def test_kill_and_revive(registry: Registry, blob: tuple[str, oci.Blob]) -> None:
+    path, b = blob
+    with ThrottleProxy(registry.host, rate=1 * MiB) as proxy:
+        errors: list[BaseException] = []
+        got: list[bytes] = []
+
+        def fetch() -> None:
+            try:
+                got.append(_fetch(proxy.host, path))
+            except (OSError, http.client.HTTPException) as e:
+                errors.append(e)
+
+        th = threading.Thread(target=fetch)
+        th.start()
+        time.sleep(0.5)
+        proxy.kill()
+        th.join(10)
+        assert errors or (got and len(got[0]) < b.size), "transfer survived the kill"
+        with pytest.raises(ConnectionRefusedError):
+            _fetch(proxy.host, path)
+        proxy.revive()
+        proxy.set_rate(None)
+        assert len(_fetch(proxy.host, path)) == b.size
