@@ -1,0 +1,147 @@
+"""Never write in place: a temp file next to the target, renamed over it at the end.
+
+:class:`AtomicFile` does the per-file steps of an upload: 1. create
+``.aggapi-tmp-<token>-<n>`` with O_CREAT|O_EXCL|O_NOFOLLOW in the (already
+resolved) target directory; 2. write; 3. fsync; 4. verify size and sha256;
+5. fchown to ids mapped through the container's uid_map/gid_map; 6. fchmod
+(after fchown, which would clear setuid bits); 7. renameat (renameat2
+RENAME_NOREPLACE when overwrite is off). :meth:`abort` unlinks the temp file, so
+any failure leaves the target unchanged. All methods block: run them in workers.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+
+from aggapi.agent.copy import openat2 as o2
+from aggapi.agent.copy.cleanup import InflightRecord
+from aggapi.agent.copy.fsroot import FsRoot
+from aggapi.status import StatusError
+
+SETID = stat.S_ISUID | stat.S_ISGID
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What the new file should look like; ids as the container sees them."""
+
+    uid: int | None = None
+    gid: int | None = None
+    mode: int | None = None
+    keep_setid: bool = False  # only an explicit mode= may set setuid/setgid
+
+
+def existing(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def check_replaceable(dir_fd: int, name: str, path: str, overwrite: bool) -> os.stat_result | None:
+    """The target's lstat, or None; refuse what a file must never replace."""
+    st = existing(dir_fd, name)
+    if st is None:
+        return None
+    if not overwrite:
+        raise StatusError(409, f"{path}: already exists and overwrite=false")
+    if stat.S_ISDIR(st.st_mode):
+        raise StatusError(409, f"{path}: is a directory")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise StatusError(409, f"{path}: exists and is not a regular file or symlink")
+    return st
+
+
+class AtomicFile:
+    def __init__(self, root: FsRoot, record: InflightRecord, dir_fd: int, dir_path: str,
+                 name: str) -> None:
+        self.root = root
+        self.dir_fd = dir_fd
+        self.name = name
+        self.path = dir_path.rstrip("/") + "/" + name
+        self.tmp = record.temp_name(dir_path)
+        self.fd: int | None = os.open(
+            self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600, dir_fd=dir_fd)
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self.committed = False
+
+    def write(self, data: bytes) -> None:
+        assert self.fd is not None
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        self.hash.update(data)  # releases the GIL on large buffers
+        self.size += len(data)
+
+    def finish(self, *, expect_size: int | None, expect_sha256: str | None, owner: Owner,
+               replaced: os.stat_result | None, mtime_ns: int | None = None) -> str:
+        """Steps 3-6; returns the sha256 hex. Raises (and leaves the temp) on mismatch."""
+        assert self.fd is not None
+        os.fsync(self.fd)
+        digest = self.hash.hexdigest()
+        if expect_size is not None and self.size != expect_size:
+            raise StatusError(400, f"{self.path}: received {self.size} bytes, expected "
+                              f"{expect_size}; target unchanged")
+        if expect_sha256 is not None and digest != expect_sha256.lower():
+            raise StatusError(400, f"{self.path}: sha256 mismatch: received {digest}, "
+                              f"expected {expect_sha256}; target unchanged",
+                              reason="Invalid")
+        uid, gid, mode = self._attrs(owner, replaced)
+        os.fchown(self.fd, uid, gid)
+        os.fchmod(self.fd, mode)
+        if mtime_ns is not None:
+            os.utime(self.fd, ns=(mtime_ns, mtime_ns))
+        return digest
+
+    def _attrs(self, owner: Owner, replaced: os.stat_result | None) -> tuple[int, int, int]:
+        # A replaced regular file keeps its owner and mode unless told otherwise.
+        keep = replaced if replaced is not None and stat.S_ISREG(replaced.st_mode) else None
+        uid = (self.root.uid_map.to_host(owner.uid, "uid") if owner.uid is not None
+               else keep.st_uid if keep else self.root.uid_map.to_host(0, "uid"))
+        gid = (self.root.gid_map.to_host(owner.gid, "gid") if owner.gid is not None
+               else keep.st_gid if keep else self.root.gid_map.to_host(0, "gid"))
+        mode = (owner.mode if owner.mode is not None
+                else stat.S_IMODE(keep.st_mode) if keep else 0o644)
+        if not (owner.keep_setid and owner.mode is not None):
+            mode &= ~SETID
+        return uid, gid, mode & 0o7777
+
+    def commit(self, overwrite: bool) -> None:
+        """Step 7, after a last check that the container is still the same process."""
+        self.root.ensure_alive()
+        self.close()
+        rename(self.dir_fd, self.tmp, self.name, self.path, overwrite)
+        self.committed = True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def abort(self) -> None:
+        self.close()
+        if not self.committed:
+            unlink_quiet(self.dir_fd, self.tmp)
+
+
+def rename(dir_fd: int, tmp: str, name: str, path: str, overwrite: bool) -> None:
+    try:
+        o2.renameat2(dir_fd, tmp, dir_fd, name, 0 if overwrite else o2.RENAME_NOREPLACE)
+    except OSError as exc:
+        if exc.errno == errno.EEXIST:
+            raise StatusError(409, f"{path}: already exists and overwrite=false") from exc
+        raise
+
+
+def unlink_quiet(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass

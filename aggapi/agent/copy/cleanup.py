@@ -1,0 +1,159 @@
+"""In-flight upload records, so temp files left by a killed agent get removed.
+
+Every upload request gets a random token; its temp files are named
+``.aggapi-tmp-<token>-<n>`` in the directory they will be renamed into. Before
+the first temp file is created in a directory, one JSON line naming that
+directory is appended to ``<state_dir>/<token>.jsonl`` (whose first line names
+the container by its id, stable across agent restarts, unlike pids). A clean
+finish deletes the record. At start-up :func:`cleanup_stale` re-opens each
+recorded container and directory through openat2 and unlinks only names with
+that token; records of containers that are gone are dropped (their rootfs went
+with them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import stat
+import time
+from collections.abc import Awaitable, Callable
+
+from aggapi.agent.copy.fsroot import FsRoot
+from aggapi.agent.copy.workers import Workers
+from aggapi.status import StatusError
+
+log = logging.getLogger(__name__)
+
+TMP_PREFIX = ".aggapi-tmp-"
+
+
+class InflightRecord:
+    """The record of one upload request. Methods block: call them in a worker thread."""
+
+    def __init__(self, state_dir: str, root: FsRoot) -> None:
+        self.token = secrets.token_hex(8)
+        self.path = os.path.join(state_dir, f"{self.token}.jsonl")
+        self.root = root
+        self.dirs: set[str] = set()
+        self._seq = 0
+        self._fd: int | None = None
+
+    def _append(self, obj: dict[str, object]) -> None:
+        if self._fd is None:
+            try:
+                os.makedirs(os.path.dirname(self.path), 0o700, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                   | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            except OSError as exc:  # not the target's fault: never report it as such
+                raise StatusError(500, f"agent copy state dir unusable: {exc}") from exc
+            head = {"containerId": self.root.container_id, "podUid": self.root.pod_uid,
+                    "container": self.root.container_name, "token": self.token,
+                    "created": time.time()}
+            os.write(self._fd, (json.dumps(head) + "\n").encode())
+        os.write(self._fd, (json.dumps(obj) + "\n").encode())
+
+    def temp_name(self, dir_path: str) -> str:
+        """A fresh temp name for ``dir_path``, recorded before the file exists."""
+        if dir_path not in self.dirs:
+            self._append({"dir": dir_path})
+            self.dirs.add(dir_path)
+        self._seq += 1
+        return f"{TMP_PREFIX}{self.token}-{self._seq}"
+
+    def done(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def read_records(state_dir: str) -> list[tuple[str, dict[str, object], list[str]]]:
+    """(record file, head, dirs) for every record; unreadable ones are skipped."""
+    out = []
+    try:
+        names = os.listdir(state_dir)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        if not name.endswith(".jsonl"):
+            continue
+        path = os.path.join(state_dir, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            log.warning("dropping unreadable copy record %s", path)
+            _unlink(path)
+            continue
+        if not lines or "token" not in lines[0]:
+            _unlink(path)
+            continue
+        dirs = [str(d["dir"]) for d in lines[1:] if "dir" in d]
+        out.append((path, lines[0], dirs))
+    return out
+
+
+def remove_temp_files(root: FsRoot, dirs: list[str], token: str) -> int:
+    """Unlink this token's temp files in each directory. Blocking."""
+    prefix = f"{TMP_PREFIX}{token}-"
+    removed = 0
+    for d in dirs:
+        try:
+            dfd = root.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            log.info("stale copy dir %s in %s: %s", d, root.container_id, exc)
+            continue
+        try:
+            for name in os.listdir(dfd):
+                if not name.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        continue
+                    os.unlink(name, dir_fd=dfd)
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(dfd)
+    return removed
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+async def cleanup_stale(state_dir: str, by_id: Callable[[str], Awaitable[FsRoot | None]],
+                        workers: Workers) -> int:
+    """Remove temp files recorded by a previous agent; returns how many were removed.
+
+    ``by_id`` finds a running container by its id (None when it is gone)."""
+    run = workers.run
+    await run(os.makedirs, state_dir, 0o700, exist_ok=True)
+    records = await run(read_records, state_dir)
+    removed = 0
+    for path, head, dirs in records:
+        try:
+            root = await by_id(str(head.get("containerId", "")))
+        except Exception as exc:  # runtime unreachable: keep the record for next start
+            log.warning("copy record %s: cannot look up container: %s", path, exc)
+            continue
+        if root is not None:
+            try:
+                removed += await run(remove_temp_files, root, dirs, str(head["token"]))
+            finally:
+                root.close()
+        else:
+            log.info("copy record %s: container gone, dropping", path)
+        await run(_unlink, path)
+    return removed

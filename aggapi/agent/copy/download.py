@@ -1,0 +1,284 @@
+"""Reading out of a container: stat, regular files and directory trees as PAX tar.
+
+Nothing is followed: the requested path's last component is opened with
+O_PATH|O_NOFOLLOW (earlier components resolve in-root via openat2), and the
+tree walk opens every child by a single name relative to its parent's fd with
+O_NOFOLLOW. Symlinks are sent as symlinks, hard links as links to the first
+name seen, regular files are re-opened for reading through /proc/self/fd from
+their O_PATH fd (so a name swapped for a device or FIFO is never opened), and
+devices, FIFOs and sockets are skipped.
+
+Skipped entries are reported at the end of the stream: the last entry is
+"./" (the directory itself, a no-op for extractors) whose PAX extended header
+carries the vendor keywords ``AGGAPI.skipped`` (JSON list of {path, type, reason}),
+``AGGAPI.entries``, ``AGGAPI.bytes`` and ``AGGAPI.complete=true``. An HTTP
+trailer would be dropped by proxies, and a header sent up front cannot know
+about entries that change during the walk. A stream without the
+``AGGAPI.complete`` record was cut short. Entry count, depth and bytes are
+capped: checked up front by :func:`measure` (413) and again while streaming
+(the stream is then aborted). Everything here blocks: run it in workers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aggapi.agent.copy import tarstream as ts
+from aggapi.agent.copy.fsroot import FsRoot, split_parent
+from aggapi.agent.copy.quotas import CopyLimits
+from aggapi.status import StatusError
+
+CHUNK = 1 << 20
+
+
+def file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
+                       (stat.S_ISCHR, "char"), (stat.S_ISBLK, "block"), (stat.S_ISFIFO, "fifo"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "unknown"
+
+
+@dataclass
+class Target:
+    """The requested path, held by an O_PATH fd that never followed its last component."""
+
+    path: str
+    fd: int
+    st: os.stat_result
+    link: str | None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def lookup(root: FsRoot, path: str) -> Target:
+    fd = root.open(path, os.O_PATH | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        link = os.readlink("", dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
+    except BaseException:
+        os.close(fd)
+        raise
+    return Target(path, fd, st, link)
+
+
+def stat_dict(root: FsRoot, t: Target) -> dict[str, Any]:
+    """The X-Aggapi-Stat object; ids as the container sees them."""
+    mtime = dt.datetime.fromtimestamp(t.st.st_mtime_ns // 1_000_000_000, dt.UTC)
+    return {
+        "name": split_parent(t.path)[1] or "/",
+        "size": t.st.st_size,
+        "mode": t.st.st_mode,
+        "mtime": mtime.strftime("%Y-%m-%dT%H:%M:%S") + f".{t.st.st_mtime_ns % 10**9:09d}Z",
+        "uid": root.uid_map.to_container(t.st.st_uid),
+        "gid": root.gid_map.to_container(t.st.st_gid),
+        "linkTarget": t.link or "",
+        "type": file_type(t.st.st_mode),
+    }
+
+
+def reopen(fd: int, flags: int) -> int:
+    """Open the very inode behind an O_PATH fd (not whatever its name is now)."""
+    st = os.fstat(fd)
+    new = os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    nst = os.fstat(new)
+    if (nst.st_dev, nst.st_ino) != (st.st_dev, st.st_ino):  # cannot happen; belt and braces
+        os.close(new)
+        raise OSError(errno.ESTALE, "file changed while opening")
+    return new
+
+
+def open_regular(t: Target) -> int:
+    if not stat.S_ISREG(t.st.st_mode):
+        raise StatusError(400, f"{t.path}: not a regular file or directory "
+                          f"({file_type(t.st.st_mode)}); refused")
+    return reopen(t.fd, os.O_RDONLY)
+
+
+def _names(dfd: int, limits: CopyLimits, seen: int) -> list[str]:
+    names = []
+    with os.scandir(dfd) as it:
+        for e in it:
+            names.append(e.name)
+            if seen + len(names) > limits.max_entries:
+                raise StatusError(413, f"directory has more than {limits.max_entries} entries")
+    names.sort()
+    return names
+
+
+def measure(dir_fd: int, limits: CopyLimits) -> tuple[int, int]:
+    """(entries, bytes) of a tree, or a 413 as soon as a cap is passed."""
+    entries = 0
+    size = 0
+    stack: list[tuple[int, int]] = [(os.dup(dir_fd), 0)]
+    try:
+        while stack:
+            dfd, depth = stack.pop()
+            try:
+                for name in _names(dfd, limits, entries):
+                    entries += 1
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        size += st.st_size
+                        if size > limits.size_limit:
+                            raise StatusError(413, f"directory holds more than "
+                                              f"{limits.size_limit} bytes")
+                    elif stat.S_ISDIR(st.st_mode):
+                        if depth + 1 > limits.max_depth:
+                            raise StatusError(413, f"directory is nested deeper than "
+                                              f"{limits.max_depth} levels")
+                        try:
+                            stack.append((os.open(name, os.O_RDONLY | os.O_DIRECTORY
+                                                  | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd),
+                                          depth + 1))
+                        except OSError:
+                            continue
+            finally:
+                os.close(dfd)
+    finally:
+        for dfd, _ in stack:
+            os.close(dfd)
+    return entries, size
+
+
+@dataclass
+class TarWalker:
+    """Generates the PAX tar of a directory in chunks of about 1 MiB."""
+
+    root: FsRoot
+    dir_fd: int
+    limits: CopyLimits
+    entries: int = 0
+    size: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    links: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def skip(self, rel: str, kind: str, reason: str) -> None:
+        self.skipped.append({"path": rel, "type": kind, "reason": reason})
+
+    def _ids(self, st: os.stat_result) -> tuple[int, int]:
+        return self.root.uid_map.to_container(st.st_uid), self.root.gid_map.to_container(st.st_gid)
+
+    def _count(self, nbytes: int = 0) -> None:
+        self.entries += 1
+        self.size += nbytes
+        if self.entries > self.limits.max_entries or self.size > self.limits.size_limit:
+            raise StatusError(413, "directory grew past the copy limits while being sent")
+
+    def chunks(self) -> Iterator[bytes]:
+        buf: list[bytes] = []
+        held = 0
+        for piece in self._walk(self.dir_fd, "", 0):
+            if len(piece) >= CHUNK and not buf:
+                yield piece
+                continue
+            buf.append(piece)
+            held += len(piece)
+            if held >= CHUNK:
+                yield b"".join(buf)
+                buf, held = [], 0
+        buf.append(self.manifest())
+        buf.append(ts.END)
+        yield b"".join(buf)
+
+    def manifest(self) -> bytes:
+        """The closing "./" entry (the directory itself) carrying the AGGAPI.* report."""
+        st = os.fstat(self.dir_fd)
+        uid, gid = self._ids(st)
+        records = {
+            "AGGAPI.entries": str(self.entries),
+            "AGGAPI.bytes": str(self.size),
+            "AGGAPI.skipped": json.dumps(self.skipped, separators=(",", ":")),
+            "AGGAPI.complete": "true",
+        }
+        return (ts.pax_header("./PaxHeader", records, typeflag=ts.PAX)
+                + ts.header("./", ts.DIR, mode=stat.S_IMODE(st.st_mode), uid=uid, gid=gid,
+                            mtime_ns=st.st_mtime_ns - st.st_mtime_ns % 1_000_000_000))
+
+    def _walk(self, dfd: int, prefix: str, depth: int) -> Iterator[bytes]:
+        for name in _names(dfd, self.limits, self.entries):
+            rel = prefix + name
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            uid, gid = self._ids(st)
+            common: dict[str, Any] = {"mode": stat.S_IMODE(st.st_mode), "uid": uid, "gid": gid,
+                                      "mtime_ns": st.st_mtime_ns}
+            if stat.S_ISDIR(st.st_mode):
+                if depth + 1 > self.limits.max_depth:
+                    raise StatusError(413, "directory grew deeper than the copy limit")
+                try:
+                    cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                  | os.O_CLOEXEC, dir_fd=dfd)
+                except OSError as exc:
+                    self.skip(rel, "dir", f"changed while being read: {exc.strerror}")
+                    continue
+                try:
+                    self._count()
+                    yield ts.header(rel + "/", ts.DIR, **common)
+                    yield from self._walk(cfd, rel + "/", depth + 1)
+                finally:
+                    os.close(cfd)
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    target = os.readlink(name, dir_fd=dfd)
+                except OSError as exc:
+                    self.skip(rel, "symlink", f"changed while being read: {exc.strerror}")
+                    continue
+                self._count()
+                yield ts.header(rel, ts.SYM, linkname=target, **common)
+            elif stat.S_ISREG(st.st_mode):
+                yield from self._file(dfd, name, rel, common)
+            else:
+                self.skip(rel, file_type(st.st_mode), "special files are not copied")
+
+    def _file(self, dfd: int, name: str, rel: str, common: dict[str, Any]) -> Iterator[bytes]:
+        try:
+            pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError as exc:
+            self.skip(rel, "file", f"changed while being read: {exc.strerror}")
+            return
+        try:
+            st = os.fstat(pfd)
+            if not stat.S_ISREG(st.st_mode):
+                self.skip(rel, file_type(st.st_mode), "changed while being read")
+                return
+            key = (st.st_dev, st.st_ino)
+            if st.st_nlink > 1:
+                first = self.links.get(key)
+                if first is not None:
+                    self._count()
+                    yield ts.header(rel, ts.LNK, linkname=first, **common)
+                    return
+                self.links[key] = rel
+            fd = reopen(pfd, os.O_RDONLY)
+        finally:
+            os.close(pfd)
+        try:
+            size = st.st_size
+            self._count(size)
+            yield ts.header(rel, ts.REG, size=size, **common)
+            off = 0
+            while off < size:
+                data = os.pread(fd, min(CHUNK, size - off), off)
+                if not data:  # shrank under us: keep the archive well-formed
+                    self.skip(rel, "file", "shrank while being read; padded with zeros")
+                    data = b"\0" * min(CHUNK, size - off)
+                off += len(data)
+                yield data
+            yield ts.pad(size)
+        finally:
+            os.close(fd)

@@ -1,0 +1,104 @@
+"""A container's file system seen only through file descriptors.
+
+:class:`FsRoot` holds a dirfd on ``/proc/<pid>/root`` (or any directory, for
+tests), the pidfd of that process and its id maps. Every container path is
+checked by :func:`clean_path` and resolved with openat2(RESOLVE_IN_ROOT |
+RESOLVE_NO_MAGICLINKS) on the dirfd: '/', '..' and absolute symlinks stop at
+the container root and /proc magic links are refused. Methods block; callers
+run them in worker threads.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+from dataclasses import dataclass, field
+
+from aggapi.agent.copy import openat2 as o2
+from aggapi.agent.copy.idmap import IdMap
+from aggapi.status import StatusError
+
+MAX_PATH = 4096
+MAX_NAME = 255
+
+
+def clean_path(path: str | None) -> str:
+    """The normalised absolute container path, or a 400.
+
+    Relative paths, NUL bytes and '..' components are refused outright even
+    though openat2 would contain them: a request that tries is never legit."""
+    if not path:
+        raise StatusError(400, "path is required")
+    if "\0" in path:
+        raise StatusError(400, "path contains a NUL byte")
+    if not path.startswith("/"):
+        raise StatusError(400, f"path must be absolute: {path!r}")
+    if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH:
+        raise StatusError(400, "path too long")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise StatusError(400, f"path must not contain '..': {path!r}")
+    if any(len(p.encode("utf-8", "surrogateescape")) > MAX_NAME for p in parts):
+        raise StatusError(400, "path component too long")
+    return "/" + "/".join(parts)
+
+
+def split_parent(path: str) -> tuple[str, str]:
+    """('/a', 'b') for '/a/b'; ('/', '') for '/'. ``path`` must be clean."""
+    parent, _, name = path.rpartition("/")
+    return parent or "/", name
+
+
+def check_name(name: str) -> str:
+    """A single directory entry name we may create."""
+    if (not name or name in (".", "..") or "/" in name or "\0" in name
+            or len(name.encode("utf-8", "surrogateescape")) > MAX_NAME):
+        raise StatusError(400, f"invalid file name {name!r}")
+    return name
+
+
+@dataclass
+class FsRoot:
+    """A container root dirfd plus what proves it is still that container."""
+
+    root_fd: int
+    uid_map: IdMap = field(default_factory=IdMap.identity)
+    gid_map: IdMap = field(default_factory=IdMap.identity)
+    pidfd: int | None = None
+    pid: int | None = None
+    container_id: str = ""
+    pod_uid: str = ""
+    container_name: str = ""
+    closed: bool = False
+
+    def alive(self) -> bool:
+        """False once the container's process exited (pidfd turns readable)."""
+        if self.pidfd is None:
+            return True
+        p = select.poll()
+        p.register(self.pidfd, select.POLLIN)
+        return not p.poll(0)  # non-blocking: a zero timeout never waits
+
+    def ensure_alive(self) -> None:
+        if not self.alive():
+            raise StatusError(409, f"container {self.container_name or self.container_id} "
+                              "exited during the copy; nothing was committed")
+
+    def open(self, path: str, flags: int, mode: int = 0) -> int:
+        """Open a clean container path; callers add O_NOFOLLOW for the last component."""
+        return o2.openat2(self.root_fd, path, flags, o2.IN_CONTAINER, mode)
+
+    def open_dir(self, path: str) -> int:
+        """An O_PATH dirfd of a container directory (symlinks inside followed in-root)."""
+        return self.open(path, os.O_PATH | os.O_DIRECTORY)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self.root_fd, self.pidfd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass

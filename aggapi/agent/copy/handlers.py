@@ -1,0 +1,316 @@
+"""aiohttp handlers of the agent's /v1/copy endpoint (HEAD stat, GET download, POST upload).
+
+Wire conventions (the aggapi apiserver relays them unchanged):
+
+- ``X-Aggapi-Stat``: base64 of the JSON object {name, size, mode, mtime, uid,
+  gid, linkTarget, type} of the requested path (not following its last
+  component), on every successful HEAD and GET. ``mode`` is st_mode; ``type``
+  one of file, dir, symlink, char, block, fifo, socket; ids as the container
+  sees them.
+- Regular file (GET): raw bytes, ``Content-Length``, ``Accept-Ranges: bytes``,
+  ``ETag`` from (inode, size, mtime), and the sha256 of the *whole* file as
+  ``X-Aggapi-Sha256: <hex>``, ``Digest: sha-256=<base64>`` (RFC 3230) and
+  ``Repr-Digest: sha-256=:<base64>:`` (RFC 9530), also on 206 replies so a
+  client verifies after resuming. The digest is computed before the first
+  byte (a full read in a worker thread) and cached by (dev, inode, size, mtime,
+  ctime), so a resume does not pay for it again. ``Range: bytes=N-`` (or N-M,
+  -K) gives 206 + Content-Range; ``If-Range`` with another ETag gives 200 and
+  the whole file.
+- Directory (GET): ``Content-Type: application/x-tar``, a PAX tar of its
+  contents with names relative to it; the final PAX global header reports
+  skipped entries (see aggapi.agent.copy.download).
+- Symlink (GET): empty body; the stat header carries linkTarget.
+- Upload (POST): body = the file, or with format=tar a tar extracted into the
+  directory ``path`` (created if only its last component is missing); optional
+  sha256=, mode= (octal; the only way to set setuid/setgid), uid=, gid=,
+  overwrite=true|false (default true). Reply: JSON {path, size, sha256}
+  (+ entries for tar).
+- Errors are metav1.Status (via aggapi.status); a failure after a download has
+  started aborts the connection, so a cut stream never looks complete.
+
+Authorization: ``request[CAPABILITY]`` must be a copy capability for this
+operation, naming the ``container`` and the ``path`` asked for. The upload
+parameters must be those the capability vouches for; sha256 alone may come
+from the query only (it restricts, never widens, what is written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import re
+import stat as st_
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from aggapi.agent import appkeys
+from aggapi.agent.copy import download as dl
+from aggapi.agent.copy.atomic import Owner
+from aggapi.agent.copy.fserrors import fs_status
+from aggapi.agent.copy.fsroot import FsRoot, clean_path
+from aggapi.agent.copy.ranges import etag, parse_range
+from aggapi.agent.copy.state import CopyState
+from aggapi.agent.copy.upload import UploadParams, upload_file, upload_tar
+from aggapi.status import StatusError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+UPLOAD_PARAMS = ("overwrite", "mode", "uid", "gid", "sha256", "format")
+QUERY_ONLY_OK = frozenset({"sha256"})
+
+
+class ContainerRefLike(Protocol):
+    name: str
+
+
+class CapabilityLike(Protocol):
+    """The fields of aggapi.capability.Capability this module reads."""
+
+    operation: str
+    pod_uid: str
+    containers: tuple[Any, ...]
+    path: str | None
+    params: Mapping[str, str]
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _capability(request: web.Request, *ops: str) -> CapabilityLike:
+    cap = request.get(appkeys.CAPABILITY)
+    if cap is None:
+        raise StatusError(401, "a capability token is required")
+    if cap.operation not in ops:
+        raise StatusError(403, f"capability is for {cap.operation}, not {ops[0]}")
+    return cap
+
+
+def _target(request: web.Request, cap: CapabilityLike) -> tuple[str, str]:
+    """(container name, clean path), both as the capability names them."""
+    names = [c.name for c in cap.containers]
+    container = request.query.get("container") or (names[0] if len(names) == 1 else "")
+    if not container:
+        raise StatusError(400, "container is required")
+    if container not in names:
+        raise StatusError(403, f'capability does not cover container "{container}"')
+    path = clean_path(request.query.get("path"))
+    if cap.path is None or clean_path(cap.path) != path:
+        raise StatusError(403, f"capability does not cover path {path!r}")
+    return container, path
+
+
+def _param(request: web.Request, cap: CapabilityLike, key: str) -> str | None:
+    q = request.query.get(key)
+    c = cap.params.get(key)
+    if q is not None and c is not None and q != c:
+        raise StatusError(403, f"{key}={q!r} differs from the capability's {c!r}")
+    if q is not None and c is None and key not in QUERY_ONLY_OK:
+        raise StatusError(403, f"{key} is not authorized by the capability")
+    return c if c is not None else q
+
+
+def upload_params(request: web.Request, cap: CapabilityLike) -> UploadParams:
+    raw = {k: _param(request, cap, k) for k in UPLOAD_PARAMS}
+    ow = (raw["overwrite"] or "true").lower()
+    if ow not in ("true", "false", "1", "0"):
+        raise StatusError(400, "overwrite must be true or false")
+    mode = raw["mode"]
+    if mode is not None and not re.fullmatch(r"0?[0-7]{1,4}", mode):
+        raise StatusError(400, "mode must be octal, at most 07777")
+    ids: dict[str, int | None] = {}
+    for k in ("uid", "gid"):
+        v = raw[k]
+        if v is not None and (not v.isdigit() or int(v) > 0xFFFFFFFE):
+            raise StatusError(400, f"{k} must be a number")
+        ids[k] = int(v) if v is not None else None
+    sha = raw["sha256"]
+    if sha is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+        raise StatusError(400, "sha256 must be 64 hex digits")
+    fmt = raw["format"] or "raw"
+    if fmt not in ("raw", "tar"):
+        raise StatusError(400, "format must be raw or tar")
+    if fmt == "tar" and mode is not None:
+        raise StatusError(400, "mode= applies to single files only")
+    return UploadParams(
+        overwrite=ow in ("true", "1"),
+        owner=Owner(ids["uid"], ids["gid"], int(mode, 8) if mode else None,
+                    keep_setid=mode is not None),
+        sha256=sha, tar=fmt == "tar")
+
+
+def _state(request: web.Request) -> CopyState:
+    state = request.app.get(appkeys.COPY_STATE)
+    if not isinstance(state, CopyState):
+        raise StatusError(503, "copy is not initialised on this agent")
+    return state
+
+
+@asynccontextmanager
+async def _container(state: CopyState, cap: CapabilityLike, name: str) -> AsyncIterator[FsRoot]:
+    root = await state.resolver.resolve(cap.pod_uid, name)
+    try:
+        yield root
+    finally:
+        root.close()
+
+
+async def _lookup(state: CopyState, root: FsRoot, path: str) -> dl.Target:
+    try:
+        return await state.workers.run(dl.lookup, root, path)
+    except OSError as exc:
+        raise fs_status(exc, path) from exc
+
+
+def _stat_header(root: FsRoot, t: dl.Target) -> dict[str, str]:
+    doc = json.dumps(dl.stat_dict(root, t), separators=(",", ":")).encode()
+    return {"X-Aggapi-Stat": _b64(doc)}
+
+
+def _abort(request: web.Request, why: str) -> ConnectionResetError:
+    """Cut the connection: a truncated body must not look like a complete one."""
+    log.warning("copy %s aborted: %s", request.path_qs, why)
+    if request.transport is not None:
+        request.transport.abort()
+    return ConnectionResetError(why)
+
+
+async def stat(request: web.Request) -> web.StreamResponse:
+    cap = _capability(request, "copy.stat", "copy.download")
+    state = _state(request)
+    container, path = _target(request, cap)
+    async with _container(state, cap, container) as root:
+        t = await _lookup(state, root, path)
+        try:
+            return web.Response(status=200, headers=_stat_header(root, t))
+        finally:
+            t.close()
+
+
+async def download(request: web.Request) -> web.StreamResponse:
+    cap = _capability(request, "copy.download")
+    state = _state(request)
+    container, path = _target(request, cap)
+    with state.slots.slot(cap.pod_uid):
+        async with _container(state, cap, container) as root:
+            t = await _lookup(state, root, path)
+            try:
+                if st_.S_ISDIR(t.st.st_mode):
+                    return await _send_dir(request, state, root, t)
+                if st_.S_ISLNK(t.st.st_mode):
+                    return web.Response(status=200, headers=_stat_header(root, t))
+                return await _send_file(request, state, root, t)
+            finally:
+                t.close()
+
+
+async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
+                     t: dl.Target) -> web.StreamResponse:
+    run = state.workers.run
+    try:
+        fd = await run(dl.open_regular, t)
+    except OSError as exc:
+        raise fs_status(exc, t.path) from exc
+    try:
+        state.slots.check_size(t.st.st_size)
+        digest = await run(state.digests.digest, fd)
+        size = t.st.st_size
+        tag = etag(t.st)
+        rng = parse_range(request.headers.get("Range"), size,
+                          if_range=request.headers.get("If-Range"), current_etag=tag)
+        first, last = rng if rng is not None else (0, size - 1)
+        raw = bytes.fromhex(digest)
+        headers = {**_stat_header(root, t), "Accept-Ranges": "bytes", "ETag": tag,
+                   "X-Aggapi-Sha256": digest, "Digest": f"sha-256={_b64(raw)}",
+                   "Repr-Digest": f"sha-256=:{_b64(raw)}:",
+                   "Content-Type": "application/octet-stream"}
+        if rng is not None:
+            headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
+        resp.content_length = last - first + 1
+        await resp.prepare(request)
+        await _stream_range(request, state, root, resp, fd, first, last + 1)
+        await resp.write_eof()
+        return resp
+    finally:
+        await state.workers.run(_close_fd, fd)
+
+
+def _close_fd(fd: int) -> None:
+    os.close(fd)
+
+
+async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
+                        resp: web.StreamResponse, fd: int, start: int, end: int) -> None:
+    """Send [start, end) reading one chunk ahead in a worker: two chunks in memory."""
+    off = start
+    nxt: asyncio.Future[bytes] | None = None
+    try:
+        while off < end:
+            cur = await (nxt if nxt is not None else
+                         state.workers.submit(os.pread, fd, min(CHUNK, end - off), off))
+            nxt = None
+            if not cur:
+                raise _abort(request, "file shrank while being sent")
+            off += len(cur)
+            if off < end:
+                nxt = state.workers.submit(os.pread, fd, min(CHUNK, end - off), off)
+            if not root.alive():
+                raise _abort(request, "container exited during the download")
+            await resp.write(cur)
+    finally:
+        if nxt is not None and not nxt.done():
+            await asyncio.wait([nxt])
+
+
+async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
+                    t: dl.Target) -> web.StreamResponse:
+    run = state.workers.run
+    try:
+        dfd = await run(dl.reopen, t.fd, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise fs_status(exc, t.path) from exc
+    try:
+        await run(dl.measure, dfd, state.limits)
+        walker = dl.TarWalker(root, dfd, state.limits)
+        gen = walker.chunks()
+        resp = web.StreamResponse(status=200, headers={
+            **_stat_header(root, t), "Content-Type": "application/x-tar"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        while True:
+            try:
+                chunk = await run(next, gen, None)
+            except (OSError, StatusError) as exc:
+                raise _abort(request, f"directory walk failed: {exc}") from exc
+            if chunk is None:
+                break
+            if not root.alive():
+                raise _abort(request, "container exited during the download")
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        await run(_close_fd, dfd)
+
+
+async def upload(request: web.Request) -> web.StreamResponse:
+    cap = _capability(request, "copy.upload")
+    state = _state(request)
+    container, path = _target(request, cap)
+    params = upload_params(request, cap)
+    if request.content_length is not None:
+        state.slots.check_size(request.content_length)
+    with state.slots.slot(cap.pod_uid):
+        async with _container(state, cap, container) as root:
+            send = upload_tar if params.tar else upload_file
+            result = await send(state, root, path, request.content, request.content_length,
+                                params)
+    return web.json_response(result)

@@ -1,0 +1,32 @@
+"""Everything the copy handlers share: limits, slots, workers, the container resolver
+and the digest cache. Stored in the agent app under ``appkeys.COPY_STATE``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from aggapi.agent.copy.digests import DigestCache
+from aggapi.agent.copy.fsroot import FsRoot
+from aggapi.agent.copy.quotas import CopyLimits, CopySlots
+from aggapi.agent.copy.workers import Workers
+
+
+class Resolver(Protocol):
+    """Finds a running container and opens its root (see aggapi.agent.copy.container)."""
+
+    async def resolve(self, pod_uid: str, container: str) -> FsRoot: ...
+
+    async def by_id(self, container_id: str) -> FsRoot | None: ...
+
+
+@dataclass
+class CopyState:
+    limits: CopyLimits
+    resolver: Resolver
+    workers: Workers = field(default_factory=Workers)
+    digests: DigestCache = field(default_factory=DigestCache)
+    slots: CopySlots = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slots = CopySlots(self.limits)

@@ -1,0 +1,146 @@
+"""The cluster's authentication settings for extension servers, kept current.
+
+kube-apiserver publishes them in ConfigMap kube-system/extension-apiserver-authentication
+(its client CA, the front-proxy CA, allowed front-proxy CNs and the X-Remote-*
+header names). We list it, then watch it, so rotations take effect without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from cryptography import x509
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    client_ca_pem: bytes = b""
+    client_cas: tuple[x509.Certificate, ...] = ()
+    requestheader_ca_pem: bytes = b""
+    requestheader_cas: tuple[x509.Certificate, ...] = ()
+    allowed_names: tuple[str, ...] = ()
+    username_headers: tuple[str, ...] = ()
+    uid_headers: tuple[str, ...] = ()
+    group_headers: tuple[str, ...] = ()
+    extra_prefixes: tuple[str, ...] = ()
+    resource_version: str = ""
+
+
+def _string_list(raw: str | None) -> tuple[str, ...]:
+    """kube-apiserver writes JSON string arrays; accept a bare comma list too."""
+    if not raw or not raw.strip():
+        return ()
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return tuple(s.strip() for s in raw.split(",") if s.strip())
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        return ()
+    return tuple(str(v) for v in value if str(v))
+
+
+def parse_certs(pem: bytes, what: str) -> tuple[x509.Certificate, ...]:
+    if not pem.strip():
+        return ()
+    try:
+        return tuple(x509.load_pem_x509_certificates(pem))
+    except ValueError as exc:
+        log.error("cannot parse %s: %s", what, exc)
+        return ()
+
+
+def parse_configmap(data: Mapping[str, str], resource_version: str = "") -> AuthConfig:
+    client_pem = data.get("client-ca-file", "").encode()
+    rh_pem = data.get("requestheader-client-ca-file", "").encode()
+    return AuthConfig(
+        client_ca_pem=client_pem,
+        client_cas=parse_certs(client_pem, "client-ca-file"),
+        requestheader_ca_pem=rh_pem,
+        requestheader_cas=parse_certs(rh_pem, "requestheader-client-ca-file"),
+        allowed_names=_string_list(data.get("requestheader-allowed-names")),
+        username_headers=_string_list(data.get("requestheader-username-headers")),
+        uid_headers=_string_list(data.get("requestheader-uid-headers")),
+        group_headers=_string_list(data.get("requestheader-group-headers")),
+        extra_prefixes=_string_list(data.get("requestheader-extra-headers-prefix")),
+        resource_version=resource_version,
+    )
+
+
+Listener = Callable[[AuthConfig], Awaitable[None]]
+
+
+class AuthConfigSource:
+    """Lists then watches the ConfigMap; ``current`` is None until first read."""
+
+    def __init__(self, api: client.ApiClient, namespace: str = "kube-system",
+                 name: str = "extension-apiserver-authentication", *,
+                 max_backoff: float = 10.0) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.max_backoff = max_backoff
+        self.current: AuthConfig | None = None
+        self.ready = asyncio.Event()
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    async def _apply(self, cm: client.V1ConfigMap | None) -> None:
+        if cm is None:
+            return
+        rv = cm.metadata.resource_version if cm.metadata else ""
+        cfg = parse_configmap(cm.data or {}, rv or "")
+        changed = self.current is None or cfg != self.current
+        self.current = cfg
+        self.ready.set()
+        if changed:
+            log.info("authentication config loaded", extra={"resourceVersion": rv})
+            for listener in self._listeners:
+                await listener(cfg)
+
+    async def run(self) -> None:
+        v1 = client.CoreV1Api(self.api)
+        selector = f"metadata.name={self.name}"
+        backoff = 0.2
+        while True:
+            try:
+                lst = await v1.list_namespaced_config_map(self.namespace,
+                                                           field_selector=selector)
+                if not lst.items:
+                    raise LookupError(f"configmap {self.namespace}/{self.name} not found")
+                await self._apply(lst.items[0])
+                rv = lst.metadata.resource_version
+                backoff = 0.2
+                while True:  # watch until it expires or breaks, then resume or relist
+                    async with watch.Watch().stream(
+                            v1.list_namespaced_config_map, self.namespace,
+                            field_selector=selector, resource_version=rv,
+                            timeout_seconds=300) as events:
+                        async for ev in events:
+                            obj = ev["object"]
+                            if ev["type"] == "ERROR":
+                                raise ApiException(status=getattr(obj, "code", 500) or 500)
+                            if obj.metadata and obj.metadata.resource_version:
+                                rv = obj.metadata.resource_version
+                            if ev["type"] in ("ADDED", "MODIFIED"):
+                                await self._apply(obj)
+                            elif ev["type"] == "DELETED":
+                                # Keep serving with the last known config (as kube does).
+                                log.warning("authentication configmap deleted")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("authentication config list/watch failed: %s", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff)

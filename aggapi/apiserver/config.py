@@ -1,0 +1,123 @@
+"""`aggapi apiserver` configuration: flags, each with an AGGAPI_* environment fallback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class ApiServerConfig:
+    bind_address: str = "0.0.0.0"
+    secure_port: int = 8443
+    tls_cert_file: str = ""
+    tls_private_key_file: str = ""
+    tls_min_version: str = "1.2"
+    tls_reload_interval: float = 1.0
+    # Extra client CA next to the ConfigMap's client-ca-file (e.g. for Prometheus).
+    client_ca_file: str = ""
+    kubeconfig: str = ""
+    auth_configmap_namespace: str = "kube-system"
+    auth_configmap_name: str = "extension-apiserver-authentication"
+    anonymous_auth: bool = True
+    authn_cache_ttl: float = 10.0
+    authz_allow_ttl: float = 10.0
+    authz_deny_ttl: float = 10.0
+    authz_cache_size: int = 10000
+    authn_cache_size: int = 10000
+    review_timeout: float = 5.0
+    always_allow_metrics: bool = False
+    shutdown_grace: float = 30.0
+    shutdown_final: float = 5.0
+    log_level: str = "info"
+    # Node agents: found through the EndpointSlices of their Service, called over mTLS
+    # with a capability token signed by this key.
+    agent_namespace: str = "aggapi"
+    agent_service: str = "aggapi-agent"
+    agent_port_name: str = "https"
+    agent_ca_file: str = ""
+    agent_client_cert_file: str = ""
+    agent_client_key_file: str = ""
+    token_signing_key_file: str = ""
+    # pods/imagepullprogress on the plain (non-/watch/) path ends cleanly before
+    # kube-apiserver's --request-timeout (60 s) would cut it mid-line.
+    stream_deadline: float = 55.0
+    # Uploads through pods/copy also need `create` on core pods/exec.
+    copy_require_exec: bool = True
+
+
+# flag name -> (type, help); the env name is AGGAPI_<FLAG_WITH_UNDERSCORES>.
+_FLAGS: dict[str, tuple[type, str]] = {
+    "bind-address": (str, "address to listen on"),
+    "secure-port": (int, "HTTPS port"),
+    "tls-cert-file": (str, "serving certificate (PEM), reloaded when it changes"),
+    "tls-private-key-file": (str, "serving key (PEM), reloaded when it changes"),
+    "tls-min-version": (str, "minimum TLS version: 1.2 or 1.3"),
+    "tls-reload-interval": (float, "seconds between checks of the serving files"),
+    "client-ca-file": (str, "extra CA bundle for client-certificate authentication"),
+    "kubeconfig": (str, "kubeconfig; empty: in-cluster credentials or the default"),
+    "auth-configmap-namespace": (str, "namespace of the authentication ConfigMap"),
+    "auth-configmap-name": (str, "name of the authentication ConfigMap"),
+    "anonymous-auth": (bool, "let unauthenticated requests through as system:anonymous"),
+    "authn-cache-ttl": (float, "seconds a TokenReview result is cached"),
+    "authz-allow-ttl": (float, "seconds an allowed SubjectAccessReview is cached"),
+    "authz-deny-ttl": (float, "seconds a denied SubjectAccessReview is cached"),
+    "authz-cache-size": (int, "max cached authorization decisions"),
+    "authn-cache-size": (int, "max cached token reviews"),
+    "review-timeout": (float, "seconds to wait for a TokenReview/SubjectAccessReview"),
+    "always-allow-metrics": (bool, "serve /metrics without authorization"),
+    "shutdown-grace": (float, "seconds streams may run on after SIGTERM"),
+    "shutdown-final": (float, "seconds streams get to end after being told to"),
+    "log-level": (str, "debug, info, warning, error"),
+    "agent-namespace": (str, "namespace of the agent Service"),
+    "agent-service": (str, "name of the agent Service (its EndpointSlices carry nodeName)"),
+    "agent-port-name": (str, "name of the agent's HTTPS port in the EndpointSlices"),
+    "agent-ca-file": (str, "CA bundle that signs the agents' serving certificates"),
+    "agent-client-cert-file": (str, "client certificate presented to agents (mTLS)"),
+    "agent-client-key-file": (str, "key of --agent-client-cert-file"),
+    "token-signing-key-file": (str, "ES256/Ed25519 private key for agent capability tokens"),
+    "stream-deadline": (float, "seconds after which a stream on the plain path ends "
+                               "cleanly (kube-apiserver cuts non-watch requests at 60 s)"),
+    "copy-require-exec": (bool, "uploads also require create on core pods/exec"),
+}
+
+
+def _env_name(flag: str) -> str:
+    return "AGGAPI_" + flag.upper().replace("-", "_")
+
+
+def _bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
+
+
+def parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    env = os.environ if env is None else env
+    defaults = ApiServerConfig()
+    p = argparse.ArgumentParser(prog="aggapi apiserver",
+                                description="serve subresources.aggapi.io/v1alpha1")
+    for flag, (typ, text) in _FLAGS.items():
+        attr = flag.replace("-", "_")
+        default = getattr(defaults, attr)
+        raw = env.get(_env_name(flag))
+        if raw is not None:
+            default = _bool(raw) if typ is bool else typ(raw)
+        conv = _bool if typ is bool else typ
+        p.add_argument(f"--{flag}", dest=attr, type=conv, default=default,
+                       nargs="?" if typ is bool else None, const=True if typ is bool else None,
+                       help=f"{text} (env {_env_name(flag)}, default {default!r})")
+    return p
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ApiServerConfig:
+    ns = parser(env).parse_args(list(argv))
+    cfg = ApiServerConfig(**vars(ns))
+    if cfg.tls_min_version not in ("1.2", "1.3"):
+        raise SystemExit("--tls-min-version must be 1.2 or 1.3")
+    return cfg

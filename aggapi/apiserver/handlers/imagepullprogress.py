@@ -1,0 +1,390 @@
+"""pods/imagepullprogress and nodes/imagepulls (KEP-5334).
+
+The agent reports what the runtime shows (bytes per layer); Kubernetes reports
+what kubelet decided (scheduled yet, pull started, pull failed with the registry's
+text, back-off). This handler merges the two into one stream:
+
+- unscheduled pod: ``Unscheduled`` objects until it has a node;
+- kubelet failed or backs off: the object carries the error, then a final
+  ``kind: Error`` ends the stream (so ``kubectl get --raw`` exits);
+- kubelet said ``Pulling`` but the runtime shows nothing while the node is at its
+  pull limit (KEP-3673): ``Waiting`` with the node's in-flight pulls and the limit;
+- every image present: the agent's ``kind: Summary`` ends the stream.
+
+On the plain path (verb get) kube-apiserver cuts the request at 60 s, possibly
+mid-line, so the stream ends itself before ``--stream-deadline`` with a
+``kind: Timeout`` object naming the long-running ``/watch/`` path to resume on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from aggapi import GROUP, VERSION
+from aggapi.agent import imageref
+from aggapi.apiserver import appkeys
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.handlers import agent_client
+from aggapi.apiserver.pods import PodTarget, read_json, target_from_pod
+from aggapi.apiserver.podwatch import PodWatch
+from aggapi.apiserver.pullstate import K8sView, views
+from aggapi.apiserver.shutdown import track_stream
+from aggapi.apiserver.streaming import ObjectStream
+from aggapi.capability import ContainerRef
+from aggapi.status import StatusError, not_found
+
+GRANULARITIES = ("layer", "image", "pod")
+NODE_VIEW_INTERVAL = 2.0  # seconds between node-view fetches while a pull looks queued
+SYNC_TIMEOUT = 10.0
+# Agent phases that mean "the runtime shows no activity for this image yet".
+IDLE_PHASES = ("Unknown", "Waiting", "Resolving")
+K8S_FAILURES = ("Failed", "BackOff")
+
+
+def _bool(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw in (None, ""):
+        return default
+    assert raw is not None
+    if raw.lower() in ("true", "1"):
+        return True
+    if raw.lower() in ("false", "0"):
+        return False
+    raise StatusError(400, f"query parameter {name!r} must be true or false, got {raw!r}")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _watch_path(namespace: str, name: str, query: Mapping[str, str]) -> str:
+    qs = "&".join(f"{k}={v}" for k, v in query.items())
+    path = f"/apis/{GROUP}/{VERSION}/watch/namespaces/{namespace}/pods/{name}/imagepullprogress"
+    return f"{path}?{qs}" if qs else path
+
+
+class _Merger:
+    """Applies Kubernetes' view to the agent's objects for one stream."""
+
+    def __init__(self, containers: Sequence[ContainerRef]) -> None:
+        self.containers = containers
+        self.k8s: dict[str, K8sView] = {}
+        self.node_view: dict[str, Any] | None = None
+
+    def update(self, pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
+        self.k8s = views(pod, events, self.containers)
+
+    def failure(self) -> dict[str, Any] | None:
+        """The Error object that ends the stream if kubelet gave up on an image."""
+        for c in self.containers:
+            v = self.k8s.get(c.name)
+            if v is not None and v.phase in K8S_FAILURES:
+                return {"kind": "Error", "container": c.name, "image": c.image,
+                        "phase": v.phase, "error": v.error or f"image pull {v.phase}",
+                        "time": _now()}
+        return None
+
+    def queued(self, obj: Mapping[str, Any]) -> bool:
+        """kubelet is pulling this image but the runtime shows nothing yet."""
+        v = self.k8s.get(str(obj.get("container") or ""))
+        return (v is not None and v.phase == "Pulling" and obj.get("phase") in IDLE_PHASES
+                and int(obj.get("progress") or 0) <= 0)
+
+    def waiting(self) -> dict[str, Any] | None:
+        nv = self.node_view
+        if not nv:
+            return None
+        free = nv.get("slotsFree")
+        if free is None or free > 0:
+            return None
+        return {"inFlight": nv.get("pulls") or [], "limit": (nv.get("kubelet") or {}),
+                "inFlightCount": nv.get("inFlight")}
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if obj.get("kind") != "Progress":
+            return obj
+        name = str(obj.get("container") or "")
+        v = self.k8s.get(name)
+        if v is None:
+            return obj
+        if v.phase in K8S_FAILURES:
+            return {**obj, "phase": v.phase, "error": v.error}
+        if self.queued(obj):
+            waiting = self.waiting()
+            if waiting is not None:
+                return {**obj, "phase": "Waiting", "waiting": waiting}
+        return obj
+
+
+async def pod_progress(request: web.Request) -> web.StreamResponse:
+    info = request[appkeys.INFO]
+    granularity = request.query.get("granularity", "layer")
+    if granularity not in GRANULARITIES:
+        raise StatusError(400, f"granularity must be one of {', '.join(GRANULARITIES)}")
+    follow = _bool(request, "follow", True)
+    wanted = request.query.getall("container", [])
+    agent = agent_client(request)
+
+    async with request.app[appkeys.POD_WATCHES].watch(info.namespace, info.name) as pw:
+        try:
+            await pw.synced(SYNC_TIMEOUT)
+        except TimeoutError:
+            raise StatusError(503, "timed out reading the pod from the Kubernetes API",
+                              retry_after=2) from None
+        if pw.pod is None:
+            raise not_found("pods", info.name)
+        target = target_from_pod(pw.pod)
+        containers = target.select(wanted)
+        deadline = None
+        if info.verb != "watch":
+            deadline = asyncio.get_running_loop().time() + request.app[
+                appkeys.CONFIG].stream_deadline
+        resume = _watch_path(info.namespace, info.name,
+                             {k: v for k, v in request.query.items() if k != "timeout"})
+        stream = ObjectStream(request)
+        await stream.start()
+        async with track_stream(request) as shutdown:
+            session = _Session(request, stream, agent, pw, target, containers, granularity,
+                               follow, deadline, resume, shutdown)
+            await session.run()
+        return await stream.finish()
+
+
+class _Session:
+    """One client's stream: waits for scheduling, relays the agent, merges Kubernetes."""
+
+    def __init__(self, request: web.Request, stream: ObjectStream, agent: AgentClient,
+                 pw: PodWatch, target: PodTarget, containers: Sequence[ContainerRef],
+                 granularity: str, follow: bool, deadline: float | None, resume: str,
+                 shutdown: asyncio.Event) -> None:
+        self.request, self.stream, self.agent, self.pw = request, stream, agent, pw
+        self.target, self.containers = target, containers
+        self.granularity, self.follow = granularity, follow
+        self.deadline, self.resume, self.shutdown = deadline, resume, shutdown
+        self.merger = _Merger(containers)
+        self.loop = asyncio.get_running_loop()
+        self._node_view_at = 0.0
+
+    def _remaining(self) -> float | None:
+        return None if self.deadline is None else self.deadline - self.loop.time()
+
+    async def _timeout_object(self, why: str) -> None:
+        await self.stream.send({"kind": "Timeout", "message": why, "resume": self.resume,
+                                "time": _now()})
+
+    async def run(self) -> None:
+        version = -1
+        while True:
+            pod = self.pw.pod
+            if pod is None or (pod.get("metadata") or {}).get("uid") != self.target.uid:
+                await self.stream.send({"kind": "Error", "phase": "Unknown", "time": _now(),
+                                        "error": "the pod was deleted or replaced"})
+                return
+            self.merger.update(pod, self.pw.events)
+            if not (pod.get("spec") or {}).get("nodeName"):
+                if self.pw.version != version:
+                    for c in self.containers:
+                        await self.stream.send({
+                            "kind": "Progress", "container": c.name, "image": c.image,
+                            "layer": "", "phase": "Unscheduled", "progress": -1, "total": -1,
+                            "error": "", "bytesPerSecond": None, "etaSeconds": None,
+                            "time": _now()})
+                if not self.follow:
+                    return
+                version = self.pw.version
+                if not await self._wait_pod_change(version):
+                    return
+                continue
+            self.target = target_from_pod(pod)
+            await self._relay_agent()
+            return
+
+    async def _wait_pod_change(self, version: int) -> bool:
+        """Wait for the pod to change; False once the stream must end (deadline/shutdown)."""
+        while True:
+            remaining = self._remaining()
+            if remaining is not None and remaining <= 0:
+                await self._timeout_object("request deadline reached before the pod was "
+                                           "scheduled; resume on the /watch/ path")
+                return False
+            if self.shutdown.is_set():
+                await self._timeout_object("server shutting down; resume on the /watch/ path")
+                return False
+            step = 1.0 if remaining is None else min(1.0, remaining)
+            if await self.pw.wait_changed(version, step) != version:
+                return True
+
+    async def _relay_agent(self) -> None:
+        failure = self.merger.failure()
+        if failure is not None:
+            await self.stream.send(failure)
+            return
+        node = self.target.node
+        try:
+            upstream = await self.agent.open(
+                "GET", "/v1/imagepullprogress", node=node,
+                subject=self.request[appkeys.USER].name, operation="imagepullprogress",
+                pod_namespace=self.target.namespace, pod_name=self.target.name,
+                pod_uid=self.target.uid, containers=self.containers,
+                params={"granularity": self.granularity},
+                query={"granularity": self.granularity,
+                       "follow": "true" if self.follow else "false"})
+        except StatusError as err:
+            await self.stream.send({"kind": "Error", "phase": "Unknown", "time": _now(),
+                                    "error": err.message, "code": err.code})
+            return
+        try:
+            await self._pump(upstream, node)
+        finally:
+            upstream.close()
+
+    async def _pump(self, upstream: aiohttp.ClientResponse, node: str) -> None:
+        line_task: asyncio.Task[bytes] | None = None
+        pod_version = self.pw.version
+        pod_task: asyncio.Task[int] | None = None
+        try:
+            while True:
+                if line_task is None:
+                    line_task = asyncio.ensure_future(upstream.content.readline())
+                if pod_task is None:
+                    pod_task = asyncio.ensure_future(self.pw.wait_changed(pod_version, 3600))
+                remaining = self._remaining()
+                if remaining is not None and remaining <= 0:
+                    await self._timeout_object(
+                        "request deadline reached; resume on the /watch/ path, which "
+                        "kube-apiserver does not cut")
+                    return
+                stop = asyncio.ensure_future(self.shutdown.wait())
+                done, _ = await asyncio.wait({line_task, pod_task, stop}, timeout=remaining,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if self.shutdown.is_set():
+                    await self._timeout_object("server shutting down; resume on the /watch/ "
+                                               "path")
+                    return
+                if pod_task in done:
+                    pod_version = pod_task.result()
+                    pod_task = None
+                    pod = self.pw.pod
+                    if pod is None:
+                        await self.stream.send({"kind": "Error", "phase": "Unknown",
+                                                "error": "the pod was deleted",
+                                                "time": _now()})
+                        return
+                    self.merger.update(pod, self.pw.events)
+                    failure = self.merger.failure()
+                    if failure is not None:
+                        await self.stream.send(failure)
+                        return
+                if line_task in done:
+                    try:
+                        line = line_task.result()
+                    except (aiohttp.ClientError, ConnectionError) as exc:
+                        line, lost = b"", str(exc) or type(exc).__name__
+                    else:
+                        lost = "connection closed"
+                    line_task = None
+                    if not line:
+                        await self.stream.send({
+                            "kind": "Error", "phase": "Unknown", "time": _now(),
+                            "error": f'lost the stream from the aggapi agent on node "{node}" '
+                                     f"({lost}); retry the request"})
+                        return
+                    if await self._forward(line, node):
+                        return
+        finally:
+            for t in (line_task, pod_task):
+                if t is not None:
+                    t.cancel()
+                    with contextlib.suppress(BaseException):
+                        await t
+
+    async def _forward(self, line: bytes, node: str) -> bool:
+        """Send one agent object, merged; True when it ended the stream."""
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(obj, dict):
+            return False
+        if self.merger.queued(obj):
+            await self._refresh_node_view(node)
+        await self.stream.send(self.merger.apply(obj))
+        kind = obj.get("kind")
+        if kind == "Progress" and self.merger.failure() is not None:
+            failure = self.merger.failure()
+            assert failure is not None
+            await self.stream.send(failure)
+            return True
+        return kind in ("Summary", "Error")
+
+    async def _refresh_node_view(self, node: str) -> None:
+        now = self.loop.time()
+        if now - self._node_view_at < NODE_VIEW_INTERVAL:
+            return
+        self._node_view_at = now
+        try:
+            self.merger.node_view = await fetch_node_view(
+                self.agent, node, self.request[appkeys.USER].name)
+        except StatusError:
+            self.merger.node_view = None
+
+
+async def fetch_node_view(agent: AgentClient, node: str, subject: str) -> dict[str, Any]:
+    resp = await agent.open("GET", "/v1/imagepulls", node=node, subject=subject,
+                            operation="imagepulls")
+    try:
+        data: dict[str, Any] = await resp.json(content_type=None)
+        return data
+    finally:
+        resp.release()
+
+
+async def node_pulls(request: web.Request) -> web.StreamResponse:
+    """Every in-flight pull on a node, with the pods on that node waiting for it."""
+    node = request.match_info["name"]
+    agent = agent_client(request)
+    view = await fetch_node_view(agent, node, request[appkeys.USER].name)
+    pods = await _pods_on_node(request, node)
+    for pull in view.get("pulls") or []:
+        pull["pods"] = _waiting_pods(pull, pods)
+    return web.json_response(view)
+
+
+async def _pods_on_node(request: web.Request, node: str) -> list[PodTarget]:
+    api = request.app[appkeys.KUBE_API]
+    try:
+        data = await read_json(client.CoreV1Api(api).list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False))
+    except ApiException as exc:
+        raise StatusError(503, f"listing pods on node {node}: {exc.reason}",
+                          retry_after=2) from None
+    return [target_from_pod(p) for p in data.get("items") or []]
+
+
+def _waiting_pods(pull: Mapping[str, Any], pods: Sequence[PodTarget]) -> list[dict[str, str]]:
+    """Pods whose images this pull brings: the same image, or the same repository
+    (containerd's distribution-source labels name host-without-port/repository)."""
+    images = set(pull.get("images") or [])
+    repos = set(pull.get("repositories") or [])
+    out = []
+    for p in pods:
+        for c in p.containers:
+            try:
+                ref = imageref.parse(c.image)
+            except imageref.InvalidReference:
+                continue
+            if str(ref) in images or f"{ref.host}/{ref.path}" in repos:
+                out.append({"namespace": p.namespace, "name": p.name, "container": c.name,
+                            "image": c.image})
+    return out

@@ -1,0 +1,60 @@
+"""`aggapi apiserver`: load configuration and credentials, serve until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from aggapi import kube, logs
+from aggapi.apiserver.app import build_app
+from aggapi.apiserver.config import ApiServerConfig, parse_args
+from aggapi.tlsconfig import ServingTLS
+
+log = logging.getLogger("aggapi.apiserver")
+
+
+async def serve(config: ApiServerConfig, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tls = ServingTLS(config.tls_cert_file, config.tls_private_key_file,
+                     min_version=ssl.TLSVersion.TLSv1_3 if config.tls_min_version == "1.3"
+                     else ssl.TLSVersion.TLSv1_2,
+                     poll_interval=config.tls_reload_interval)
+    if not tls.accepts_any_client_cert:
+        log.warning("client certificates are verified in the TLS handshake "
+                    "(libssl callback unavailable): untrusted certs fail the handshake")
+    api = await kube.load_client(config.kubeconfig or None)
+    try:
+        app = build_app(config, kube_api=api, tls=tls)
+        # handler_cancellation: a client that goes away cancels its handler, which
+        # closes the stream from the agent (the agent then drops the subscription).
+        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                               shutdown_timeout=config.shutdown_final,
+                               handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, config.bind_address, config.secure_port,
+                           ssl_context=tls.context)
+        await site.start()
+        log.info("serving", extra={"address": config.bind_address, "port": config.secure_port})
+        await stop.wait()
+        log.info("shutting down")
+        await runner.cleanup()
+    finally:
+        await api.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    config = parse_args(argv)
+    logs.configure(config.log_level)
+    if not config.tls_cert_file or not config.tls_private_key_file:
+        log.error("--tls-cert-file and --tls-private-key-file are required")
+        return 2
+    asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,80 @@
+"""Prometheus metrics of one apiserver app (own registry, so tests can build many apps)."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from aggapi.apiserver import appkeys
+from aggapi.status import Handler
+
+_NS = "aggapi_apiserver"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(f"{_NS}_requests", "Requests by subresource, verb and code.",
+                                ["subresource", "verb", "code"], registry=r)
+        self.latency = Histogram(
+            f"{_NS}_request_duration_seconds", "Time to the end of the response.",
+            ["subresource", "verb"], registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+        self.streams = Gauge(f"{_NS}_streams_in_flight", "Open streaming responses.",
+                             ["subresource"], registry=r)
+        self.sar = Counter(f"{_NS}_subjectaccessreviews", "SubjectAccessReviews sent, by result.",
+                           ["result"], registry=r)
+        self.sar_cache = Counter(f"{_NS}_authorization_cache", "Authorization cache lookups.",
+                                 ["result"], registry=r)
+        self.tokenreview = Counter(f"{_NS}_tokenreviews", "TokenReviews sent, by result.",
+                                   ["result"], registry=r)
+        self.token_cache = Counter(f"{_NS}_token_cache", "Token authentication cache lookups.",
+                                   ["result"], registry=r)
+        self.authn_failures = Counter(f"{_NS}_authentication_failures",
+                                      "Rejected authentications by reason.", ["reason"],
+                                      registry=r)
+
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's current value (0 if absent): for tests and benchmarks."""
+        v = self.registry.get_sample_value(name, labels)
+        return v or 0.0
+
+
+def _label(request: web.Request) -> tuple[str, str]:
+    info = request.get(appkeys.INFO)
+    if info is None or not info.is_resource_request:
+        return "", request.method.lower()
+    return info.subresource or info.resource, info.verb
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[appkeys.METRICS]
+    start = time.monotonic()
+    code = 500
+    try:
+        resp = await handler(request)
+        code = resp.status
+        return resp
+    except web.HTTPException as exc:
+        code = exc.status
+        raise
+    finally:
+        sub, verb = _label(request)
+        metrics.requests.labels(sub, verb, str(code)).inc()
+        metrics.latency.labels(sub, verb).observe(time.monotonic() - start)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[appkeys.METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,221 @@
+"""OpenAPI v2 and v3 documents for subresources.aggapi.io/v1alpha1.
+
+kube-apiserver's aggregator downloads them (as itself, no authorization) and
+merges them into the cluster's spec, which kubectl and client generators read.
+Both are built once from one operation table; ETags let the aggregator's
+periodic refresh be a 304.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from typing import Any
+
+from aiohttp import web
+
+from aggapi import GROUP, VERSION, __version__
+from aggapi.apiserver.discovery import (
+    KIND_IMAGE_PULL_PROGRESS,
+    KIND_NODE_IMAGE_PULLS,
+    KIND_POD_COPY,
+)
+
+PREFIX = f"/apis/{GROUP}/{VERSION}"
+V3_PATH = f"apis/{GROUP}/{VERSION}"
+_DEF = "io.aggapi.subresources.v1alpha1."
+STATUS = "io.k8s.apimachinery.pkg.apis.meta.v1.Status"
+RESOURCE_LIST = "io.k8s.apimachinery.pkg.apis.meta.v1.APIResourceList"
+JSON = "application/json"
+WATCH_JSON = "application/json;stream=watch"
+OCTETS = "application/octet-stream"
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    _DEF + KIND_IMAGE_PULL_PROGRESS: {
+        "description": "Pull progress of a pod, one of its images, or one layer "
+                       "(KEP-5334). Streamed as a sequence of JSON objects.",
+        "type": "object",
+        "properties": {
+            "image": {"type": "string", "description": "image reference; empty: whole pod"},
+            "layer": {"type": "string", "description": "layer digest; empty: whole image"},
+            "progress": {"type": "integer", "format": "int64", "description": "bytes so far"},
+            "total": {"type": "integer", "format": "int64", "description": "bytes expected"},
+            "error": {"type": "string"},
+        },
+    },
+    _DEF + KIND_NODE_IMAGE_PULLS: {
+        "description": "Image pulls in progress on a node.",
+        "type": "object",
+        "properties": {"items": {"type": "array",
+                                 "items": {"$ref": "#/definitions/" + _DEF
+                                           + KIND_IMAGE_PULL_PROGRESS}}},
+    },
+    STATUS: {
+        "description": "Status is a return value for calls that don't return other objects.",
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+            "metadata": {"type": "object"}, "status": {"type": "string"},
+            "message": {"type": "string"}, "reason": {"type": "string"},
+            "details": {"type": "object"}, "code": {"type": "integer", "format": "int32"},
+        },
+    },
+    RESOURCE_LIST: {
+        "description": "APIResourceList is a list of APIResource.",
+        "type": "object",
+        "required": ["groupVersion", "resources"],
+        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                       "groupVersion": {"type": "string"},
+                       "resources": {"type": "array", "items": {"type": "object"}}},
+    },
+}
+
+_NS: dict[str, Any] = {"name": "namespace", "in": "path", "required": True, "type": "string",
+       "description": "object name and auth scope, such as for teams and projects"}
+_POD: dict[str, Any] = {"name": "name", "in": "path", "required": True, "type": "string",
+        "description": "name of the Pod"}
+_NODE: dict[str, Any] = {"name": "name", "in": "path", "required": True, "type": "string",
+         "description": "name of the Node"}
+_CONTAINER: dict[str, Any] = {"name": "container", "in": "query", "type": "string",
+              "description": "container name; defaults to the only container"}
+_COPY_PATH: dict[str, Any] = {"name": "path", "in": "query", "required": True, "type": "string",
+              "description": "absolute path inside the container"}
+
+
+def _op(op_id: str, desc: str, *, params: list[dict[str, Any]], produces: list[str],
+        schema: str | None, consumes: list[str] | None = None) -> dict[str, Any]:
+    ok: dict[str, Any] = {"description": "OK"}
+    if schema:
+        ok["schema"] = {"$ref": "#/definitions/" + schema}
+    else:
+        ok["schema"] = {"type": "string", "format": "binary"}
+    op: dict[str, Any] = {
+        "operationId": op_id, "description": desc, "tags": [f"subresources_{VERSION}"],
+        "parameters": params, "produces": produces, "schemes": ["https"],
+        "responses": {"200": ok, "401": {"description": "Unauthorized",
+                                         "schema": {"$ref": "#/definitions/" + STATUS}},
+                      "403": {"description": "Forbidden",
+                              "schema": {"$ref": "#/definitions/" + STATUS}}},
+        "x-kubernetes-group-version-kind": {"group": GROUP, "version": VERSION,
+                                            "kind": schema.rsplit(".", 1)[-1]
+                                            if schema else KIND_POD_COPY},
+    }
+    if consumes:
+        op["consumes"] = consumes
+    return op
+
+
+def _paths() -> dict[str, dict[str, Any]]:
+    pod = PREFIX + "/namespaces/{namespace}/pods/{name}"
+    watch_pod = PREFIX + "/watch/namespaces/{namespace}/pods/{name}"
+    progress = _DEF + KIND_IMAGE_PULL_PROGRESS
+    paths: dict[str, dict[str, Any]] = {
+        PREFIX + "/": {"get": {
+            "operationId": f"getSubresourcesAggapiIo{VERSION.capitalize()}APIResources",
+            "description": "get available resources", "produces": [JSON],
+            "schemes": ["https"], "tags": [f"subresources_{VERSION}"],
+            "responses": {"200": {"description": "OK",
+                                  "schema": {"$ref": "#/definitions/" + RESOURCE_LIST}}}}},
+        PREFIX + "/nodes/{name}/imagepulls": {"get": _op(
+            "readNodeImagePulls", "image pulls in progress on a node", params=[_NODE],
+            produces=[JSON], schema=_DEF + KIND_NODE_IMAGE_PULLS)},
+    }
+    for base, verb in ((pod, ""), (watch_pod, "Watch")):
+        paths[base + "/imagepullprogress"] = {"get": _op(
+            f"{verb.lower() or 'read'}PodImagePullProgress",
+            "image pull progress of a pod; streams while pulls run", params=[_NS, _POD],
+            produces=[JSON, WATCH_JSON], schema=progress)}
+        copy_params = [_NS, _POD, _CONTAINER, _COPY_PATH]
+        paths[base + "/copy"] = {
+            "get": _op(f"{verb.lower() or 'connect'}GetPodCopy",
+                       "copy a file or directory out of a container", params=copy_params,
+                       produces=[OCTETS], schema=None),
+            "head": _op(f"{verb.lower() or 'connect'}HeadPodCopy",
+                        "size and checksum of a path in a container", params=copy_params,
+                        produces=[OCTETS], schema=None),
+            "post": _op(f"{verb.lower() or 'connect'}PostPodCopy",
+                        "copy a file or directory into a container", params=copy_params,
+                        produces=[JSON], consumes=[OCTETS], schema=STATUS),
+        }
+    return paths
+
+
+@functools.cache
+def v2_document() -> dict[str, Any]:
+    return {"swagger": "2.0",
+            "info": {"title": "aggapi", "version": __version__},
+            "paths": _paths(), "definitions": SCHEMAS}
+
+
+def _v3_param(p: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in p.items() if k not in ("type",)}
+    out["schema"] = {"type": p["type"]}
+    return out
+
+
+def _v3_op(op: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in op.items() if k not in ("produces", "consumes", "schemes")}
+    out["parameters"] = [_v3_param(p) for p in op.get("parameters", [])]
+    responses: dict[str, Any] = {}
+    for code, resp in op["responses"].items():
+        schema = _v3_schema(resp["schema"])
+        types = op.get("produces", [JSON]) if code == "200" else [JSON]
+        responses[code] = {"description": resp["description"],
+                           "content": {t: {"schema": schema} for t in types}}
+    out["responses"] = responses
+    if "consumes" in op:
+        out["requestBody"] = {"content": {t: {"schema": {"type": "string", "format": "binary"}}
+                                          for t in op["consumes"]}}
+    return out
+
+
+def _v3_schema(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: (v.replace("#/definitions/", "#/components/schemas/")
+                    if k == "$ref" else _v3_schema(v)) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_v3_schema(s) for s in schema]
+    return schema
+
+
+@functools.cache
+def v3_document() -> dict[str, Any]:
+    return {"openapi": "3.0.0",
+            "info": {"title": "aggapi", "version": __version__},
+            "paths": {p: {m: _v3_op(op) for m, op in ops.items()}
+                      for p, ops in _paths().items()},
+            "components": {"schemas": _v3_schema(SCHEMAS)}}
+
+
+@functools.cache
+def _encoded(which: str) -> tuple[bytes, str]:
+    doc = v2_document() if which == "v2" else v3_document()
+    body = json.dumps(doc, sort_keys=True).encode()
+    return body, hashlib.sha512(body).hexdigest()[:32].upper()
+
+
+def _serve(request: web.Request, which: str, *, immutable: bool = False) -> web.Response:
+    body, digest = _encoded(which)
+    etag = f'"{digest}"'
+    headers = {"ETag": etag, "Vary": "Accept"}
+    if immutable:
+        headers["Cache-Control"] = "public, immutable"
+    if request.headers.get("If-None-Match") == etag:
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=body, content_type=JSON, headers=headers)
+
+
+async def openapi_v2(request: web.Request) -> web.Response:
+    return _serve(request, "v2")
+
+
+async def openapi_v3_discovery(_request: web.Request) -> web.Response:
+    _, digest = _encoded("v3")
+    return web.json_response({"paths": {V3_PATH: {
+        "serverRelativeURL": f"/openapi/v3/{V3_PATH}?hash={digest}"}}})
+
+
+async def openapi_v3_group_version(request: web.Request) -> web.Response:
+    _, digest = _encoded("v3")
+    return _serve(request, "v3", immutable=request.query.get("hash") == digest)

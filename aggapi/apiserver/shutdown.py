@@ -1,0 +1,74 @@
+"""Graceful shutdown: stop accepting, let streams finish for a grace period, then
+tell them to end (``SHUTDOWN`` event) so they can write a final object and return.
+
+Sequence on SIGTERM (aiohttp's runner.cleanup drives it): the listening sockets
+close and idle keep-alive connections are dropped; our on_shutdown hook marks the
+server draining (/readyz fails) and waits up to ``grace`` for open streams; then
+sets ``SHUTDOWN``; the runner waits ``final`` seconds more and cancels what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from aggapi.apiserver import appkeys
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(self) -> None:
+        self.draining = asyncio.Event()
+        self.shutdown = asyncio.Event()
+        self.streams = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def stream_started(self) -> None:
+        self.streams += 1
+        self._idle.clear()
+
+    def stream_ended(self) -> None:
+        self.streams -= 1
+        if self.streams <= 0:
+            self._idle.set()
+
+    async def drain(self, grace: float) -> None:
+        self.draining.set()
+        start = time.monotonic()
+        if self.streams:
+            log.info("draining streams", extra={"streams": self.streams, "graceSeconds": grace})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
+        left = self.streams
+        self.shutdown.set()
+        log.info("shutdown signalled", extra={"streamsLeft": left,
+                                              "drainedSeconds": round(time.monotonic() - start, 3)})
+
+
+@contextlib.asynccontextmanager
+async def track_stream(request: web.Request) -> AsyncIterator[asyncio.Event]:
+    """Wrap a streaming response. Yields the SHUTDOWN event: when it is set, write
+    a final object and return. Counts the stream in metrics and for draining."""
+    app = request.app
+    info = request.get(appkeys.INFO)
+    label = (info.subresource or info.resource) if info is not None else ""
+    gauge = app[appkeys.METRICS].streams.labels(label)
+    lifecycle = app[appkeys.LIFECYCLE]
+    gauge.inc()
+    lifecycle.stream_started()
+    try:
+        yield lifecycle.shutdown
+    finally:
+        lifecycle.stream_ended()
+        gauge.dec()
+
+
+async def on_shutdown(app: web.Application) -> None:
+    await app[appkeys.LIFECYCLE].drain(app[appkeys.CONFIG].shutdown_grace)

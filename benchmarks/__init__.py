@@ -1,0 +1,1 @@
+"""Standalone benchmarks: `python3 -m benchmarks.<name>` prints figures."""

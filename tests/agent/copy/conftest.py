@@ -1,0 +1,262 @@
+"""Fixtures for the copy engine: a plain-directory "container", a real process in
+its own mount namespace chrooted into a busybox rootfs, and an HTTP server
+running the real handlers with a capability injected per request."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import ClientResponse, web
+from aiohttp.test_utils import TestClient, TestServer
+
+from aggapi.agent import appkeys
+from aggapi.agent.copy import handlers
+from aggapi.agent.copy.container import open_process_root
+from aggapi.agent.copy.fsroot import FsRoot
+from aggapi.agent.copy.quotas import CopyLimits
+from aggapi.agent.copy.state import CopyState
+from aggapi.agent.copy.workers import Workers
+from aggapi.status import StatusError, status_middleware
+
+BUSYBOX = "/bin/busybox"
+APPLETS = ("sh", "mv", "ln", "rm", "sleep", "cat", "mkdir", "ls", "echo", "true")
+POD_UID = "pod-uid-1"
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+    image: str = "busybox"
+    kind: str = "container"
+
+
+@dataclass(frozen=True)
+class Cap:
+    operation: str
+    path: str | None
+    pod_uid: str = POD_UID
+    containers: tuple[Ref, ...] = (Ref("c"),)
+    params: dict[str, str] = field(default_factory=dict)
+
+
+class DirResolver:
+    """A plain directory as the container root (no pid, identity id maps)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def open(self) -> FsRoot:
+        return FsRoot(os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+                      container_id="dir-container", pod_uid=POD_UID, container_name="c")
+
+    async def resolve(self, pod_uid: str, container: str) -> FsRoot:
+        return self.open()
+
+    async def by_id(self, container_id: str) -> FsRoot | None:
+        return self.open() if container_id == "dir-container" else None
+
+
+class PidResolver:
+    """A live process: the same open_process_root the CRI resolver uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    async def resolve(self, pod_uid: str, container: str) -> FsRoot:
+        return open_process_root(self.pid, container_id="pid-container", pod_uid=pod_uid,
+                                 container_name=container)
+
+    async def by_id(self, container_id: str) -> FsRoot | None:
+        if container_id != "pid-container":
+            return None
+        try:
+            return open_process_root(self.pid, container_id=container_id)
+        except StatusError:
+            return None
+
+
+@dataclass
+class Box:
+    rootfs: Path
+    pid: int
+    proc: subprocess.Popen[bytes]
+    helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def run_inside(self, script: str) -> subprocess.Popen[bytes]:
+        """Start a shell inside the box (its mount namespace and chroot)."""
+        p = subprocess.Popen(["nsenter", "-t", str(self.pid), "-m", "--", "chroot",
+                              str(self.rootfs), "/bin/sh", "-c", script],
+                             env={"PATH": "/bin"}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        self.helpers.append(p)
+        return p
+
+    def kill(self) -> None:
+        for p in self.helpers:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(10)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+
+def make_rootfs(rootfs: Path) -> None:
+    for d in ("bin", "proc", "tmp", "data", "etc"):
+        (rootfs / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+    for a in APPLETS:
+        os.symlink("busybox", rootfs / "bin" / a)
+    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/:/bin/sh\n")
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Box]:
+    """A process in its own mount namespace (proc mounted) chrooted into a busybox rootfs."""
+    if not os.path.exists(BUSYBOX) or shutil.which("unshare") is None:
+        pytest.skip("needs busybox-static and unshare")
+    rootfs = tmp_path / "rootfs"
+    make_rootfs(rootfs)
+    script = (f"mount -t proc proc {rootfs}/proc && exec chroot {rootfs} /bin/sh -c "
+              "'echo $$ > /tmp/pid.tmp && mv /tmp/pid.tmp /tmp/pid && exec sleep 600'")
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "--fork", "sh", "-c",
+                             script], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    pidfile = rootfs / "tmp" / "pid"
+    deadline = time.monotonic() + 10
+    while not pidfile.exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            proc.wait()
+            pytest.fail("box did not start")
+        time.sleep(0.02)
+    b = Box(rootfs, int(pidfile.read_text()), proc)
+    try:
+        yield b
+    finally:
+        b.kill()
+
+
+class CopyClient:
+    """Calls the real handlers over HTTP with a capability for each request."""
+
+    def __init__(self, client: TestClient[Any, Any], state: CopyState) -> None:
+        self.client = client
+        self.state = state
+
+    def _headers(self, op: str, path: str | None, params: dict[str, str],
+                 extra: dict[str, str] | None) -> dict[str, str]:
+        cap = {"operation": op, "path": path, "params": params}
+        return {"X-Test-Cap": json.dumps(cap), **(extra or {})}
+
+    async def head(self, path: str, **kw: Any) -> ClientResponse:
+        return await self.client.head("/v1/copy", params={"container": "c", "path": path},
+                                      headers=self._headers("copy.stat", path, {}, None), **kw)
+
+    async def get(self, path: str, headers: dict[str, str] | None = None,
+                  **kw: Any) -> ClientResponse:
+        return await self.client.get("/v1/copy", params={"container": "c", "path": path},
+                                     headers=self._headers("copy.download", path, {}, headers),
+                                     **kw)
+
+    async def post(self, path: str, data: Any, *, query_extra: dict[str, str] | None = None,
+                   cap_path: str | None = None, **params: str) -> ClientResponse:
+        query = {"container": "c", "path": path, **params, **(query_extra or {})}
+        return await self.client.post(
+            "/v1/copy", params=query, data=data,
+            headers=self._headers("copy.upload", cap_path if cap_path is not None else path,
+                                  params, None))
+
+
+@web.middleware
+async def fake_capability(request: web.Request, handler: Any) -> web.StreamResponse:
+    raw = request.headers.get("X-Test-Cap")
+    if raw:
+        d = json.loads(raw)
+        with warnings.catch_warnings():  # appkeys.CAPABILITY is a plain str key by design
+            warnings.simplefilter("ignore")
+            request[appkeys.CAPABILITY] = Cap(d["operation"], d["path"], params=d["params"])
+    resp: web.StreamResponse = await handler(request)
+    return resp
+
+
+def build_app(resolver: Any, limits: CopyLimits) -> tuple[web.Application, CopyState]:
+    app = web.Application(middlewares=[status_middleware, fake_capability],
+                          client_max_size=1 << 40)
+    state = CopyState(limits, resolver, workers=Workers(4))
+    app[appkeys.COPY_STATE] = state
+    app.router.add_route("HEAD", "/v1/copy", handlers.stat)
+    app.router.add_get("/v1/copy", handlers.download, allow_head=False)
+    app.router.add_post("/v1/copy", handlers.upload)
+    return app, state
+
+
+@pytest.fixture
+def limits(tmp_path: Path) -> CopyLimits:
+    return CopyLimits(size_limit=64 << 20, copies_per_pod=4, copies_per_node=8,
+                      max_entries=1000, max_depth=16, state_dir=str(tmp_path / "state"))
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Any]:
+    """serve(resolver, limits) -> CopyClient; servers are closed at teardown."""
+    opened: list[tuple[TestClient[Any, Any], CopyState]] = []
+
+    async def start(resolver: Any, limits: CopyLimits) -> CopyClient:
+        os.makedirs(limits.state_dir, exist_ok=True)
+        app, state = build_app(resolver, limits)
+        client: TestClient[Any, Any] = TestClient(TestServer(app))
+        await client.start_server()
+        opened.append((client, state))
+        return CopyClient(client, state)
+
+    yield start
+    for client, state in opened:
+        await client.close()
+        state.workers.shutdown()
+
+
+@pytest.fixture
+def plain(tmp_path: Path) -> tuple[Path, Path]:
+    """(container root, a host directory outside it)."""
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    return root, outside
+
+
+def temp_leftovers(root: Path) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            if n.startswith(".aggapi-tmp-"):
+                found.append(os.path.join(dirpath, n))
+    return found
+
+
+def snapshot(path: Path) -> dict[str, bytes | str]:
+    """Everything under ``path`` (names, link targets, file contents)."""
+    out: dict[str, bytes | str] = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            if os.path.islink(p):
+                out[p] = "link:" + os.readlink(p)
+            elif os.path.isfile(p):
+                out[p] = Path(p).read_bytes()
+            else:
+                out[p] = "dir"
+    return out

@@ -1,0 +1,197 @@
+"""Fixtures: every certificate minted per test, a fake kube-apiserver, aggapi
+apiserver on 127.0.0.1 over TLS, and an aggregator-like front proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from aggapi import pki
+from aggapi.apiserver import appkeys
+from aggapi.apiserver.app import build_app
+from aggapi.apiserver.config import ApiServerConfig
+from aggapi.apiserver.handlers import copy, imagepullprogress
+from aggapi.status import StatusError
+from aggapi.testing.fakekube import FakeKube
+from aggapi.testing.frontproxy import FrontProxy, ProxyUser
+from aggapi.tlsconfig import ServingTLS
+
+GV = "/apis/subresources.aggapi.io/v1alpha1"
+PROGRESS = GV + "/namespaces/ns1/pods/web-0/imagepullprogress"
+WATCH_PROGRESS = GV + "/watch/namespaces/ns1/pods/web-0/imagepullprogress"
+FRONT_PROXY_CN = "front-proxy-client"
+
+
+@dataclass
+class Pki:
+    dir: Path
+    serving_ca: pki.KeyPair
+    client_ca: pki.KeyPair
+    front_proxy_ca: pki.KeyPair
+    other_ca: pki.KeyPair
+
+    def path(self, name: str) -> str:
+        return str(self.dir / name)
+
+    def client_pair(self, ca: pki.KeyPair, cn: str, orgs: tuple[str, ...] = (),
+                    name: str | None = None) -> tuple[str, str]:
+        name = name or cn
+        pair = pki.issue(ca, cn, orgs=orgs, client=True)
+        pair.write(self.dir / f"{name}.crt", self.dir / f"{name}.key")
+        return self.path(f"{name}.crt"), self.path(f"{name}.key")
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Pki:
+    p = Pki(tmp_path, pki.new_ca("serving-ca"), pki.new_ca("cluster-client-ca"),
+            pki.new_ca("front-proxy-ca"), pki.new_ca("someone-else"))
+    p.serving_ca.write(tmp_path / "serving-ca.crt", tmp_path / "serving-ca.key")
+    pki.issue(p.serving_ca, "aggapi", dns=["localhost"], ips=["127.0.0.1"], server=True
+              ).write(tmp_path / "tls.crt", tmp_path / "tls.key")
+    return p
+
+
+def auth_configmap(certs: Pki, *, allowed: list[str] | None = None,
+                   rh_ca: pki.KeyPair | None = None) -> dict[str, Any]:
+    """Shaped as kube-apiserver writes it: list values are JSON string arrays."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+        "data": {
+            "client-ca-file": certs.client_ca.cert_pem.decode(),
+            "requestheader-client-ca-file": (rh_ca or certs.front_proxy_ca).cert_pem.decode(),
+            "requestheader-allowed-names": json.dumps(
+                [FRONT_PROXY_CN] if allowed is None else allowed),
+            "requestheader-username-headers": json.dumps(["X-Remote-User"]),
+            "requestheader-uid-headers": json.dumps(["X-Remote-Uid"]),
+            "requestheader-group-headers": json.dumps(["X-Remote-Group"]),
+            "requestheader-extra-headers-prefix": json.dumps(["X-Remote-Extra-"]),
+        },
+    }
+
+
+@pytest.fixture
+async def kube(certs: Pki) -> AsyncIterator[FakeKube]:
+    fake = FakeKube()
+    fake.put("api/v1", "configmaps", auth_configmap(certs))
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@dataclass
+class Server:
+    url: str
+    app: web.Application
+    tls: ServingTLS
+    certs: Pki
+    kube: FakeKube
+    runner: web.AppRunner
+    sessions: list[aiohttp.ClientSession] = field(default_factory=list)
+
+    def session(self, cert: tuple[str, str] | None = None) -> aiohttp.ClientSession:
+        """A client trusting the serving CA, optionally presenting ``cert``."""
+        ctx = ssl.create_default_context(cafile=self.certs.path("serving-ca.crt"))
+        if cert:
+            ctx.load_cert_chain(*cert)
+        s = aiohttp.ClientSession(self.url, connector=aiohttp.TCPConnector(ssl=ctx))
+        self.sessions.append(s)
+        return s
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.app[appkeys.METRICS].value(name, **labels)
+
+
+async def _reached(_request: web.Request) -> web.StreamResponse:
+    raise StatusError(501, "reached the handler")
+
+
+@pytest.fixture
+async def make_server(certs: Pki, kube: FakeKube,
+                      monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    runners: list[tuple[web.AppRunner, Server]] = []
+
+    async def factory(wait_ready: bool = True,
+                      setup: Callable[[web.Application], None] | None = None,
+                      stub_handlers: bool = True,
+                      **overrides: Any) -> Server:
+        if stub_handlers:
+            # These tests are about what happens before a handler runs: a 501 from a
+            # stub says authentication and authorization let the request through.
+            for mod, name in ((imagepullprogress, "pod_progress"),
+                              (imagepullprogress, "node_pulls"), (copy, "copy")):
+                monkeypatch.setattr(mod, name, _reached)
+        settings: dict[str, Any] = dict(
+            bind_address="127.0.0.1", secure_port=0, tls_cert_file=certs.path("tls.crt"),
+            tls_private_key_file=certs.path("tls.key"), tls_reload_interval=0.05,
+            shutdown_grace=2.0, shutdown_final=1.0)
+        cfg = ApiServerConfig(**{**settings, **overrides})
+        tls = ServingTLS(cfg.tls_cert_file, cfg.tls_private_key_file,
+                         poll_interval=cfg.tls_reload_interval)
+        api = kube.client()
+        app = build_app(cfg, kube_api=api, tls=tls)
+        app.on_cleanup.append(lambda _app: api.close())
+        if setup is not None:
+            setup(app)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=cfg.shutdown_final)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.context)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        server = Server(f"https://127.0.0.1:{port}", app, tls, certs, kube, runner)
+        runners.append((runner, server))
+        if wait_ready:
+            await asyncio.wait_for(app[appkeys.AUTH_SOURCE].ready.wait(), 5)
+        return server
+
+    yield factory
+    for runner, server in runners:
+        for s in server.sessions:
+            await s.close()
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def server(make_server: Any) -> Server:
+    srv: Server = await make_server()
+    return srv
+
+
+ALICE = ProxyUser("alice", uid="u-1", groups=("devs",),
+                  extra={"Scopes.Example.com/Team": ["a", "b"]})
+
+
+@pytest.fixture
+async def proxy(server: Server) -> AsyncIterator[FrontProxy]:
+    cert, key = server.certs.client_pair(server.certs.front_proxy_ca, FRONT_PROXY_CN)
+    fp = FrontProxy(server.url, client_cert=cert, client_key=key,
+                    backend_ca=server.certs.path("serving-ca.crt"),
+                    users={"alice-token": ALICE,
+                           "aggregator-token": ProxyUser("system:kube-aggregator")})
+    await fp.start()
+    yield fp
+    await fp.stop()
+
+
+async def until(pred: Callable[[], Any], within: float = 5.0) -> None:
+    """Poll ``pred`` (sync or async) until truthy."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while True:
+        value = pred()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if loop.time() > end:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,59 @@
+"""`aggapi apiserver` as a process: kubeconfig, env config, readiness, SIGTERM exit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import ssl
+import sys
+
+import aiohttp
+
+from aggapi.testing.fakekube import FakeKube
+
+from .conftest import Pki, until
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_process_serves_and_exits_on_sigterm(certs: Pki, kube: FakeKube) -> None:
+    kubeconfig = certs.dir / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": kube.url}}],
+        "users": [{"name": "me", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}]}))
+    port = _free_port()
+    env = {**os.environ, "AGGAPI_SECURE_PORT": str(port), "AGGAPI_BIND_ADDRESS": "127.0.0.1",
+           "AGGAPI_TLS_CERT_FILE": certs.path("tls.crt"),
+           "AGGAPI_TLS_PRIVATE_KEY_FILE": certs.path("tls.key"), "AGGAPI_SHUTDOWN_GRACE": "1"}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aggapi", "apiserver", "--kubeconfig", str(kubeconfig),
+        env=env, stderr=asyncio.subprocess.PIPE)
+    try:
+        ctx = ssl.create_default_context(cafile=certs.path("serving-ca.crt"))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+            async def ready() -> bool:
+                try:
+                    async with s.get(f"https://127.0.0.1:{port}/readyz") as resp:
+                        return resp.status == 200
+                except aiohttp.ClientConnectionError:
+                    return False
+            await until(ready, within=20)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        assert proc.stderr is not None
+        lines = [json.loads(line) for line in (await proc.stderr.read()).splitlines()]
+        assert any(e["msg"] == "serving" and e["port"] == port for e in lines)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

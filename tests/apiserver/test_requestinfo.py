@@ -1,0 +1,54 @@
+"""Verb and attribute derivation, as kube-apiserver's RequestInfoFactory."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggapi.apiserver.requestinfo import RequestInfo, parse
+
+G = "/apis/subresources.aggapi.io/v1alpha1"
+
+
+@pytest.mark.parametrize(("method", "path", "query", "verb"), [
+    ("GET", f"{G}/namespaces/n/pods/p/imagepullprogress", {}, "get"),
+    ("HEAD", f"{G}/namespaces/n/pods/p/copy", {}, "get"),
+    ("POST", f"{G}/namespaces/n/pods/p/copy", {}, "create"),
+    ("PUT", f"{G}/namespaces/n/pods/p/copy", {}, "update"),
+    ("PATCH", f"{G}/namespaces/n/pods/p/copy", {}, "patch"),
+    ("DELETE", f"{G}/namespaces/n/pods/p", {}, "delete"),
+    ("GET", f"{G}/watch/namespaces/n/pods/p/imagepullprogress", {}, "watch"),
+    ("POST", f"{G}/watch/namespaces/n/pods/p/copy", {}, "watch"),
+    # ?watch on a named object does not change the verb; on a collection it does.
+    ("GET", f"{G}/namespaces/n/pods/p/imagepullprogress", {"watch": "true"}, "get"),
+    ("GET", f"{G}/namespaces/n/pods", {}, "list"),
+    ("GET", f"{G}/namespaces/n/pods", {"watch": "1"}, "watch"),
+    ("DELETE", f"{G}/namespaces/n/pods", {}, "deletecollection"),
+])
+def test_verbs(method: str, path: str, query: dict[str, str], verb: str) -> None:
+    assert parse(method, path, query).verb == verb
+
+
+def test_namespaced_subresource() -> None:
+    assert parse("GET", f"{G}/watch/namespaces/n1/pods/p1/imagepullprogress") == RequestInfo(
+        verb="watch", api_group="subresources.aggapi.io", api_version="v1alpha1",
+        namespace="n1", resource="pods", subresource="imagepullprogress", name="p1",
+        is_resource_request=True, path=f"{G}/watch/namespaces/n1/pods/p1/imagepullprogress")
+
+
+def test_cluster_scoped_subresource() -> None:
+    info = parse("GET", f"{G}/nodes/node-a/imagepulls")
+    assert (info.namespace, info.resource, info.name, info.subresource) == (
+        "", "nodes", "node-a", "imagepulls")
+
+
+def test_core_group_and_namespace_object() -> None:
+    info = parse("GET", "/api/v1/namespaces/n1")
+    assert (info.api_group, info.api_version, info.resource, info.name) == (
+        "", "v1", "namespaces", "n1")
+
+
+@pytest.mark.parametrize("path", ["/apis", "/apis/subresources.aggapi.io", G, "/api",
+                                  "/api/v1", "/healthz", "/metrics", "/openapi/v2"])
+def test_non_resource(path: str) -> None:
+    info = parse("GET", path)
+    assert not info.is_resource_request and info.verb == "get" and info.path == path
