@@ -53,7 +53,8 @@ async def run(requests: int, concurrency: int) -> dict[str, float]:
     await kube.start()
     api = kube.client()
     cfg = ApiServerConfig(bind_address="127.0.0.1", secure_port=0,
-                          tls_cert_file=str(tmp / "tls.crt"), tls_private_key_file=str(tmp / "tls.key"))
+                          tls_cert_file=str(tmp / "tls.crt"),
+                          tls_private_key_file=str(tmp / "tls.key"))
     tls = ServingTLS(cfg.tls_cert_file, cfg.tls_private_key_file)
     app = build_app(cfg, kube_api=api, tls=tls)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)

@@ -26,8 +26,7 @@ __all__ = ["CopyLimits", "CopyState", "Resolver", "shutdown", "startup"]
 
 async def startup(app: web.Application, resolver: Resolver | None = None) -> None:
     """Create COPY_STATE (limits from AgentConfig's copy_* fields) and clean stale temps."""
-    config = app.get(appkeys.CONFIG)
-    limits = CopyLimits.from_config(config)
+    limits = CopyLimits.from_config(app[appkeys.CONFIG])
     workers = Workers()
     if resolver is None:
         resolver = CRIResolver(app[appkeys.CRI], workers)

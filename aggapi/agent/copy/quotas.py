@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aggapi.status import StatusError
+
+if TYPE_CHECKING:
+    from aggapi.agent.config import AgentConfig
 
 GiB = 1 << 30
 
@@ -28,17 +31,11 @@ class CopyLimits:
     retry_after: int = 5  # seconds suggested to a client refused with 429
 
     @classmethod
-    def from_config(cls, config: Any) -> CopyLimits:
-        """Read the ``copy_*`` attributes of AgentConfig, defaults where absent."""
-        d = cls()
-        return cls(
-            size_limit=int(getattr(config, "copy_size_limit", d.size_limit)),
-            copies_per_pod=int(getattr(config, "copies_per_pod", d.copies_per_pod)),
-            copies_per_node=int(getattr(config, "copies_per_node", d.copies_per_node)),
-            max_entries=int(getattr(config, "copy_max_entries", d.max_entries)),
-            max_depth=int(getattr(config, "copy_max_depth", d.max_depth)),
-            state_dir=str(getattr(config, "copy_state_dir", d.state_dir)),
-        )
+    def from_config(cls, config: AgentConfig) -> CopyLimits:
+        return cls(size_limit=config.copy_size_limit, copies_per_pod=config.copies_per_pod,
+                   copies_per_node=config.copies_per_node,
+                   max_entries=config.copy_max_entries, max_depth=config.copy_max_depth,
+                   state_dir=config.copy_state_dir)
 
 
 class CopySlots:

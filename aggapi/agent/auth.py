@@ -1,0 +1,116 @@
+"""Who may call the agent: the aggapi apiserver, with mutual TLS and a capability.
+
+The TLS handshake already required a client certificate from aggapi's CA
+(CERT_REQUIRED); this middleware checks its CN, then verifies the
+``Authorization: Bearer`` capability token, checks that its operation is the
+one the route serves, and that its pod is the pod this node runs under that
+name (a token for a recreated pod of the same name is refused).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from aggapi.agent.appkeys import CAPABILITY
+from aggapi.capability import Capability, CapabilityVerifier
+from aggapi.runtime.cri import Sandbox
+from aggapi.runtime.errors import RuntimeAccessError
+from aggapi.status import StatusError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+POD_UID = "io.kubernetes.pod.uid"
+POD_NAME = "io.kubernetes.pod.name"
+POD_NAMESPACE = "io.kubernetes.pod.namespace"
+
+
+class SandboxLister(Protocol):
+    async def list_pod_sandboxes(self, labels: Mapping[str, str] | None = None
+                                 ) -> list[Sandbox]: ...
+
+
+def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
+    """HTTPS that refuses any client without a certificate from ``client_ca``."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(cafile=client_ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def peer_common_name(request: web.Request) -> str | None:
+    transport = request.transport
+    cert: Any = transport.get_extra_info("peercert") if transport is not None else None
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for attr, value in rdn:
+            if attr == "commonName":
+                return str(value)
+    return None
+
+
+def bearer(request: web.Request) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise StatusError(401, "a capability token is required (Authorization: Bearer)")
+    return token.strip()
+
+
+async def check_pod(cri: SandboxLister, cap: Capability) -> None:
+    """Refuse a token whose pod is not the one this node knows by that name.
+
+    A pod that has no sandbox yet (still being scheduled) is accepted: its images
+    may be pulled before the sandbox exists.
+    """
+    if not cap.pod_uid:
+        return
+    by_uid = await cri.list_pod_sandboxes({POD_UID: cap.pod_uid})
+    for sb in by_uid:
+        if (sb.namespace, sb.name) != (cap.pod_namespace, cap.pod_name):
+            raise StatusError(403, f"pod uid {cap.pod_uid} on this node is "
+                                   f"{sb.namespace}/{sb.name}, not the token's pod")
+    if by_uid:
+        return
+    by_name = await cri.list_pod_sandboxes({POD_NAMESPACE: cap.pod_namespace,
+                                            POD_NAME: cap.pod_name})
+    if by_name:
+        raise StatusError(403, f"pod {cap.pod_namespace}/{cap.pod_name} on this node has "
+                               f"uid {by_name[0].uid}, not the token's {cap.pod_uid}")
+
+
+def auth_middleware(verifier: CapabilityVerifier, allowed_cns: Collection[str],
+                    operations: Mapping[tuple[str, str], str], *,
+                    tls_only: Collection[str] = ("/healthz", "/metrics"),
+                    cri: SandboxLister | None = None) -> Any:
+    """``operations`` maps (method, path) to the capability operation it requires."""
+    allowed = frozenset(allowed_cns)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        cn = peer_common_name(request)
+        if cn is None:
+            raise StatusError(401, "a client certificate is required")
+        if cn not in allowed:
+            raise StatusError(403, f"client certificate CN {cn!r} may not call the agent")
+        if request.path in tls_only:
+            return await handler(request)
+        op = operations.get((request.method, request.path))
+        if op is None:
+            raise StatusError(404, f"no such agent endpoint: {request.method} {request.path}")
+        cap = verifier.verify(bearer(request))
+        if cap.operation != op:
+            raise StatusError(403, f"capability is for {cap.operation!r}, not {op!r}")
+        if cri is not None:
+            try:
+                await check_pod(cri, cap)
+            except RuntimeAccessError as err:
+                raise StatusError(503, f"cannot check the pod: {err}", retry_after=1) from err
+        request[CAPABILITY] = cap
+        return await handler(request)
+
+    return middleware

@@ -1,0 +1,124 @@
+"""The agent's settings, from flags (and NODE_NAME from the downward API)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from aggapi.agent.copy.quotas import CopyLimits
+from aggapi.agent.kubeletconfig import DEFAULT_PATH as KUBELET_CONFIG
+from aggapi.certs import APISERVER_CLIENT_CN
+
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_name: str
+    tls_cert: str
+    tls_key: str
+    client_ca: str  # aggapi's internal CA: the apiserver's client cert must chain to it
+    token_public_key: str  # the apiserver's capability-signing public key (PEM)
+    host: str = "0.0.0.0"
+    port: int = 10443
+    allowed_client_cns: tuple[str, ...] = (APISERVER_CLIENT_CN,)
+    token_issuer: str = "aggapi-apiserver"
+    runtime: str = "containerd"  # "containerd" (byte progress) | "cri" (phases only)
+    cri_address: str = CONTAINERD_SOCKET
+    containerd_address: str = CONTAINERD_SOCKET
+    containerd_namespace: str = "k8s.io"
+    snapshotter: str = "overlayfs"
+    poll_interval: float = 0.25
+    platform: str = ""  # os/arch[/variant]; "" = this host's
+    kubelet_config: str = KUBELET_CONFIG
+    health_port: int = 0  # plain-HTTP /healthz for kubelet probes; 0 = off
+    # Copy quotas (KEP-4582): read by aggapi.agent.copy.quotas.CopyLimits.from_config.
+    copy_size_limit: int = CopyLimits.size_limit
+    copies_per_pod: int = CopyLimits.copies_per_pod
+    copies_per_node: int = CopyLimits.copies_per_node
+    copy_max_entries: int = CopyLimits.max_entries
+    copy_max_depth: int = CopyLimits.max_depth
+    copy_state_dir: str = CopyLimits.state_dir
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aggapi agent", description="aggapi node agent")
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                   help="this node's name (the capability token audience); env NODE_NAME")
+    p.add_argument("--certs-dir", type=Path, default=None,
+                   help="directory laid out by `aggapi certs`: defaults for the four files below")
+    p.add_argument("--tls-cert", help="serving certificate (default CERTS_DIR/agent.crt)")
+    p.add_argument("--tls-key", help="serving key (default CERTS_DIR/agent.key)")
+    p.add_argument("--client-ca", help="CA of the apiserver's client cert (CERTS_DIR/ca.crt)")
+    p.add_argument("--token-public-key",
+                   help="capability verification key (CERTS_DIR/token-signing.pub)")
+    p.add_argument("--listen", default="0.0.0.0:10443", help="HOST:PORT to serve HTTPS on")
+    p.add_argument("--allowed-client-cn", action="append", default=None,
+                   help=f"client certificate CN allowed to call (repeatable; default "
+                        f"{APISERVER_CLIENT_CN})")
+    p.add_argument("--token-issuer", default="aggapi-apiserver")
+    p.add_argument("--runtime", choices=("containerd", "cri"), default="containerd",
+                   help="'cri' for runtimes without a containerd content store (CRI-O)")
+    p.add_argument("--cri-address", default=CONTAINERD_SOCKET)
+    p.add_argument("--containerd-address", default=CONTAINERD_SOCKET)
+    p.add_argument("--containerd-namespace", default="k8s.io")
+    p.add_argument("--snapshotter", default="overlayfs")
+    p.add_argument("--poll-interval", type=float, default=0.25, help="seconds between polls")
+    p.add_argument("--platform", default="", help="os/arch[/variant] (default: this host's)")
+    p.add_argument("--kubelet-config", default=KUBELET_CONFIG,
+                   help="kubelet config file (YAML or JSON) for its image-pull limits")
+    p.add_argument("--health-port", type=int, default=0,
+                   help="also serve plain-HTTP /healthz on this port (0 = off)")
+    c = p.add_argument_group("copy quotas (KEP-4582)")
+    c.add_argument("--copy-size-limit", type=int, default=CopyLimits.size_limit,
+                   help="ContainerCopySizeLimit: bytes per copy; larger is a 413")
+    c.add_argument("--copies-per-pod", type=int, default=CopyLimits.copies_per_pod,
+                   help="ContainerCopiesPerPod: concurrent copies per pod; more is a 429")
+    c.add_argument("--copies-per-node", type=int, default=CopyLimits.copies_per_node,
+                   help="concurrent copies on this node; more is a 429")
+    c.add_argument("--copy-max-entries", type=int, default=CopyLimits.max_entries,
+                   help="entries in one directory copy")
+    c.add_argument("--copy-max-depth", type=int, default=CopyLimits.max_depth,
+                   help="directory depth in one directory copy")
+    c.add_argument("--copy-state-dir", default=CopyLimits.state_dir,
+                   help="where in-flight uploads are recorded, for cleanup after a crash")
+    return p
+
+
+def from_args(argv: Sequence[str]) -> AgentConfig:
+    p = parser()
+    a = p.parse_args(list(argv))
+    d: Path | None = a.certs_dir
+
+    def pick(value: str | None, name: str, default: str) -> str:
+        if value:
+            return str(value)
+        if d is None:
+            p.error(f"--{name} or --certs-dir is required")
+        return str(d / default)
+
+    if not a.node_name:
+        p.error("--node-name (or NODE_NAME) is required")
+    host, _, port = a.listen.rpartition(":")
+    if not host or not port.isdigit():
+        p.error("--listen must be HOST:PORT")
+    return AgentConfig(
+        node_name=a.node_name,
+        tls_cert=pick(a.tls_cert, "tls-cert", "agent.crt"),
+        tls_key=pick(a.tls_key, "tls-key", "agent.key"),
+        client_ca=pick(a.client_ca, "client-ca", "ca.crt"),
+        token_public_key=pick(a.token_public_key, "token-public-key", "token-signing.pub"),
+        host=host.strip("[]"), port=int(port),
+        allowed_client_cns=tuple(a.allowed_client_cn or (APISERVER_CLIENT_CN,)),
+        token_issuer=a.token_issuer, runtime=a.runtime, cri_address=a.cri_address,
+        containerd_address=a.containerd_address,
+        containerd_namespace=a.containerd_namespace, snapshotter=a.snapshotter,
+        poll_interval=a.poll_interval, platform=a.platform, kubelet_config=a.kubelet_config,
+        health_port=a.health_port, copy_size_limit=a.copy_size_limit,
+        copies_per_pod=a.copies_per_pod, copies_per_node=a.copies_per_node,
+        copy_max_entries=a.copy_max_entries, copy_max_depth=a.copy_max_depth,
+        copy_state_dir=a.copy_state_dir,
+    )

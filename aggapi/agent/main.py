@@ -1,0 +1,65 @@
+"""`aggapi agent`: serve the node agent until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from aggapi import logs
+from aggapi.agent.app import build_app, build_health_app
+from aggapi.agent.auth import server_context
+from aggapi.agent.config import AgentConfig, from_args
+from aggapi.capability import CapabilityVerifier
+from aggapi.runtime.containerd import ContainerdClient
+from aggapi.runtime.cri import CRIClient
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    key = await asyncio.to_thread(Path(config.token_public_key).read_bytes)
+    verifier = CapabilityVerifier(key, config.node_name, issuer=config.token_issuer)
+    tls = await asyncio.to_thread(server_context, config.tls_cert, config.tls_key,
+                                  config.client_ca)
+    cri = CRIClient(config.cri_address)
+    containerd = (ContainerdClient(config.containerd_address, config.containerd_namespace)
+                  if config.runtime == "containerd" else None)
+    runners: list[web.AppRunner] = []
+    try:
+        runner = web.AppRunner(build_app(config, cri=cri, containerd=containerd,
+                                         verifier=verifier))
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, config.host, config.port, ssl_context=tls).start()
+        if config.health_port:
+            health = web.AppRunner(build_health_app())
+            await health.setup()
+            runners.append(health)
+            await web.TCPSite(health, config.host, config.health_port).start()
+        log.info("agent serving", extra={"node": config.node_name, "port": config.port,
+                                         "runtime": config.runtime})
+        await stop.wait()
+    finally:
+        for r in reversed(runners):
+            await r.cleanup()
+        await cri.close()
+        if containerd is not None:
+            await containerd.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    config = from_args(argv)
+    logs.configure()
+    asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,89 @@
+"""The progress engine's state: per layer, per image, per in-flight pull on the node.
+
+Numbers are bytes; ``-1`` means "not known" (never a guess). Aggregates sum only
+the layers that need downloading (every phase except AlreadyPresent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WAITING = "Waiting"
+RESOLVING = "Resolving"
+DOWNLOADING = "Downloading"
+EXTRACTING = "Extracting"
+DONE = "Done"
+ALREADY_PRESENT = "AlreadyPresent"
+FAILED = "Failed"
+UNKNOWN = "Unknown"
+PHASES = (WAITING, RESOLVING, DOWNLOADING, EXTRACTING, DONE, ALREADY_PRESENT, FAILED, UNKNOWN)
+# The order a pull moves through; Failed may follow any of them.
+PHASE_ORDER = {WAITING: 0, RESOLVING: 1, DOWNLOADING: 2, EXTRACTING: 3, DONE: 4,
+               ALREADY_PRESENT: 4, FAILED: 5, UNKNOWN: -1}
+TERMINAL = frozenset({DONE, ALREADY_PRESENT})
+
+
+@dataclass(frozen=True)
+class LayerState:
+    digest: str
+    phase: str
+    progress: int
+    total: int
+    bytes_per_second: float | None = None
+    eta_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class ImageState:
+    ref: str  # normalized reference (containerd's image-record name)
+    phase: str
+    layers: tuple[LayerState, ...] = ()
+    progress: int = -1
+    total: int = -1
+    bytes_per_second: float | None = None
+    eta_seconds: float | None = None
+    error: str = ""
+    root_digest: str = ""
+    lease: str = ""  # the containerd lease of the pull that brings it, if any
+
+
+@dataclass(frozen=True)
+class PullState:
+    """One in-flight pull on the node, as containerd shows it (one lease)."""
+
+    lease: str
+    started_at: float  # epoch seconds
+    phase: str
+    repositories: tuple[str, ...] = ()  # "host/repo" from distribution-source labels
+    images: tuple[str, ...] = ()  # watched refs attributed to it
+    root_digest: str = ""
+    progress: int = -1
+    total: int = -1
+    bytes_per_second: float | None = None
+    downloading_layers: int = 0
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What one poll saw. ``time`` is excluded from equality so an unchanged node
+    does not wake subscribers."""
+
+    backend: str  # "containerd" | "cri"
+    images: dict[str, ImageState] = field(default_factory=dict)
+    pulls: tuple[PullState, ...] | None = None  # None: the backend cannot see pulls
+    error: str = ""  # the runtime could not be read
+    time: float = field(default=0.0, compare=False)
+
+
+def aggregate(layers: tuple[LayerState, ...]) -> tuple[int, int]:
+    """(Σprogress, Σtotal) over layers that need downloading; (-1, -1) if unknown."""
+    need = [la for la in layers if la.phase != ALREADY_PRESENT]
+    if any(la.total < 0 for la in need):
+        return -1, -1
+    return sum(la.progress for la in need), sum(la.total for la in need)
+
+
+def eta(progress: int, total: int, rate: float | None) -> float | None:
+    if rate is None or rate <= 0 or total < 0 or progress < 0:
+        return None
+    return round(max(total - progress, 0) / rate, 1)

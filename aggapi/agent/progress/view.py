@@ -1,0 +1,129 @@
+"""The pod's view of node state: NDJSON objects at layer, image or pod granularity.
+
+Every progress object carries KEP-5334's fields (image, layer, progress, total,
+error) plus container, phase, bytesPerSecond, etaSeconds and time, and
+``kind: "Progress"``. A stream ends with ``kind: "Summary"`` once every image is
+present, or ``kind: "Error"``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from aggapi.agent.progress.model import (
+    ALREADY_PRESENT,
+    DONE,
+    DOWNLOADING,
+    EXTRACTING,
+    FAILED,
+    RESOLVING,
+    TERMINAL,
+    UNKNOWN,
+    WAITING,
+    ImageState,
+    NodeState,
+    eta,
+)
+from aggapi.capability import ContainerRef
+
+GRANULARITIES = ("layer", "image", "pod")
+Obj = dict[str, Any]
+
+
+def rfc3339(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def _obj(*, image: str, layer: str, progress: int, total: int, error: str, container: str,
+         phase: str, rate: float | None, eta_s: float | None, t: float) -> Obj:
+    return {"kind": "Progress", "image": image, "layer": layer, "progress": progress,
+            "total": total, "error": error, "container": container, "phase": phase,
+            "bytesPerSecond": rate, "etaSeconds": eta_s, "time": rfc3339(t)}
+
+
+def _image_of(state: NodeState, c: ContainerRef) -> ImageState:
+    return state.images.get(c.image) or ImageState(c.image, UNKNOWN)
+
+
+def pod_phase(phases: Sequence[str]) -> str:
+    if not phases:
+        return UNKNOWN
+    if FAILED in phases:
+        return FAILED
+    if all(p in TERMINAL for p in phases):
+        return ALREADY_PRESENT if all(p == ALREADY_PRESENT for p in phases) else DONE
+    for p in (DOWNLOADING, EXTRACTING, RESOLVING, WAITING):
+        if p in phases:
+            return p
+    return UNKNOWN
+
+
+def objects(containers: Sequence[ContainerRef], state: NodeState, granularity: str) -> list[Obj]:
+    t = state.time
+    out: list[Obj] = []
+    if granularity == "pod":
+        imgs: dict[str, ImageState] = {}
+        for c in containers:
+            st = _image_of(state, c)
+            imgs.setdefault(st.root_digest or st.ref, st)
+        need = [s for s in imgs.values() if s.phase != ALREADY_PRESENT]
+        known = all(s.total >= 0 for s in need)
+        prog = sum(s.progress for s in need) if known else -1
+        total = sum(s.total for s in need) if known else -1
+        rates = [s.bytes_per_second for s in need if s.bytes_per_second is not None]
+        rate = round(sum(rates), 1) if rates else None
+        errors = "; ".join(s.error for s in imgs.values() if s.error)
+        out.append(_obj(image="", layer="", progress=prog, total=total, error=errors,
+                        container="", phase=pod_phase([s.phase for s in imgs.values()]),
+                        rate=rate, eta_s=eta(prog, total, rate), t=t))
+        return out
+    for c in containers:
+        st = _image_of(state, c)
+        if granularity == "image" or not st.layers:
+            out.append(_obj(image=c.image, layer="", progress=st.progress, total=st.total,
+                            error=st.error, container=c.name, phase=st.phase,
+                            rate=st.bytes_per_second, eta_s=st.eta_seconds, t=t))
+            continue
+        for la in st.layers:
+            out.append(_obj(image=c.image, layer=la.digest, progress=la.progress,
+                            total=la.total, error=st.error if la.phase == FAILED else "",
+                            container=c.name, phase=la.phase, rate=la.bytes_per_second,
+                            eta_s=la.eta_seconds, t=t))
+    return out
+
+
+def key(o: Obj) -> tuple[str, str, str]:
+    return (o.get("container", ""), o.get("image", ""), o.get("layer", ""))
+
+
+def without_time(o: Obj) -> Obj:
+    return {k: v for k, v in o.items() if k != "time"}
+
+
+def finished(containers: Sequence[ContainerRef], state: NodeState) -> bool:
+    return all(_image_of(state, c).phase in TERMINAL for c in containers)
+
+
+def failure(containers: Sequence[ContainerRef], state: NodeState) -> Obj | None:
+    """The Error object that ends a stream, if the pod's pulls cannot be followed on."""
+    if state.error:
+        return {"kind": "Error", "image": "", "error": state.error, "phase": UNKNOWN,
+                "time": rfc3339(state.time)}
+    for c in containers:
+        st = _image_of(state, c)
+        if st.phase == FAILED:
+            return {"kind": "Error", "image": c.image, "container": c.name,
+                    "error": st.error, "phase": FAILED, "time": rfc3339(state.time)}
+    return None
+
+
+def summary(containers: Sequence[ContainerRef], state: NodeState) -> Obj:
+    pod = objects(containers, state, "pod")[0]
+    return {"kind": "Summary", "phase": pod["phase"], "progress": pod["progress"],
+            "total": pod["total"],
+            "images": [{"container": c.name, "image": c.image,
+                        "phase": _image_of(state, c).phase} for c in containers],
+            "time": rfc3339(state.time)}

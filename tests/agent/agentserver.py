@@ -1,0 +1,96 @@
+"""Run the real agent app over HTTPS on 127.0.0.1 for tests, and call it as the
+apiserver does (mTLS client cert + capability token)."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from aggapi import certs
+from aggapi.agent.app import build_app
+from aggapi.agent.auth import SandboxLister, server_context
+from aggapi.agent.config import AgentConfig
+from aggapi.agent.progress.poller import Backend
+from aggapi.capability import CapabilitySigner, CapabilityVerifier, ContainerRef
+from aggapi.runtime.containerd import ContainerdClient
+from aggapi.runtime.cri import CRIClient
+
+NODE = "node-a"
+
+
+def pki(where: Path) -> Path:
+    certs.generate(where)
+    return where
+
+
+def client_ssl(pki_dir: Path, *, cert: bool = True, trust: Path | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str((trust or pki_dir) / "ca.crt"))
+    if cert:
+        ctx.load_cert_chain(pki_dir / "agent-client.crt", pki_dir / "agent-client.key")
+    return ctx
+
+
+@dataclass
+class Agent:
+    url: str
+    pki: Path
+    signer: CapabilitySigner
+    app: web.Application
+
+    def token(self, operation: str = "imagepullprogress", *, images: Sequence[str] = (),
+              node: str = NODE, uid: str = "uid-1", **kw: Any) -> str:
+        containers = [ContainerRef(f"c{i}", img) for i, img in enumerate(images)]
+        return self.signer.sign(node=node, subject="alice", operation=operation,
+                                pod_namespace="default", pod_name="p", pod_uid=uid,
+                                containers=containers, **kw)
+
+    @asynccontextmanager
+    async def get(self, path: str, token: str | None, *, ssl_ctx: ssl.SSLContext | None = None,
+                  **params: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with aiohttp.ClientSession() as s, s.get(
+                self.url + path, params=params, headers=headers,
+                ssl=ssl_ctx or client_ssl(self.pki)) as resp:
+            yield resp
+
+    async def stream(self, token: str, **params: str) -> AsyncIterator[dict[str, Any]]:
+        async with self.get("/v1/imagepullprogress", token, **params) as resp:
+            assert resp.status == 200, await resp.text()
+            async for line in resp.content:
+                yield json.loads(line)
+
+
+@asynccontextmanager
+async def run_agent(pki_dir: Path, *, cri: CRIClient | Any, containerd: ContainerdClient | Any,
+                    backend: Backend | None = None, pod_check: SandboxLister | bool | None = True,
+                    poll_interval: float = 0.25, kubelet_config: str = "/nonexistent",
+                    snapshotter: str = "overlayfs") -> AsyncIterator[Agent]:
+    config = AgentConfig(node_name=NODE, tls_cert=str(pki_dir / "agent.crt"),
+                         tls_key=str(pki_dir / "agent.key"), client_ca=str(pki_dir / "ca.crt"),
+                         token_public_key=str(pki_dir / "token-signing.pub"),
+                         host="127.0.0.1", port=0, poll_interval=poll_interval,
+                         platform="linux/amd64", kubelet_config=kubelet_config,
+                         snapshotter=snapshotter)
+    verifier = CapabilityVerifier((pki_dir / "token-signing.pub").read_bytes(), NODE)
+    app = build_app(config, cri=cri, containerd=containerd, verifier=verifier, backend=backend,
+                    pod_check=pod_check)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0,
+                       ssl_context=server_context(config.tls_cert, config.tls_key,
+                                                  config.client_ca))
+    await site.start()
+    port = runner.addresses[0][1]
+    signer = CapabilitySigner((pki_dir / "token-signing.key").read_bytes())
+    try:
+        yield Agent(f"https://127.0.0.1:{port}", pki_dir, signer, app)
+    finally:
+        await runner.cleanup()

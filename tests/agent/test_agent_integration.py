@@ -1,0 +1,185 @@
+"""The agent against real containerd + runc, a registry and a throttling proxy
+(fixtures from tests/conftest.py). Pulls go through CRI PullImage, as kubelet's
+do; progress is read over the agent's real HTTPS API."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aggapi.agent.progress.model import PHASE_ORDER
+from aggapi.runtime.containerd import ContainerdClient
+from aggapi.runtime.cri import CRIClient
+from aggapi.runtime.errors import RuntimeCallError
+from aggapi.testing.containerd import Containerd
+from aggapi.testing.throttle import ThrottleProxy
+from tests.agent.agentserver import Agent, pki, run_agent
+
+RATE = 10 * 1024 * 1024  # bytes/s through the proxy: ~150 MB take ~15 s
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, cri: CRIClient, ctd: ContainerdClient,
+                containerd: Containerd) -> Any:
+    async with run_agent(pki(tmp_path / "pki"), cri=cri, containerd=ctd,
+                         snapshotter=containerd.snapshotter) as a:
+        yield a
+
+
+async def collect(agent: Agent, ref: str, pull: Any, **params: str) -> list[dict[str, Any]]:
+    """Subscribe, start ``pull`` once the stream is open, read until it ends."""
+    out: list[dict[str, Any]] = []
+    task: asyncio.Task[Any] | None = None
+    async for obj in agent.stream(agent.token(images=[ref]), **params):
+        out.append(obj)
+        if task is None:
+            task = asyncio.create_task(pull)
+    assert task is not None
+    try:
+        await task
+    except RuntimeCallError:
+        pass
+    return out
+
+
+def check_layer_stream(objs: list[dict[str, Any]], sizes: dict[str, int]) -> None:
+    by_layer: dict[str, list[dict[str, Any]]] = {}
+    for o in objs:
+        if o["kind"] == "Progress" and o["layer"]:
+            by_layer.setdefault(o["layer"], []).append(o)
+    assert set(by_layer) == set(sizes)
+    for digest, seq in by_layer.items():
+        progress = [o["progress"] for o in seq]
+        assert progress == sorted(progress), f"{digest} went backwards: {progress}"
+        assert {o["total"] for o in seq} == {sizes[digest]}
+        ranks = [PHASE_ORDER[o["phase"]] for o in seq]
+        assert ranks == sorted(ranks), [o["phase"] for o in seq]
+
+
+async def test_throttled_pull_streams_layer_progress(
+        agent: Agent, cri: CRIClient, throttle: ThrottleProxy, big_image: Any,
+        busybox_image: str) -> None:
+    await cri.pull_image(busybox_image)  # big's base layer is busybox's: AlreadyPresent
+    throttle.set_rate(RATE)
+    ref = big_image.ref(throttle.host)
+    sizes = {la.blob.digest: la.blob.size for la in big_image.image.layers}
+    layer_task = asyncio.create_task(collect(agent, ref, asyncio.sleep(0)))
+    wire: list[tuple[float, int]] = []
+
+    async def sample_wire() -> None:
+        while True:
+            wire.append((time.monotonic(), throttle.bytes_down))
+            await asyncio.sleep(0.25)
+
+    sampler = asyncio.create_task(sample_wire())
+    objs = await collect(agent, ref, cri.pull_image(ref), granularity="image")
+    sampler.cancel()
+    layer_objs = await layer_task
+    # What actually crossed the proxy over the middle half of the transfer.
+    moving = [w for a, w in itertools.pairwise(wire) if w[1] > a[1]]
+    (t0, b0), (t1, b1) = moving[len(moving) // 4], moving[-len(moving) // 4]
+    wire_rate = (b1 - b0) / (t1 - t0)
+
+    assert objs[-1]["kind"] == "Summary" and objs[-1]["phase"] == "Done", objs[-1]
+    phases = [o["phase"] for o in objs if o["kind"] == "Progress"]
+    assert phases[-1] == "Done"
+    ranks = [PHASE_ORDER[p] for p in phases]
+    assert ranks == sorted(ranks), phases
+    assert "Downloading" in phases
+    base = big_image.image.layers[0].blob.digest
+    need = sum(s for d, s in sizes.items() if d != base)
+    assert objs[-2]["progress"] == objs[-2]["total"] == need
+    rates = [o["bytesPerSecond"] for o in objs
+             if o["kind"] == "Progress" and o["phase"] == "Downloading" and o["bytesPerSecond"]]
+    assert len(rates) >= 5, rates
+    mid = statistics.median(rates[len(rates) // 4: -max(len(rates) // 4, 1)])
+    print(f"throttle set to {RATE} B/s; wire {wire_rate:.0f} B/s; agent said {mid:.0f} B/s")
+    assert 0.7 * wire_rate <= mid <= 1.3 * wire_rate, (mid, wire_rate, rates)
+
+    check_layer_stream(layer_objs, sizes)
+    last = {o["layer"]: o["phase"] for o in layer_objs if o["kind"] == "Progress"}
+    assert last[base] == "AlreadyPresent"
+    assert {last[d] for d in sizes if d != base} == {"Done"}
+
+
+async def test_shared_base_layer_is_already_present(agent: Agent, cri: CRIClient,
+                                                    registry: Any, shared_images: Any) -> None:
+    await cri.pull_image(shared_images.a.ref(registry.host))
+    ref = shared_images.b.ref(registry.host)
+    objs = await collect(agent, ref, cri.pull_image(ref))
+    assert objs[-1]["kind"] == "Summary"
+    last = {o["layer"]: o for o in objs if o["kind"] == "Progress"}
+    assert last[shared_images.base.blob.digest]["phase"] == "AlreadyPresent"
+    own = shared_images.b.image.layers[1].blob
+    assert last[own.digest]["phase"] == "Done"
+    assert last[own.digest]["progress"] == last[own.digest]["total"] == own.size
+
+
+async def test_multi_arch_index_reports_the_node_platform(agent: Agent, cri: CRIClient,
+                                                          multiarch_image: Any) -> None:
+    ref, index = multiarch_image
+    objs = await collect(agent, ref, cri.pull_image(ref))
+    amd = index.for_platform("linux", "amd64")
+    layers = {o["layer"] for o in objs if o["kind"] == "Progress" and o["layer"]}
+    assert layers == {la.blob.digest for la in amd.layers}
+    assert objs[-1]["kind"] == "Summary" and objs[-1]["phase"] == "Done"
+
+
+async def test_registry_down_mid_pull_is_failed(agent: Agent, cri: CRIClient,
+                                                throttle: ThrottleProxy, big_image: Any) -> None:
+    throttle.set_rate(RATE)
+    ref = big_image.ref(throttle.host)
+    seen_downloading = asyncio.Event()
+    out: list[dict[str, Any]] = []
+
+    async def watch() -> None:
+        async for obj in agent.stream(agent.token(images=[ref]), granularity="image"):
+            out.append(obj)
+            if obj.get("phase") == "Downloading" and obj.get("progress", 0) > 10 << 20:
+                seen_downloading.set()
+
+    watcher = asyncio.create_task(watch())
+    puller = asyncio.create_task(cri.pull_image(ref))
+    await asyncio.wait_for(seen_downloading.wait(), 30)
+    throttle.kill()
+    with pytest.raises(RuntimeCallError) as err:
+        await puller
+    await asyncio.wait_for(watcher, 30)
+    assert out[-1]["kind"] == "Error" and out[-1]["phase"] == "Failed", out[-1]
+    assert "without an image record" in out[-1]["error"]
+    print("CRI said:", err.value, "| agent said:", out[-1]["error"])
+
+
+async def test_node_view_lists_in_flight_pull_and_kubelet_limits(
+        tmp_path: Path, cri: CRIClient, ctd: ContainerdClient, throttle: ThrottleProxy,
+        big_image: Any, containerd: Containerd) -> None:
+    kcfg = tmp_path / "kubelet.yaml"
+    kcfg.write_text("kind: KubeletConfiguration\nserializeImagePulls: false\n"
+                    "maxParallelImagePulls: 2\n")
+    async with run_agent(pki(tmp_path / "pki"), cri=cri, containerd=ctd,
+                         kubelet_config=str(kcfg), snapshotter=containerd.snapshotter) as agent:
+        throttle.set_rate(RATE)
+        ref = big_image.ref(throttle.host)
+        puller = asyncio.create_task(cri.pull_image(ref))
+        body: dict[str, Any] = {}
+        for _ in range(40):
+            await asyncio.sleep(0.25)
+            async with agent.get("/v1/imagepulls", agent.token("imagepulls")) as resp:
+                assert resp.status == 200
+                body = await resp.json()
+            if body["pulls"] and body["pulls"][0]["progress"] > 0:
+                break
+        throttle.set_rate(None)
+        await puller
+    assert body["kubelet"]["serializeImagePulls"] is False
+    assert body["kubelet"]["maxParallelImagePulls"] == 2
+    assert body["inFlight"] == 1 and body["slotsFree"] == 1
+    pull = body["pulls"][0]
+    assert pull["phase"] == "Downloading"
+    assert pull["repositories"] == ["127.0.0.1/aggapi-test/big"]

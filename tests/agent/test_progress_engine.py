@@ -1,0 +1,221 @@
+"""The progress engine against a scripted in-memory containerd (tests/agent/fakectd.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+
+from aggapi.agent.manifests import Platform
+from aggapi.agent.progress.containerd_backend import ContainerdBackend
+from aggapi.agent.progress.model import PHASE_ORDER, ImageState, NodeState
+from aggapi.agent.progress.poller import ProgressPoller
+from aggapi.runtime.containerd import IngestStatus
+from tests.agent.fakectd import OCI_INDEX, FakeContainerd, make_image, sha
+
+REF = "127.0.0.1:5000/app:1"
+
+
+def backend(fake: FakeContainerd) -> ContainerdBackend:
+    return ContainerdBackend(fake, Platform("linux", "amd64"), clock=lambda: fake.now,
+                             monotonic=lambda: fake.now)
+
+
+async def test_a_pull_goes_through_the_phases_in_order() -> None:
+    fake = FakeContainerd()
+    img = make_image(REF, [1000, 2000], "app")
+    be = backend(fake)
+    seen: list[ImageState] = []
+
+    async def look() -> ImageState:
+        st = (await be.observe([REF])).images[REF]
+        seen.append(st)
+        return st
+
+    assert (await look()).phase == "Waiting"
+    fake.now += 1
+    fake.start_pull(img, "L1")
+    assert (await look()).phase == "Resolving"
+    fake.fetch_manifest(img, "L1")
+    st = await look()
+    assert st.phase == "Downloading"
+    assert [la.phase for la in st.layers] == ["Waiting", "Waiting"]
+    assert st.total == 3000
+    (d0, s0), (d1, s1) = img.layers
+    fake.now += 1
+    fake.download(d0, 500, s0, "L1")
+    fake.download(d1, 0, s1, "L1")
+    st = await look()
+    assert (st.progress, st.total) == (500, 3000)
+    fake.now += 1
+    fake.download(d0, 1000, s0, "L1")
+    fake.download(d1, 1000, s1, "L1")
+    st = await look()
+    assert st.bytes_per_second == 1000.0  # 0 -> 2000 bytes over the 2 s of the window
+    assert st.eta_seconds == 1.0
+    assert [la.bytes_per_second for la in st.layers] == [500.0, 1000.0]
+    fake.commit(d0, s0, "L1")
+    fake.extract(img.chains[0])
+    st = await look()
+    assert [la.phase for la in st.layers] == ["Extracting", "Downloading"]
+    fake.now += 1
+    fake.commit(d1, s1, "L1")
+    fake.extract(img.chains[0], active=False)
+    fake.extract(img.chains[1])
+    st = await look()
+    assert st.phase == "Extracting" and st.progress == st.total == 3000
+    fake.extract(img.chains[1], active=False)
+    fake.finish(img, "L1")
+    st = await look()
+    assert st.phase == "Done"
+    assert [la.phase for la in st.layers] == ["Done", "Done"]
+
+    ranks = [PHASE_ORDER[s.phase] for s in seen]
+    assert ranks == sorted(ranks), [s.phase for s in seen]
+    for i in range(2):
+        prog = [s.layers[i].progress for s in seen if s.layers]
+        assert prog == sorted(prog)
+        assert all(s.layers[i].total == img.layers[i][1] for s in seen if s.layers)
+
+
+async def test_a_layer_shared_with_a_present_image_is_already_present() -> None:
+    fake = FakeContainerd()
+    base = (sha(b"base"), 4000, sha(b"base-diff"))
+    a = make_image("127.0.0.1:5000/a:1", [100], "a", shared=[base])
+    b = make_image("127.0.0.1:5000/b:1", [200], "b", shared=[base])
+    fake.start_pull(a, "LA")
+    fake.fetch_manifest(a, "LA")
+    for chain in a.chains:
+        fake.extract(chain, active=False)
+    fake.finish(a, "LA")
+    fake.now += 100
+    be = backend(fake)
+    assert (await be.observe([b.name])).images[b.name].phase == "Waiting"
+    fake.start_pull(b, "LB")
+    fake.fetch_manifest(b, "LB")
+    fake.download(b.layers[1][0], 50, 200, "LB")
+    st = (await be.observe([b.name])).images[b.name]
+    assert [la.phase for la in st.layers] == ["AlreadyPresent", "Downloading"]
+    assert (st.progress, st.total) == (50, 200)  # the present base is not counted
+    fake.commit(b.layers[1][0], 200, "LB")
+    fake.extract(b.chains[1], active=False)
+    fake.finish(b, "LB")
+    st = (await be.observe([b.name])).images[b.name]
+    assert st.phase == "Done"
+    assert [la.phase for la in st.layers] == ["AlreadyPresent", "Done"]
+    # A watcher arriving afterwards sees an image that was already there.
+    st = (await backend(fake).observe([a.name])).images[a.name]
+    assert st.phase == "AlreadyPresent"
+
+
+async def test_lease_gone_without_image_is_failed_with_what_the_agent_knows() -> None:
+    fake = FakeContainerd()
+    img = make_image(REF, [1000], "app")
+    be = backend(fake)
+    fake.start_pull(img, "L1")
+    fake.fetch_manifest(img, "L1")
+    fake.download(img.layers[0][0], 300, 1000, "L1")
+    assert (await be.observe([REF])).images[REF].phase == "Downloading"
+    fake.fail("L1")
+    st = (await be.observe([REF])).images[REF]
+    assert st.phase == "Failed"
+    assert "lease L1" in st.error and "300 of 1000 bytes" in st.error
+    assert fake.calls.count("Images.Get") == 1  # confirmed once before calling it Failed
+    # kubelet retries: a new lease makes it a pull again.
+    fake.start_pull(img, "L2")
+    fake.fetch_manifest(img, "L2")
+    assert (await be.observe([REF])).images[REF].phase == "Downloading"
+
+
+async def test_pull_that_dies_while_resolving_is_failed() -> None:
+    fake = FakeContainerd()
+    img = make_image(REF, [1000], "app")
+    be = backend(fake)
+    fake.start_pull(img, "L1")
+    assert (await be.observe([REF])).images[REF].phase == "Resolving"
+    fake.fail("L1")
+    st = (await be.observe([REF])).images[REF]
+    assert st.phase == "Failed" and "before any manifest" in st.error
+
+
+async def test_multi_arch_index_resolves_to_the_node_platform() -> None:
+    fake = FakeContainerd()
+    amd = make_image(REF, [111], "amd")
+    arm = make_image(REF, [222], "arm")
+    index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": arm.digest,
+         "size": len(arm.manifest), "platform": {"os": "linux", "architecture": "arm64"}},
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": amd.digest,
+         "size": len(amd.manifest), "platform": {"os": "linux", "architecture": "amd64"}},
+    ]}).encode()
+    be = backend(fake)
+    fake.start_pull(amd, "L1")
+    fake.put_blob(index, sha(index), len(index), {
+        "containerd.io/distribution.source.127.0.0.1": "app",
+        "containerd.io/gc.ref.content.m.0": amd.digest}, "L1")
+    st = (await be.observe([REF])).images[REF]
+    assert st.phase == "Resolving" and st.root_digest == sha(index)
+    fake.fetch_manifest(amd, "L1")
+    st = (await be.observe([REF])).images[REF]
+    assert [(la.digest, la.total) for la in st.layers] == [(amd.layers[0][0], 111)]
+    state = await be.observe([])
+    assert state.pulls is not None and len(state.pulls) == 1
+    assert state.pulls[0].root_digest == sha(index)
+    assert state.pulls[0].repositories == ("127.0.0.1/app",)
+
+
+async def test_poller_calls_do_not_depend_on_subscribers() -> None:
+    class Moving(FakeContainerd):
+        async def list_statuses(self, filters: Sequence[str] = ()) -> list[IngestStatus]:
+            for ref, st in self.statuses.items():  # the download advances every poll
+                self.statuses[ref] = replace(st, offset=st.offset + 1)
+            return await super().list_statuses(filters)
+
+    async def calls_per_poll(n: int) -> float:
+        fake = Moving()
+        img = make_image(REF, [10_000], "app")
+        fake.start_pull(img, "L1")
+        fake.fetch_manifest(img, "L1")
+        fake.download(img.layers[0][0], 10, 10_000, "L1")
+        poller = ProgressPoller(backend(fake), interval=0.005)
+        subs = [poller.subscribe([REF]) for _ in range(n)]
+        await subs[0].next()
+        # Read the counters when a poll has just published: between two polls.
+        start_calls, start_polls = fake.rpc_count, poller.polls
+        for _ in range(10):
+            await subs[0].next()
+        per_poll = (fake.rpc_count - start_calls) / (poller.polls - start_polls)
+        for s in subs:
+            s.close()
+        assert not poller.running  # stops with the last subscriber
+        return per_poll
+
+    one, many = await calls_per_poll(1), await calls_per_poll(1000)
+    # ListStatuses, Leases.List, Snapshots.List, Images.List; lease resources only on change.
+    assert one == many == 4.0
+
+
+async def test_slow_subscriber_gets_latest_state_only() -> None:
+    fake = FakeContainerd()
+    img = make_image(REF, [10_000], "app")
+    fake.start_pull(img, "L1")
+    fake.fetch_manifest(img, "L1")
+    poller = ProgressPoller(backend(fake), interval=0.005)
+    fast, slow = poller.subscribe([REF]), poller.subscribe([REF])
+    first = await slow.next()
+    assert first is not None
+    states: list[NodeState] = []
+    for off in range(1, 6):
+        fake.download(img.layers[0][0], off * 1000, 10_000, "L1")
+        while True:
+            st = await fast.next()
+            assert st is not None
+            if st.images[REF].progress == off * 1000:
+                states.append(st)
+                break
+    latest = await slow.next()
+    assert latest is not None and latest.images[REF].progress == 5000  # skipped 1000..4000
+    assert await slow.next(max_wait=0.05) is None  # nothing newer: no backlog
+    fast.close()
+    slow.close()
+    await poller.close()
