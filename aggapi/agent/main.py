@@ -37,8 +37,11 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
                   if config.runtime == "containerd" else None)
     runners: list[web.AppRunner] = []
     try:
+        # handler_cancellation: when the apiserver drops a stream (its client left),
+        # the handler is cancelled at once, which ends the poller subscription or
+        # aborts the copy (its temp file removed) instead of waiting for a write to fail.
         runner = web.AppRunner(build_app(config, cri=cri, containerd=containerd,
-                                         verifier=verifier))
+                                         verifier=verifier), handler_cancellation=True)
         await runner.setup()
         runners.append(runner)
         await web.TCPSite(runner, config.host, config.port, ssl_context=tls).start()

@@ -104,7 +104,7 @@ class AgentClient:
         Raises StatusError for a missing/unreachable agent (503) and for any error
         Status the agent answered.
         """
-        ep = self.directory.lookup(node)
+        ep = await self.directory.endpoint(node)
         token = self._signer.sign(
             node=node, subject=subject, operation=operation, pod_namespace=pod_namespace,
             pod_name=pod_name, pod_uid=pod_uid, containers=tuple(containers),

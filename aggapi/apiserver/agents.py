@@ -7,6 +7,8 @@ agent serves, which is how KubeVirt's virt-api finds its virt-handler too.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +84,13 @@ class AgentDirectory:
             for ep in endpoints_from_slice(es, self._port_name):
                 by_node.setdefault(ep.node, ep)
         self._by_node = by_node
+
+    async def endpoint(self, node: str, sync_timeout: float = 5.0) -> AgentEndpoint:
+        """Like :meth:`lookup`, but first waits (briefly) for the initial list."""
+        if not self.synced:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._informer.synced.wait(), sync_timeout)
+        return self.lookup(node)
 
     def lookup(self, node: str) -> AgentEndpoint:
         """The node's ready agent, or a 503 the client may retry."""

@@ -17,6 +17,9 @@ async def readyz(request: web.Request) -> web.Response:
         ("authentication-config", app[appkeys.AUTH_SOURCE].ready.is_set()),
         ("shutdown", not app[appkeys.LIFECYCLE].draining.is_set()),
     ]
+    agent = app[appkeys.AGENT_CLIENT]
+    if agent is not None:
+        checks.append(("agent-endpoints", agent.directory.synced))
     ok = all(passed for _, passed in checks)
     if "verbose" not in request.query:
         return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)

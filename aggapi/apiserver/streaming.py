@@ -47,7 +47,7 @@ class ObjectStream:
         data = json.dumps(obj, separators=(",", ":"))
         if self.sse:
             self._seq += 1
-            event = str(obj.get("type") or "progress").lower()
+            event = str(obj.get("kind") or "progress").lower()
             chunk = f"id: {self._seq}\nevent: {event}\ndata: {data}\n\n"
         else:
             chunk = data + "\n"

@@ -48,7 +48,9 @@ class FrontProxy:
             timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        # Like kube-apiserver's proxy, a client that leaves cancels the backend request.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5,
+                                     handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, 0)
         await site.start()

@@ -34,22 +34,28 @@ class TokenBucket:
         self._refill()
         self.rate = rate
 
+    def _cap(self) -> float:
+        # 50 ms worth of tokens: enough that sleep overshoot is not lost capacity,
+        # small enough that progress stays smooth.
+        return max(float(self.burst), (self.rate or 0) * 0.05)
+
     def _refill(self) -> None:
         now = time.monotonic()
         if self.rate:
-            self.tokens = min(float(max(self.burst, CHUNK)),
-                              self.tokens + (now - self.stamp) * self.rate)
+            self.tokens = min(self._cap(), self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
 
     async def take(self, n: int) -> None:
-        # The lock makes waiters queue in order, so connections share the rate fairly.
+        """Spend ``n`` tokens, going into debt and sleeping it off: the long-run rate is
+        exact whatever the sleep granularity. The lock keeps waiters fair (FIFO)."""
         async with self.lock:
-            while self.rate:
+            if not self.rate:
+                return
+            self._refill()
+            self.tokens -= n
+            while self.rate and self.tokens < 0:
+                await asyncio.sleep(min(-self.tokens / self.rate, 0.1))
                 self._refill()
-                if self.tokens >= n:
-                    self.tokens -= n
-                    return
-                await asyncio.sleep(min((n - self.tokens) / self.rate, 0.1))
 
 
 class ThrottleProxy:

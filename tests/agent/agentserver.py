@@ -72,17 +72,17 @@ class Agent:
 async def run_agent(pki_dir: Path, *, cri: CRIClient | Any, containerd: ContainerdClient | Any,
                     backend: Backend | None = None, pod_check: SandboxLister | bool | None = True,
                     poll_interval: float = 0.25, kubelet_config: str = "/nonexistent",
-                    snapshotter: str = "overlayfs") -> AsyncIterator[Agent]:
+                    snapshotter: str = "overlayfs", **overrides: Any) -> AsyncIterator[Agent]:
     config = AgentConfig(node_name=NODE, tls_cert=str(pki_dir / "agent.crt"),
                          tls_key=str(pki_dir / "agent.key"), client_ca=str(pki_dir / "ca.crt"),
                          token_public_key=str(pki_dir / "token-signing.pub"),
                          host="127.0.0.1", port=0, poll_interval=poll_interval,
                          platform="linux/amd64", kubelet_config=kubelet_config,
-                         snapshotter=snapshotter)
+                         snapshotter=snapshotter, **overrides)
     verifier = CapabilityVerifier((pki_dir / "token-signing.pub").read_bytes(), NODE)
     app = build_app(config, cri=cri, containerd=containerd, verifier=verifier, backend=backend,
                     pod_check=pod_check)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, handler_cancellation=True)  # as aggapi.agent.main does
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0,
                        ssl_context=server_context(config.tls_cert, config.tls_key,

@@ -100,6 +100,8 @@ async def test_throttled_pull_streams_layer_progress(
     assert len(rates) >= 5, rates
     mid = statistics.median(rates[len(rates) // 4: -max(len(rates) // 4, 1)])
     print(f"throttle set to {RATE} B/s; wire {wire_rate:.0f} B/s; agent said {mid:.0f} B/s")
+    # Against the throttle's configured rate (the bar) and what crossed the wire.
+    assert 0.7 * RATE <= mid <= 1.3 * RATE, (mid, RATE, rates)
     assert 0.7 * wire_rate <= mid <= 1.3 * wire_rate, (mid, wire_rate, rates)
 
     check_layer_stream(layer_objs, sizes)

@@ -142,7 +142,8 @@ async def make_server(certs: Pki, kube: FakeKube,
         app.on_cleanup.append(lambda _app: api.close())
         if setup is not None:
             setup(app)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=cfg.shutdown_final)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=cfg.shutdown_final,
+                               handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.context)
         await site.start()

@@ -145,6 +145,8 @@ async def pod_progress(request: web.Request) -> web.StreamResponse:
             raise not_found("pods", info.name)
         target = target_from_pod(pw.pod)
         containers = target.select(wanted)
+        if target.node:
+            await agent.directory.endpoint(target.node)  # no agent: 503 before streaming
         deadline = None
         if info.verb != "watch":
             deadline = asyncio.get_running_loop().time() + request.app[

@@ -1,0 +1,723 @@
+"""A real control plane on this machine: etcd + kube-apiserver, aggapi's objects, netns hosts.
+
+Used by ``hack/local-up.sh`` (``python3 -m aggapi.testing.controlplane up|down|env|status``)
+and by the e2e fixtures in ``tests/e2e/conftest.py``.
+
+Layout (instance ``local`` uses 10.251.0.0/24, ``e2e`` 10.251.1.0/24; all state lives in
+``<repo>/.local/controlplane/<instance>/``, which ``down`` removes):
+
+    etcd            127.0.0.1:<free ports>, data in state/etcd
+    kube-apiserver  https://10.251.N.1:6443 on the host bridge (the namespaces must reach it)
+    aggapi          netns <p>api  10.251.N.2:8443   Service aggapi/aggapi + EndpointSlice
+    aggapi agent    netns <p>node 10.251.N.3:10443  Service aggapi/aggapi-agent + EndpointSlice
+                                                    with nodeName = the Node object
+    APIService v1alpha1.subresources.aggapi.io -> aggapi/aggapi:443, caBundle = aggapi's CA
+
+Finding (kube-apiserver v1.34, tested by ``loopback_endpoints_rejected``): an
+EndpointSlice or Endpoints address 127.0.0.1 is refused ("may not be in the loopback
+range"), hence the network namespaces (see aggapi/testing/netns.py).
+
+Identity of the local aggapi apiserver: a client certificate (cluster CA) for user
+``system:serviceaccount:aggapi:aggapi-apiserver`` with the service-account groups. RBAC
+ServiceAccount subjects match that user name, so the shipped bindings apply unchanged
+and no token controller (kube-controller-manager) is needed.
+
+RBAC: the shipped manifests/base/{serviceaccounts,rbac-apiserver,rbac-aggregated}.yaml,
+then hack/local/rbac.yaml (e2e users alice and mallory, kubeconfigs in users/).
+Authentication: client certs of the cluster CA; anonymous only for /livez, /readyz and
+/healthz (AuthenticationConfiguration), so any other unauthenticated request is a 401.
+No kube-controller-manager, scheduler, kubelet or kube-proxy runs: the harness creates the
+ServiceAccounts ``default``, the Node (status Ready) and the EndpointSlices itself.
+containerd, the registry and the demo are not started here (aggapi.testing.* fixtures).
+
+Every process is started in its own session with a pidfile (pid + start time) and is
+stopped by that PID only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aggapi import certs, pki
+from aggapi.testing.netns import Host, Network
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "aggapi"
+APISERVER_SERVICE = "aggapi"
+AGENT_SERVICE = "aggapi-agent"
+APISERVER_SA = "aggapi-apiserver"
+APISERVER_USER = f"system:serviceaccount:{NAMESPACE}:{APISERVER_SA}"
+GROUP = "subresources.aggapi.io"
+VERSION = "v1alpha1"
+APISERVICE = f"{VERSION}.{GROUP}"
+KUBE_PORT = 6443
+AGGAPI_PORT = 8443
+AGENT_PORT = 10443
+# Dual-stack Service ranges, so charts rendered with ipFamilyPolicy RequireDualStack
+# validate. ClusterIPs are never dialled here (no kube-proxy, aggregator routing).
+SERVICE_CIDR = "10.0.0.0/24,fd00:aa:0:1::/112"
+SERVICE_IPS = ["10.0.0.1"]
+FRONT_PROXY_CN = "front-proxy-client"
+INSTANCES = {"local": 0, "e2e": 1}
+# Users with their own kubeconfig, for RBAC tests: name -> groups.
+DEFAULT_USERS: dict[str, list[str]] = {"alice": ["aggapi-e2e"], "mallory": []}
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"controlplane: {msg}", file=sys.stderr, flush=True)
+
+
+# --- binaries ------------------------------------------------------------------------
+
+def versions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (REPO / "hack/tools/versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k] = v
+    return out
+
+
+def binary(name: str, *, build: bool = True) -> str:
+    """Path of a tool from hack/build-binaries.sh; runs it if the link is missing."""
+    env = os.environ.get(f"AGGAPI_{name.upper().replace('-', '_')}_BIN")
+    if env:
+        return env
+    link = REPO / ".local/bin" / name
+    if not link.exists() and build:
+        subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), name], check=True)
+    if not link.exists():
+        raise ControlPlaneError(f"{name} not found: run hack/build-binaries.sh")
+    return str(link)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@functools.cache
+def supported_flags(command: str) -> frozenset[str]:
+    """The ``--flags`` that ``aggapi <command> --help`` lists."""
+    cp = subprocess.run([sys.executable, "-m", "aggapi", command, "--help"], text=True,
+                        capture_output=True, cwd=REPO)
+    return frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", cp.stdout))
+
+
+# --- processes -----------------------------------------------------------------------
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22: starttime
+
+
+@dataclass
+class Proc:
+    """A process we started: its pidfile holds ``pid starttime`` to survive PID reuse."""
+
+    name: str
+    pidfile: Path
+    logfile: Path
+
+    def pid(self) -> int | None:
+        try:
+            pid_s, start = self.pidfile.read_text().split()
+        except (OSError, ValueError):
+            return None
+        pid = int(pid_s)
+        return pid if _start_time(pid) == start else None
+
+    def alive(self) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        pid = self.pid()
+        if pid is not None:
+            # Our processes lead their own session: signal that process group, by our PID.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        self.pidfile.unlink(missing_ok=True)
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def spawn(name: str, argv: Sequence[str], state: Path, *,
+          env: Mapping[str, str] | None = None) -> Proc:
+    (state / "pids").mkdir(parents=True, exist_ok=True)
+    (state / "logs").mkdir(parents=True, exist_ok=True)
+    proc = Proc(name, state / "pids" / f"{name}.pid", state / "logs" / f"{name}.log")
+    if proc.alive():
+        raise ControlPlaneError(f"{name} already running (pid {proc.pid()})")
+    with open(proc.logfile, "ab") as out:
+        out.write(f"\n--- {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
+        out.flush()
+        p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                             start_new_session=True, env=dict(env) if env else None)
+    start = None
+    for _ in range(100):
+        start = _start_time(p.pid)
+        if start:
+            break
+        time.sleep(0.01)
+    proc.pidfile.write_text(f"{p.pid} {start}\n")
+    return proc
+
+
+# --- kubeconfig ----------------------------------------------------------------------
+
+def kubeconfig(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, user: str) -> str:
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "aggapi-local", "cluster": {
+            "server": server, "certificate-authority-data": b64(ca_pem)}}],
+        "users": [{"name": user, "user": {
+            "client-certificate-data": b64(cert_pem), "client-key-data": b64(key_pem)}}],
+        "contexts": [{"name": user, "context": {"cluster": "aggapi-local", "user": user}}],
+        "current-context": user,
+    }, indent=2)
+
+
+# --- the control plane ---------------------------------------------------------------
+
+@dataclass
+class ControlPlane:
+    instance: str = "local"
+    node_name: str = "aggapi-node-1"
+    state: Path = field(default=Path())
+    net: Network = field(init=False)
+    api_host: Host = field(init=False)
+    node_host: Host = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.instance not in INSTANCES:
+            raise ControlPlaneError(f"instance must be one of {sorted(INSTANCES)}")
+        if self.state == Path():
+            base = os.environ.get("AGGAPI_CONTROLPLANE_DIR") or str(REPO / ".local/controlplane")
+            self.state = Path(base) / self.instance
+        self.net = Network(prefix=f"agg{self.instance[0]}-",
+                           subnet=f"10.251.{INSTANCES[self.instance]}")
+        self.api_host = self.net.host("api", 2)
+        self.node_host = self.net.host("node", 3)
+
+    # paths
+    @property
+    def pki_dir(self) -> Path:
+        return self.state / "pki"
+
+    @property
+    def aggapi_certs(self) -> Path:
+        return self.state / "pki/aggapi"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.state / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://{self.net.host_address}:{KUBE_PORT}"
+
+    def user_kubeconfig(self, user: str) -> Path:
+        return self.state / "users" / f"{user}.kubeconfig"
+
+    def proc(self, name: str) -> Proc:
+        return Proc(name, self.state / "pids" / f"{name}.pid", self.state / "logs" / f"{name}.log")
+
+    def env(self) -> dict[str, str]:
+        return {
+            "KUBECONFIG": str(self.admin_kubeconfig),
+            "AGGAPI_KUBE_SERVER": self.server,
+            "AGGAPI_STATE_DIR": str(self.state),
+            "AGGAPI_CERTS": str(self.aggapi_certs),
+            "AGGAPI_APISERVER_NETNS": self.api_host.netns,
+            "AGGAPI_APISERVER_ADDRESS": self.api_host.address,
+            "AGGAPI_AGENT_NETNS": self.node_host.netns,
+            "AGGAPI_AGENT_ADDRESS": self.node_host.address,
+            "AGGAPI_NODE_NAME": self.node_name,
+            "AGGAPI_KUBECTL": binary("kubectl", build=False),
+        }
+
+    # --- PKI ---------------------------------------------------------------------------
+    def generate_pki(self, users: Mapping[str, Sequence[str]] = DEFAULT_USERS) -> None:
+        d = self.pki_dir
+        d.mkdir(parents=True, exist_ok=True)
+
+        def pair(name: str, make: Any) -> pki.KeyPair:
+            crt, key = d / f"{name}.crt", d / f"{name}.key"
+            if crt.exists() and key.exists():
+                return pki.load_pair(crt, key)
+            kp: pki.KeyPair = make()
+            kp.write(crt, key)
+            return kp
+
+        ca = pair("ca", lambda: pki.new_ca("aggapi-local-cluster-ca"))
+        pair("apiserver", lambda: pki.issue(
+            ca, "kube-apiserver", server=True,
+            dns=["kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                 "kubernetes.default.svc.cluster.local", "localhost"],
+            ips=["127.0.0.1", self.net.host_address, *SERVICE_IPS]))
+        fp_ca = pair("front-proxy-ca", lambda: pki.new_ca("aggapi-local-front-proxy-ca"))
+        pair("front-proxy-client", lambda: pki.issue(fp_ca, FRONT_PROXY_CN, client=True))
+        if not (d / "sa.key").exists():
+            key = pki.new_key("rsa")
+            pki.write_file(d / "sa.key", pki.private_key_pem(key), mode=0o600)
+            pki.write_file(d / "sa.pub", pki.public_key_pem(key))
+        admin = pair("admin", lambda: pki.issue(ca, "kubernetes-admin",
+                                                orgs=["system:masters"], client=True))
+        pki.write_file(self.admin_kubeconfig, kubeconfig(
+            self.server, ca.cert_pem, admin.cert_pem, admin.key_pem, "kubernetes-admin").encode(),
+            mode=0o600)
+        sa = pair("aggapi-apiserver-client", lambda: pki.issue(
+            ca, APISERVER_USER, orgs=["system:serviceaccounts",
+                                      f"system:serviceaccounts:{NAMESPACE}"], client=True))
+        pki.write_file(self.state / "aggapi-apiserver.kubeconfig", kubeconfig(
+            self.server, ca.cert_pem, sa.cert_pem, sa.key_pem, APISERVER_USER).encode(),
+            mode=0o600)
+        for user, groups in users.items():
+            self.add_user(user, groups, ca=ca)
+        certs.generate(self.aggapi_certs, namespace=NAMESPACE, service=APISERVER_SERVICE,
+                       agent_service=AGENT_SERVICE,
+                       ips=["127.0.0.1", self.api_host.address, self.node_host.address])
+
+    def add_user(self, user: str, groups: Iterable[str] = (), *,
+                 ca: pki.KeyPair | None = None) -> Path:
+        """A kubeconfig for ``user`` in ``groups`` (client cert of the cluster CA)."""
+        path = self.user_kubeconfig(user)
+        if path.exists():
+            return path
+        ca = ca or pki.load_pair(self.pki_dir / "ca.crt", self.pki_dir / "ca.key")
+        kp = pki.issue(ca, user, orgs=list(groups), client=True)
+        pki.write_file(path, kubeconfig(self.server, ca.cert_pem, kp.cert_pem, kp.key_pem,
+                                        user).encode(), mode=0o600)
+        return path
+
+    # --- etcd + kube-apiserver ------------------------------------------------------------
+    def start_etcd(self) -> None:
+        if self.proc("etcd").alive():
+            return
+        port, peer = free_port(), free_port()
+        (self.state / "etcd").mkdir(parents=True, exist_ok=True, mode=0o700)
+        spawn("etcd", [
+            binary("etcd"), "--name=aggapi", f"--data-dir={self.state / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{port}",
+            f"--advertise-client-urls=http://127.0.0.1:{port}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=aggapi=http://127.0.0.1:{peer}",
+            "--initial-cluster-state=new", "--logger=zap", "--log-outputs=stderr",
+        ], self.state)
+        (self.state / "etcd.url").write_text(f"http://127.0.0.1:{port}\n")
+        self._wait(lambda: self._http_ok(f"http://127.0.0.1:{port}/health"), 30, "etcd",
+                   self.proc("etcd"))
+
+    def kube_apiserver_args(self) -> list[str]:
+        d = self.pki_dir
+        etcd_url = (self.state / "etcd.url").read_text().strip()
+        authn = self.state / "authentication-config.yaml"
+        # Anonymous only for the health endpoints: any other unauthenticated request is a 401.
+        authn.write_text(
+            "apiVersion: apiserver.config.k8s.io/v1beta1\nkind: AuthenticationConfiguration\n"
+            "anonymous:\n  enabled: true\n  conditions:\n"
+            "  - path: /livez\n  - path: /readyz\n  - path: /healthz\n")
+        return [
+            binary("kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            f"--bind-address={self.net.host_address}",
+            f"--advertise-address={self.net.host_address}",
+            f"--secure-port={KUBE_PORT}",
+            f"--tls-cert-file={d / 'apiserver.crt'}",
+            f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            f"--requestheader-client-ca-file={d / 'front-proxy-ca.crt'}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CN}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-uid-headers=X-Remote-Uid",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={d / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={d / 'front-proxy-client.key'}",
+            "--enable-aggregator-routing=true",
+            "--authorization-mode=Node,RBAC",
+            f"--authentication-config={authn}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            f"--cert-dir={self.state / 'kube-apiserver-certs'}",
+            "--v=1",
+        ]
+
+    def start_kube_apiserver(self) -> None:
+        if self.proc("kube-apiserver").alive():
+            return
+        p = spawn("kube-apiserver", self.kube_apiserver_args(), self.state)
+        self._wait(lambda: self.readyz(), 120, "kube-apiserver /readyz", p)
+
+    def _ssl(self, user: str = "admin") -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+        if user == "admin":
+            ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+        return ctx
+
+    def get(self, path: str, *, authenticated: bool = True,
+            timeout: float = 5.0) -> tuple[int, bytes]:
+        """GET ``path`` on kube-apiserver as admin (or with no credentials)."""
+        req = urllib.request.Request(self.server + path)
+        ctx = self._ssl("admin" if authenticated else "none")
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=timeout) as r:
+                return int(r.status), bytes(r.read())
+        except urllib.error.HTTPError as e:
+            return int(e.code), bytes(e.read())
+
+    def readyz(self) -> bool:
+        try:
+            return self.get("/readyz", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return int(r.status) == 200
+        except OSError:
+            return False
+
+    @staticmethod
+    def _wait(ok: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():
+                return
+            if proc is not None and not proc.alive():
+                raise ControlPlaneError(f"{what}: process exited\n{proc.tail()}")
+            time.sleep(0.25)
+        raise ControlPlaneError(f"{what}: not ready after {timeout}s\n"
+                                + (proc.tail() if proc else ""))
+
+    # --- kubectl and objects -------------------------------------------------------------
+    def kubectl(self, *args: str, user: str | None = None, input: str | None = None,
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+        kc = self.admin_kubeconfig if user is None else self.user_kubeconfig(user)
+        cp = subprocess.run([binary("kubectl"), f"--kubeconfig={kc}", *args], input=input,
+                            text=True, capture_output=True, timeout=120)
+        if check and cp.returncode != 0:
+            raise ControlPlaneError(f"kubectl {' '.join(args)}: {cp.stderr.strip()}")
+        return cp
+
+    def apply(self, objs: Sequence[Mapping[str, Any]]) -> None:
+        self.kubectl("apply", "--server-side", "--force-conflicts",
+                     "--field-manager=aggapi-harness", "-f", "-",
+                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}))
+
+    def objects(self) -> list[dict[str, Any]]:
+        ca_bundle = base64.b64encode((self.aggapi_certs / "ca.crt").read_bytes()).decode()
+        labels = {"app.kubernetes.io/part-of": "aggapi"}
+
+        def svc_and_slice(name: str, port: int, target: int, address: str,
+                          node: str | None) -> list[dict[str, Any]]:
+            ep: dict[str, Any] = {"addresses": [address], "conditions": {"ready": True}}
+            if node:
+                ep["nodeName"] = node
+            return [
+                {"apiVersion": "v1", "kind": "Service",
+                 "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+                 # No selector: nothing runs as a pod, the harness owns the endpoints.
+                 # The agent Service is headless, as in the shipped manifests.
+                 "spec": {**({"clusterIP": "None"} if node else {}),
+                          "ports": [{"name": "https", "port": port, "targetPort": target,
+                                     "protocol": "TCP"}]}},
+                {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                 "metadata": {"name": f"{name}-local", "namespace": NAMESPACE, "labels": {
+                     **labels, "kubernetes.io/service-name": name,
+                     "endpointslice.kubernetes.io/managed-by": "aggapi-harness"}},
+                 "addressType": "IPv4", "endpoints": [ep],
+                 "ports": [{"name": "https", "port": target, "protocol": "TCP"}]},
+            ]
+
+        return [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+            # No kube-controller-manager runs: create the ServiceAccounts it would.
+            *({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "default", "namespace": ns}} for ns in ("default", NAMESPACE)),
+            {"apiVersion": "v1", "kind": "Node",
+             "metadata": {"name": self.node_name, "labels": {
+                 "kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux"}}},
+            *svc_and_slice(APISERVER_SERVICE, 443, AGGAPI_PORT, self.api_host.address, None),
+            *svc_and_slice(AGENT_SERVICE, AGENT_PORT, AGENT_PORT, self.node_host.address,
+                           self.node_name),
+            {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+             "metadata": {"name": APISERVICE, "labels": labels},
+             "spec": {"group": GROUP, "version": VERSION,
+                      "service": {"namespace": NAMESPACE, "name": APISERVER_SERVICE,
+                                  "port": 443},
+                      "caBundle": ca_bundle, "groupPriorityMinimum": 1000,
+                      "versionPriority": 15}},
+        ]
+
+    def node_status(self) -> dict[str, Any]:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return {"status": {
+            "addresses": [{"type": "InternalIP", "address": self.node_host.address},
+                          {"type": "Hostname", "address": self.node_name}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "AggapiHarness",
+                            "message": "node served by the local aggapi agent",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": AGENT_PORT}},
+        }}
+
+    def rbac_files(self) -> list[Path]:
+        """The shipped ServiceAccounts and RBAC, then the e2e users' bindings."""
+        shipped = [REPO / "manifests/base" / f for f in
+                   ("serviceaccounts.yaml", "rbac-apiserver.yaml", "rbac-aggregated.yaml")]
+        missing = [str(f) for f in shipped if not f.exists()]
+        if missing:
+            raise ControlPlaneError(f"shipped manifests missing: {missing}")
+        return [*shipped, REPO / "hack/local/rbac.yaml"]
+
+    def bootstrap(self) -> None:
+        self.apply(self.objects())
+        self.kubectl("apply", *(a for f in self.rbac_files() for a in ("-f", str(f))))
+        self.kubectl("patch", "node", self.node_name, "--subresource=status", "--type=merge",
+                     "-p", json.dumps(self.node_status()))
+
+    # --- aggapi processes -----------------------------------------------------------------
+    def apiserver_args(self, extra: Sequence[str] = ()) -> list[str]:
+        c = self.aggapi_certs
+        wanted = [
+            f"--bind-address={self.api_host.address}", f"--secure-port={AGGAPI_PORT}",
+            f"--tls-cert-file={c / 'apiserver.crt'}",
+            f"--tls-private-key-file={c / 'apiserver.key'}",
+            f"--kubeconfig={self.state / 'aggapi-apiserver.kubeconfig'}",
+            # Towards the agents; passed once `aggapi apiserver` has these flags.
+            f"--certs-dir={c}",
+            f"--agent-ca-file={c / 'ca.crt'}",
+            f"--agent-client-cert-file={c / 'agent-client.crt'}",
+            f"--agent-client-key-file={c / 'agent-client.key'}",
+            f"--token-signing-key-file={c / 'token-signing.key'}",
+            f"--agent-namespace={NAMESPACE}", f"--agent-service={AGENT_SERVICE}",
+            "--agent-port-name=https",
+        ]
+        known = supported_flags("apiserver")
+        if "--tls-private-key-file" not in known:  # the flag's earlier name
+            wanted.append(f"--tls-key-file={c / 'apiserver.key'}")
+        return [sys.executable, "-m", "aggapi", "apiserver",
+                *(a for a in wanted if a.split("=", 1)[0] in known), *extra]
+
+    def agent_args(self, *, cri_socket: str, containerd_socket: str | None = None,
+                   kubelet_config: str | None = None, extra: Sequence[str] = ()) -> list[str]:
+        args = [
+            sys.executable, "-m", "aggapi", "agent",
+            f"--node-name={self.node_name}",
+            f"--certs-dir={self.aggapi_certs}",  # agent.crt/key, ca.crt, token-signing.pub
+            f"--listen={self.node_host.address}:{AGENT_PORT}",
+            f"--cri-address={cri_socket}",
+            f"--containerd-address={containerd_socket or cri_socket}",
+        ]
+        if kubelet_config:
+            args.append(f"--kubelet-config={kubelet_config}")
+        return [*args, *extra]
+
+    def _py_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def start_apiserver(self, extra: Sequence[str] = (), *, wait: float = 60.0) -> Proc:
+        """Start ``aggapi apiserver`` in its namespace; wait until the APIService is Available."""
+        p = self.proc("aggapi-apiserver")
+        if not p.alive():
+            p = spawn("aggapi-apiserver",
+                      [*self.api_host.exec_prefix(), *self.apiserver_args(extra)],
+                      self.state, env=self._py_env())
+        if wait:
+            self._wait(self.apiservice_available, wait, "APIService Available", p)
+        return p
+
+    def start_agent(self, *, cri_socket: str, wait: float = 30.0, **kw: Any) -> Proc:
+        """Start ``aggapi agent`` in the node's namespace; wait until its port accepts."""
+        p = self.proc("aggapi-agent")
+        if not p.alive():
+            p = spawn("aggapi-agent", [*self.node_host.exec_prefix(),
+                                       *self.agent_args(cri_socket=cri_socket, **kw)],
+                      self.state, env=self._py_env())
+        if wait:
+            self._wait(lambda: self._port_open(self.node_host.address, AGENT_PORT), wait,
+                       "aggapi agent port", p)
+        return p
+
+    @staticmethod
+    def _port_open(host: str, port: int) -> bool:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def apiservice_available(self) -> bool:
+        try:
+            code, body = self.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
+        except OSError:
+            return False
+        if code != 200:
+            return False
+        conds = json.loads(body).get("status", {}).get("conditions") or []
+        if not any(c.get("type") == "Available" and c.get("status") == "True" for c in conds):
+            return False
+        # The condition lags behind the backend: also ask the backend, through the aggregator.
+        try:
+            return self.get(f"/apis/{GROUP}/{VERSION}")[0] == 200
+        except OSError:
+            return False
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def up(self) -> float:
+        t0 = time.monotonic()
+        self.state.mkdir(parents=True, exist_ok=True)
+        for h in (self.api_host, self.node_host):
+            self.net.add(h)
+        self.generate_pki()
+        self.start_etcd()
+        self.start_kube_apiserver()
+        self.bootstrap()
+        took = time.monotonic() - t0
+        (self.state / "info.json").write_text(json.dumps(
+            {**self.env(), "up_seconds": round(took, 2)}, indent=2) + "\n")
+        return took
+
+    PROCS = ("aggapi-agent", "aggapi-apiserver", "kube-apiserver", "etcd")
+
+    def stop_aggapi(self) -> None:
+        for name in ("aggapi-agent", "aggapi-apiserver"):
+            self.proc(name).stop()
+
+    def down(self, *, keep_state: bool = False) -> None:
+        pids = self.state / "pids"
+        names = [*self.PROCS]
+        if pids.is_dir():  # plus anything else started through spawn() in this state dir
+            names += [p.stem for p in pids.glob("*.pid") if p.stem not in names]
+        for name in names:
+            self.proc(name).stop()
+        self.net.teardown([self.api_host, self.node_host])
+        if not keep_state and self.state.exists():
+            shutil.rmtree(self.state)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": str(self.state),
+            "processes": {n: self.proc(n).pid() for n in self.PROCS},
+            "kube-apiserver ready": self.readyz() if self.proc("kube-apiserver").alive() else False,
+            "APIService available": self.apiservice_available()
+            if self.proc("kube-apiserver").alive() else False,
+        }
+
+
+def loopback_endpoints_rejected(cp: ControlPlane) -> dict[str, str]:
+    """Try 127.0.0.1 in an Endpoints and an EndpointSlice; return kind -> error ("" = accepted)."""
+    ns = "default"
+    out: dict[str, str] = {}
+    for kind, obj in {
+        "Endpoints": {"apiVersion": "v1", "kind": "Endpoints",
+                      "metadata": {"name": "loopback-probe", "namespace": ns},
+                      "subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [{"port": 1}]}]},
+        "EndpointSlice": {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                          "metadata": {"name": "loopback-probe", "namespace": ns},
+                          "addressType": "IPv4",
+                          "endpoints": [{"addresses": ["127.0.0.1"]}],
+                          "ports": [{"port": 1}]},
+    }.items():
+        r = cp.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(obj),
+                       check=False)
+        out[kind] = "" if r.returncode == 0 else r.stderr.strip()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.controlplane",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["up", "down", "env", "status", "probe-loopback",
+                                       "start-apiserver", "stop-aggapi"])
+    p.add_argument("--instance", default=os.environ.get("AGGAPI_INSTANCE", "local"),
+                   choices=sorted(INSTANCES))
+    p.add_argument("--node-name", default="aggapi-node-1")
+    p.add_argument("--keep-state", action="store_true", help="down: keep logs and PKI")
+    a = p.parse_args(argv)
+    cp = ControlPlane(instance=a.instance, node_name=a.node_name)
+    if a.command == "up":
+        took = cp.up()
+        log(f"control plane up in {took:.1f}s (state in {cp.state})")
+        for k, v in cp.env().items():
+            print(f"export {k}={v}")
+    elif a.command == "down":
+        cp.down(keep_state=a.keep_state)
+        log(f"stopped; removed {cp.state}" if not a.keep_state else "stopped")
+    elif a.command == "env":
+        for k, v in cp.env().items():
+            print(f"export {k}={v}")
+    elif a.command == "status":
+        print(json.dumps(cp.status(), indent=2))
+    elif a.command == "probe-loopback":
+        print(json.dumps(loopback_endpoints_rejected(cp), indent=2))
+    elif a.command == "start-apiserver":
+        cp.start_apiserver()
+        log("aggapi apiserver running; APIService Available")
+    elif a.command == "stop-aggapi":
+        cp.stop_aggapi()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

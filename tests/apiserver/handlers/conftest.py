@@ -1,0 +1,122 @@
+"""The apiserver wired to a real agent on real containerd, behind the fake
+kube-apiserver and the aggregator-like front proxy.
+
+Kubernetes objects (pods, events, the agent's EndpointSlice) live in the fake;
+pulls and containers are real and driven through CRI, as kubelet would.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from aggapi import certs as aggapi_certs
+from aggapi.runtime.containerd import ContainerdClient
+from aggapi.runtime.cri import CRIClient
+from aggapi.testing.fakekube import FakeKube
+from aggapi.testing.frontproxy import FrontProxy
+from tests.agent.agentserver import NODE, Agent, run_agent
+
+from ..conftest import ALICE, FRONT_PROXY_CN, GV, Server
+
+AGENT_NS, AGENT_SVC = "aggapi", "aggapi-agent"
+USER = {"Authorization": "Bearer alice-token"}
+
+
+def pod_object(name: str, containers: Sequence[tuple[str, str]], *, node: str = NODE,
+               uid: str | None = None, namespace: str = "default",
+               init: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": n, "image": i} for n, i in containers]}
+    if init:
+        spec["initContainers"] = [{"name": n, "image": i} for n, i in init]
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
+            "spec": spec, "status": {}}
+
+
+def endpoint_slice(port: int, *, node: str = NODE, ready: bool = True) -> dict[str, Any]:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{AGENT_SVC}-x", "namespace": AGENT_NS,
+                         "labels": {"kubernetes.io/service-name": AGENT_SVC}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["127.0.0.1"], "nodeName": node,
+                           "conditions": {"ready": ready}}],
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}
+
+
+@dataclass
+class Stack:
+    server: Server
+    proxy: FrontProxy
+    kube: FakeKube
+    agent: Agent
+    sessions: list[aiohttp.ClientSession] = field(default_factory=list)
+
+    def pod_path(self, pod: str, sub: str, *, ns: str = "default", watch: bool = False) -> str:
+        return f"{GV}{'/watch' if watch else ''}/namespaces/{ns}/pods/{pod}/{sub}"
+
+    def session(self) -> aiohttp.ClientSession:
+        s = aiohttp.ClientSession(self.proxy.url, headers=USER,
+                                  timeout=aiohttp.ClientTimeout(total=300))
+        self.sessions.append(s)
+        return s
+
+    async def lines(self, path: str, **params: Any) -> tuple[int, list[dict[str, Any]]]:
+        """GET a stream to its end; (status, objects)."""
+        async with self.session().get(path, params=params) as resp:
+            if resp.status != 200:
+                return resp.status, [await resp.json(content_type=None)]
+            return 200, [json.loads(line) async for line in resp.content if line.strip()]
+
+    def add_event(self, pod: dict[str, Any], reason: str, container: str, message: str,
+                  t: str, kind: str = "containers") -> None:
+        meta = pod["metadata"]
+        self.kube.put("api/v1", "events", {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:8]}",
+                         "namespace": meta["namespace"]},
+            "involvedObject": {"kind": "Pod", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"],
+                               "fieldPath": f"spec.{kind}{{{container}}}"},
+            "reason": reason, "message": message, "lastTimestamp": t, "type": "Normal"})
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, make_server: Any, kube: FakeKube, cri: CRIClient,
+                ctd: ContainerdClient) -> AsyncIterator[Stack]:
+    agent_pki = tmp_path / "agent-pki"
+    aggapi_certs.generate(agent_pki)
+    async with run_agent(agent_pki, cri=cri, containerd=ctd,
+                         copy_state_dir=str(tmp_path / "inflight"),
+                         copy_size_limit=2 << 30, copies_per_pod=2) as agent:
+        port = int(agent.url.rsplit(":", 1)[1])
+        kube.put("apis/discovery.k8s.io/v1", "endpointslices", endpoint_slice(port))
+        kube.sar_policy = lambda _spec: True
+        server: Server = await make_server(
+            stub_handlers=False, stream_deadline=55.0,
+            agent_namespace=AGENT_NS, agent_service=AGENT_SVC,
+            agent_ca_file=str(agent_pki / "ca.crt"),
+            agent_client_cert_file=str(agent_pki / "agent-client.crt"),
+            agent_client_key_file=str(agent_pki / "agent-client.key"),
+            token_signing_key_file=str(agent_pki / "token-signing.key"))
+        cert, key = server.certs.client_pair(server.certs.front_proxy_ca, FRONT_PROXY_CN)
+        proxy = FrontProxy(server.url, client_cert=cert, client_key=key,
+                           backend_ca=server.certs.path("serving-ca.crt"),
+                           users={"alice-token": ALICE})
+        await proxy.start()
+        st = Stack(server, proxy, kube, agent)
+        try:
+            yield st
+        finally:
+            for s in st.sessions:
+                await s.close()
+            await proxy.stop()

@@ -1,0 +1,354 @@
+"""The shipped chart and plain manifests against the real kube-apiserver of the harness.
+
+- every object of every TLS mode (and the kustomize overlay) passes server-side dry run;
+- `helm install` into namespace aggapi succeeds, taking over the harness's objects, and the
+  APIService stays Available with the locally running aggapi behind the harness Service;
+- `helm upgrade` keeps the certificates helm generated;
+- a user bound only through the aggregated roles gets exactly the documented access.
+
+No kube-controller-manager runs here: no pods start (Deployments stay at 0 ready), and
+ClusterRole aggregation is done by this test the way the controller does it. The module
+restores the harness's objects when it is done (helm uninstall, then bootstrap()).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from aggapi import certs
+from aggapi.testing.controlplane import (
+    APISERVICE,
+    NAMESPACE,
+    REPO,
+    ControlPlane,
+    Proc,
+    binary,
+)
+
+pytestmark = pytest.mark.e2e
+
+CHART = REPO / "manifests/charts/aggapi"
+GROUP = "subresources.aggapi.io"
+TLS_MODES: dict[str, list[str]] = {
+    "helm": [],
+    "certManager": ["tls.mode=certManager"],
+    "certManager-issuer": ["tls.mode=certManager", "tls.certManager.issuerRef.name=corp-ca",
+                           "tls.certManager.issuerRef.kind=ClusterIssuer"],
+    "existingSecret": ["tls.mode=existingSecret", "tokenSigning.mode=existingSecret"],
+    "serviceMonitor": ["serviceMonitor.enabled=true"],
+}
+AGG = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def _helm(cp: ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([binary("helm"), f"--kubeconfig={cp.admin_kubeconfig}", *args],
+                       capture_output=True, text=True, timeout=300)
+    if check:
+        assert r.returncode == 0, f"helm {' '.join(args)}:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def _sets(values: Sequence[str]) -> list[str]:
+    return [a for v in values for a in ("--set", v)]
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def _crd(group: str, kind: str, plural: str, scope: str = "Namespaced") -> dict[str, Any]:
+    """A permissive stand-in for a third-party CRD (its real schema is not ours to test)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {"group": group, "scope": scope,
+                 "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
+                           "listKind": f"{kind}List"},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                     "openAPIV3Schema": {"type": "object",
+                                         "x-kubernetes-preserve-unknown-fields": True}}}]},
+    }
+
+
+STUB_CRDS = [_crd("cert-manager.io", "Certificate", "certificates"),
+             _crd("cert-manager.io", "Issuer", "issuers"),
+             _crd("monitoring.coreos.com", "ServiceMonitor", "servicemonitors")]
+
+
+def _ensure_namespace(cp: ControlPlane, ns: str) -> None:
+    cp.kubectl("create", "namespace", ns, check=False)
+
+
+def _secret_data(cp: ControlPlane, ns: str, name: str) -> dict[str, str]:
+    out = json.loads(cp.kubectl("get", "secret", "-n", ns, name, "-o", "json").stdout)
+    data: dict[str, str] = out["data"]
+    return data
+
+
+def _wait(ok: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def restore(control_plane: ControlPlane) -> Iterator[list[tuple[str, str]]]:
+    """Releases to uninstall at the end; then the harness's own objects come back."""
+    releases: list[tuple[str, str]] = []
+    yield releases
+    for name, ns in releases:
+        _helm(control_plane, "uninstall", name, "-n", ns, "--wait=false", check=False)
+    control_plane.bootstrap()
+
+
+# --- server-side validation -------------------------------------------------------------------
+
+def test_every_rendered_object_passes_server_dry_run(control_plane: ControlPlane,
+                                                     tmp_path: Path) -> None:
+    cp = control_plane
+    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                     "items": STUB_CRDS}))
+    for crd in STUB_CRDS:
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                   f"crd/{crd['metadata']['name']}")
+    ns = "aggapi-dryrun"
+    _ensure_namespace(cp, ns)
+    for mode, values in TLS_MODES.items():
+        extra = ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"]
+        rendered = _helm(cp, "template", "aggapi", str(CHART), "-n", ns, *_sets(values),
+                         *extra).stdout
+        kinds = {d["kind"] for d in _docs(rendered)}
+        if mode == "serviceMonitor":
+            assert "ServiceMonitor" in kinds
+        r = cp.kubectl("apply", "--dry-run=server", "--server-side", "--force-conflicts",
+                       "--field-manager=aggapi-dryrun", "-f", "-", input=rendered, check=False)
+        assert r.returncode == 0, f"mode {mode}:\n{r.stderr}"
+        # Every object was sent: kubectl prints one line per object.
+        assert len(r.stdout.strip().splitlines()) == len(_docs(rendered)), r.stdout
+
+    # The plain manifests with the kustomize overlay, as `kubectl apply -k` sends them.
+    shutil.copytree(REPO / "manifests", tmp_path / "manifests")
+    certs.generate(tmp_path / "manifests/install/certs")
+    built = cp.kubectl("kustomize", str(tmp_path / "manifests/install")).stdout
+    r = cp.kubectl("apply", "--dry-run=server", "--server-side", "--force-conflicts",
+                   "--field-manager=aggapi-dryrun", "-f", "-", input=built, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+# --- install, Available ------------------------------------------------------------------------
+
+def _create_existing_secrets(cp: ControlPlane) -> None:
+    c = cp.aggapi_certs
+    objs: list[dict[str, Any]] = []
+
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    for name, leaf in [("aggapi-apiserver-tls", "apiserver"), ("aggapi-agent-tls", "agent"),
+                       ("aggapi-agent-client-tls", "agent-client")]:
+        objs.append({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                     "metadata": {"name": name, "namespace": NAMESPACE},
+                     "data": {"tls.crt": b64(c / f"{leaf}.crt"), "tls.key": b64(c / f"{leaf}.key"),
+                              "ca.crt": b64(c / "ca.crt")}})
+    objs.append({"apiVersion": "v1", "kind": "Secret",
+                 "metadata": {"name": "aggapi-token-signing", "namespace": NAMESPACE},
+                 "data": {"tls.key": b64(c / "token-signing.key")}})
+    objs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "aggapi-token-public", "namespace": NAMESPACE},
+                 "data": {"token-public.pem": (c / "token-signing.pub").read_text()}})
+    cp.apply(objs)
+
+
+def test_helm_install_and_apiservice_available(control_plane: ControlPlane,
+                                               aggapi_apiserver: Proc,
+                                               restore: list[tuple[str, str]]) -> None:
+    cp = control_plane
+    assert cp.apiservice_available()
+    _create_existing_secrets(cp)
+    # The harness's agent Service is a ClusterIP Service; ours is headless, and clusterIP
+    # cannot change in place. Its EndpointSlice (node -> local agent) stays.
+    cp.kubectl("delete", "service", "-n", NAMESPACE, "aggapi-agent", "--ignore-not-found")
+    restore.append(("aggapi", NAMESPACE))
+    _helm(cp, "install", "aggapi", str(CHART), "-n", NAMESPACE, "--take-ownership",
+          *_sets(["tls.mode=existingSecret", "tokenSigning.mode=existingSecret"]))
+    manifest = _docs(_helm(cp, "get", "manifest", "aggapi", "-n", NAMESPACE).stdout)
+    api = next(d for d in manifest if d["kind"] == "APIService")
+    # caBundle read back from the existing Secret at install time (lookup).
+    assert base64.b64decode(api["spec"]["caBundle"]) == (cp.aggapi_certs / "ca.crt").read_bytes()
+
+    live = json.loads(cp.kubectl("get", "apiservice", APISERVICE, "-o", "json").stdout)
+    assert live["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert live["spec"]["service"] == {"name": "aggapi", "namespace": NAMESPACE, "port": 443}
+    # The harness's EndpointSlice still points the (now helm-owned) Service at the local
+    # aggapi: the aggregator reaches it and keeps the APIService Available.
+    _wait(cp.apiservice_available, 60, "APIService Available after helm install")
+    code, body = cp.get(f"/apis/{GROUP}/v1alpha1")
+    assert code == 200, body
+    names = {r["name"] for r in json.loads(body)["resources"]}
+    assert {"pods/imagepullprogress", "pods/copy"} <= names
+    status = json.loads(_helm(cp, "status", "aggapi", "-n", NAMESPACE, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+    assert "kubectl get --raw" in status["info"]["notes"]
+
+    _helm(cp, "uninstall", "aggapi", "-n", NAMESPACE)
+    restore.remove(("aggapi", NAMESPACE))
+    cp.bootstrap()
+    _wait(cp.apiservice_available, 60, "APIService Available after restoring the harness")
+
+
+# --- upgrade keeps generated certificates ---------------------------------------------------
+
+GENERATED = ["aggapi-apiserver-tls", "aggapi-agent-tls", "aggapi-agent-client-tls",
+             "aggapi-token-signing"]
+
+
+def test_helm_upgrade_keeps_generated_certificates(control_plane: ControlPlane,
+                                                  restore: list[tuple[str, str]]) -> None:
+    cp = control_plane
+    ns = "aggapi-upgrade"
+    _ensure_namespace(cp, ns)
+    restore.append(("aggapi", ns))
+    # The APIService (cluster-scoped) is taken over from the harness for the duration.
+    _helm(cp, "install", "aggapi", str(CHART), "-n", ns, "--take-ownership")
+    before = {n: _secret_data(cp, ns, n) for n in GENERATED}
+    cm_before = json.loads(cp.kubectl("get", "configmap", "-n", ns, "aggapi-token-public",
+                                      "-o", "json").stdout)["data"]
+    _helm(cp, "upgrade", "aggapi", str(CHART), "-n", ns, "--set", "apiserver.replicas=3")
+    after = {n: _secret_data(cp, ns, n) for n in GENERATED}
+    assert after == before
+    cm_after = json.loads(cp.kubectl("get", "configmap", "-n", ns, "aggapi-token-public",
+                                     "-o", "json").stdout)["data"]
+    assert cm_after == cm_before
+    api = json.loads(cp.kubectl("get", "apiservice", APISERVICE, "-o", "json").stdout)
+    assert api["spec"]["caBundle"] == before["aggapi-apiserver-tls"]["ca.crt"]
+    dep = json.loads(cp.kubectl("get", "deployment", "-n", ns, "aggapi", "-o", "json").stdout)
+    assert dep["spec"]["replicas"] == 3
+    revs = json.loads(_helm(cp, "history", "aggapi", "-n", ns, "-o", "json").stdout)
+    assert [r["revision"] for r in revs] == [1, 2]
+
+    # Deleting one TLS Secret rotates all three from a new CA on the next upgrade.
+    cp.kubectl("delete", "secret", "-n", ns, "aggapi-agent-tls")
+    _helm(cp, "upgrade", "aggapi", str(CHART), "-n", ns, "--reuse-values")
+    rotated = _secret_data(cp, ns, "aggapi-apiserver-tls")
+    assert rotated["ca.crt"] != before["aggapi-apiserver-tls"]["ca.crt"]
+    assert _secret_data(cp, ns, "aggapi-agent-tls")["ca.crt"] == rotated["ca.crt"]
+    assert _secret_data(cp, ns, "aggapi-token-signing") == before["aggapi-token-signing"]
+
+    _helm(cp, "uninstall", "aggapi", "-n", ns)
+    restore.remove(("aggapi", ns))
+    cp.bootstrap()
+
+
+# --- RBAC through the aggregated roles -------------------------------------------------------
+
+def _selector_matches(sel: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    assert not sel.get("matchExpressions"), "bootstrap roles use matchLabels only"
+    return all(labels.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
+
+
+def _ssar(cp: ControlPlane, user: str, verb: str, resource: str, subresource: str = "",
+          group: str = GROUP, namespace: str = "default", name: str = "x") -> bool:
+    attrs = {"verb": verb, "group": group, "resource": resource, "name": name}
+    if subresource:
+        attrs["subresource"] = subresource
+    if namespace:
+        attrs["namespace"] = namespace
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": attrs}}
+    out = cp.kubectl("create", "--validate=false", "-o", "json", "-f", "-", user=user,
+                     input=json.dumps(review))
+    return bool(json.loads(out.stdout)["status"].get("allowed"))
+
+
+def test_aggregated_roles_grant_exactly_the_documented_access(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    release = "rbac-e2e"
+    rendered = _docs(_helm(cp, "template", release, str(CHART), "-n", "aggapi-rbac",
+                           "--show-only", "templates/rbac-aggregated.yaml").stdout)
+    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                    "items": rendered}))
+    roles = json.loads(cp.kubectl("get", "clusterroles", "-o", "json").stdout)["items"]
+    by_name = {r["metadata"]["name"]: r for r in roles}
+    ours = {f"{release}-aggapi-view", f"{release}-aggapi-edit"}
+    assert ours <= set(by_name)
+
+    # What kube-controller-manager's clusterrole-aggregation controller does, done here:
+    # the union of the rules of every ClusterRole one of the selectors matches.
+    aggregated: dict[str, list[dict[str, Any]]] = {}
+    for target in ("view", "edit", "admin"):
+        sels = by_name[target]["aggregationRule"]["clusterRoleSelectors"]
+        assert {AGG + target: "true"} in [s.get("matchLabels") for s in sels]
+        matched = sorted(n for n, r in by_name.items()
+                         if any(_selector_matches(s, r["metadata"].get("labels") or {})
+                                for s in sels))
+        assert ours & set(matched) == (ours if target != "view" else {f"{release}-aggapi-view"})
+        aggregated[target] = [rule for n in matched for rule in by_name[n].get("rules") or []]
+
+    objs: list[dict[str, Any]] = []
+    users = {"agg-viewer": "view", "agg-editor": "edit", "agg-admin": "admin"}
+    for user, target in users.items():
+        cp.add_user(user)
+        objs += [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": f"e2e-aggregated-{target}"}, "rules": aggregated[target]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": f"e2e-aggregated-{user}"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                         "name": f"e2e-aggregated-{target}"},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                           "name": user}]},
+        ]
+    # view granted in one namespace only (the usual RoleBinding): no cluster-scoped access.
+    cp.add_user("agg-ns-viewer")
+    cp.add_user("agg-nobody")
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": {"name": "e2e-aggregated-ns-viewer", "namespace": "default"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": "e2e-aggregated-view"},
+                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                               "name": "agg-ns-viewer"}]})
+    cp.apply(objs)
+
+    verbs = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
+    progress = {"get", "watch"}
+    copy = {"get", "create", "watch"}
+    expect: dict[str, dict[str, set[str]]] = {
+        "agg-viewer": {"imagepullprogress": progress, "copy": set(), "imagepulls": {"get"}},
+        "agg-editor": {"imagepullprogress": progress, "copy": copy, "imagepulls": {"get"}},
+        "agg-admin": {"imagepullprogress": progress, "copy": copy, "imagepulls": {"get"}},
+        "agg-ns-viewer": {"imagepullprogress": progress, "copy": set(), "imagepulls": set()},
+        "agg-nobody": {"imagepullprogress": set(), "copy": set(), "imagepulls": set()},
+    }
+    failures = []
+    for user, want in expect.items():
+        for verb in verbs:
+            got = {
+                "imagepullprogress": _ssar(cp, user, verb, "pods", "imagepullprogress"),
+                "copy": _ssar(cp, user, verb, "pods", "copy"),
+                "imagepulls": _ssar(cp, user, verb, "nodes", "imagepulls", namespace=""),
+            }
+            for sub, allowed in got.items():
+                if allowed != (verb in want[sub]):
+                    failures.append(f"{user} {verb} {sub}: allowed={allowed}")
+        # Outside the RoleBinding's namespace the namespaced viewer has nothing.
+        if user == "agg-ns-viewer":
+            assert not _ssar(cp, user, "get", "pods", "imagepullprogress", namespace="kube-system")
+    assert not failures, "\n".join(failures)
+    # Copy uploads also need create on core pods/exec: edit and admin have it, view not.
+    assert _ssar(cp, "agg-editor", "create", "pods", "exec", group="")
+    assert not _ssar(cp, "agg-viewer", "create", "pods", "exec", group="")

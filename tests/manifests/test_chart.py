@@ -1,0 +1,243 @@
+"""The helm chart: lint and template per TLS mode, RBAC exactly as documented, key material
+split between the apiserver and the agents, generated PKI consistent."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from tests.manifests.conftest import CHART, TLS_MODES, Render, find, run_helm
+
+GROUP = "subresources.aggapi.io"
+APISERVICE = f"v1alpha1.{GROUP}"
+AGG = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
+
+
+@pytest.mark.parametrize("mode", sorted(TLS_MODES))
+def test_lint_and_template_every_tls_mode(helm: str, render: Render, mode: str) -> None:
+    sets = TLS_MODES[mode]
+    args = ["lint", "--strict", str(CHART), "--namespace", "aggapi"]
+    for s in sets:
+        args += ["--set", s]
+    run_helm(helm, *args)
+    docs = render(sets)
+    for d in docs:
+        assert d.get("apiVersion") and d.get("kind") and d["metadata"].get("name"), d
+        if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "APIService"):
+            assert d["metadata"].get("namespace"), f"{d['kind']} {d['metadata']['name']}"
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "DaemonSet", "Service", "APIService", "PodDisruptionBudget",
+            "NetworkPolicy", "ClusterRole", "ClusterRoleBinding", "RoleBinding",
+            "ServiceAccount"} <= kinds
+    api = find(docs, "APIService", APISERVICE)
+    if mode.startswith("certManager"):
+        assert "caBundle" not in api["spec"]
+        ann = api["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        assert ann == "aggapi/aggapi-apiserver-tls"
+        certs = [d for d in docs if d["kind"] == "Certificate"]
+        assert {c["spec"]["secretName"] for c in certs} >= {
+            "aggapi-apiserver-tls", "aggapi-agent-tls", "aggapi-agent-client-tls"}
+        client = find(docs, "Certificate", "aggapi-agent-client-tls")
+        assert client["spec"]["commonName"] == "aggapi-apiserver"
+        if mode == "certManager-issuer":
+            assert not [d for d in docs if d["kind"] == "Issuer"]
+            assert client["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
+    if mode == "existingSecret":
+        assert not [d for d in docs if d["kind"] in ("Secret", "Certificate")]
+
+
+def test_values_schema_rejects_unknown_and_bad_values(helm: str) -> None:
+    import subprocess
+
+    for bad in ("tls.mode=selfsigned", "nosuchkey=1", "apiserver.replicas=0"):
+        r = subprocess.run([helm, "template", "x", str(CHART), "--set", bad],
+                           capture_output=True, text=True)
+        assert r.returncode != 0, bad
+        assert "schema" in r.stderr.lower() or "values don't meet" in r.stderr, r.stderr
+
+
+def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
+    docs = render()
+    role = find(docs, "ClusterRole", "aggapi-apiserver")
+    assert _rules(role) == {(g, r, v) for g, r in [("", "pods"), ("", "events"),
+                                                   ("discovery.k8s.io", "endpointslices")]
+                            for v in ("get", "list", "watch")}
+    sa = {"kind": "ServiceAccount", "name": "aggapi-apiserver", "namespace": "aggapi"}
+    crbs = {d["roleRef"]["name"]: d for d in docs if d["kind"] == "ClusterRoleBinding"}
+    assert set(crbs) == {"aggapi-apiserver", "system:auth-delegator"}
+    for b in crbs.values():
+        assert b["subjects"] == [sa]
+    rb = find(docs, "RoleBinding")
+    assert rb["metadata"]["namespace"] == "kube-system"
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                             "name": "extension-apiserver-authentication-reader"}
+    assert rb["subjects"] == [sa]
+    # No Role/ClusterRole besides ours; the agent is bound to nothing.
+    roles = {d["metadata"]["name"] for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    assert roles == {"aggapi-apiserver", "aggapi-view", "aggapi-edit"}
+    agent_sa = find(docs, "ServiceAccount", "aggapi-agent")
+    assert agent_sa["automountServiceAccountToken"] is False
+
+
+def test_aggregated_roles(render: Render) -> None:
+    docs = render()
+    view = find(docs, "ClusterRole", "aggapi-view")
+    edit = find(docs, "ClusterRole", "aggapi-edit")
+    assert {k: v for k, v in view["metadata"]["labels"].items() if k.startswith(AGG)} == {
+        AGG + "view": "true", AGG + "edit": "true", AGG + "admin": "true"}
+    assert {k: v for k, v in edit["metadata"]["labels"].items() if k.startswith(AGG)} == {
+        AGG + "edit": "true", AGG + "admin": "true"}
+    assert _rules(view) == {(GROUP, "pods/imagepullprogress", "get"),
+                            (GROUP, "pods/imagepullprogress", "watch"),
+                            (GROUP, "nodes/imagepulls", "get")}
+    assert _rules(edit) == {(GROUP, "pods/copy", v) for v in ("get", "create", "watch")}
+    off = render(["rbac.aggregateToDefaultRoles=false"])
+    assert not [d for d in off if d["kind"] == "ClusterRole"
+                and d["metadata"]["name"] != "aggapi-apiserver"]
+
+
+def _pod_spec(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    spec: dict[str, Any] = find(docs, kind)["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize("mode", sorted(TLS_MODES))
+def test_agents_get_only_public_token_material(render: Render, mode: str) -> None:
+    docs = render(TLS_MODES[mode])
+    signing = "aggapi-token-signing"
+    agent = _pod_spec(docs, "DaemonSet")
+    refs = json.dumps(agent)
+    assert signing not in refs
+    agent_secrets = {v["secret"]["secretName"] for v in agent["volumes"] if "secret" in v}
+    assert agent_secrets == {"aggapi-agent-tls"}
+    cms = {v["configMap"]["name"] for v in agent["volumes"] if "configMap" in v}
+    assert cms == {"aggapi-token-public"}
+    api = _pod_spec(docs, "Deployment")
+    tok = next(v for v in api["volumes"] if v["name"] == "token-signing")
+    assert tok["secret"] == {"secretName": signing, "defaultMode": 0o440,
+                             "items": [{"key": "tls.key", "path": "tls.key"}]}
+    if mode != "existingSecret":
+        cm = find(docs, "ConfigMap", "aggapi-token-public")
+        pem = cm["data"]["token-public.pem"]
+        assert "PRIVATE" not in pem and pem.startswith("-----BEGIN CERTIFICATE-----")
+
+
+def test_workload_security(render: Render) -> None:
+    docs = render()
+    api = _pod_spec(docs, "Deployment")
+    c = api["containers"][0]
+    assert api["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert find(docs, "Deployment")["spec"]["replicas"] == 2
+    assert "podAntiAffinity" in api["affinity"]
+    assert find(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+
+    ag = _pod_spec(docs, "DaemonSet")
+    c = ag["containers"][0]
+    assert ag["hostPID"] is True and ag["automountServiceAccountToken"] is False
+    assert c["securityContext"]["privileged"] is True
+    assert c["securityContext"]["runAsUser"] == 0
+    assert ag["tolerations"] == [{"operator": "Exists"}]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    host = {v["name"]: v["hostPath"] for v in ag["volumes"] if "hostPath" in v}
+    assert host["cri-socket-dir"] == {"path": "/run/containerd", "type": "Directory"}
+    assert host["kubelet-config"]["path"] == "/var/lib/kubelet/config.yaml"
+    assert mounts["cri-socket-dir"]["readOnly"] is True
+    assert mounts["kubelet-config"]["readOnly"] is True
+    assert "readOnly" not in mounts["copy-state"]  # the one writable host path
+
+    svc = find(docs, "Service", "aggapi-agent")
+    assert svc["spec"]["clusterIP"] == "None"
+    np = find(docs, "NetworkPolicy")
+    assert np["spec"]["ingress"] == [{
+        "from": [{"podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "aggapi", "app.kubernetes.io/instance": "aggapi",
+            "app.kubernetes.io/component": "apiserver"}}}],
+        "ports": [{"port": 10443, "protocol": "TCP"}]}]
+
+
+def test_servicemonitor_only_with_the_crd(render: Render) -> None:
+    assert not [d for d in render(["serviceMonitor.enabled=true"])
+                if d["kind"] == "ServiceMonitor"]
+    docs = render(["serviceMonitor.enabled=true"],
+                  extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"])
+    sm = find(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_helm_mode_pki_is_consistent(render: Render) -> None:
+    docs = render()
+    secrets = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "Secret"}
+    pem = {n: {k: base64.b64decode(v) for k, v in d.items()} for n, d in secrets.items()}
+    ca_pem = pem["aggapi-apiserver-tls"]["ca.crt"]
+    api = find(docs, "APIService", APISERVICE)
+    assert base64.b64decode(api["spec"]["caBundle"]) == ca_pem
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    for name, cn in [("aggapi-apiserver-tls", "aggapi"), ("aggapi-agent-tls", "aggapi-agent"),
+                     ("aggapi-agent-client-tls", "aggapi-apiserver")]:
+        assert pem[name]["ca.crt"] == ca_pem
+        cert = x509.load_pem_x509_certificate(pem[name]["tls.crt"])
+        cert.verify_directly_issued_by(ca)
+        assert cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == cn
+    sans = x509.load_pem_x509_certificate(pem["aggapi-apiserver-tls"]["tls.crt"]).extensions \
+        .get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName)
+    assert "aggapi.aggapi.svc" in sans
+    agent_sans = x509.load_pem_x509_certificate(pem["aggapi-agent-tls"]["tls.crt"]) \
+        .extensions.get_extension_for_class(x509.SubjectAlternativeName).value \
+        .get_values_for_type(x509.DNSName)
+    assert "aggapi-agent" in agent_sans
+
+    # Token signing: a P-256 key (ES256) and a certificate of the same key for agents.
+    key = serialization.load_pem_private_key(pem["aggapi-token-signing"]["tls.key"], None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
+    cm = find(docs, "ConfigMap", "aggapi-token-public")
+    pub = x509.load_pem_x509_certificate(cm["data"]["token-public.pem"].encode()).public_key()
+    raw = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    assert pub.public_bytes(*raw) == key.public_key().public_bytes(*raw)
+    # Same CA in the workloads' checksum annotations.
+    for kind in ("Deployment", "DaemonSet"):
+        assert find(docs, kind)["spec"]["template"]["metadata"]["annotations"]["checksum/ca"]
+
+
+def test_capability_tokens_verify_with_the_agents_material(render: Render) -> None:
+    """The apiserver's key signs, and the public key inside the agents' ConfigMap verifies."""
+    import jwt
+
+    docs = render()
+    key_pem = base64.b64decode(find(docs, "Secret", "aggapi-token-signing")["data"]["tls.key"])
+    cert_pem = find(docs, "ConfigMap", "aggapi-token-public")["data"]["token-public.pem"]
+    key = serialization.load_pem_private_key(key_pem, None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    token = jwt.encode({"sub": "u"}, key, algorithm="ES256")
+    pub = x509.load_pem_x509_certificate(cert_pem.encode()).public_key()
+    assert isinstance(pub, ec.EllipticCurvePublicKey)
+    assert jwt.decode(token, pub, algorithms=["ES256"])["sub"] == "u"
+
+
+def test_release_name_changes_object_names(render: Render) -> None:
+    docs = render(release="team-a", namespace="tools")
+    names = {d["metadata"]["name"] for d in docs}
+    assert {"team-a-aggapi", "team-a-aggapi-agent", "team-a-aggapi-view"} <= names
+    api = find(docs, "APIService", APISERVICE)
+    assert api["spec"]["service"] == {"name": "team-a-aggapi", "namespace": "tools",
+                                      "port": 443}
+    args = _pod_spec(docs, "Deployment")["containers"][0]["args"]
+    assert "--agent-service=team-a-aggapi-agent" in args
+    assert "--agent-namespace=tools" in args
