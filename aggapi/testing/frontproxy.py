@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+# Hop-by-hop headers are not forwarded; Content-Length is (as Go's ReverseProxy in
+# kube-apiserver does), so sizes and HEAD replies survive the proxy.
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
+        "trailers", "transfer-encoding", "upgrade", "host"}
 
 
 @dataclass(frozen=True)

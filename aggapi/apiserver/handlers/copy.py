@@ -10,7 +10,6 @@ into a container is as strong as running a command in it.
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -56,7 +55,9 @@ def _path(request: web.Request) -> str:
         raise StatusError(400, f"path must be absolute, got {path!r}")
     if len(path) > 4096:
         raise StatusError(400, "path too long")
-    return posixpath.normpath(path) if path != "/" else path
+    # Passed on as given: the agent resolves it inside the container's root (a lexical
+    # normpath here would disagree with the container's own symlinks).
+    return path
 
 
 async def _authorize_operation(request: web.Request, info: RequestInfo, upload: bool) -> None:

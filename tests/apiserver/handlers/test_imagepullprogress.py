@@ -161,7 +161,7 @@ async def test_agent_killed_mid_stream_then_reconnect(
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aggapi", "agent", "--node-name", NODE,
-        "--certs-dir", str(stack.agent.pki), "--listen", f"127.0.0.1:{port}",
+        "--certs-dir", str(stack.agent.pki), "--bind-address=127.0.0.1", f"--secure-port={port}",
         "--cri-address", containerd.address, "--containerd-address", containerd.address,
         "--kubelet-config", "/nonexistent", "--copy-state-dir", str(tmp_path / "inflight2"),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
