@@ -1,0 +1,371 @@
+"""pods/copy (KEP-4582) from the client side: stat, download, upload.
+
+Every request goes to the ``/watch/`` form of the path, which kube-apiserver
+treats as long-running, so a large copy is not cut at 60 s (RBAC there checks
+verb ``watch``; aggapi itself checks get/create on pods/copy).
+
+Downloads verify the whole file's sha256 (``X-Aggapi-Sha256``) and resume with
+``Range``/``If-Range`` after a cut connection, and across runs through the
+partial file kept beside the destination. Directories arrive as a PAX tar and
+are extracted by :mod:`aggapi.client.extract`. Uploads send the sha256 up front
+so the server refuses to commit anything else, and compare the server's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import os
+import re
+import stat
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from aggapi.agent.copy.tarstream import TarReader
+from aggapi.client.connection import Connection, subresource_path
+from aggapi.client.errors import (
+    AggapiError,
+    IntegrityError,
+    LocalError,
+    RangeNotSatisfiable,
+    TransferError,
+)
+from aggapi.client.extract import extract_dir
+from aggapi.client.packtar import list_tree, tar_size, tar_stream
+from aggapi.client.partial import Origin, PartialFile
+from aggapi.client.retry import CATCH, Backoff, as_error
+
+CHUNK = 1 << 20
+
+
+class Progress(Protocol):
+    def start(self, total: int | None, done: int = 0) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+
+class RateLimit:
+    """Pace a transfer to ``rate`` bytes/s (curl's --limit-rate), by sleeping."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self.t0 = time.monotonic()
+        self.sent = 0
+
+    async def pace(self, n: int) -> None:
+        if not self.rate:
+            return
+        self.sent += n
+        ahead = self.sent / self.rate - (time.monotonic() - self.t0)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+
+
+class NoProgress:
+    def start(self, total: int | None, done: int = 0) -> None:
+        pass
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RemotePath:
+    """``[namespace/]pod:/path`` in container ``container`` (None: the pod's only one)."""
+
+    namespace: str
+    pod: str
+    path: str
+    container: str | None = None
+
+    def source(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container or ''}:{self.path}"
+
+    def url(self) -> str:
+        return subresource_path(self.namespace, self.pod, "copy", watch=True)
+
+    def params(self, **extra: str) -> list[tuple[str, str]]:
+        out = [("path", self.path)]
+        if self.container:
+            out.insert(0, ("container", self.container))
+        return out + list(extra.items())
+
+
+@dataclass
+class Result:
+    path: str
+    kind: str  # file, dir or symlink
+    size: int = 0
+    sha256: str = ""
+    resumed_from: int = 0
+    retries: int = 0
+    entries: int = 0
+    skipped: list[Any] = field(default_factory=list)
+
+
+def decode_stat(value: str | None) -> dict[str, Any]:
+    if not value:
+        return {}
+    try:
+        doc = json.loads(base64.b64decode(value))
+    except (ValueError, binascii.Error):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def response_sha256(headers: Any) -> str | None:
+    """The whole file's sha256 (hex) from X-Aggapi-Sha256, Repr-Digest or Digest."""
+    sha = headers.get("X-Aggapi-Sha256")
+    if sha and re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+        return str(sha).lower()
+    for name, pat in (("Repr-Digest", r"sha-256=:([^:]+):"), ("Digest", r"sha-256=([^,\s]+)")):
+        m = re.search(pat, headers.get(name, ""))
+        if m:
+            with contextlib.suppress(ValueError, binascii.Error):
+                raw = base64.b64decode(m.group(1), validate=True)
+                if len(raw) == 32:
+                    return raw.hex()
+    return None
+
+
+def _content_range(value: str | None) -> tuple[int, int, int] | None:
+    m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", (value or "").strip())
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+async def stat_remote(conn: Connection, rp: RemotePath) -> dict[str, Any]:
+    """The X-Aggapi-Stat object of the path (NotFound if it does not exist)."""
+    try:
+        async with conn.request("HEAD", rp.url(), params=rp.params()) as resp:
+            return decode_stat(resp.headers.get("X-Aggapi-Stat"))
+    except AggapiError as exc:
+        if not exc.bodiless:
+            raise
+    # A HEAD reply carries no Status: ask with GET for the server's message (on the
+    # unlikely success the body is dropped unread, the headers are the same).
+    async with conn.request("GET", rp.url(), params=rp.params()) as resp:
+        return decode_stat(resp.headers.get("X-Aggapi-Stat"))
+
+
+async def _retry_wait(backoff: Backoff, exc: BaseException) -> bool:
+    delay = backoff.next_delay(exc)
+    if delay is None:
+        return False
+    await asyncio.sleep(delay)
+    return True
+
+
+async def download(conn: Connection, rp: RemotePath, dest: Path, *,
+                   progress: Progress | None = None, backoff: Backoff | None = None,
+                   rate_limit: float | None = None) -> Result:
+    """Copy ``rp`` to the local ``dest`` (a file, a directory tree or a symlink)."""
+    progress = progress or NoProgress()
+    backoff = backoff or Backoff()
+    partial = PartialFile(dest)
+    origin = partial.resumable(rp.source())
+    resumed_from = partial.size if origin else 0
+    retries = 0
+    limit = RateLimit(rate_limit)
+    try:
+        while True:
+            headers = {}
+            if origin is not None and partial.size:
+                headers = {"Range": f"bytes={partial.size}-", "If-Range": origin.etag}
+            try:
+                async with conn.request("GET", rp.url(), params=rp.params(),
+                                        headers=headers) as resp:
+                    st = decode_stat(resp.headers.get("X-Aggapi-Stat"))
+                    ctype = resp.headers.get("Content-Type", "")
+                    if ctype.startswith("application/x-tar") or st.get("type") == "dir":
+                        partial.discard()
+                        return await _receive_dir(resp, dest, st, progress)
+                    if st.get("type") == "symlink":
+                        partial.discard()
+                        return _make_symlink(dest, st)
+                    origin = _check_origin(resp, rp, partial, origin)
+                    progress.start(origin.size, partial.size)
+                    async for chunk in resp.content.iter_chunked(CHUNK):
+                        partial.write(chunk)
+                        progress.advance(len(chunk))
+                        backoff.progressed()
+                        await limit.pace(len(chunk))
+                    if partial.size != origin.size:
+                        raise TransferError.from_message(
+                            f"download ended at {partial.size} of {origin.size} bytes")
+                got = partial.hash.hexdigest()
+                if got != origin.sha256:
+                    partial.discard()
+                    raise IntegrityError.from_message(
+                        f"sha256 mismatch for {rp.path}: got {got}, server says {origin.sha256}"
+                        "; nothing was written")
+                partial.commit(st.get("mode") if isinstance(st.get("mode"), int) else None)
+                return Result(str(dest), "file", origin.size, got, resumed_from, retries)
+            except RangeNotSatisfiable:
+                # The partial file is longer than the file now is: start over.
+                if origin is None:
+                    raise
+                partial.discard()
+                origin = None
+            except CATCH as exc:
+                if isinstance(exc, IntegrityError) or not await _retry_wait(backoff, exc):
+                    err = as_error(exc)
+                    if err is exc:
+                        raise
+                    raise err from exc
+                retries += 1
+    finally:
+        partial.close()
+
+
+def _check_origin(resp: aiohttp.ClientResponse, rp: RemotePath, partial: PartialFile,
+                  origin: Origin | None) -> Origin:
+    sha = response_sha256(resp.headers)
+    if sha is None:
+        raise TransferError.from_message("the server sent no sha256 for the file; refusing "
+                                         "an unverifiable download")
+    etag = resp.headers.get("ETag", "")
+    if resp.status == 206:
+        cr = _content_range(resp.headers.get("Content-Range"))
+        if (origin is None or cr is None or cr[0] != partial.size or cr[2] != origin.size
+                or sha != origin.sha256):
+            raise TransferError.from_message("the server's partial reply does not continue "
+                                             "the bytes already here")
+        return origin
+    size = resp.content_length
+    if size is None:
+        raise TransferError.from_message("the server sent no Content-Length for the file")
+    fresh = Origin(rp.source(), etag, size, sha)
+    partial.start(fresh)
+    return fresh
+
+
+async def _receive_dir(resp: aiohttp.ClientResponse, dest: Path, st: dict[str, Any],
+                       progress: Progress) -> Result:
+    progress.start(None)
+    res = await extract_dir(TarReader(resp.content), dest, progress.advance)
+    return Result(res.path, "dir", res.bytes, "", entries=res.entries, skipped=res.skipped)
+
+
+def _make_symlink(dest: Path, st: dict[str, Any]) -> Result:
+    target = st.get("linkTarget")
+    if not isinstance(target, str) or not target:
+        raise TransferError.from_message("symlink without a target")
+    tmp = dest.with_name(f".{dest.name}.ncp-link")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, dest)
+    return Result(str(dest), "symlink")
+
+
+# --- uploads ---------------------------------------------------------------------------
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+async def _post(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
+                headers: dict[str, str], body: Any, backoff: Backoff) -> tuple[dict[str, Any], int]:
+    retries = 0
+    while True:
+        try:
+            async with conn.request("POST", rp.url(), params=params, headers=headers,
+                                    body=body) as resp:
+                reply = await resp.json(content_type=None)
+                if not isinstance(reply, dict):
+                    raise TransferError.from_message("upload reply is not an object")
+                return reply, retries
+        except CATCH as exc:
+            # Uploads are atomic on the server: sending again after a failure is safe.
+            if not await _retry_wait(backoff, exc):
+                err = as_error(exc)
+                if err is exc:
+                    raise
+                raise err from exc
+            retries += 1
+
+
+async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite: bool = True,
+                      mode: int | None = None, progress: Progress | None = None,
+                      backoff: Backoff | None = None, rate_limit: float | None = None,
+                      ) -> Result:
+    progress = progress or NoProgress()
+    try:
+        st = os.stat(src)
+    except OSError as exc:
+        raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise LocalError.from_message(f"{src} is not a regular file")
+    sha = sha256_file(src)
+
+    async def body() -> AsyncIterator[bytes]:
+        progress.start(st.st_size)
+        limit = RateLimit(rate_limit)
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            while chunk := os.read(fd, CHUNK):
+                progress.advance(len(chunk))
+                yield chunk
+                await limit.pace(len(chunk))
+        finally:
+            os.close(fd)
+
+    params = rp.params(sha256=sha, overwrite="true" if overwrite else "false")
+    if mode is not None:
+        params.append(("mode", f"{mode:o}"))
+    headers = {"Content-Type": "application/octet-stream", "Content-Length": str(st.st_size)}
+    reply, retries = await _post(conn, rp, params, headers, body, backoff or Backoff())
+    if reply.get("sha256") != sha or reply.get("size") != st.st_size:
+        raise IntegrityError.from_message(
+            f"the server stored {reply.get('size')} bytes with sha256 {reply.get('sha256')}, "
+            f"sent {st.st_size} bytes with sha256 {sha}")
+    return Result(str(reply.get("path") or rp.path), "file", st.st_size, sha, retries=retries)
+
+
+async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
+                     progress: Progress | None = None, backoff: Backoff | None = None,
+                     rate_limit: float | None = None) -> Result:
+    """Send the tree under ``src`` as a tar extracted into the directory ``rp.path``."""
+    progress = progress or NoProgress()
+    try:
+        listing = list_tree(src)
+        size = tar_size(src, listing)
+    except OSError as exc:
+        raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
+    # A first pass hashes the (deterministic) tar, so the server can refuse to commit
+    # anything but exactly these bytes; a file changing in between is caught there.
+    h = hashlib.sha256()
+    async for chunk in tar_stream(src, listing):
+        h.update(chunk)
+    sha = h.hexdigest()
+
+    async def body() -> AsyncIterator[bytes]:
+        progress.start(size)
+        limit = RateLimit(rate_limit)
+        async for chunk in tar_stream(src, listing):
+            progress.advance(len(chunk))
+            yield chunk
+            await limit.pace(len(chunk))
+
+    headers = {"Content-Type": "application/x-tar", "Content-Length": str(size)}
+    reply, retries = await _post(conn, rp, rp.params(format="tar", sha256=sha), headers, body,
+                                 backoff or Backoff())
+    if reply.get("sha256") != sha:
+        raise IntegrityError.from_message(
+            f"the server received a tar with sha256 {reply.get('sha256')}, sent {sha}")
+    return Result(str(reply.get("path") or rp.path), "dir", int(reply.get("size") or 0),
+                  str(reply.get("sha256")), retries=retries,
+                  entries=len(listing.entries), skipped=listing.skipped)

@@ -1,0 +1,97 @@
+"""A local directory as a PAX tar stream, for uploads with ``format=tar``.
+
+Nothing is followed: symlinks are sent as symlinks, every file is opened with
+O_NOFOLLOW and must still be the regular file that was listed. Devices, FIFOs
+and sockets are skipped and reported. Names are relative to the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aggapi.agent.copy.tarstream import DIR, END, REG, SYM, header, pad
+from aggapi.client.errors import LocalError
+
+CHUNK = 1 << 20
+
+
+@dataclass
+class Listing:
+    entries: list[tuple[str, os.stat_result]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    data_bytes: int = 0
+
+
+def list_tree(root: Path) -> Listing:
+    """Every entry under ``root`` (parents first), without following symlinks."""
+    out = Listing()
+
+    def walk(d: Path, rel: str) -> None:
+        with os.scandir(d) as it:
+            items = sorted(it, key=lambda e: e.name)
+        for e in items:
+            r = f"{rel}{e.name}"
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                out.entries.append((r, st))
+                walk(Path(e.path), r + "/")
+            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                out.entries.append((r, st))
+                if stat.S_ISREG(st.st_mode):
+                    out.data_bytes += st.st_size
+            else:
+                out.skipped.append(r)
+
+    walk(root, "")
+    return out
+
+
+async def tar_stream(root: Path, listing: Listing) -> AsyncIterator[bytes]:
+    """The tar of ``listing``; fails if a file changed between listing and reading."""
+    for rel, st in listing.entries:
+        full = root / rel
+        mtime = st.st_mtime_ns
+        if stat.S_ISDIR(st.st_mode):
+            yield header(rel + "/", DIR, mode=st.st_mode, mtime_ns=mtime)
+        elif stat.S_ISLNK(st.st_mode):
+            yield header(rel, SYM, mode=0o777, mtime_ns=mtime, linkname=os.readlink(full))
+        else:
+            try:
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise LocalError.from_message(f"cannot read {full}: {exc.strerror}") from exc
+            try:
+                now = os.fstat(fd)
+                if not stat.S_ISREG(now.st_mode) or now.st_ino != st.st_ino:
+                    raise LocalError.from_message(f"{full} changed while being copied")
+                yield header(rel, REG, size=st.st_size, mode=st.st_mode, mtime_ns=mtime)
+                left = st.st_size
+                while left:
+                    chunk = os.read(fd, min(CHUNK, left))
+                    if not chunk:
+                        raise LocalError.from_message(f"{full} shrank while being copied")
+                    left -= len(chunk)
+                    yield chunk
+                yield pad(st.st_size)
+            finally:
+                os.close(fd)
+    yield END
+
+
+def tar_size(root: Path, listing: Listing) -> int:
+    """The exact length :func:`tar_stream` will produce (for progress and Content-Length)."""
+    n = len(END)
+    for rel, st in listing.entries:
+        if stat.S_ISDIR(st.st_mode):
+            n += len(header(rel + "/", DIR, mode=st.st_mode, mtime_ns=st.st_mtime_ns))
+        elif stat.S_ISLNK(st.st_mode):
+            n += len(header(rel, SYM, mode=0o777, mtime_ns=st.st_mtime_ns,
+                            linkname=os.readlink(root / rel)))
+        else:
+            n += len(header(rel, REG, size=st.st_size, mode=st.st_mode,
+                            mtime_ns=st.st_mtime_ns)) + st.st_size + len(pad(st.st_size))
+    return n

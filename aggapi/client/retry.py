@@ -1,0 +1,56 @@
+"""Backoff for reconnecting streams: what may be retried, and how long to wait."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+
+from aggapi.client.errors import RETRYABLE, AggapiError, TransferError
+
+# Transport failures: a cut connection, a reset, a stalled read, a truncated body.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, aiohttp.ClientResponseError,
+    asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, TransferError,
+)
+
+# What a retry loop catches, then asks Backoff whether to go on.
+CATCH: tuple[type[BaseException], ...] = (AggapiError, *TRANSIENT)
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff that resets once a connection made progress."""
+
+    attempts: int = 8
+    first: float = 0.2
+    cap: float = 5.0
+    failures: int = 0
+
+    def retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, AggapiError) and not isinstance(exc, TransferError):
+            return isinstance(exc, RETRYABLE)
+        return isinstance(exc, TRANSIENT)
+
+    def next_delay(self, exc: BaseException) -> float | None:
+        """Seconds to wait before the next try, or None when giving up."""
+        self.failures += 1
+        if self.failures > self.attempts or not self.retryable(exc):
+            return None
+        delay = min(self.cap, self.first * 2 ** (self.failures - 1))
+        ra = getattr(exc, "retry_after", None)
+        if isinstance(ra, int | float):
+            delay = min(max(delay, float(ra)), 60.0)
+        return delay
+
+    def progressed(self) -> None:
+        self.failures = 0
+
+
+def as_error(exc: BaseException) -> AggapiError:
+    """Out of retries: a transport failure leaves as a typed TransferError too."""
+    if isinstance(exc, AggapiError):
+        return exc
+    text = str(exc) or type(exc).__name__
+    return TransferError.from_message(f"connection to the API server failed: {text}")

@@ -1,0 +1,253 @@
+"""How the plugins show progress: rich bars on a terminal, plain lines otherwise.
+
+Image pulls: one bar per (container, image, layer) and one aggregate bar, each
+with bytes, the server's speed and ETA and the phase; Waiting (pull slot limit),
+Extracting and errors stand out. Copies: one bar with bytes, speed and ETA.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    ProgressColumn,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.text import Text
+
+Obj = dict[str, Any]
+DONE_PHASES = ("Done", "AlreadyPresent")
+PHASE_STYLE = {"Waiting": "yellow", "Resolving": "blue", "Downloading": "white",
+               "Extracting": "cyan", "Done": "green", "AlreadyPresent": "green",
+               "Failed": "bold red", "BackOff": "red", "Unknown": "dim",
+               "Unscheduled": "yellow"}
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def human_eta(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def phase_text(o: Obj) -> str:
+    phase = str(o.get("phase") or "")
+    w = o.get("waiting")
+    if phase == "Waiting" and isinstance(w, dict):
+        busy = len(w.get("inFlight") or [])
+        return f"Waiting for a pull slot ({busy}/{w.get('limit', '?')} in use)"
+    if o.get("error"):
+        return f"{phase}: {o['error']}"
+    return phase
+
+
+def row_label(o: Obj, granularity: str) -> str:
+    if granularity == "pod":
+        return "pod"
+    name = f"{o.get('container', '')} {o.get('image', '')}".strip()
+    layer = str(o.get("layer") or "")
+    if layer:
+        name += f" {layer.removeprefix('sha256:')[:12]}"
+    return name
+
+
+def key(o: Obj) -> tuple[str, str, str]:
+    return (str(o.get("container", "")), str(o.get("image", "")), str(o.get("layer", "")))
+
+
+class Aggregate:
+    """The sum over rows: bytes known only when every row's total is known."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str, str], Obj] = {}
+
+    def update(self, o: Obj) -> None:
+        self.rows[key(o)] = o
+
+    def totals(self) -> tuple[int, int | None, float | None, float | None]:
+        done = sum(max(0, int(o.get("progress") or 0)) for o in self.rows.values())
+        totals = [t if isinstance(t := o.get("total"), int) else -1 for o in self.rows.values()]
+        total = sum(totals) if totals and all(t >= 0 for t in totals) else None
+        rates = [float(o["bytesPerSecond"]) for o in self.rows.values()
+                 if o.get("bytesPerSecond") is not None]
+        rate = sum(rates) if rates else None
+        eta = (total - done) / rate if total is not None and rate else None
+        return done, total, rate, eta
+
+
+# --- image pulls ---------------------------------------------------------------------
+
+class _Speed(ProgressColumn):
+    def render(self, task: Any) -> Text:
+        r = task.fields.get("rate")
+        return Text(f"{human_bytes(r)}/s" if r else "-", style="progress.data.speed")
+
+
+class _Eta(ProgressColumn):
+    def render(self, task: Any) -> Text:
+        return Text("ETA " + human_eta(task.fields.get("eta")), style="progress.remaining")
+
+
+class _Phase(ProgressColumn):
+    def render(self, task: Any) -> Text:
+        return Text(task.fields.get("phase", ""), style=task.fields.get("style", ""))
+
+
+class PullView:
+    """Interface of both pull renderers."""
+
+    def update(self, o: Obj) -> None:
+        raise NotImplementedError
+
+    def retrying(self, exc: BaseException, delay: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RichPullView(PullView):
+    def __init__(self, granularity: str, console: Console | None = None) -> None:
+        self.granularity = granularity
+        self.console = console or Console()
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(bar_width=30), TaskProgressColumn(),
+            DownloadColumn(), _Speed(), _Eta(), _Phase(), console=self.console,
+            refresh_per_second=8)
+        self.rows: dict[tuple[str, str, str], TaskID] = {}
+        self.agg = Aggregate()
+        self.total: TaskID | None = None
+        self.progress.start()
+
+    def _set(self, task: TaskID, progress: int, total: int | None, rate: float | None,
+             eta: float | None, phase: str, style: str, finished: bool) -> None:
+        if finished:
+            total = total if total and total > 0 else max(progress, 1)
+            progress = total
+        self.progress.update(task, completed=max(progress, 0), total=total, rate=rate,
+                             eta=eta, phase=phase, style=style)
+
+    def update(self, o: Obj) -> None:
+        kind = o.get("kind")
+        if kind == "Progress":
+            self._row(o)
+        elif kind == "Summary":
+            # The aggregate bar, or at pod granularity the one row there is.
+            task = self.total if self.total is not None else next(iter(self.rows.values()),
+                                                                  None)
+            if task is None:
+                task = self.total = self.progress.add_task("[bold]total", total=None)
+            tot = int(o.get("total") or 0)
+            self._set(task, int(o.get("progress") or 0), tot if tot > 0 else None, None,
+                      None, str(o.get("phase")), "green", True)
+        elif kind == "Error":
+            self.console.print(Text(f"error: {o.get('error')}", style="bold red"))
+
+    def _row(self, o: Obj) -> None:
+        k = key(o)
+        if k not in self.rows:
+            self.rows[k] = self.progress.add_task(row_label(o, self.granularity), total=None)
+        total = o.get("total")
+        phase = str(o.get("phase") or "")
+        self._set(self.rows[k], int(o.get("progress") or 0),
+                  int(total) if isinstance(total, int) and total >= 0 else None,
+                  o.get("bytesPerSecond"), o.get("etaSeconds"), phase_text(o),
+                  PHASE_STYLE.get(phase, ""), phase in DONE_PHASES)
+        if self.granularity == "pod":
+            return
+        self.agg.update(o)
+        if self.total is None:
+            self.total = self.progress.add_task("[bold]total", total=None)
+        done, tot, rate, eta = self.agg.totals()
+        phases = [str(r.get("phase")) for r in self.agg.rows.values()]
+        failed = "Failed" in phases
+        self._set(self.total, done, tot, rate, eta, "Failed" if failed else "",
+                  "bold red" if failed else "", all(p in DONE_PHASES for p in phases))
+
+    def retrying(self, exc: BaseException, delay: float) -> None:
+        self.console.print(Text(f"stream interrupted ({exc or type(exc).__name__}); "
+                                f"reconnecting in {delay:.1f}s", style="yellow"))
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+class PlainPullView(PullView):
+    """One line per object, for logs and pipes."""
+
+    def __init__(self, granularity: str, out: TextIO | None = None,
+                 err: TextIO | None = None) -> None:
+        self.granularity = granularity
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+
+    def update(self, o: Obj) -> None:
+        kind = o.get("kind")
+        if kind == "Progress":
+            total = o.get("total")
+            prog = int(o.get("progress") or 0)
+            size = (f"{human_bytes(prog)}/{human_bytes(total)}"
+                    if isinstance(total, int) and total >= 0 else human_bytes(prog))
+            pct = (f"{100 * prog // total}%" if isinstance(total, int) and total > 0
+                   else "100%" if o.get("phase") in DONE_PHASES else "-")
+            rate = o.get("bytesPerSecond")
+            line = (f"{row_label(o, self.granularity)}  {phase_text(o)}  {size}  {pct}  "
+                    f"{human_bytes(rate) + '/s' if rate else '-'}  "
+                    f"ETA {human_eta(o.get('etaSeconds'))}")
+        elif kind == "Summary":
+            imgs = ", ".join(f"{i.get('container')}={i.get('phase')}"
+                             for i in o.get("images") or [])
+            line = f"summary  {o.get('phase')}  {imgs}"
+        elif kind == "Error":
+            print(f"error: {o.get('error')}", file=self.err, flush=True)
+            return
+        else:
+            line = str(o)
+        print(line, file=self.out, flush=True)
+
+    def retrying(self, exc: BaseException, delay: float) -> None:
+        print(f"stream interrupted ({exc or type(exc).__name__}); reconnecting in "
+              f"{delay:.1f}s", file=self.err, flush=True)
+
+
+# --- copies --------------------------------------------------------------------------
+
+class TransferBar:
+    """A rich bar for one copy (the aggapi.client.copy Progress protocol)."""
+
+    def __init__(self, label: str, console: Console | None = None) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(bar_width=30), TaskProgressColumn(),
+            DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+            console=console or Console(stderr=True), refresh_per_second=8)
+        self.task = self.progress.add_task(label, total=None)
+        self.progress.start()
+
+    def start(self, total: int | None, done: int = 0) -> None:
+        self.progress.reset(self.task, total=total, completed=done)
+
+    def advance(self, n: int) -> None:
+        self.progress.advance(self.task, n)
+
+    def close(self, ok: bool = True) -> None:
+        task = self.progress.tasks[0]
+        if ok and task.total is None:  # a directory: its size is known only at the end
+            self.progress.update(self.task, total=task.completed)
+        self.progress.stop()

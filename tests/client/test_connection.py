@@ -1,0 +1,95 @@
+"""Credentials from kubeconfigs (client cert, token, exec plugin) and typed errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aggapi.client import errors
+from aggapi.client.connection import Connection, subresource_path
+from aggapi.client.copy import RemotePath, stat_remote
+from tests.client.fakeserver import FakeCluster
+
+WEB = RemotePath("default", "web", "/data", "app")
+
+
+@pytest.mark.parametrize("auth", ["cert", "token", "exec"])
+async def test_each_credential_kind_authenticates(cluster: FakeCluster, auth: str) -> None:
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig("alice", auth))) as c:
+        st = await stat_remote(c, WEB)
+    assert st["type"] == "dir"
+    assert cluster.requests[-1]["user"] == "alice"
+
+
+async def test_exec_plugin_is_rerun_after_401(cluster: FakeCluster) -> None:
+    kc = cluster.kubeconfig("alice", "exec", exec_tokens=["tok-stale", "tok-fresh"])
+    del cluster.tokens["tok-stale"]  # revoked: the server answers 401 to it
+    async with await Connection.from_kubeconfig(str(kc)) as c:
+        await stat_remote(c, WEB)
+        await stat_remote(c, WEB)
+    users = [r["user"] for r in cluster.requests]
+    assert users == [None, "alice", "alice"]
+    assert cluster.exec_runs() == 2
+
+
+async def test_context_namespace_is_the_default(cluster: FakeCluster) -> None:
+    kc = cluster.kubeconfig("alice", "token", namespace="team-a")
+    async with await Connection.from_kubeconfig(str(kc)) as c:
+        assert c.namespace == "team-a"
+        assert c.server == cluster.url
+
+
+async def test_typed_errors_carry_the_status(cluster: FakeCluster) -> None:
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        with pytest.raises(errors.NotFound) as nf:
+            await stat_remote(c, RemotePath("default", "nope", "/x"))
+        assert nf.value.status["message"] == 'pods "nope" not found'
+        assert nf.value.status["code"] == 404
+        with pytest.raises(errors.NotFound, match="not found in the container"):
+            await stat_remote(c, RemotePath("default", "web", "/missing", "app"))
+        with pytest.raises(errors.NotFound, match='container "zzz"'):
+            await stat_remote(c, RemotePath("default", "web", "/data", "zzz"))
+        with pytest.raises(errors.BadRequest, match="container is required"):
+            await stat_remote(c, RemotePath("default", "web", "/data"))
+    async with await Connection.from_kubeconfig(
+            str(cluster.kubeconfig("mallory", "token"))) as c:
+        with pytest.raises(errors.Forbidden, match='User "mallory" cannot watch'):
+            await stat_remote(c, WEB)
+    kc = cluster.kubeconfig("alice", "token")
+    doc = json.loads(kc.read_text())
+    doc["users"][0]["user"] = {"token": "wrong"}
+    kc.write_text(json.dumps(doc))
+    async with await Connection.from_kubeconfig(str(kc)) as c:
+        with pytest.raises(errors.Unauthorized) as ua:
+            await stat_remote(c, WEB)
+    assert isinstance(ua.value, errors.AggapiError)
+
+
+@pytest.mark.parametrize(("code", "cls"), [
+    (400, errors.BadRequest), (401, errors.Unauthorized), (403, errors.Forbidden),
+    (404, errors.NotFound), (409, errors.Conflict), (413, errors.TooLarge),
+    (429, errors.TooManyRequests), (503, errors.ServiceUnavailable),
+    (507, errors.InsufficientStorage), (599, errors.InternalError), (418, errors.BadRequest)])
+def test_error_classes_by_code(code: int, cls: type[errors.AggapiError]) -> None:
+    body = json.dumps({"kind": "Status", "code": code, "message": f"m{code}",
+                       "details": {"retryAfterSeconds": 7}}).encode()
+    err = errors.error_from_response(code, body, {})
+    assert type(err) is cls
+    assert err.message == f"m{code}" and err.status["code"] == code
+    assert err.retry_after == 7
+
+
+def test_retry_after_header_wins_and_plain_bodies_still_type() -> None:
+    err = errors.error_from_response(429, b"slow down", {"Retry-After": "3"})
+    assert isinstance(err, errors.TooManyRequests)
+    assert err.retry_after == 3.0
+    assert err.status["message"] == "slow down" and err.status["reason"] == "TooManyRequests"
+
+
+def test_watch_path() -> None:
+    assert subresource_path("ns", "p", "copy") == \
+        "/apis/subresources.aggapi.io/v1alpha1/watch/namespaces/ns/pods/p/copy"
+    assert "/watch/" not in subresource_path("ns", "p", "copy", watch=False)
+
+

@@ -1,0 +1,175 @@
+"""Copy: resumable, verified downloads; uploads; directory trees both ways; hostile tars."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from aggapi.agent.copy.tarstream import BLK, DIR, LNK, PAX, REG, SYM, header, pad, pax_header
+from aggapi.client import errors
+from aggapi.client.connection import Connection
+from aggapi.client.copy import RemotePath, download, upload_dir, upload_file
+from aggapi.client.retry import Backoff
+from tests.client.fakeserver import FakeCluster
+
+PAYLOAD = os.urandom(700_000)
+
+
+def app_root(cluster: FakeCluster) -> Path:
+    return cluster.pods[("default", "web")].containers["app"]
+
+
+def rp(path: str) -> RemotePath:
+    return RemotePath("default", "web", path, "app")
+
+
+def leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
+
+
+def tree(d: Path) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for cur, dirs, files in os.walk(d):
+        for n in dirs + files:
+            p = Path(cur, n)
+            rel = str(p.relative_to(d))
+            if p.is_symlink():
+                out[rel] = ("link", os.readlink(p))
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mode & 0o777)
+    return out
+
+
+async def test_download_resumes_within_a_run(cluster: FakeCluster, tmp_path: Path) -> None:
+    (app_root(cluster) / "data/big.bin").write_bytes(PAYLOAD)
+    cluster.cut_download_after = 200_000
+    dest = tmp_path / "out.bin"
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        res = await download(c, rp("/data/big.bin"), dest, backoff=Backoff(first=0.01))
+    assert dest.read_bytes() == PAYLOAD
+    assert res.retries == 1 and res.sha256 == hashlib.sha256(PAYLOAD).hexdigest()
+    gets = [r for r in cluster.requests if r["method"] == "GET"]
+    assert "Range" not in gets[0]["headers"]
+    assert gets[1]["headers"]["Range"].startswith("bytes=")
+    assert int(gets[1]["headers"]["Range"][6:-1]) >= 131072  # continued, not restarted
+    assert leftovers(tmp_path) == []
+
+
+async def test_download_resumes_across_runs(cluster: FakeCluster, tmp_path: Path) -> None:
+    (app_root(cluster) / "data/big.bin").write_bytes(PAYLOAD)
+    dest = tmp_path / "out.bin"
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        cluster.cut_download_after = 300_000
+        with pytest.raises(errors.TransferError):
+            await download(c, rp("/data/big.bin"), dest, backoff=Backoff(attempts=0))
+        assert not dest.exists()
+        assert leftovers(tmp_path) == [".out.bin.ncp-partial", ".out.bin.ncp-partial.json"]
+        res = await download(c, rp("/data/big.bin"), dest)
+    assert res.resumed_from > 0 and dest.read_bytes() == PAYLOAD
+    assert cluster.requests[-1]["headers"]["Range"] == f"bytes={res.resumed_from}-"
+    assert leftovers(tmp_path) == []
+
+
+async def test_changed_source_restarts(cluster: FakeCluster, tmp_path: Path) -> None:
+    src = app_root(cluster) / "data/big.bin"
+    src.write_bytes(PAYLOAD)
+    dest = tmp_path / "out.bin"
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        cluster.cut_download_after = 300_000
+        with pytest.raises(errors.TransferError):
+            await download(c, rp("/data/big.bin"), dest, backoff=Backoff(attempts=0))
+        new = os.urandom(500_000)
+        src.write_bytes(new)  # another ETag: If-Range gives the whole new file
+        await download(c, rp("/data/big.bin"), dest)
+    assert dest.read_bytes() == new
+
+
+async def test_sha_mismatch_leaves_nothing(cluster: FakeCluster, tmp_path: Path) -> None:
+    (app_root(cluster) / "data/big.bin").write_bytes(PAYLOAD)
+    cluster.corrupt_sha = True
+    dest = tmp_path / "out.bin"
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        with pytest.raises(errors.IntegrityError, match="sha256 mismatch"):
+            await download(c, rp("/data/big.bin"), dest)
+    assert not dest.exists() and leftovers(tmp_path) == []
+
+
+async def test_upload_file_sends_sha_and_mode(cluster: FakeCluster, tmp_path: Path) -> None:
+    src = tmp_path / "in.bin"
+    src.write_bytes(PAYLOAD)
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        res = await upload_file(c, src, rp("/data/in.bin"), mode=0o640)
+    assert (app_root(cluster) / "data/in.bin").read_bytes() == PAYLOAD
+    assert (app_root(cluster) / "data/in.bin").stat().st_mode & 0o777 == 0o640
+    q = dict(cluster.requests[-1]["query"])
+    assert q["sha256"] == res.sha256 == hashlib.sha256(PAYLOAD).hexdigest()
+    assert cluster.requests[-1]["headers"]["Content-Length"] == str(len(PAYLOAD))
+
+
+async def test_directory_round_trip(cluster: FakeCluster, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "a/b").mkdir(parents=True)
+    (src / "a/b/deep.txt").write_text("deep")
+    (src / "top.bin").write_bytes(PAYLOAD)
+    (src / "empty").write_bytes(b"")
+    os.chmod(src / "empty", 0o600)
+    os.symlink("a/b/deep.txt", src / "link")
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        up = await upload_dir(c, src, rp("/data/tree"))
+        assert tree(app_root(cluster) / "data/tree") == tree(src)
+        dest = tmp_path / "back"
+        down = await download(c, rp("/data/tree"), dest)
+    assert up.kind == down.kind == "dir"
+    assert tree(dest) == tree(src)
+    assert down.entries == len(tree(src))
+    assert [p for p in leftovers(tmp_path) if p.startswith(".back")] == []
+
+
+def evil(entries: bytes, complete: bool = True) -> bytes:
+    out = entries
+    if complete:
+        out += pax_header("./", {"AGGAPI.complete": "true"}, typeflag=PAX) + header("./", DIR)
+    return out + b"\0" * 1024
+
+
+def reg(name: str, data: bytes = b"x") -> bytes:
+    return header(name, REG, size=len(data)) + data + pad(len(data))
+
+
+HOSTILE = {
+    "absolute": evil(reg("/tmp/owned")),
+    "dotdot": evil(reg("../owned")),
+    "inner-dotdot": evil(header("a/", DIR) + reg("a/../../owned")),
+    "abs-symlink": evil(header("l", SYM, linkname="/etc")),
+    "escaping-symlink": evil(header("d/", DIR) + header("d/l", SYM, linkname="../../x")),
+    "write-through-symlink": evil(header("s/", DIR) + header("l", SYM, linkname="s")
+                                  + reg("l/x")),
+    "hardlink-outside": evil(header("h", LNK, linkname="/etc/passwd")),
+    "device": evil(header("dev", BLK)),
+    "truncated": evil(reg("ok"), complete=False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+async def test_hostile_tars_are_refused(cluster: FakeCluster, tmp_path: Path,
+                                        case: str) -> None:
+    cluster.dir_tar = HOSTILE[case]
+    dest = tmp_path / "sub" / "out"
+    dest.parent.mkdir()
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        with pytest.raises((errors.UnsafeArchive, errors.TransferError)):
+            await download(c, rp("/data"), dest, backoff=Backoff(attempts=0))
+    assert list(dest.parent.iterdir()) == []
+    assert not (tmp_path / "owned").exists() and not (tmp_path / "sub/owned").exists()
+
+
+async def test_directory_destination_must_be_new(cluster: FakeCluster, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        with pytest.raises(errors.LocalError, match="already exists"):
+            await download(c, rp("/data"), tmp_path / "out")
