@@ -21,8 +21,10 @@ from types import MappingProxyType
 from typing import Any
 
 import jwt
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 from aggapi.status import StatusError
 
@@ -69,6 +71,16 @@ def _algorithm_for(key: Any) -> str:
     if isinstance(key, ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey):
         return "EdDSA"
     raise ValueError("capability keys must be P-256 (ES256) or Ed25519")
+
+
+def load_verification_key(pem: bytes) -> PublicKeyTypes:
+    """The public key in ``pem``: a bare public key (``BEGIN PUBLIC KEY``) or an X.509
+    certificate (``BEGIN CERTIFICATE``) of it, as the helm chart ships (helm cannot write a
+    bare public key). The certificate is only a container: its validity, issuer and
+    extensions are not checked, and the first certificate of a bundle is used."""
+    if b"-----BEGIN CERTIFICATE-----" in pem:
+        return x509.load_pem_x509_certificate(pem).public_key()
+    return serialization.load_pem_public_key(pem)
 
 
 class CapabilitySigner:
@@ -149,7 +161,8 @@ class CapabilityVerifier:
     def __init__(self, public_key_pem: bytes, node: str, issuer: str = "aggapi-apiserver",
                  leeway: int = 5, replay_cache_size: int = 100_000, *,
                  clock: Callable[[], float] = time.time) -> None:
-        self._key = serialization.load_pem_public_key(public_key_pem)
+        # A PEM public key or a PEM certificate of it (load_verification_key).
+        self._key = load_verification_key(public_key_pem)
         self._alg = _algorithm_for(self._key)
         self.node = node
         self.issuer = issuer

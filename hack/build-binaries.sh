@@ -84,10 +84,15 @@ go_build() {
     log "$name $ver: cached ($out)"
   else
     log "$name $ver: building $pkg (slow the first time; log in .local/build-$name.log)"
-    local t0=$SECONDS
-    (cd "$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg") \
-      >"$ROOT/.local/build-$name.log" 2>&1 || { cat "$ROOT/.local/build-$name.log" >&2; exit 1; }
-    mv "$out.tmp" "$out"
+    local t0=$SECONDS tmp
+    # A temp name of this run's own in the cache (same filesystem, so mv is an atomic
+    # rename): concurrent builds (two clones, parallel CI jobs) never write one file.
+    tmp=$(mktemp "$BIN_CACHE/.$name-$ver.XXXXXX")
+    (cd "$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$tmp" "$pkg") \
+      >"$ROOT/.local/build-$name.log" 2>&1 ||
+      { cat "$ROOT/.local/build-$name.log" >&2; rm -f "$tmp"; exit 1; }
+    chmod 0755 "$tmp"  # mktemp creates 0600; go build keeps an existing file's mode
+    mv -f "$tmp" "$out"
     log "$name $ver: built in $((SECONDS - t0))s"
   fi
   ln -sfn "$out" "$LINK_DIR/$name"

@@ -107,6 +107,33 @@ def test_eddsa_keys_work() -> None:
     assert CapabilityVerifier(pub, "n1").verify(token).subject == "a"
 
 
+def test_certificate_of_the_signing_key_is_accepted(keys: tuple[bytes, bytes]) -> None:
+    """The chart ships the verification key as a self-signed certificate of the signing
+    key (ConfigMap aggapi-token-public): its public key verifies, another's does not."""
+    key = pki.load_pem_key(keys[0])
+    cert_pem = pki.new_ca("aggapi-token-signing", key=key).cert_pem
+    assert cert_pem.startswith(b"-----BEGIN CERTIFICATE-----")
+    signer = CapabilitySigner(keys[0])
+    assert CapabilityVerifier(cert_pem, "n1").verify(
+        signer.sign(node="n1", subject="alice", operation="imagepulls")).subject == "alice"
+    # Same for a PEM with text around the block (as `openssl x509 -text` writes).
+    noisy = b"Certificate:\n    Data: ...\n" + cert_pem
+    assert CapabilityVerifier(noisy, "n1").verify(
+        signer.sign(node="n1", subject="bob", operation="imagepulls")).subject == "bob"
+    other = pki.new_ca("not-the-signer").cert_pem
+    with pytest.raises(StatusError) as err:
+        CapabilityVerifier(other, "n1").verify(
+            signer.sign(node="n1", subject="a", operation="imagepulls"))
+    assert err.value.code == 401
+
+
+def test_unusable_verification_material_is_refused() -> None:
+    rsa_cert = pki.new_ca("rsa", key=pki.new_key("rsa")).cert_pem  # not P-256 / Ed25519
+    for pem in (b"not a key", pki.private_key_pem(pki.new_key("ec")), rsa_cert):
+        with pytest.raises(ValueError):
+            CapabilityVerifier(pem, "n1")
+
+
 def test_replay_cache_forgets_expired_and_is_bounded() -> None:
     clock = Clock()
     cache = ReplayCache(2, clock)

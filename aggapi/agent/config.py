@@ -21,7 +21,7 @@ class AgentConfig:
     tls_cert: str
     tls_key: str
     client_ca: str  # aggapi's internal CA: the apiserver's client cert must chain to it
-    token_public_key: str  # the apiserver's capability-signing public key (PEM)
+    token_public_key: str  # capability verification key: PEM public key or certificate
     host: str = "0.0.0.0"
     port: int = 10443
     allowed_client_cns: tuple[str, ...] = (APISERVER_CLIENT_CN,)
@@ -42,6 +42,29 @@ class AgentConfig:
     copy_max_entries: int = CopyLimits.max_entries
     copy_max_depth: int = CopyLimits.max_depth
     copy_state_dir: str = CopyLimits.state_dir
+    log_level: str = "info"  # debug | info | warning | error
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_SUFFIXES = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def byte_quantity(value: str) -> int:
+    """Bytes as an integer or a Kubernetes-style quantity: 1073741824, 1Gi, 1.5G, 512Mi."""
+    v = value.strip()
+    mult = 1
+    for suffix, m in _SUFFIXES.items():
+        if v.endswith(suffix):
+            v, mult = v[: -len(suffix)], m
+            break
+    try:
+        n = float(v) if "." in v else int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte quantity: {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"negative byte quantity: {value!r}")
+    return int(n * mult)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,20 +73,30 @@ def parser() -> argparse.ArgumentParser:
                    help="this node's name (the capability token audience); env NODE_NAME")
     p.add_argument("--certs-dir", type=Path, default=None,
                    help="directory laid out by `aggapi certs`: defaults for the four files below")
-    p.add_argument("--tls-cert", help="serving certificate (default CERTS_DIR/agent.crt)")
-    p.add_argument("--tls-key", help="serving key (default CERTS_DIR/agent.key)")
-    p.add_argument("--client-ca", help="CA of the apiserver's client cert (CERTS_DIR/ca.crt)")
-    p.add_argument("--token-public-key",
-                   help="capability verification key (CERTS_DIR/token-signing.pub)")
-    p.add_argument("--listen", default="0.0.0.0:10443", help="HOST:PORT to serve HTTPS on")
+    p.add_argument("--tls-cert-file",
+                   help="serving certificate (PEM; default CERTS_DIR/agent.crt)")
+    p.add_argument("--tls-private-key-file",
+                   help="serving key (PEM; default CERTS_DIR/agent.key)")
+    p.add_argument("--client-ca-file",
+                   help="CA bundle the apiserver's client certificate must chain to "
+                        "(default CERTS_DIR/ca.crt)")
+    p.add_argument("--token-public-key-file",
+                   help="capability verification key: a PEM public key or a PEM X.509 "
+                        "certificate of it (default CERTS_DIR/token-signing.pub)")
+    p.add_argument("--bind-address", default="0.0.0.0",
+                   help="address to serve HTTPS (and --health-port) on (default 0.0.0.0)")
+    p.add_argument("--secure-port", type=int, default=10443,
+                   help="HTTPS port (default 10443)")
     p.add_argument("--allowed-client-cn", action="append", default=None,
                    help=f"client certificate CN allowed to call (repeatable; default "
                         f"{APISERVER_CLIENT_CN})")
     p.add_argument("--token-issuer", default="aggapi-apiserver")
     p.add_argument("--runtime", choices=("containerd", "cri"), default="containerd",
                    help="'cri' for runtimes without a containerd content store (CRI-O)")
-    p.add_argument("--cri-address", default=CONTAINERD_SOCKET)
-    p.add_argument("--containerd-address", default=CONTAINERD_SOCKET)
+    p.add_argument("--cri-address", default=CONTAINERD_SOCKET,
+                   help=f"CRI runtime socket (default {CONTAINERD_SOCKET})")
+    p.add_argument("--containerd-address", default=CONTAINERD_SOCKET,
+                   help=f"containerd socket, for byte progress (default {CONTAINERD_SOCKET})")
     p.add_argument("--containerd-namespace", default="k8s.io")
     p.add_argument("--snapshotter", default="overlayfs")
     p.add_argument("--poll-interval", type=float, default=0.25, help="seconds between polls")
@@ -72,9 +105,12 @@ def parser() -> argparse.ArgumentParser:
                    help="kubelet config file (YAML or JSON) for its image-pull limits")
     p.add_argument("--health-port", type=int, default=0,
                    help="also serve plain-HTTP /healthz on this port (0 = off)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                   help="debug, info, warning, error (default info)")
     c = p.add_argument_group("copy quotas (KEP-4582)")
-    c.add_argument("--copy-size-limit", type=int, default=CopyLimits.size_limit,
-                   help="ContainerCopySizeLimit: bytes per copy; larger is a 413")
+    c.add_argument("--copy-size-limit", type=byte_quantity, default=CopyLimits.size_limit,
+                   help="ContainerCopySizeLimit: bytes per copy (an integer or a quantity "
+                        "such as 1Gi); larger is a 413")
     c.add_argument("--copies-per-pod", type=int, default=CopyLimits.copies_per_pod,
                    help="ContainerCopiesPerPod: concurrent copies per pod; more is a 429")
     c.add_argument("--copies-per-node", type=int, default=CopyLimits.copies_per_node,
@@ -102,16 +138,18 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
 
     if not a.node_name:
         p.error("--node-name (or NODE_NAME) is required")
-    host, _, port = a.listen.rpartition(":")
-    if not host or not port.isdigit():
-        p.error("--listen must be HOST:PORT")
+    if not 0 < a.secure_port < 65536:
+        p.error("--secure-port must be in 1..65535")
+    if not 0 <= a.health_port < 65536:
+        p.error("--health-port must be in 0..65535")
     return AgentConfig(
         node_name=a.node_name,
-        tls_cert=pick(a.tls_cert, "tls-cert", "agent.crt"),
-        tls_key=pick(a.tls_key, "tls-key", "agent.key"),
-        client_ca=pick(a.client_ca, "client-ca", "ca.crt"),
-        token_public_key=pick(a.token_public_key, "token-public-key", "token-signing.pub"),
-        host=host.strip("[]"), port=int(port),
+        tls_cert=pick(a.tls_cert_file, "tls-cert-file", "agent.crt"),
+        tls_key=pick(a.tls_private_key_file, "tls-private-key-file", "agent.key"),
+        client_ca=pick(a.client_ca_file, "client-ca-file", "ca.crt"),
+        token_public_key=pick(a.token_public_key_file, "token-public-key-file",
+                              "token-signing.pub"),
+        host=a.bind_address.strip("[]"), port=a.secure_port,
         allowed_client_cns=tuple(a.allowed_client_cn or (APISERVER_CLIENT_CN,)),
         token_issuer=a.token_issuer, runtime=a.runtime, cri_address=a.cri_address,
         containerd_address=a.containerd_address,
@@ -120,5 +158,5 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         health_port=a.health_port, copy_size_limit=a.copy_size_limit,
         copies_per_pod=a.copies_per_pod, copies_per_node=a.copies_per_node,
         copy_max_entries=a.copy_max_entries, copy_max_depth=a.copy_max_depth,
-        copy_state_dir=a.copy_state_dir,
+        copy_state_dir=a.copy_state_dir, log_level=a.log_level,
     )

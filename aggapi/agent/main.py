@@ -63,6 +63,6 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
 
 def main(argv: Sequence[str]) -> int:
     config = from_args(argv)
-    logs.configure()
+    logs.configure(config.log_level)
     asyncio.run(serve(config))
     return 0

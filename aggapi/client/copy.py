@@ -30,7 +30,6 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from aggapi.agent.copy.tarstream import TarReader
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.errors import (
     AggapiError,
@@ -43,6 +42,7 @@ from aggapi.client.extract import extract_dir
 from aggapi.client.packtar import list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
 from aggapi.client.retry import CATCH, Backoff, as_error
+from aggapi.tarstream import TarReader
 
 CHUNK = 1 << 20
 
@@ -194,7 +194,7 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                     origin = _check_origin(resp, rp, partial, origin)
                     progress.start(origin.size, partial.size)
                     async for chunk in resp.content.iter_chunked(CHUNK):
-                        partial.write(chunk)
+                        await asyncio.to_thread(partial.write, chunk)
                         progress.advance(len(chunk))
                         backoff.progressed()
                         await limit.pace(len(chunk))
@@ -309,14 +309,14 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
         raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
     if not stat.S_ISREG(st.st_mode):
         raise LocalError.from_message(f"{src} is not a regular file")
-    sha = sha256_file(src)
+    sha = await asyncio.to_thread(sha256_file, src)
 
     async def body() -> AsyncIterator[bytes]:
         progress.start(st.st_size)
         limit = RateLimit(rate_limit)
         fd = os.open(src, os.O_RDONLY)
         try:
-            while chunk := os.read(fd, CHUNK):
+            while chunk := await asyncio.to_thread(os.read, fd, CHUNK):
                 progress.advance(len(chunk))
                 yield chunk
                 await limit.pace(len(chunk))

@@ -13,6 +13,7 @@ copy and removes the temp dir: a hostile stream leaves nothing behind.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
@@ -25,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggapi.agent.copy.tarstream import CONT, DIR, LNK, REG, SYM, TarError, TarReader
 from aggapi.client.errors import LocalError, TransferError, UnsafeArchive
 from aggapi.client.partial import fsync_dir
+from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, TarError, TarReader
 
 CHUNK = 1 << 20
 DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -158,13 +159,11 @@ class Extractor:
                              0o600, dir_fd=pfd)
                 try:
                     while chunk := await reader.read(CHUNK):
-                        view = memoryview(chunk)
-                        while view:
-                            view = view[os.write(fd, view):]
+                        await asyncio.to_thread(_write_all, fd, chunk)
                         self.result.bytes += len(chunk)
                         on_bytes(len(chunk))
                     os.fchmod(fd, ent.mode & 0o777)
-                    os.fsync(fd)
+                    await asyncio.to_thread(os.fsync, fd)
                     os.utime(fd, ns=(mtime, mtime))
                 finally:
                     os.close(fd)
@@ -252,3 +251,9 @@ async def extract_dir(reader: TarReader, dest: Path,
     finally:
         if not ok:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -7,14 +7,15 @@ and sockets are skipped and reported. Names are relative to the directory.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aggapi.agent.copy.tarstream import DIR, END, REG, SYM, header, pad
 from aggapi.client.errors import LocalError
+from aggapi.tarstream import DIR, END, REG, SYM, header, pad
 
 CHUNK = 1 << 20
 
@@ -71,7 +72,7 @@ async def tar_stream(root: Path, listing: Listing) -> AsyncIterator[bytes]:
                 yield header(rel, REG, size=st.st_size, mode=st.st_mode, mtime_ns=mtime)
                 left = st.st_size
                 while left:
-                    chunk = os.read(fd, min(CHUNK, left))
+                    chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, left))
                     if not chunk:
                         raise LocalError.from_message(f"{full} shrank while being copied")
                     left -= len(chunk)

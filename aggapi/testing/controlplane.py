@@ -560,7 +560,7 @@ class ControlPlane:
             sys.executable, "-m", "aggapi", "agent",
             f"--node-name={self.node_name}",
             f"--certs-dir={self.aggapi_certs}",  # agent.crt/key, ca.crt, token-signing.pub
-            f"--listen={self.node_host.address}:{AGENT_PORT}",
+            f"--bind-address={self.node_host.address}", f"--secure-port={AGENT_PORT}",
             f"--cri-address={cri_socket}",
             f"--containerd-address={containerd_socket or cri_socket}",
         ]

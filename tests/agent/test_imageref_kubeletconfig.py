@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aggapi.agent import imageref, kubeletconfig
+from aggapi import imageref, kubeletconfig
 from aggapi.agent.manifests import Platform, chain_ids
 
 D = "sha256:" + "a" * 64

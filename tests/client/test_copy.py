@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from aggapi.agent.copy.tarstream import BLK, DIR, LNK, PAX, REG, SYM, header, pad, pax_header
 from aggapi.client import errors
 from aggapi.client.connection import Connection
 from aggapi.client.copy import RemotePath, download, upload_dir, upload_file
 from aggapi.client.retry import Backoff
+from aggapi.tarstream import BLK, DIR, LNK, PAX, REG, SYM, header, pad, pax_header
 from tests.client.fakeserver import FakeCluster
 
 PAYLOAD = os.urandom(700_000)

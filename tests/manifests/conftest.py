@@ -32,10 +32,6 @@ TLS_MODES: dict[str, list[str]] = {
 }
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than a few seconds (pip installs)")
-
-
 @functools.cache
 def helm_binary() -> str | None:
     env = os.environ.get("AGGAPI_HELM_BIN")

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggapi.agent.copy import tarstream as ts
+from aggapi import tarstream as ts
 from aggapi.agent.copy.fsroot import FsRoot, split_parent
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.status import StatusError

@@ -34,8 +34,8 @@ from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
 from aggapi.agent.copy.state import CopyState
-from aggapi.agent.copy.tarstream import CONT, DIR, LNK, REG, SYM, ByteStream, TarError, TarReader
 from aggapi.status import StatusError
+from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, ByteStream, TarError, TarReader
 
 CHUNK = 1 << 20
 RDIR = os.O_RDONLY | os.O_DIRECTORY

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aggapi.agent import imageref
+from aggapi import imageref
 from aggapi.agent.manifests import ManifestError, ManifestStore, Platform, ResolvedImage
 from aggapi.agent.progress.model import (
     ALREADY_PRESENT,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from aggapi.agent import imageref
+from aggapi import imageref
 from aggapi.agent.progress.model import (
     ALREADY_PRESENT,
     DONE,

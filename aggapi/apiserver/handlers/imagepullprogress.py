@@ -30,8 +30,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from aggapi import GROUP, VERSION
-from aggapi.agent import imageref
+from aggapi import GROUP, VERSION, imageref
 from aggapi.apiserver import appkeys
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.handlers import agent_client

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from aggapi.agent.copy import tarstream as ts
+from aggapi import tarstream as ts
 from aggapi.agent.copy.quotas import CopyLimits
 from tests.agent.copy.conftest import Box, DirResolver, PidResolver, snapshot, temp_leftovers
 

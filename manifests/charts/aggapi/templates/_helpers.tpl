@@ -169,6 +169,11 @@ agentClientKey, tokenKey, tokenCrt (PEM strings; absent when the mode is not hel
 
 {{/* ---- process flags (one place, so renames are one edit) ------------------------- */}}
 
+{{/* The name of the agent's HTTPS port: the agent Service's port (hence the port name in
+its EndpointSlices, which the apiserver looks up with --agent-port-name) and the
+container port it targets. */}}
+{{- define "aggapi.agentPortName" -}}https{{- end -}}
+
 {{- define "aggapi.apiserverArgs" -}}
 - apiserver
 - --bind-address=0.0.0.0
@@ -177,15 +182,16 @@ agentClientKey, tokenKey, tokenCrt (PEM strings; absent when the mode is not hel
 - --tls-private-key-file=/etc/aggapi/serving/tls.key
 - --agent-service={{ include "aggapi.agentName" . }}
 - --agent-namespace={{ .Release.Namespace }}
-- --agent-port={{ .Values.agent.port }}
+- --agent-port-name={{ include "aggapi.agentPortName" . }}
 - --agent-ca-file=/etc/aggapi/agent-client/ca.crt
 - --agent-client-cert-file=/etc/aggapi/agent-client/tls.crt
 - --agent-client-key-file=/etc/aggapi/agent-client/tls.key
 - --token-signing-key-file=/etc/aggapi/token-signing/tls.key
-- --sar-cache-ttl={{ .Values.apiserver.sarCacheTTL }}
-- --shutdown-grace-period={{ .Values.apiserver.shutdownGracePeriod }}
+- --authz-allow-ttl={{ .Values.apiserver.sarCacheTTL }}
+- --authz-deny-ttl={{ .Values.apiserver.sarCacheTTL }}
+- --shutdown-grace={{ .Values.apiserver.shutdownGracePeriod }}
 - --copy-require-exec={{ .Values.apiserver.copyRequireExec }}
-- --authorize-metrics={{ not .Values.apiserver.metricsAlwaysAllow }}
+- --always-allow-metrics={{ .Values.apiserver.metricsAlwaysAllow }}
 - --log-level={{ .Values.apiserver.logLevel }}
 {{- range .Values.apiserver.extraArgs }}
 - {{ . | quote }}
@@ -195,15 +201,17 @@ agentClientKey, tokenKey, tokenCrt (PEM strings; absent when the mode is not hel
 {{- define "aggapi.agentArgs" -}}
 - agent
 - --bind-address=0.0.0.0
-- --port={{ .Values.agent.port }}
+- --secure-port={{ .Values.agent.port }}
 - --node-name=$(NODE_NAME)
 - --tls-cert-file=/etc/aggapi/agent/tls.crt
 - --tls-private-key-file=/etc/aggapi/agent/tls.key
 - --client-ca-file=/etc/aggapi/agent/ca.crt
-- --allowed-client-cns={{ join "," .Values.agent.allowedClientCNs }}
+{{- range .Values.agent.allowedClientCNs }}
+- --allowed-client-cn={{ . }}
+{{- end }}
 - --token-public-key-file=/etc/aggapi/token-public/token-public.pem
-- --cri-socket={{ .Values.agent.criSocketDir }}/{{ .Values.agent.criSocketName }}
-- --containerd-socket={{ .Values.agent.criSocketDir }}/{{ .Values.agent.criSocketName }}
+- --cri-address={{ .Values.agent.criSocketDir }}/{{ .Values.agent.criSocketName }}
+- --containerd-address={{ .Values.agent.criSocketDir }}/{{ .Values.agent.criSocketName }}
 {{- if .Values.agent.kubeletConfig }}
 - --kubelet-config={{ .Values.agent.kubeletConfig }}
 {{- end }}
