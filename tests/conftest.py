@@ -153,15 +153,17 @@ def multiarch_image(registry: Registry, oci_cache: oci.BlobCache) -> tuple[str, 
 
 @pytest.fixture
 async def clean_images(containerd: Containerd) -> AsyncIterator[None]:
-    """Remove the images a test pulled (their blobs and snapshots go with them)."""
-    async with containerd.cri_client() as cri:
-        before = {i.id for i in await cri.list_images()}
+    """Remove the images a test pulled, with their blobs and snapshots, before the next
+    test: deleted with containerd's synchronous garbage collection, so a later pull of
+    the same content downloads again instead of finding it present."""
+    async with containerd.containerd_client() as ctd:
+        before = {i.name for i in await ctd.list_images()}
     yield
-    async with containerd.cri_client() as cri:
-        for img in await cri.list_images():
-            if img.id in before or containerd.sandbox_image in img.repo_tags:
+    async with containerd.containerd_client() as ctd:
+        for img in await ctd.list_images():
+            if img.name in before or img.name == containerd.sandbox_image:
                 continue
-            await cri.remove_image(img.id)
+            await ctd.delete_image(img.name, sync=True)
 
 
 @pytest.fixture

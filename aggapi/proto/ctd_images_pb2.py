@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from . import ctd_types_pb2 as ctd__types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x63td_images.proto\x12\x1d\x63ontainerd.services.images.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x0f\x63td_types.proto\"\x94\x02\n\x05Image\x12\x0c\n\x04name\x18\x01 \x01(\t\x12@\n\x06labels\x18\x02 \x03(\x0b\x32\x30.containerd.services.images.v1.Image.LabelsEntry\x12,\n\x06target\x18\x03 \x01(\x0b\x32\x1c.containerd.types.Descriptor\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0fGetImageRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"G\n\x10GetImageResponse\x12\x33\n\x05image\x18\x01 \x01(\x0b\x32$.containerd.services.images.v1.Image\"$\n\x11ListImagesRequest\x12\x0f\n\x07\x66ilters\x18\x01 \x03(\t\"J\n\x12ListImagesResponse\x12\x34\n\x06images\x18\x01 \x03(\x0b\x32$.containerd.services.images.v1.Image2\xdd\x01\n\x06Images\x12\x66\n\x03Get\x12..containerd.services.images.v1.GetImageRequest\x1a/.containerd.services.images.v1.GetImageResponse\x12k\n\x04List\x12\x30.containerd.services.images.v1.ListImagesRequest\x1a\x31.containerd.services.images.v1.ListImagesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x63td_images.proto\x12\x1d\x63ontainerd.services.images.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x0f\x63td_types.proto\"\x94\x02\n\x05Image\x12\x0c\n\x04name\x18\x01 \x01(\t\x12@\n\x06labels\x18\x02 \x03(\x0b\x32\x30.containerd.services.images.v1.Image.LabelsEntry\x12,\n\x06target\x18\x03 \x01(\x0b\x32\x1c.containerd.types.Descriptor\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0fGetImageRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"G\n\x10GetImageResponse\x12\x33\n\x05image\x18\x01 \x01(\x0b\x32$.containerd.services.images.v1.Image\"$\n\x11ListImagesRequest\x12\x0f\n\x07\x66ilters\x18\x01 \x03(\t\"J\n\x12ListImagesResponse\x12\x34\n\x06images\x18\x01 \x03(\x0b\x32$.containerd.services.images.v1.Image\"0\n\x12\x44\x65leteImageRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04sync\x18\x02 \x01(\x08\x32\xb2\x02\n\x06Images\x12\x66\n\x03Get\x12..containerd.services.images.v1.GetImageRequest\x1a/.containerd.services.images.v1.GetImageResponse\x12k\n\x04List\x12\x30.containerd.services.images.v1.ListImagesRequest\x1a\x31.containerd.services.images.v1.ListImagesResponse\x12S\n\x06\x44\x65lete\x12\x31.containerd.services.images.v1.DeleteImageRequest\x1a\x16.google.protobuf.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,18 +36,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_IMAGE_LABELSENTRY']._loaded_options = None
   _globals['_IMAGE_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_IMAGE']._serialized_start=102
-  _globals['_IMAGE']._serialized_end=378
-  _globals['_IMAGE_LABELSENTRY']._serialized_start=333
-  _globals['_IMAGE_LABELSENTRY']._serialized_end=378
-  _globals['_GETIMAGEREQUEST']._serialized_start=380
-  _globals['_GETIMAGEREQUEST']._serialized_end=411
-  _globals['_GETIMAGERESPONSE']._serialized_start=413
-  _globals['_GETIMAGERESPONSE']._serialized_end=484
-  _globals['_LISTIMAGESREQUEST']._serialized_start=486
-  _globals['_LISTIMAGESREQUEST']._serialized_end=522
-  _globals['_LISTIMAGESRESPONSE']._serialized_start=524
-  _globals['_LISTIMAGESRESPONSE']._serialized_end=598
-  _globals['_IMAGES']._serialized_start=601
-  _globals['_IMAGES']._serialized_end=822
+  _globals['_IMAGE']._serialized_start=131
+  _globals['_IMAGE']._serialized_end=407
+  _globals['_IMAGE_LABELSENTRY']._serialized_start=362
+  _globals['_IMAGE_LABELSENTRY']._serialized_end=407
+  _globals['_GETIMAGEREQUEST']._serialized_start=409
+  _globals['_GETIMAGEREQUEST']._serialized_end=440
+  _globals['_GETIMAGERESPONSE']._serialized_start=442
+  _globals['_GETIMAGERESPONSE']._serialized_end=513
+  _globals['_LISTIMAGESREQUEST']._serialized_start=515
+  _globals['_LISTIMAGESREQUEST']._serialized_end=551
+  _globals['_LISTIMAGESRESPONSE']._serialized_start=553
+  _globals['_LISTIMAGESRESPONSE']._serialized_end=627
+  _globals['_DELETEIMAGEREQUEST']._serialized_start=629
+  _globals['_DELETEIMAGEREQUEST']._serialized_end=677
+  _globals['_IMAGES']._serialized_start=680
+  _globals['_IMAGES']._serialized_end=986
 # @@protoc_insertion_point(module_scope)

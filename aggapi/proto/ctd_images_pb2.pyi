@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import empty_pb2 as _empty_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from . import ctd_types_pb2 as _ctd_types_pb2
 from google.protobuf.internal import containers as _containers
@@ -54,3 +55,11 @@ class ListImagesResponse(_message.Message):
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedCompositeFieldContainer[Image]
     def __init__(self, images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+
+class DeleteImageRequest(_message.Message):
+    __slots__ = ("name", "sync")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sync: bool
+    def __init__(self, name: _Optional[str] = ..., sync: _Optional[bool] = ...) -> None: ...

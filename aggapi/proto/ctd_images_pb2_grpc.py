@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from . import ctd_images_pb2 as ctd__images__pb2
+from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -44,6 +45,11 @@ class ImagesStub:
                 request_serializer=ctd__images__pb2.ListImagesRequest.SerializeToString,
                 response_deserializer=ctd__images__pb2.ListImagesResponse.FromString,
                 _registered_method=True)
+        self.Delete = channel.unary_unary(
+                '/containerd.services.images.v1.Images/Delete',
+                request_serializer=ctd__images__pb2.DeleteImageRequest.SerializeToString,
+                response_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class ImagesServicer:
@@ -61,6 +67,12 @@ class ImagesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Delete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ImagesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +85,11 @@ def add_ImagesServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=ctd__images__pb2.ListImagesRequest.FromString,
                     response_serializer=ctd__images__pb2.ListImagesResponse.SerializeToString,
+            ),
+            'Delete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Delete,
+                    request_deserializer=ctd__images__pb2.DeleteImageRequest.FromString,
+                    response_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +146,33 @@ class Images:
             '/containerd.services.images.v1.Images/List',
             ctd__images__pb2.ListImagesRequest.SerializeToString,
             ctd__images__pb2.ListImagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Delete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/containerd.services.images.v1.Images/Delete',
+            ctd__images__pb2.DeleteImageRequest.SerializeToString,
+            google_dot_protobuf_dot_empty__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

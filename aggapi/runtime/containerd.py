@@ -217,6 +217,18 @@ class ContainerdClient:
                           deadline=self.timeout, metadata=self._md)
         return [self._image(i) for i in resp.images]
 
+    async def delete_image(self, name: str, *, sync: bool = True) -> None:
+        """Delete an image record; ``sync`` waits for containerd's garbage collection,
+        so its blobs and snapshots are gone on return. For tests and the harness:
+        the agent itself never deletes anything."""
+        self.rpc_count += 1
+        try:
+            await call("Images.Delete", self._images.Delete,
+                       ctd_images_pb2.DeleteImageRequest(name=name, sync=sync),
+                       deadline=self.timeout, metadata=self._md)
+        except RuntimeNotFound:
+            pass
+
     async def list_leases(self, filters: Sequence[str] = ()) -> list[Lease]:
         self.rpc_count += 1
         resp = await call("Leases.List", self._leases.List,

@@ -25,6 +25,7 @@ from types import TracebackType
 
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
+from aggapi.testing.procs import start_logged
 
 BINARY = "/usr/bin/containerd"
 RUNC = "/usr/sbin/runc"
@@ -157,22 +158,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             d.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "config.toml"
         cfg.write_text(self.config_text())
-        log = self.log_path.open("ab")
         try:
-            self.proc = subprocess.Popen([self.binary, "--config", str(cfg)], stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        finally:
-            log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"containerd exited: {self.log_tail()}")
-            if self._socket_ready() and "serving..." in self.log_tail(100_000):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"containerd not ready: {self.log_tail()}")
+            self.proc = start_logged(
+                [self.binary, "--config", str(cfg)], self.log_path, what="containerd",
+                ready=lambda: self._socket_ready() and "serving..." in self.log_tail(100_000),
+                log_tail=self.log_tail, timeout=timeout)
+        except (RuntimeError, TimeoutError):
+            self.stop()  # its shims, mounts and cgroups, if it got that far
+            raise
 
     def _socket_ready(self) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -13,11 +13,12 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+
+from aggapi.testing.procs import start_logged
 
 BINARY = "/usr/bin/docker-registry"
 
@@ -68,25 +69,16 @@ class Registry:
         if not Path(self.binary).exists():
             raise FileNotFoundError(f"{self.binary} missing: run hack/install-deps.sh")
         cfg = self._write_config()
-        log = (self.workdir / "registry.log").open("ab")
+        self.proc = start_logged([self.binary, "serve", str(cfg)], self.workdir / "registry.log",
+                                 what=f"docker-registry on {self.host}", ready=self._ready,
+                                 log_tail=self.log_tail, timeout=timeout)
+
+    def _ready(self) -> bool:
         try:
-            self.proc = subprocess.Popen([self.binary, "serve", str(cfg)], stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        finally:
-            log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"docker-registry exited: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/v2/", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"docker-registry not ready on {self.host}: {self.log_tail()}")
+            with urllib.request.urlopen(f"{self.url}/v2/", timeout=1) as r:
+                return int(r.status) == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def log_tail(self, n: int = 2000) -> str:
         p = self.workdir / "registry.log"

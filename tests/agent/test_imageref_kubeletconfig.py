@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from aggapi import imageref, kubeletconfig
+from aggapi import imageref
+from aggapi.agent import kubeletconfig
 from aggapi.agent.manifests import Platform, chain_ids
 
 D = "sha256:" + "a" * 64

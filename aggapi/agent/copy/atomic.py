@@ -145,3 +145,13 @@ def unlink_quiet(dir_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
+
+
+def rmdir_quiet(dir_fd: int, name: str) -> None:
+    """Remove a directory we created, if it is still empty; then close ``dir_fd``."""
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except OSError:
+        pass  # not empty (someone else wrote there) or already gone: leave it
+    finally:
+        os.close(dir_fd)

@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aggapi.agent.copy import openat2 as o2
-from aggapi.agent.copy.atomic import SETID, AtomicFile, Owner, check_replaceable, unlink_quiet
+from aggapi.agent.copy.atomic import (
+    SETID,
+    AtomicFile,
+    Owner,
+    check_replaceable,
+    rmdir_quiet,
+    unlink_quiet,
+)
 from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
@@ -368,12 +375,7 @@ class TarExtractor:
                 pfd = o2.openat2(self.target_fd, parent or ".", RDIR, o2.UNDER_TARGET)
             except OSError:
                 continue
-            try:
-                os.rmdir(name, dir_fd=pfd)
-            except OSError:
-                pass
-            finally:
-                os.close(pfd)
+            rmdir_quiet(pfd, name)
 
 
 def open_target_dir(root: FsRoot, path: str) -> tuple[int, str | None]:
@@ -401,12 +403,7 @@ def _remove_created_target(root: FsRoot, path: str, name: str | None) -> None:
         pfd = root.open(parent, RDIR)
     except OSError:
         return
-    try:
-        os.rmdir(name, dir_fd=pfd)
-    except OSError:
-        pass
-    finally:
-        os.close(pfd)
+    rmdir_quiet(pfd, name)
 
 
 async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream,
