@@ -30,13 +30,7 @@ from aggapi.testing import oci
 from aggapi.testing.containerd import Containerd
 from aggapi.testing.registry import Registry
 from aggapi.testing.throttle import ThrottleProxy
-
-
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+from benchmarks._procstats import rss_mib
 
 
 async def consume(sub: Subscription, ref: str, counter: list[int]) -> None:

@@ -1,10 +1,22 @@
-"""Copy throughput and memory: 1 GiB upload and download through the agent's copy
-handlers over real HTTPS on 127.0.0.1, against a raw TLS loopback baseline
-(same client, a server that only discards / produces bytes).
+"""Copy throughput and memory (issue 5): 1 GiB upload and download, side by side,
 
-The server runs in a child process so its peak RSS (VmHWM) is its own.
-Run: ``python3 -m benchmarks.bench_copy [--size-mib 1024]`` (root: the handlers
-chown). The apiserver leg is to be added.
+  baseline   a raw TLS loopback server that only discards / produces bytes
+  agent      the real agent app (aggapi.agent.app.build_app: mTLS + capability token)
+             called directly, as the apiserver calls it
+  apiserver  ``python3 -m aggapi apiserver`` in front of that agent, client-cert auth
+             (a user certificate of the ConfigMap's client CA), TLS end to end
+  proxy      the aggregator stand-in (aggapi.testing.frontproxy) in front of the
+             apiserver: plain HTTP client -> proxy, TLS + front-proxy cert -> apiserver
+
+Every server is its own process (peak RSS = its VmHWM); the client (aiohttp, 1 MiB
+chunks) is the same for all legs. The agent's "container" is a temp directory (a
+resolver returning its dirfd, no CRI), so the figures are the copy path, not overlayfs.
+The fake kube-apiserver (pod, EndpointSlice, allow-all SARs) runs in this process.
+
+Legs run interleaved, ``--rounds`` times (default 2); each reports its best round, as
+the CPUs are shared. Run: ``python3 -m benchmarks.bench_copy [--size-mib 1024]
+[--rounds 2] [--no-proxy]`` (root: the handlers chown).
+Goals: through the apiserver >= 0.5x the baseline; every process's peak RSS < 100 MB.
 """
 
 from __future__ import annotations
@@ -12,62 +24,202 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import shutil
 import ssl
+import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import aiohttp
 from aiohttp import web
 
-from aggapi import pki
-from aggapi.agent import appkeys
-from aggapi.agent.copy import handlers
-from aggapi.agent.copy.fsroot import FsRoot
-from aggapi.agent.copy.quotas import CopyLimits
-from aggapi.agent.copy.state import CopyState
-from aggapi.status import status_middleware
+from aggapi import certs as aggapi_certs
+from aggapi import eventloop, pki
+from aggapi.capability import CapabilitySigner, ContainerRef
+from aggapi.testing.registry import free_port
+from benchmarks._procstats import peak_rss_mib, rss_mib
+
+if TYPE_CHECKING:
+    from aggapi.testing.fakekube import FakeKube
 
 CHUNK = 1 << 20
+NODE = "node-a"
+AGENT_NS, AGENT_SVC = "aggapi", "aggapi-agent"
+GV = "/apis/subresources.aggapi.io/v1alpha1"
+FRONT_PROXY_CN = "front-proxy-client"
+USER = "alice"
+PROXY_TOKEN = "alice-token"
 
 
-@dataclass(frozen=True)
-class _Ref:
-    name: str
+# --- shared with bench_progress: fake kube-apiserver + `aggapi apiserver` process ------
+
+def pod_object(name: str, containers: list[tuple[str, str]], uid: str,
+               namespace: str = "default") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "spec": {"nodeName": NODE,
+                     "containers": [{"name": n, "image": i} for n, i in containers]},
+            "status": {}}
 
 
-@dataclass(frozen=True)
-class _Cap:
-    operation: str
-    path: str | None
-    pod_uid: str = "bench"
-    containers: tuple[_Ref, ...] = (_Ref("c"),)
-    params: dict[str, str] = field(default_factory=dict)
+def endpoint_slice(port: int) -> dict[str, Any]:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{AGENT_SVC}-x", "namespace": AGENT_NS,
+                         "labels": {"kubernetes.io/service-name": AGENT_SVC}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["127.0.0.1"], "nodeName": NODE,
+                           "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}
 
 
-class _Resolver:
-    def __init__(self, root: str) -> None:
-        self.root = root
+@dataclass
+class Pki:
+    """aggapi's internal PKI (``aggapi certs``) + a cluster client CA + a front-proxy CA."""
 
-    async def resolve(self, pod_uid: str, container: str) -> FsRoot:
-        return FsRoot(os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+    dir: Path
+    client_ca: pki.KeyPair
+    fp_ca: pki.KeyPair
 
-    async def by_id(self, container_id: str) -> FsRoot | None:
-        return None
+    @classmethod
+    def create(cls, where: Path) -> Pki:
+        aggapi_certs.generate(where)
+        p = cls(where, pki.new_ca("cluster-client-ca"), pki.new_ca("front-proxy-ca"))
+        pki.issue(p.client_ca, USER, orgs=("devs",), client=True).write(
+            where / "user.crt", where / "user.key")
+        pki.issue(p.fp_ca, FRONT_PROXY_CN, client=True).write(
+            where / "fp.crt", where / "fp.key")
+        return p
+
+    def path(self, name: str) -> str:
+        return str(self.dir / name)
+
+    def user_ssl(self) -> ssl.SSLContext:
+        """Trusts the apiserver's serving CA, presents the user's client certificate."""
+        ctx = ssl.create_default_context(cafile=self.path("ca.crt"))
+        ctx.load_cert_chain(self.path("user.crt"), self.path("user.key"))
+        return ctx
+
+    def agent_client_ssl(self) -> ssl.SSLContext:
+        """What the apiserver presents to agents."""
+        ctx = ssl.create_default_context(cafile=self.path("ca.crt"))
+        ctx.load_cert_chain(self.path("agent-client.crt"), self.path("agent-client.key"))
+        return ctx
+
+    def auth_configmap(self) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "extension-apiserver-authentication",
+                             "namespace": "kube-system"},
+                "data": {
+                    "client-ca-file": self.client_ca.cert_pem.decode(),
+                    "requestheader-client-ca-file": self.fp_ca.cert_pem.decode(),
+                    "requestheader-allowed-names": json.dumps([FRONT_PROXY_CN]),
+                    "requestheader-username-headers": json.dumps(["X-Remote-User"]),
+                    "requestheader-group-headers": json.dumps(["X-Remote-Group"]),
+                    "requestheader-extra-headers-prefix": json.dumps(["X-Remote-Extra-"])}}
 
 
-@web.middleware
-async def _cap(request: web.Request, handler: Any) -> web.StreamResponse:
-    op = {"GET": "copy.download", "POST": "copy.upload", "HEAD": "copy.stat"}[request.method]
-    request[appkeys.CAPABILITY] = _Cap(op, request.query.get("path"))
-    resp: web.StreamResponse = await handler(request)
-    return resp
+async def start_fakekube(p: Pki) -> FakeKube:
+    from aggapi.testing.fakekube import FakeKube
 
+    kube = FakeKube()
+    kube.sar_policy = lambda _spec: True
+    kube.put("api/v1", "configmaps", p.auth_configmap())
+    await kube.start()
+    return kube
+
+
+def write_kubeconfig(path: Path, server: str) -> str:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "bench", "user": {"token": "bench"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "bench"}}]}))
+    return str(path)
+
+
+async def wait_ready(url: str, ctx: ssl.SSLContext, proc: asyncio.subprocess.Process,
+                     within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+        while True:
+            if proc.returncode is not None:
+                raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} not ready after {within} s")
+            await asyncio.sleep(0.1)
+
+
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return path.open("wb")
+
+
+@asynccontextmanager
+async def apiserver_process(p: Pki, kube: FakeKube, work: Path, *extra: str
+                            ) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """``python3 -m aggapi apiserver`` on 127.0.0.1 against ``kube``; yields (url, proc)."""
+    port = free_port()
+    kubeconfig = write_kubeconfig(work / "kubeconfig.json", kube.url)
+    log = _open_log(work / "apiserver.log")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aggapi", "apiserver", "--bind-address=127.0.0.1",
+        f"--secure-port={port}", f"--tls-cert-file={p.path('apiserver.crt')}",
+        f"--tls-private-key-file={p.path('apiserver.key')}", f"--kubeconfig={kubeconfig}",
+        f"--agent-namespace={AGENT_NS}", f"--agent-service={AGENT_SVC}",
+        f"--agent-ca-file={p.path('ca.crt')}",
+        f"--agent-client-cert-file={p.path('agent-client.crt')}",
+        f"--agent-client-key-file={p.path('agent-client.key')}",
+        f"--token-signing-key-file={p.path('token-signing.key')}",
+        "--log-level=warning", *extra, stdout=log, stderr=log)
+    url = f"https://127.0.0.1:{port}"
+    try:
+        ctx = ssl.create_default_context(cafile=p.path("ca.crt"))
+        await wait_ready(url + "/readyz", ctx, proc)
+        yield url, proc
+    finally:
+        await stop_process(proc)
+        log.close()
+
+
+async def _proxy_main(backend: str, cert: str, key: str, ca: str) -> None:
+    from aggapi.testing.frontproxy import FrontProxy, ProxyUser
+
+    proxy = FrontProxy(backend, client_cert=cert, client_key=key, backend_ca=ca,
+                       users={PROXY_TOKEN: ProxyUser(USER, groups=("devs",))})
+    _announce(await proxy.start())
+    await asyncio.Event().wait()
+
+
+@asynccontextmanager
+async def front_proxy_process(p: Pki, backend: str) -> AsyncIterator[tuple[str, int]]:
+    """The aggregator stand-in in its own process; yields (url, pid)."""
+    async with child("proxy", backend, p.path("fp.crt"), p.path("fp.key"),
+                     p.path("ca.crt")) as (url, pid):
+        yield url, pid
+
+
+# --- servers in child processes ----------------------------------------------------
 
 async def _sink(request: web.Request) -> web.Response:
     n = 0
@@ -89,41 +241,92 @@ async def _source(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _rss() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmHWM", "VmRSS")):
-                k, v = line.split(":")
-                out[k] = int(v.split()[0]) * 1024
-    return out
+async def _baseline_main(cert: str, key: str) -> None:
+    app = web.Application(client_max_size=1 << 40)
+    app.router.add_post("/sink", _sink)
+    app.router.add_get("/source", _source)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    _announce(f"https://127.0.0.1:{runner.addresses[0][1]}")
+    await asyncio.Event().wait()
 
 
-async def _rss_handler(request: web.Request) -> web.Response:
-    return web.json_response(_rss())
+class _DirResolver:
+    """The pod's container root is a plain directory."""
+
+    def __init__(self, root: str, pod_uid: str) -> None:
+        self.root, self.pod_uid = root, pod_uid
+
+    async def resolve(self, pod_uid: str, container: str) -> Any:
+        from aggapi.agent.copy.fsroot import FsRoot
+        return FsRoot(os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+                      container_id="bench", pod_uid=pod_uid, container_name=container)
+
+    async def by_id(self, container_id: str) -> Any:
+        return None
 
 
-def _serve(root: str, state_dir: str, cert: str, key: str, port_q: Any) -> None:
-    async def main() -> None:
-        app = web.Application(middlewares=[status_middleware, _cap], client_max_size=1 << 40)
-        app[appkeys.COPY_STATE] = CopyState(
-            CopyLimits(size_limit=1 << 40, state_dir=state_dir), _Resolver(root))
-        app.router.add_route("HEAD", "/v1/copy", handlers.stat)
-        app.router.add_get("/v1/copy", handlers.download, allow_head=False)
-        app.router.add_post("/v1/copy", handlers.upload)
-        app.router.add_post("/sink", _sink)
-        app.router.add_get("/source", _source)
-        app.router.add_get("/rss", _rss_handler)
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(cert, key)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
-        await site.start()
-        port_q.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        await asyncio.Event().wait()
-    asyncio.run(main())
+async def _agent_main(pki_dir: str, root: str, state_dir: str, pod_uid: str) -> None:
+    """The real agent app (auth middleware, copy handlers), container root = ``root``."""
+    from aggapi.agent import appkeys
+    from aggapi.agent.app import build_app
+    from aggapi.agent.auth import server_context
+    from aggapi.agent.config import AgentConfig
+    from aggapi.capability import CapabilityVerifier
 
+    d = Path(pki_dir)
+    config = AgentConfig(node_name=NODE, tls_cert=str(d / "agent.crt"),
+                         tls_key=str(d / "agent.key"), client_ca=str(d / "ca.crt"),
+                         token_public_key=str(d / "token-signing.pub"), host="127.0.0.1",
+                         port=0, kubelet_config="/nonexistent", copy_size_limit=1 << 40,
+                         copy_state_dir=state_dir)
+    verifier = CapabilityVerifier((d / "token-signing.pub").read_bytes(), NODE)
+    # No CRI here: pod_check off, and the copy resolver swapped for the directory.
+    app = build_app(config, cri=None, containerd=None,  # type: ignore[arg-type]
+                    verifier=verifier, pod_check=False)
+
+    async def use_dir(a: web.Application) -> None:
+        a[appkeys.COPY_STATE].resolver = _DirResolver(root, pod_uid)
+    app.on_startup.append(use_dir)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context(
+        config.tls_cert, config.tls_key, config.client_ca))
+    await site.start()
+    _announce(f"https://127.0.0.1:{runner.addresses[0][1]}")
+    await asyncio.Event().wait()
+
+
+SERVERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
+    "baseline": _baseline_main, "agent": _agent_main, "proxy": _proxy_main}
+
+
+def _announce(url: str) -> None:
+    print(url, flush=True)
+
+
+@asynccontextmanager
+async def child(kind: str, *args: str) -> AsyncIterator[tuple[str, int]]:
+    """``python3 -m benchmarks.bench_copy --serve KIND ARGS...`` (a fresh interpreter, so
+    its RSS holds only what that server imports); yields (url, pid)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.bench_copy", "--serve", kind, *args,
+        stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        if not line:
+            raise RuntimeError(f"{kind} server exited with {await proc.wait()}")
+        yield line.decode().strip(), proc.pid
+    finally:
+        await stop_process(proc)
+
+
+# --- client --------------------------------------------------------------------------
 
 async def _body(size: int) -> AsyncIterator[bytes]:
     block = os.urandom(CHUNK)
@@ -140,64 +343,164 @@ async def _drain(resp: aiohttp.ClientResponse) -> int:
     return n
 
 
-async def _client(base: str, ctx: ssl.SSLContext, size: int) -> dict[str, float]:
-    res: dict[str, float] = {}
-    mib = size / (1 << 20)
-    async with aiohttp.ClientSession(base, connector=aiohttp.TCPConnector(ssl=ctx)) as s:
-        t = time.perf_counter()
-        async with s.post("/sink", data=_body(size)) as r:
+@dataclass
+class Leg:
+    name: str
+    session: aiohttp.ClientSession
+    path: str  # "" for the baseline
+    headers: dict[str, str]
+    token: Callable[[str, str], str] | None = None  # (operation, path) -> agent token
+
+
+async def _timed_upload(leg: Leg, size: int, file: str) -> float:
+    headers = {**leg.headers, "Content-Length": str(size)}
+    if leg.token:
+        headers["Authorization"] = "Bearer " + leg.token("copy.upload", file)
+    t = time.perf_counter()
+    if not leg.path:
+        async with leg.session.post("/sink", data=_body(size), headers=headers) as r:
+            assert r.status == 200 and (await r.json())["size"] == size
+    else:
+        async with leg.session.post(leg.path, params={"container": "app", "path": file},
+                                    data=_body(size), headers=headers) as r:
+            assert r.status in (200, 201), (leg.name, r.status, await r.text())
             assert (await r.json())["size"] == size
-        res["baseline_upload_MiB_s"] = mib / (time.perf_counter() - t)
-        t = time.perf_counter()
-        async with s.get("/source", params={"size": str(size)}) as r:
-            assert await _drain(r) == size
-        res["baseline_download_MiB_s"] = mib / (time.perf_counter() - t)
-        t = time.perf_counter()
-        async with s.post("/v1/copy", params={"container": "c", "path": "/big"},
-                          data=_body(size)) as r:
-            assert r.status == 200, await r.text()
-        res["copy_upload_MiB_s"] = mib / (time.perf_counter() - t)
-        t = time.perf_counter()
-        async with s.get("/v1/copy", params={"container": "c", "path": "/big"}) as r:
+    return time.perf_counter() - t
+
+
+async def _timed_download(leg: Leg, size: int, file: str) -> float:
+    headers = dict(leg.headers)
+    if leg.token:
+        headers["Authorization"] = "Bearer " + leg.token("copy.download", file)
+    t = time.perf_counter()
+    if not leg.path:
+        async with leg.session.get("/source", params={"size": str(size)},
+                                   headers=headers) as r:
             assert r.status == 200 and await _drain(r) == size
-        res["copy_download_MiB_s"] = mib / (time.perf_counter() - t)
-        t = time.perf_counter()  # a resumed download: the digest comes from the cache
-        async with s.get("/v1/copy", params={"container": "c", "path": "/big"},
-                         headers={"Range": f"bytes={size // 2}-"}) as r:
-            assert r.status == 206 and await _drain(r) == size - size // 2
-        res["copy_resume_half_s"] = time.perf_counter() - t
-        async with s.get("/rss") as r:
-            rss = await r.json()
-        res["server_peak_rss_MiB"] = rss["VmHWM"] / (1 << 20)
-    return res
+    else:
+        async with leg.session.get(leg.path, params={"container": "app", "path": file},
+                                   headers=headers) as r:
+            assert r.status == 200, (leg.name, r.status, await r.text())
+            assert await _drain(r) == size
+    return time.perf_counter() - t
+
+
+async def run(size: int, work: Path, with_proxy: bool, rounds: int) -> dict[str, Any]:
+    p = Pki.create(work / "pki")
+    root = work / "root"
+    root.mkdir()
+    pod_uid = "0b5e7a2c-bench"
+    kube = await start_fakekube(p)
+    kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")], pod_uid))
+    # Baseline: same kind of TLS (a leaf of aggapi's CA for 127.0.0.1) and client.
+    base_ctx = ssl.create_default_context(cafile=p.path("ca.crt"))
+    signer = CapabilitySigner((work / "pki" / "token-signing.key").read_bytes())
+
+    def token(op: str, path: str) -> str:
+        return signer.sign(node=NODE, subject=USER, operation=op, pod_namespace="default",
+                           pod_name="box", pod_uid=pod_uid,
+                           containers=(ContainerRef("app", "busybox"),), path=path)
+
+    results: dict[str, dict[str, float]] = {}
+    sessions: list[aiohttp.ClientSession] = []
+
+    def session(url: str, ctx: ssl.SSLContext | None) -> aiohttp.ClientSession:
+        s = aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(ssl=ctx or False),
+                                  timeout=aiohttp.ClientTimeout(total=None))
+        sessions.append(s)
+        return s
+
+    async def measure(leg: Leg) -> None:
+        file = f"/big-{leg.name}"
+        up = await _timed_upload(leg, size, file)
+        down = await _timed_download(leg, size, file)
+        mib = size / (1 << 20)
+        best = results.setdefault(leg.name, {"upload_MiB_s": 0.0, "download_MiB_s": 0.0})
+        best["upload_MiB_s"] = max(best["upload_MiB_s"], mib / up)
+        best["download_MiB_s"] = max(best["download_MiB_s"], mib / down)
+        if leg.path:
+            os.unlink(root / file.lstrip("/"))
+        print(f"  {leg.name}: up {mib / up:.0f} MiB/s, down {mib / down:.0f} MiB/s",
+              file=sys.stderr, flush=True)
+
+    path = f"{GV}/watch/namespaces/default/pods/box/copy"
+    try:
+        async with AsyncExitStack() as stack:
+            burl, bpid = await stack.enter_async_context(
+                child("baseline", p.path("apiserver.crt"), p.path("apiserver.key")))
+            aurl, apid = await stack.enter_async_context(
+                child("agent", str(p.dir), str(root), str(work / "state"), pod_uid))
+            kube.put("apis/discovery.k8s.io/v1", "endpointslices",
+                     endpoint_slice(int(aurl.rsplit(":", 1)[1])))
+            url, api = await stack.enter_async_context(apiserver_process(p, kube, work))
+            pids = {"baseline_server": bpid, "agent": apid, "apiserver": api.pid}
+            legs = [Leg("baseline", session(burl, base_ctx), "", {}),
+                    Leg("agent", session(aurl, p.agent_client_ssl()), "/v1/copy", {}, token),
+                    Leg("apiserver", session(url, p.user_ssl()), path, {})]
+            if with_proxy:
+                purl, pids["proxy"] = await stack.enter_async_context(
+                    front_proxy_process(p, url))
+                legs.append(Leg("proxy", session(purl, None), path,
+                                {"Authorization": f"Bearer {PROXY_TOKEN}"}))
+            idle = {k: rss_mib(v) for k, v in pids.items()}
+            # Legs interleaved, rounds repeated: on shared CPUs each leg keeps its best.
+            for _ in range(rounds):
+                for leg in legs:
+                    await measure(leg)
+            peak = {k: peak_rss_mib(v) for k, v in pids.items()}
+    finally:
+        for s in sessions:
+            await s.close()
+        await kube.stop()
+    peak["client (this process)"] = peak_rss_mib()
+    return {"throughput": results, "peak_rss_mib": peak, "idle_rss_mib": idle}
+
+
+def report(size_mib: int, rounds: int, res: dict[str, Any]) -> None:
+    thr: dict[str, dict[str, float]] = res["throughput"]
+    base = thr["baseline"]
+    print(f"copy of {size_mib} MiB, 1 MiB client chunks, 127.0.0.1, {os.cpu_count()} CPUs "
+          f"(shared), best of {rounds} interleaved round(s)")
+    print(f"{'leg':>10} {'upload MiB/s':>13} {'x base':>7} {'download MiB/s':>15} "
+          f"{'x base':>7}")
+    for name, r in thr.items():
+        print(f"{name:>10} {r['upload_MiB_s']:>13.0f} "
+              f"{r['upload_MiB_s'] / base['upload_MiB_s']:>7.2f} "
+              f"{r['download_MiB_s']:>15.0f} "
+              f"{r['download_MiB_s'] / base['download_MiB_s']:>7.2f}")
+    print("peak RSS (VmHWM), MiB: " + ", ".join(
+        f"{k} {v:.1f}" for k, v in res["peak_rss_mib"].items()))
+    print("RSS before the first transfer (VmRSS), MiB: " + ", ".join(
+        f"{k} {v:.1f}" for k, v in res["idle_rss_mib"].items()))
+    api = thr.get("apiserver")
+    if api:
+        ratio = min(api["upload_MiB_s"] / base["upload_MiB_s"],
+                    api["download_MiB_s"] / base["download_MiB_s"])
+        servers = {k: v for k, v in res["peak_rss_mib"].items() if not k.startswith("client")}
+        print(f"goal apiserver >= 0.5x baseline: worst {ratio:.2f}x -> "
+              f"{'met' if ratio >= 0.5 else 'NOT met'}")
+        worst = max(servers.items(), key=lambda kv: kv[1])
+        print(f"goal peak RSS < 100 MB (95.4 MiB): worst {worst[0]} {worst[1]:.1f} MiB -> "
+              f"{'met' if worst[1] < 100e6 / (1 << 20) else 'NOT met'}")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--no-proxy", action="store_true", help="skip the front-proxy leg")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="all legs again, interleaved; each leg reports its best round")
+    ap.add_argument("--serve", nargs="+", metavar=("KIND", "ARG"),
+                    help=argparse.SUPPRESS)  # internal: run one server (a child process)
     args = ap.parse_args()
-    size = args.size_mib << 20
-    work = tempfile.mkdtemp(prefix="bench-copy-")
+    if args.serve:
+        eventloop.run(SERVERS[args.serve[0]](*args.serve[1:]))
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-copy-"))
     try:
-        root = os.path.join(work, "root")
-        os.mkdir(root)
-        ca = pki.new_ca("bench-ca")
-        leaf = pki.issue(ca, "127.0.0.1", ips=["127.0.0.1"], server=True)
-        cert, key = os.path.join(work, "tls.crt"), os.path.join(work, "tls.key")
-        leaf.write(cert, key)
-        q: Any = mp.get_context("spawn").Queue()
-        proc = mp.get_context("spawn").Process(
-            target=_serve, args=(root, os.path.join(work, "state"), cert, key, q), daemon=True)
-        proc.start()
-        try:
-            port = q.get(timeout=30)
-            ctx = ssl.create_default_context(cadata=ca.cert_pem.decode())
-            res = asyncio.run(_client(f"https://127.0.0.1:{port}", ctx, size))
-        finally:
-            proc.terminate()
-            proc.join(10)
-        print(json.dumps({"size_MiB": args.size_mib, **{k: round(v, 1) for k, v in res.items()}},
-                         indent=2))
+        res = eventloop.run(run(args.size_mib << 20, work, not args.no_proxy, args.rounds))
+        report(args.size_mib, args.rounds, res)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from aggapi import logs
+from aggapi import eventloop, logs
 from aggapi.agent.app import build_app, build_health_app
 from aggapi.agent.auth import server_context
 from aggapi.agent.config import AgentConfig, from_args
@@ -64,5 +64,5 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
 def main(argv: Sequence[str]) -> int:
     config = from_args(argv)
     logs.configure(config.log_level)
-    asyncio.run(serve(config))
+    eventloop.run(serve(config))
     return 0

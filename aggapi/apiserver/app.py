@@ -70,6 +70,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    await app[appkeys.PROGRESS_STREAMS].close()
     await app[appkeys.POD_WATCHES].close()
     if agent is not None:
         await agent.directory.stop()
@@ -129,6 +130,7 @@ def build_app(config: ApiServerConfig, *, kube_api: ApiClient,
     app[appkeys.TLS] = tls
     app[appkeys.AGENT_CLIENT] = _agent_client(config, kube_api)
     app[appkeys.POD_WATCHES] = PodWatchHub(kube_api)
+    app[appkeys.PROGRESS_STREAMS] = imagepullprogress.new_progress_streams()
     if tls is not None:
         extra_pem = Path(config.client_ca_file).read_bytes() if config.client_ca_file else b""
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from aggapi.apiserver.authn import Authenticator
     from aggapi.apiserver.authz import Authorizer
     from aggapi.apiserver.config import ApiServerConfig
+    from aggapi.apiserver.fanout import SharedStreams
     from aggapi.apiserver.metrics import Metrics
     from aggapi.apiserver.podwatch import PodWatchHub
     from aggapi.apiserver.requestinfo import RequestInfo
@@ -41,6 +42,8 @@ TLS: web.AppKey[ServingTLS | None] = web.AppKey("tls", object)  # type: ignore[a
 AGENT_CLIENT: web.AppKey[AgentClient | None] = web.AppKey("agent_client", object)  # type: ignore[arg-type]
 # Shared pod + event watches for streams.
 POD_WATCHES: web.AppKey[PodWatchHub] = web.AppKey("pod_watches", object)  # type: ignore[arg-type]
+# Progress streams shared by clients asking the same thing.
+PROGRESS_STREAMS: web.AppKey[SharedStreams] = web.AppKey("progress_streams", object)  # type: ignore[arg-type]
 
 # Per request, set by the authn middleware and the request-info middleware.
 USER: web.RequestKey[UserInfo] = web.RequestKey("user", UserInfo)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from aggapi import kube, logs
+from aggapi import eventloop, kube, logs
 from aggapi.apiserver.app import build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.tlsconfig import ServingTLS
@@ -56,5 +56,5 @@ def main(argv: Sequence[str]) -> int:
     if not config.tls_cert_file or not config.tls_private_key_file:
         log.error("--tls-cert-file and --tls-private-key-file are required")
         return 2
-    asyncio.run(serve(config))
+    eventloop.run(serve(config))
     return 0

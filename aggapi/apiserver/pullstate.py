@@ -83,8 +83,14 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
         elif reason == PULLED:
             latest[name] = K8sView(phase="Pulled", since=when,
                                    already_present="already present" in message)
-        elif reason == FAILED and "pull" in message.lower():
-            latest[name] = K8sView(phase="Failed", error=_strip_prefix(message), since=when)
+        elif reason == FAILED and (message.startswith("Error: ") or "pull" in message.lower()):
+            # kubelet follows 'Failed to pull image "x": <registry text>' with a bare
+            # 'Error: ErrImagePull': keep the registry's text, it is what users need.
+            prev = latest.get(name)
+            keep = prev.error if prev and prev.error and message.startswith("Error: ") else ""
+            phase = "BackOff" if "ImagePullBackOff" in message else "Failed"
+            latest[name] = K8sView(phase=phase, error=keep or _strip_prefix(message),
+                                   since=when)
         elif reason == BACKOFF and "pull" in message.lower():
             prev = latest.get(name)
             latest[name] = K8sView(phase="BackOff", since=when,

@@ -8,10 +8,12 @@ every write).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
+
+from aggapi.apiserver.fanout import Item
 
 NDJSON = "application/json"
 SSE = "text/event-stream"
@@ -53,6 +55,17 @@ class ObjectStream:
             chunk = data + "\n"
         await self._resp.write(chunk.encode())
         self.sent += 1
+
+    async def send_items(self, items: Sequence[Item]) -> None:
+        """Write already-encoded items in one write (one TLS record, not one per line)."""
+        if self.sse:
+            chunk = b"".join(
+                f"id: {i.seq}\nevent: {str(i.obj.get('kind') or 'progress').lower()}\n"
+                f"data: ".encode() + i.line[:-1] + b"\n\n" for i in items)
+        else:
+            chunk = b"".join(i.line for i in items)
+        await self._resp.write(chunk)
+        self.sent += len(items)
 
     async def finish(self) -> web.StreamResponse:
         await self._resp.write_eof()

@@ -77,9 +77,14 @@ AGENT_PORT = 10443
 SERVICE_CIDR = "10.0.0.0/24,fd00:aa:0:1::/112"
 SERVICE_IPS = ["10.0.0.1"]
 FRONT_PROXY_CN = "front-proxy-client"
-INSTANCES = {"local": 0, "e2e": 1}
+# The netns prefix is "agg" + the instance's first letter: keep first letters distinct.
+# "parallel": a second e2e run beside another one (AGGAPI_E2E_INSTANCE=parallel).
+INSTANCES = {"local": 0, "e2e": 1, "parallel": 3}
 # Users with their own kubeconfig, for RBAC tests: name -> groups.
-DEFAULT_USERS: dict[str, list[str]] = {"alice": ["aggapi-e2e"], "mallory": []}
+# alice: edit-like (aggapi-view + aggapi-edit + pods/exec); victor: view-only (aggapi-view);
+# mallory: no binding (hack/local/rbac.yaml).
+DEFAULT_USERS: dict[str, list[str]] = {"alice": ["aggapi-e2e"], "victor": ["aggapi-e2e-view"],
+                                       "mallory": []}
 
 
 class ControlPlaneError(RuntimeError):
@@ -644,6 +649,14 @@ class ControlPlane:
             self.proc(name).stop()
 
     def down(self, *, keep_state: bool = False) -> None:
+        if (self.state / "node/node.json").exists():
+            # containerd's containers, shims, mounts and cgroups (aggapi.testing.node).
+            from aggapi.testing.node import Node
+
+            try:
+                Node.load(self).stop()
+            except Exception as err:  # the processes below are stopped regardless
+                log(f"node cleanup: {err}")
         pids = self.state / "pids"
         names = [*self.PROCS]
         if pids.is_dir():  # plus anything else started through spawn() in this state dir

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 
 NODE = "node-a"
+COPY_OPS = {"HEAD": "copy.stat", "GET": "copy.download", "POST": "copy.upload"}
 
 
 def pki(where: Path) -> Path:
@@ -60,6 +61,34 @@ class Agent:
                 self.url + path, params=params, headers=headers,
                 ssl=ssl_ctx or client_ssl(self.pki)) as resp:
             yield resp
+
+    def session(self) -> aiohttp.ClientSession:
+        """A session presenting the apiserver's client certificate (caller closes it)."""
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ssl(self.pki)))
+
+    @asynccontextmanager
+    async def copy(self, method: str, path: str, *, uid: str, images: Sequence[str],
+                   container: str = "c0", data: Any = None,
+                   params: Mapping[str, str] | None = None,
+                   headers: Mapping[str, str] | None = None,
+                   session: aiohttp.ClientSession | None = None,
+                   ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One /v1/copy request (HEAD stat, GET download, POST upload) with a fresh
+        capability for ``path``; upload ``params`` go in both the token and the query,
+        as the apiserver sends them. Containers are c0, c1... as in :meth:`token`."""
+        token = self.token(COPY_OPS[method], images=images, uid=uid, path=path,
+                           params=dict(params or {}))
+        query = {"container": container, "path": path, **(params or {})}
+        hdrs = {"Authorization": f"Bearer {token}", **(headers or {})}
+        own = session is None
+        s = session or self.session()
+        try:
+            async with s.request(method, self.url + "/v1/copy", params=query, data=data,
+                                 headers=hdrs) as resp:
+                yield resp
+        finally:
+            if own:
+                await s.close()
 
     async def stream(self, token: str, **params: str) -> AsyncIterator[dict[str, Any]]:
         async with self.get("/v1/imagepullprogress", token, **params) as resp:

@@ -56,3 +56,14 @@ def test_unrelated_events_are_ignored() -> None:
     evs = [ev("Started", "app", "Started container app", "2026-01-01T00:00:01Z"),
            ev("Pulling", "other", 'Pulling image "x"', "2026-01-01T00:00:01Z")]
     assert views(pod(), evs, C) == {}
+
+
+def test_kubelets_bare_error_events_keep_the_registry_text() -> None:
+    evs = [
+        ev("Failed", "app", 'Failed to pull image "reg/app:1": manifest unknown',
+           "2026-01-01T00:00:02Z"),
+        ev("Failed", "app", "Error: ErrImagePull", "2026-01-01T00:00:03Z"),
+        ev("Failed", "app", "Error: ImagePullBackOff", "2026-01-01T00:00:04Z"),
+    ]
+    v = views(pod(), evs, C)["app"]
+    assert (v.phase, v.error) == ("BackOff", "manifest unknown")

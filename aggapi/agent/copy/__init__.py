@@ -33,7 +33,8 @@ async def startup(app: web.Application, resolver: Resolver | None = None) -> Non
     state = CopyState(limits, resolver, workers=workers)
     app[appkeys.COPY_STATE] = state
     try:
-        removed = await cleanup_stale(limits.state_dir, resolver.by_id, workers)
+        removed = await cleanup_stale(limits.state_dir, resolver.by_id, workers,
+                                      resolver.resolve)
         if removed:
             log.info("removed %d temp files left by an interrupted copy", removed)
     except OSError as exc:

@@ -7,8 +7,10 @@ directory is appended to ``<state_dir>/<token>.jsonl`` (whose first line names
 the container by its id, stable across agent restarts, unlike pids). A clean
 finish deletes the record. At start-up :func:`cleanup_stale` re-opens each
 recorded container and directory through openat2 and unlinks only names with
-that token; records of containers that are gone are dropped (their rootfs went
-with them).
+that token. When that container is gone, the pod's current instance of the same
+container (found by pod uid and container name, as after a restart or a
+recreated sandbox) is cleaned instead: the temp file may be in a volume that
+outlived the old container. Records with neither are dropped.
 """
 
 from __future__ import annotations
@@ -133,11 +135,25 @@ def _unlink(path: str) -> None:
         pass
 
 
+async def _successor(resolve: Callable[[str, str], Awaitable[FsRoot]] | None,
+                     head: dict[str, object]) -> FsRoot | None:
+    """The running instance of the record's container in the same pod, if any."""
+    pod_uid, name = str(head.get("podUid") or ""), str(head.get("container") or "")
+    if resolve is None or not pod_uid or not name:
+        return None
+    try:
+        return await resolve(pod_uid, name)
+    except StatusError:  # no such pod or container here, or not running
+        return None
+
+
 async def cleanup_stale(state_dir: str, by_id: Callable[[str], Awaitable[FsRoot | None]],
-                        workers: Workers) -> int:
+                        workers: Workers,
+                        resolve: Callable[[str, str], Awaitable[FsRoot]] | None = None) -> int:
     """Remove temp files recorded by a previous agent; returns how many were removed.
 
-    ``by_id`` finds a running container by its id (None when it is gone)."""
+    ``by_id`` finds a running container by its id (None when it is gone); ``resolve``
+    (pod uid, container name) finds its successor when it is gone."""
     run = workers.run
     await run(os.makedirs, state_dir, 0o700, exist_ok=True)
     records = await run(read_records, state_dir)
@@ -145,6 +161,8 @@ async def cleanup_stale(state_dir: str, by_id: Callable[[str], Awaitable[FsRoot 
     for path, head, dirs in records:
         try:
             root = await by_id(str(head.get("containerId", "")))
+            if root is None:
+                root = await _successor(resolve, head)
         except Exception as exc:  # runtime unreachable: keep the record for next start
             log.warning("copy record %s: cannot look up container: %s", path, exc)
             continue

@@ -109,6 +109,9 @@ class ProgressPoller:
         if self._subscribers == 0 and self._task is not None:
             self._task.cancel()
             self._task = None
+            # Nobody watches the node now: what we saw goes stale (an image may be
+            # removed and pulled again meanwhile). The next subscriber waits for a poll.
+            self.state = None
 
     async def observe_once(self, images: Iterable[str] = ()) -> NodeState:
         """One poll for a one-shot request; when the poller is running and already

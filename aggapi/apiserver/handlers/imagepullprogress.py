@@ -33,6 +33,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from aggapi import GROUP, VERSION, imageref
 from aggapi.apiserver import appkeys
 from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.fanout import Broadcast, SharedStreams
 from aggapi.apiserver.handlers import agent_client
 from aggapi.apiserver.pods import PodTarget, read_json, target_from_pod
 from aggapi.apiserver.podwatch import PodWatch
@@ -99,13 +100,21 @@ class _Merger:
         return (v is not None and v.phase == "Pulling" and obj.get("phase") in IDLE_PHASES
                 and int(obj.get("progress") or 0) <= 0)
 
-    def waiting(self) -> dict[str, Any] | None:
+    def waiting(self, image: str) -> dict[str, Any] | None:
+        """The node's pull slots are all taken, by pulls other than this image's own."""
         nv = self.node_view
         if not nv:
             return None
         free = nv.get("slotsFree")
         if free is None or free > 0:
             return None
+        try:
+            ref = imageref.parse(image)
+        except imageref.InvalidReference:
+            return None
+        for pull in nv.get("pulls") or []:
+            if str(ref) in (pull.get("images") or []):
+                return None  # the busy slot is this image's own pull, just starting
         return {"inFlight": nv.get("pulls") or [], "limit": (nv.get("kubelet") or {}),
                 "inFlightCount": nv.get("inFlight")}
 
@@ -119,7 +128,7 @@ class _Merger:
         if v.phase in K8S_FAILURES:
             return {**obj, "phase": v.phase, "error": v.error}
         if self.queued(obj):
-            waiting = self.waiting()
+            waiting = self.waiting(str(obj.get("image") or ""))
             if waiting is not None:
                 return {**obj, "phase": "Waiting", "waiting": waiting}
         return obj
@@ -133,8 +142,10 @@ async def pod_progress(request: web.Request) -> web.StreamResponse:
     follow = _bool(request, "follow", True)
     wanted = request.query.getall("container", [])
     agent = agent_client(request)
+    hub = request.app[appkeys.POD_WATCHES]
 
-    async with request.app[appkeys.POD_WATCHES].watch(info.namespace, info.name) as pw:
+    # The client holds the pod watch too, so the shared producer finds it warm.
+    async with hub.watch(info.namespace, info.name) as pw:
         try:
             await pw.synced(SYNC_TIMEOUT)
         except TimeoutError:
@@ -146,56 +157,109 @@ async def pod_progress(request: web.Request) -> web.StreamResponse:
         containers = target.select(wanted)
         if target.node:
             await agent.directory.endpoint(target.node)  # no agent: 503 before streaming
-        deadline = None
-        if info.verb != "watch":
-            deadline = asyncio.get_running_loop().time() + request.app[
-                appkeys.CONFIG].stream_deadline
-        resume = _watch_path(info.namespace, info.name,
-                             {k: v for k, v in request.query.items() if k != "timeout"})
-        stream = ObjectStream(request)
-        await stream.start()
-        async with track_stream(request) as shutdown:
-            session = _Session(request, stream, agent, pw, target, containers, granularity,
-                               follow, deadline, resume, shutdown)
-            await session.run()
-        return await stream.finish()
+        return await _follow(request, agent, target, containers, granularity, follow)
 
 
-class _Session:
-    """One client's stream: waits for scheduling, relays the agent, merges Kubernetes."""
+async def _follow(request: web.Request, agent: AgentClient, target: PodTarget,
+                  containers: Sequence[ContainerRef], granularity: str,
+                  follow: bool) -> web.StreamResponse:
+    info = request[appkeys.INFO]
+    hub = request.app[appkeys.POD_WATCHES]
+    loop = asyncio.get_running_loop()
+    deadline = None if info.verb == "watch" else (
+        loop.time() + request.app[appkeys.CONFIG].stream_deadline)
+    resume = _watch_path(info.namespace, info.name,
+                         {k: v for k, v in request.query.items() if k != "timeout"})
+    user = request[appkeys.USER].name
+    # Clients asking the same thing share one producer (agent stream + merge). The user
+    # is part of the key so the agent's audit trail names who asked.
+    key = (user, target.namespace, target.name, target.uid,
+           tuple(c.name for c in containers), granularity, follow)
 
-    def __init__(self, request: web.Request, stream: ObjectStream, agent: AgentClient,
-                 pw: PodWatch, target: PodTarget, containers: Sequence[ContainerRef],
-                 granularity: str, follow: bool, deadline: float | None, resume: str,
-                 shutdown: asyncio.Event) -> None:
-        self.request, self.stream, self.agent, self.pw = request, stream, agent, pw
+    async def produce(out: Broadcast) -> None:
+        async with hub.watch(target.namespace, target.name) as watch:
+            await _Producer(out, agent, watch, target, containers, granularity, follow,
+                            user).run()
+
+    stream = ObjectStream(request)
+    await stream.start()
+    async with track_stream(request) as shutdown, \
+            request.app[appkeys.PROGRESS_STREAMS].join(key, produce) as bc:
+        since = -1
+        while not bc.drained(since):
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                await stream.send(_timeout("request deadline reached; resume on the /watch/ "
+                                           "path, which kube-apiserver does not cut", resume))
+                break
+            if shutdown.is_set():
+                await stream.send(_timeout("server shutting down; resume on the /watch/ path",
+                                           resume))
+                break
+            items = await bc.read(since, 1.0 if remaining is None else min(1.0, remaining))
+            if not items:
+                continue
+            await stream.send_items(items)
+            since = items[-1].seq
+            if items[-1].terminal:
+                break
+    return await stream.finish()
+
+
+def _timeout(why: str, resume: str) -> dict[str, Any]:
+    return {"kind": "Timeout", "message": why, "resume": resume, "time": _now()}
+
+
+def _object_key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (str(obj.get("kind")), str(obj.get("container") or ""),
+            str(obj.get("image") or ""), str(obj.get("layer") or ""))
+
+
+def _is_terminal(obj: Mapping[str, Any]) -> bool:
+    return obj.get("kind") in ("Summary", "Error")
+
+
+def _crashed(exc: BaseException) -> dict[str, Any]:
+    return {"kind": "Error", "phase": "Unknown", "time": _now(),
+            "error": f"internal error following the pull: {type(exc).__name__}"}
+
+
+def new_progress_streams() -> SharedStreams:
+    return SharedStreams(key_of=_object_key, is_terminal=_is_terminal, on_crash=_crashed)
+
+
+class _Producer:
+    """One shared stream: waits for scheduling, relays the agent, merges Kubernetes.
+
+    Runs until it publishes a final object (Summary or Error) or its last reader
+    leaves (then it is cancelled, which closes the agent stream)."""
+
+    def __init__(self, out: Broadcast, agent: AgentClient, pw: PodWatch, target: PodTarget,
+                 containers: Sequence[ContainerRef], granularity: str, follow: bool,
+                 user: str) -> None:
+        self.out, self.agent, self.pw = out, agent, pw
         self.target, self.containers = target, containers
-        self.granularity, self.follow = granularity, follow
-        self.deadline, self.resume, self.shutdown = deadline, resume, shutdown
+        self.granularity, self.follow, self.user = granularity, follow, user
         self.merger = _Merger(containers)
         self.loop = asyncio.get_running_loop()
         self._node_view_at = 0.0
 
-    def _remaining(self) -> float | None:
-        return None if self.deadline is None else self.deadline - self.loop.time()
-
-    async def _timeout_object(self, why: str) -> None:
-        await self.stream.send({"kind": "Timeout", "message": why, "resume": self.resume,
-                                "time": _now()})
+    def _error(self, message: str, **extra: Any) -> None:
+        self.out.publish({"kind": "Error", "phase": "Unknown", "time": _now(),
+                          "error": message, **extra})
 
     async def run(self) -> None:
         version = -1
         while True:
             pod = self.pw.pod
             if pod is None or (pod.get("metadata") or {}).get("uid") != self.target.uid:
-                await self.stream.send({"kind": "Error", "phase": "Unknown", "time": _now(),
-                                        "error": "the pod was deleted or replaced"})
+                self._error("the pod was deleted or replaced")
                 return
             self.merger.update(pod, self.pw.events)
             if not (pod.get("spec") or {}).get("nodeName"):
                 if self.pw.version != version:
                     for c in self.containers:
-                        await self.stream.send({
+                        self.out.publish({
                             "kind": "Progress", "container": c.name, "image": c.image,
                             "layer": "", "phase": "Unscheduled", "progress": -1, "total": -1,
                             "error": "", "bytesPerSecond": None, "etaSeconds": None,
@@ -203,46 +267,28 @@ class _Session:
                 if not self.follow:
                     return
                 version = self.pw.version
-                if not await self._wait_pod_change(version):
-                    return
+                await self.pw.wait_changed(version, 3600)
                 continue
             self.target = target_from_pod(pod)
             await self._relay_agent()
             return
 
-    async def _wait_pod_change(self, version: int) -> bool:
-        """Wait for the pod to change; False once the stream must end (deadline/shutdown)."""
-        while True:
-            remaining = self._remaining()
-            if remaining is not None and remaining <= 0:
-                await self._timeout_object("request deadline reached before the pod was "
-                                           "scheduled; resume on the /watch/ path")
-                return False
-            if self.shutdown.is_set():
-                await self._timeout_object("server shutting down; resume on the /watch/ path")
-                return False
-            step = 1.0 if remaining is None else min(1.0, remaining)
-            if await self.pw.wait_changed(version, step) != version:
-                return True
-
     async def _relay_agent(self) -> None:
         failure = self.merger.failure()
         if failure is not None:
-            await self.stream.send(failure)
+            self.out.publish(failure)
             return
         node = self.target.node
         try:
             upstream = await self.agent.open(
-                "GET", "/v1/imagepullprogress", node=node,
-                subject=self.request[appkeys.USER].name, operation="imagepullprogress",
-                pod_namespace=self.target.namespace, pod_name=self.target.name,
-                pod_uid=self.target.uid, containers=self.containers,
-                params={"granularity": self.granularity},
+                "GET", "/v1/imagepullprogress", node=node, subject=self.user,
+                operation="imagepullprogress", pod_namespace=self.target.namespace,
+                pod_name=self.target.name, pod_uid=self.target.uid,
+                containers=self.containers, params={"granularity": self.granularity},
                 query={"granularity": self.granularity,
                        "follow": "true" if self.follow else "false"})
         except StatusError as err:
-            await self.stream.send({"kind": "Error", "phase": "Unknown", "time": _now(),
-                                    "error": err.message, "code": err.code})
+            self._error(err.message, code=err.code)
             return
         try:
             await self._pump(upstream, node)
@@ -259,33 +305,19 @@ class _Session:
                     line_task = asyncio.ensure_future(upstream.content.readline())
                 if pod_task is None:
                     pod_task = asyncio.ensure_future(self.pw.wait_changed(pod_version, 3600))
-                remaining = self._remaining()
-                if remaining is not None and remaining <= 0:
-                    await self._timeout_object(
-                        "request deadline reached; resume on the /watch/ path, which "
-                        "kube-apiserver does not cut")
-                    return
-                stop = asyncio.ensure_future(self.shutdown.wait())
-                done, _ = await asyncio.wait({line_task, pod_task, stop}, timeout=remaining,
+                done, _ = await asyncio.wait({line_task, pod_task},
                                              return_when=asyncio.FIRST_COMPLETED)
-                stop.cancel()
-                if self.shutdown.is_set():
-                    await self._timeout_object("server shutting down; resume on the /watch/ "
-                                               "path")
-                    return
                 if pod_task in done:
                     pod_version = pod_task.result()
                     pod_task = None
                     pod = self.pw.pod
                     if pod is None:
-                        await self.stream.send({"kind": "Error", "phase": "Unknown",
-                                                "error": "the pod was deleted",
-                                                "time": _now()})
+                        self._error("the pod was deleted")
                         return
                     self.merger.update(pod, self.pw.events)
                     failure = self.merger.failure()
                     if failure is not None:
-                        await self.stream.send(failure)
+                        self.out.publish(failure)
                         return
                 if line_task in done:
                     try:
@@ -296,10 +328,9 @@ class _Session:
                         lost = "connection closed"
                     line_task = None
                     if not line:
-                        await self.stream.send({
-                            "kind": "Error", "phase": "Unknown", "time": _now(),
-                            "error": f'lost the stream from the aggapi agent on node "{node}" '
-                                     f"({lost}); retry the request"})
+                        if self.follow:
+                            self._error(f'lost the stream from the aggapi agent on node '
+                                        f'"{node}" ({lost}); retry the request')
                         return
                     if await self._forward(line, node):
                         return
@@ -311,7 +342,7 @@ class _Session:
                         await t
 
     async def _forward(self, line: bytes, node: str) -> bool:
-        """Send one agent object, merged; True when it ended the stream."""
+        """Publish one agent object, merged; True when it ended the stream."""
         try:
             obj = json.loads(line)
         except ValueError:
@@ -320,14 +351,13 @@ class _Session:
             return False
         if self.merger.queued(obj):
             await self._refresh_node_view(node)
-        await self.stream.send(self.merger.apply(obj))
-        kind = obj.get("kind")
-        if kind == "Progress" and self.merger.failure() is not None:
+        self.out.publish(self.merger.apply(obj))
+        if obj.get("kind") == "Progress":
             failure = self.merger.failure()
-            assert failure is not None
-            await self.stream.send(failure)
-            return True
-        return kind in ("Summary", "Error")
+            if failure is not None:
+                self.out.publish(failure)
+                return True
+        return _is_terminal(obj)
 
     async def _refresh_node_view(self, node: str) -> None:
         now = self.loop.time()
@@ -335,8 +365,7 @@ class _Session:
             return
         self._node_view_at = now
         try:
-            self.merger.node_view = await fetch_node_view(
-                self.agent, node, self.request[appkeys.USER].name)
+            self.merger.node_view = await fetch_node_view(self.agent, node, self.user)
         except StatusError:
             self.merger.node_view = None
 

@@ -23,8 +23,9 @@ from tests.agent.copy.conftest import Box, DirResolver, PidResolver, snapshot, t
 VICTIM = b"host file, must never change"
 
 
-def build_tree(root: Path, outside: Path) -> None:
-    """A hostile container tree around a host directory ``outside``."""
+def build_tree(root: Path, outside: Path, at: str = "/") -> None:
+    """A hostile container tree around a host directory ``outside``; ``at`` is where
+    ``root`` appears in the container (for the absolute link of the chain)."""
     (outside / "victim").write_bytes(VICTIM)
     (outside / "dir").mkdir(exist_ok=True)
     (root / "etc").mkdir(exist_ok=True)
@@ -35,7 +36,7 @@ def build_tree(root: Path, outside: Path) -> None:
     os.symlink(str(outside), root / "abs_link")
     os.symlink(rel_out, root / "rel_link")
     os.symlink("chain2", root / "chain1")
-    os.symlink("/chain3", root / "chain2")
+    os.symlink(at.rstrip("/") + "/chain3", root / "chain2")
     os.symlink("abs_link", root / "chain3")
     os.symlink(str(outside / "victim"), root / "abs_file_link")
     os.symlink("/proc/self/root" + str(outside), root / "proc_link")

@@ -1,0 +1,73 @@
+"""CPU and memory of a process from /proc, for the benchmarks.
+
+CPU is utime + stime from ``/proc/<pid>/stat`` (the process's own threads, not
+its children); memory is VmRSS (now) and VmHWM (peak RSS since start) from
+``/proc/<pid>/status``. ``pid`` may be an int or ``"self"``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+MiB = 1 << 20
+
+Pid = int | str
+
+
+def status_bytes(pid: Pid = "self") -> dict[str, int]:
+    """VmRSS and VmHWM (and the other Vm* lines) of ``pid``, in bytes."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Vm"):
+            key, _, value = line.partition(":")
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def rss_mib(pid: Pid = "self") -> float:
+    return status_bytes(pid).get("VmRSS", 0) / MiB
+
+
+def peak_rss_mib(pid: Pid = "self") -> float:
+    return status_bytes(pid).get("VmHWM", 0) / MiB
+
+
+def cpu_seconds(pid: Pid = "self") -> float:
+    """utime + stime of ``pid`` so far (all its threads), in seconds."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    # comm (field 2) may contain spaces: split after its closing parenthesis.
+    fields = raw[raw.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # fields 14 and 15 of stat(5)
+
+
+@dataclass
+class CpuWindow:
+    """CPU use of one process over a wall-clock window: ``start()`` then ``stop()``."""
+
+    pid: Pid = "self"
+    cpu0: float = 0.0
+    wall0: float = 0.0
+    cores: float = 0.0  # CPU seconds per wall second over the window
+    seconds: float = 0.0
+
+    def start(self) -> CpuWindow:
+        self.cpu0, self.wall0 = cpu_seconds(self.pid), time.monotonic()
+        return self
+
+    def stop(self) -> float:
+        self.seconds = time.monotonic() - self.wall0
+        self.cores = (cpu_seconds(self.pid) - self.cpu0) / max(self.seconds, 1e-9)
+        return self.cores
+
+
+def usage(pid: Pid, window: CpuWindow | None = None) -> dict[str, float]:
+    """{"cpu_cores", "rss_mib", "peak_rss_mib"} of ``pid`` (cpu from ``window`` if given)."""
+    st = status_bytes(pid)
+    out = {"rss_mib": st.get("VmRSS", 0) / MiB, "peak_rss_mib": st.get("VmHWM", 0) / MiB}
+    if window is not None:
+        out["cpu_cores"] = window.cores
+    return out

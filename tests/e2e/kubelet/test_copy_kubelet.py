@@ -1,0 +1,46 @@
+"""pods/copy into a container a real kubelet started from a distroless-like image (no
+shell, no tar): our copy works, ``kubectl cp`` (kubelet exec streaming + tar) fails."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from aggapi.testing.controlplane import REPO, ControlPlane, binary
+from aggapi.testing.kubelet import Kubelet
+from aggapi.testing.node import Node
+from tests.e2e.kubelet.conftest import create_pods, delete_pods, pod, wait_running
+
+
+def _ncp(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aggapi.plugins.ncp", "-q",
+                           f"--kubeconfig={cp.admin_kubeconfig}", *args], text=True,
+                          capture_output=True, timeout=120, cwd=REPO)
+
+
+def test_copy_into_no_shell_container(control_plane: ControlPlane, node: Node,
+                                      real_node: Kubelet, tmp_path: Path) -> None:
+    cp = control_plane
+    create_pods(cp, [pod(node, "knoshell", [{"name": "app", "image": node.images.noshell}])])
+    wait_running(cp, "knoshell")
+    src = tmp_path / "up.bin"
+    data = os.urandom(3 << 20)
+    src.write_bytes(data)
+
+    up = _ncp(cp, str(src), "default/knoshell:/data/up.bin")
+    assert up.returncode == 0, up.stderr
+    back = tmp_path / "back.bin"
+    down = _ncp(cp, "default/knoshell:/data/up.bin", str(back))
+    assert down.returncode == 0, down.stderr
+    assert hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(data).digest()
+
+    kcp = subprocess.run([binary("kubectl"), f"--kubeconfig={cp.admin_kubeconfig}", "cp",
+                          str(src), "default/knoshell:/data/kcp.bin"], text=True,
+                         capture_output=True, timeout=120)
+    assert kcp.returncode != 0
+    # It got as far as kubelet's exec and failed for want of tar in the image.
+    assert "tar" in kcp.stderr and "executable file not found" in kcp.stderr, kcp.stderr
+    delete_pods(cp, "knoshell")

@@ -1,0 +1,218 @@
+"""pods/copy through the real aggregator and real kubectl.
+
+Uploads: ``kubectl create --raw PATH -f FILE`` (a POST whose body kubectl streams with no
+Content-Type); downloads: ``kubectl get --raw PATH`` (raw bytes on stdout). The target is
+a container the kubelet stand-in runs through CRI (aggapi.testing.standin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aggapi.testing.controlplane import ControlPlane, Proc
+from aggapi.testing.node import Node
+from aggapi.testing.standin import StandinKubelet, SyncStandin
+
+from .conftest import GROUP_VERSION, E2EPod, delete_pod, kubectl, kubectl_argv, run_pod
+
+MiB = 1 << 20
+LONG_UPLOAD_RATE = 1 * MiB  # bytes/s written into kubectl's stdin
+LONG_UPLOAD_SIZE = 96 * MiB  # -> ~96 s: longer than kube-apiserver's 60 s request timeout
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_upload_then_download_with_matching_sha256(
+        control_plane: ControlPlane, workload_pod: E2EPod, tmp_path: Path) -> None:
+    data = os.urandom(5 * MiB + 123)
+    src = tmp_path / "blob.bin"
+    src.write_bytes(data)
+    digest = sha256(data)
+    q = {"container": workload_pod.container, "path": "/tmp/e2e-blob.bin"}
+    r = await kubectl(control_plane, "create", "--raw",
+                      workload_pod.path("copy", **q, sha256=digest, mode="0640"),
+                      "-f", str(src))
+    assert r.rc == 0, r.err
+    reply = json.loads(r.out)
+    assert reply == {"path": "/tmp/e2e-blob.bin", "size": len(data), "sha256": digest}
+    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", **q))
+    assert r.rc == 0, r.err
+    assert len(r.out) == len(data) and sha256(r.out) == digest
+
+
+async def test_wrong_sha256_is_refused_and_target_kept(
+        control_plane: ControlPlane, workload_pod: E2EPod, tmp_path: Path) -> None:
+    q = {"container": workload_pod.container, "path": "/tmp/e2e-keep"}
+    (tmp_path / "a").write_bytes(b"original")
+    (tmp_path / "b").write_bytes(b"replacement")
+    r = await kubectl(control_plane, "create", "--raw", workload_pod.path("copy", **q),
+                      "-f", str(tmp_path / "a"))
+    assert r.rc == 0, r.err
+    r = await kubectl(control_plane, "create", "--raw",
+                      workload_pod.path("copy", **q, sha256="0" * 64), "-f", str(tmp_path / "b"))
+    # 422 Invalid: kubectl prints the Status message as "The request is invalid: ...".
+    assert r.rc == 1 and "sha256 mismatch" in r.err and "target unchanged" in r.err, r.err
+    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", **q))
+    assert r.out == b"original"
+
+
+@pytest.fixture(scope="module")
+def noshell_pod(standin: SyncStandin, node: Node, node_agent: Proc) -> Iterator[E2EPod]:
+    pod = run_pod(standin, "noshell", node.images.noshell, command=("/sleep", "3600"))
+    yield pod
+    delete_pod(standin, pod.pod)
+
+
+async def test_copy_into_a_container_without_shell_or_tar(
+        control_plane: ControlPlane, noshell_pod: E2EPod, tmp_path: Path) -> None:
+    """What kubectl cp cannot do: the image has no /bin/sh and no tar."""
+    src = tmp_path / "config.json"
+    src.write_bytes(b'{"ok": true}\n')
+    q = {"container": "app", "path": "/config.json"}
+    r = await kubectl(control_plane, "create", "--raw", noshell_pod.path("copy", **q),
+                      "-f", str(src))
+    assert r.rc == 0, r.err
+    r = await kubectl(control_plane, "get", "--raw", noshell_pod.path("copy", **q))
+    assert r.rc == 0 and r.out == src.read_bytes(), r.err
+
+
+async def _container_pid(standin: SyncStandin, pod: E2EPod) -> int:
+    async def go(k: StandinKubelet) -> int:
+        st = await k.cri.container_status(pod.pod.container_id(pod.container))
+        assert st is not None and st.pid
+        return st.pid
+
+    return await asyncio.to_thread(standin.call, go)
+
+
+def _tmp_sizes(pid: int) -> dict[str, int]:
+    """Sizes of the files in the container's /tmp, seen from the host."""
+    root = Path(f"/proc/{pid}/root/tmp")
+    out = {}
+    for p in root.iterdir():
+        try:
+            if p.is_file():
+                out[p.name] = p.stat().st_size
+        except OSError:
+            pass
+    return out
+
+
+async def test_upload_lasting_over_90s_on_the_watch_path(
+        control_plane: ControlPlane, workload_pod: E2EPod, standin: SyncStandin) -> None:
+    """``kubectl create --raw /apis/.../watch/...copy -f -`` fed at 1 MiB/s for ~96 s.
+
+    On the plain path kube-apiserver would cut it at 60 s; the /watch/ prefix makes it
+    long-running. Midway, the bytes are already landing in the container (streamed, not
+    buffered by kubectl or kube-apiserver). Then the file is downloaded and compared.
+    """
+    target = "/tmp/e2e-long.bin"
+    q = {"container": workload_pod.container, "path": target}
+    pid = await _container_pid(standin, workload_pod)
+    before = _tmp_sizes(pid)
+    argv = kubectl_argv(control_plane, "alice", "create", "--raw",
+                        workload_pod.path("copy", watch=True, **q), "-f", "-")
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    assert proc.stdin is not None
+    want = hashlib.sha256()
+    block = os.urandom(64 * 1024)
+    sent = 0
+    growing: list[int] = []
+    try:
+        while sent < LONG_UPLOAD_SIZE:
+            chunk = sent.to_bytes(8, "big") + block[8:]  # every chunk differs
+            want.update(chunk)
+            proc.stdin.write(chunk)
+            await proc.stdin.drain()
+            sent += len(chunk)
+            ahead = sent / LONG_UPLOAD_RATE - (time.monotonic() - t0)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+            if not growing and time.monotonic() - t0 > 45:
+                # Midway: a temporary file in the target directory already holds most of
+                # what was sent (the agent writes O_EXCL temp, then renames).
+                now = {n: s for n, s in _tmp_sizes(pid).items() if n not in before}
+                growing.append(max(now.values(), default=0))
+        proc.stdin.close()
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, err.decode()
+    assert took > 90, took
+    reply = json.loads(out)
+    assert reply == {"path": target, "size": LONG_UPLOAD_SIZE, "sha256": want.hexdigest()}
+    assert growing and growing[0] > 30 * MiB, growing
+
+    # Download it back (the /watch/ path too) and compare, streaming into a hash.
+    got, n = hashlib.sha256(), 0
+    dl = await asyncio.create_subprocess_exec(
+        *kubectl_argv(control_plane, "alice", "get", "--raw",
+                      workload_pod.path("copy", watch=True, **q)),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert dl.stdout is not None
+    while chunk := await dl.stdout.read(1 << 20):
+        got.update(chunk)
+        n += len(chunk)
+    await dl.wait()
+    assert dl.returncode == 0
+    assert n == LONG_UPLOAD_SIZE and got.hexdigest() == want.hexdigest()
+
+
+async def test_errors(control_plane: ControlPlane, workload_pod: E2EPod,
+                      tmp_path: Path) -> None:
+    """404 pod / file, 400 bad parameters, relayed by kube-apiserver to kubectl."""
+    ghost = f"{GROUP_VERSION}/namespaces/default/pods/ghost/copy?container=app&path=/etc/passwd"
+    r = await kubectl(control_plane, "get", "--raw", ghost)
+    assert r.rc == 1 and "Error from server (NotFound)" in r.err, r.err
+    assert 'pods "ghost" not found' in r.err
+    c = workload_pod.container
+    cases = [({"container": c, "path": "/no/such/file"}, "NotFound", "/no/such/file"),
+             ({"container": c, "path": "relative/path"}, "BadRequest", "absolute"),
+             ({"container": "nope", "path": "/etc/passwd"}, "BadRequest", "nope"),
+             ({"container": c}, "BadRequest", "path")]
+    for query, reason, needle in cases:
+        r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", **query))
+        assert r.rc == 1 and f"Error from server ({reason})" in r.err, (query, r.err)
+        assert needle in r.err, (query, r.err)
+    src = tmp_path / "x"
+    src.write_bytes(b"x")
+    r = await kubectl(control_plane, "create", "--raw",
+                      workload_pod.path("copy", container=c, path="rel"), "-f", str(src))
+    assert r.rc == 1 and "Error from server (BadRequest)" in r.err, r.err
+
+
+async def test_stopped_container_is_409(control_plane: ControlPlane, node: Node,
+                                        node_agent: Proc, standin: SyncStandin,
+                                        tmp_path: Path) -> None:
+    pod = await asyncio.to_thread(run_pod, standin, "stopped", node.images.busybox)
+    try:
+        async def stop(k: StandinKubelet) -> None:
+            await k.stop_container(pod.pod, "app")
+
+        await asyncio.to_thread(standin.call, stop)
+        r = await kubectl(control_plane, "get", "--raw",
+                          pod.path("copy", container="app", path="/etc/passwd"))
+        assert r.rc == 1 and "Error from server (Conflict)" in r.err, r.err
+        src = tmp_path / "x"
+        src.write_bytes(b"x")
+        r = await kubectl(control_plane, "create", "--raw",
+                          pod.path("copy", container="app", path="/tmp/x"), "-f", str(src))
+        assert r.rc == 1 and "Error from server (Conflict)" in r.err, r.err
+    finally:
+        await asyncio.to_thread(delete_pod, standin, pod.pod)

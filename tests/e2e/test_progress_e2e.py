@@ -1,0 +1,223 @@
+"""pods/imagepullprogress through the real aggregator and real kubectl.
+
+kubectl get --raw -> kube-apiserver (authn, RBAC, aggregator, front-proxy TLS) -> aggapi
+apiserver (netns api) -> agent (netns node) -> containerd, while the kubelet stand-in pulls
+through CRI and posts kubelet's events (aggapi.testing.standin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aggapi.testing.controlplane import ControlPlane, Proc
+from aggapi.testing.node import Node
+from aggapi.testing.pods import ContainerSpec
+from aggapi.testing.standin import StandinKubelet, StandinPod, SyncStandin
+
+from .conftest import (
+    GROUP_VERSION,
+    E2EPod,
+    begin_pull,
+    finish_pulling_pod,
+    kubectl,
+    kubectl_stream,
+    start_pulling_pod,
+)
+
+LONG_PULL_SECONDS = 100.0  # > 90 s: longer than kube-apiserver's 60 s request timeout
+PLAIN_DEADLINE = 55.0  # aggapi's --stream-deadline default
+
+
+def progress(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o.get("kind") == "Progress"]
+
+
+async def test_long_pull_on_watch_path_and_plain_path(
+        control_plane: ControlPlane, node: Node, node_agent: Proc,
+        standin: SyncStandin) -> None:
+    """A ~100 s throttled pull, watched three ways at once:
+
+    - the /watch/ path (verb watch: long-running in kube-apiserver): one stream from the
+      first byte to the Summary, never truncated at kube-apiserver's 60 s;
+    - the plain path (verb get): ends cleanly before kube-apiserver's timeout with a
+      Timeout object whose ``resume`` is the /watch/ path;
+    - that resume path, followed with kubectl, to the Summary.
+    """
+    sizes = dict(node.images.big_layers)
+    total = sum(sizes.values())
+    pod = start_pulling_pod(standin, node, "long-pull", rate=total / LONG_PULL_SECONDS,
+                            start=False)
+    try:
+        watch_path = pod.path("imagepullprogress", watch=True)
+        watch = asyncio.create_task(kubectl_stream(control_plane, watch_path, timeout=240))
+        plain = asyncio.create_task(kubectl_stream(control_plane, pod.path("imagepullprogress"),
+                                                   timeout=90))
+        await asyncio.sleep(1.0)  # both streams are up before the first byte moves
+        t0 = time.monotonic()
+        begin_pull(standin, pod)
+
+        p = await plain
+        assert p.rc == 0, p.err
+        assert p.seconds < 60, p.seconds  # before kube-apiserver's --request-timeout
+        assert p.seconds > PLAIN_DEADLINE - 5, p.seconds
+        assert p.raw.endswith(b"\n")  # ended between lines, not cut mid-object
+        last = p.objects[-1]
+        assert last["kind"] == "Timeout", last
+        assert last["resume"].startswith(watch_path), last
+        assert any(o["phase"] == "Downloading" for o in progress(p.objects))
+
+        resumed = await kubectl_stream(control_plane, last["resume"], timeout=200)
+        w = await watch
+        pull_took = time.monotonic() - t0
+        pulled: StandinPod = await asyncio.to_thread(pod.pull.result, 30)
+        assert pulled.running is not None and not pulled.pull_errors
+        assert pulled.obj["status"]["phase"] == "Running"
+    finally:
+        await asyncio.to_thread(finish_pulling_pod, standin, node, pod)
+    assert pull_took > 90, pull_took
+
+    base = node.images.big_layers[0][0]  # busybox: present if another pod ran busybox
+    downloaded = total - sizes[base]
+    for s in (w, resumed):
+        assert s.rc == 0, s.err
+        assert s.raw.endswith(b"\n")
+        assert s.objects[-1]["kind"] == "Summary", s.objects[-1]
+        assert s.objects[-1]["phase"] == "Done"
+        assert s.objects[-1]["progress"] == s.objects[-1]["total"] >= downloaded
+    assert resumed.objects[0]["kind"] == "Progress"  # a fresh stream: current state first
+
+    # One uninterrupted stream longer than 90 s, live all along.
+    assert w.seconds > 90, w.seconds
+    objs = w.objects
+    assert not any(o["kind"] in ("Timeout", "Error") for o in objs)
+    by_layer: dict[str, list[dict[str, Any]]] = {}
+    for o in progress(objs):
+        assert o["container"] == "app" and o["image"] == pod.image
+        if o["layer"]:
+            by_layer.setdefault(o["layer"], []).append(o)
+    assert set(by_layer) == set(sizes)
+    for digest, seq in by_layer.items():
+        offsets = [o["progress"] for o in seq]
+        assert offsets == sorted(offsets), digest
+        assert seq[-1]["phase"] in ("Done", "AlreadyPresent")
+        if digest != base:
+            assert seq[-1]["phase"] == "Done" and seq[-1]["progress"] == sizes[digest]
+    downloading = [(t, o) for t, o in w.lines if o.get("phase") == "Downloading"]
+    assert downloading[0][0] < 15 and downloading[-1][0] > 80, \
+        (downloading[0][0], downloading[-1][0])
+    # The rate the agent reports is the throttle's (three layers share it).
+    rates = [o["bytesPerSecond"] for _, o in downloading if o.get("bytesPerSecond")]
+    assert rates and max(rates) < 3 * total / LONG_PULL_SECONDS
+
+
+async def test_present_image_ends_with_summary(control_plane: ControlPlane,
+                                               workload_pod: E2EPod) -> None:
+    r = await kubectl_stream(control_plane, workload_pod.path("imagepullprogress"), timeout=30)
+    assert r.rc == 0, r.err
+    assert r.seconds < 15
+    last = r.objects[-1]
+    assert last["kind"] == "Summary" and last["phase"] in ("Done", "AlreadyPresent"), last
+    assert [i["container"] for i in last["images"]] == ["app"]
+    assert {o["phase"] for o in progress(r.objects)} <= {"Done", "AlreadyPresent"}
+    # Granularity through the aggregator's unchanged query string.
+    r = await kubectl_stream(control_plane, workload_pod.path(
+        "imagepullprogress", granularity="pod"), timeout=30)
+    prog = progress(r.objects)
+    assert len(prog) == 1 and prog[0]["container"] == "" and prog[0]["image"] == ""
+
+
+async def test_failed_pull_ends_with_the_registry_error(
+        control_plane: ControlPlane, node: Node, node_agent: Proc,
+        standin: SyncStandin) -> None:
+    """The stand-in's pull fails in containerd and it posts kubelet's events (Pulling,
+    Failed, "Error: ErrImagePull", BackOff, "Error: ImagePullBackOff") and statuses:
+    the stream ends with an Error object carrying the registry's text."""
+    image = node.via_registry("aggapi-test/missing:nope")
+
+    async def run(k: StandinKubelet) -> StandinPod:
+        return await k.run("bad-image", [ContainerSpec("app", image)])
+
+    pod = await asyncio.to_thread(standin.call, run)
+    try:
+        text = pod.pull_errors["app"]
+        assert "not found" in text, text
+        r = await kubectl_stream(control_plane, E2EPod("default", "bad-image", "app", image,
+                                                       pod).path("imagepullprogress"),
+                                 timeout=30)
+    finally:
+        async def delete(k: StandinKubelet) -> None:
+            await k.delete(pod)
+
+        await asyncio.to_thread(standin.call, delete)
+    assert r.rc == 0, r.err
+    last = r.objects[-1]
+    assert last["kind"] == "Error", last
+    assert last["phase"] == "BackOff", last
+    assert text in last["error"], (text, last)
+
+
+async def test_errors(control_plane: ControlPlane, workload_pod: E2EPod) -> None:
+    """404 pod, 400 bad parameters: kube-apiserver relays aggapi's Status, kubectl says so."""
+    ghost = f"{GROUP_VERSION}/namespaces/default/pods/ghost/imagepullprogress"
+    r = await kubectl(control_plane, "get", "--raw", ghost)
+    assert r.rc == 1 and "Error from server (NotFound)" in r.err, r.err
+    assert 'pods "ghost" not found' in r.err
+    for query, needle in (({"container": "nope"}, "nope"),
+                          ({"granularity": "bogus"}, "granularity"),
+                          ({"follow": "maybe"}, "follow")):
+        r = await kubectl(control_plane, "get", "--raw",
+                          workload_pod.path("imagepullprogress", **query))
+        assert r.rc == 1 and "Error from server (BadRequest)" in r.err, (query, r.err)
+        assert needle in r.err, (query, r.err)
+
+
+async def test_no_agent_on_the_node_is_503(control_plane: ControlPlane, node: Node,
+                                          node_agent: Proc, standin: SyncStandin) -> None:
+    """A pod bound to a node with no agent: 503 with Retry-After, for both subresources.
+
+    kubectl (client-go) retries a 503 that carries Retry-After up to 10 times, so each
+    command takes ~10 x Retry-After before it prints the error: run both at once.
+    """
+    async def create(k: StandinKubelet) -> StandinPod:
+        return await k.create("agentless", [ContainerSpec("app", node.images.busybox)],
+                              node_name="node-without-agent")
+
+    pod = await asyncio.to_thread(standin.call, create)
+    p = E2EPod("default", "agentless", "app", node.images.busybox, pod)
+    try:
+        progress_r, copy_r = await asyncio.gather(
+            kubectl(control_plane, "get", "--raw", p.path("imagepullprogress"), timeout=150),
+            kubectl(control_plane, "get", "--raw",
+                    p.path("copy", container="app", path="/etc/passwd"), timeout=150))
+    finally:
+        async def delete(k: StandinKubelet) -> None:
+            await k.delete(pod)
+
+        await asyncio.to_thread(standin.call, delete)
+    for r in (progress_r, copy_r):
+        assert r.rc == 1, r.err
+        assert "Error from server (ServiceUnavailable)" in r.err, r.err
+        assert 'no ready aggapi agent on node "node-without-agent"' in r.err, r.err
+
+
+async def test_image_removed_then_pulled_again_is_followed_live(
+        control_plane: ControlPlane, node: Node, node_agent: Proc,
+        standin: SyncStandin) -> None:
+    """Same image name, second pod, after the first pod and the image were removed (what
+    kubelet's image GC does): the second stream must follow the new download."""
+    total = sum(size for _, size in node.images.big_layers)
+    for name in ("again-1", "again-2"):
+        pod = start_pulling_pod(standin, node, name, rate=total / 8, start=False)
+        try:
+            watch = asyncio.create_task(kubectl_stream(
+                control_plane, pod.path("imagepullprogress", watch=True), timeout=120))
+            await asyncio.sleep(1.0)
+            begin_pull(standin, pod)
+            w = await watch
+            await asyncio.to_thread(pod.pull.result, 60)
+        finally:
+            await asyncio.to_thread(finish_pulling_pod, standin, node, pod)
+        assert w.rc == 0 and w.objects[-1]["kind"] == "Summary", w.err
+        assert any(o.get("phase") == "Downloading" for o in w.objects), (name, w.objects[:3])
