@@ -153,17 +153,20 @@ def multiarch_image(registry: Registry, oci_cache: oci.BlobCache) -> tuple[str, 
 
 @pytest.fixture
 async def clean_images(containerd: Containerd) -> AsyncIterator[None]:
-    """Remove the images a test pulled, with their blobs and snapshots, before the next
-    test: deleted with containerd's synchronous garbage collection, so a later pull of
-    the same content downloads again instead of finding it present."""
-    async with containerd.containerd_client() as ctd:
-        before = {i.name for i in await ctd.list_images()}
+    """Every test starts and ends with no image but the sandbox's: deleted with
+    containerd's synchronous garbage collection, so a later pull of the same content
+    downloads again instead of finding it present (whatever an earlier test, or a
+    module-scoped pod, pulled)."""
+
+    async def purge() -> None:
+        async with containerd.containerd_client() as ctd:
+            for img in await ctd.list_images():
+                if img.name != containerd.sandbox_image:
+                    await ctd.delete_image(img.name, sync=True)
+
+    await purge()
     yield
-    async with containerd.containerd_client() as ctd:
-        for img in await ctd.list_images():
-            if img.name in before or img.name == containerd.sandbox_image:
-                continue
-            await ctd.delete_image(img.name, sync=True)
+    await purge()
 
 
 @pytest.fixture
