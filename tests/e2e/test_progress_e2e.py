@@ -11,6 +11,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from aggapi.testing.controlplane import ControlPlane, Proc
 from aggapi.testing.node import Node
 from aggapi.testing.pods import ContainerSpec
