@@ -440,15 +440,7 @@ class ControlPlane:
 
     @staticmethod
     def _wait(ok: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ok():
-                return
-            if proc is not None and not proc.alive():
-                raise ControlPlaneError(f"{what}: process exited\n{proc.tail()}")
-            time.sleep(0.25)
-        raise ControlPlaneError(f"{what}: not ready after {timeout}s\n"
-                                + (proc.tail() if proc else ""))
+        wait_ready(ok, timeout, what, proc)
 
     # --- kubectl and objects -------------------------------------------------------------
     def kubectl(self, *args: str, user: str | None = None, input: str | None = None,
@@ -734,3 +726,17 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def wait_ready(ok: Any, timeout: float, what: str, proc: Proc | None = None,
+               poll: float = 0.25) -> None:
+    """Until ``ok()``; fails early, with its log, if ``proc`` exits meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        if proc is not None and not proc.alive():
+            raise ControlPlaneError(f"{what}: process exited\n{proc.tail()}")
+        time.sleep(poll)
+    raise ControlPlaneError(f"{what}: not ready after {timeout}s\n"
+                            + (proc.tail() if proc else ""))

@@ -42,7 +42,14 @@ from typing import Any
 
 from aggapi.testing import oci
 from aggapi.testing.containerd import Containerd
-from aggapi.testing.controlplane import REPO, ControlPlane, ControlPlaneError, Proc, spawn
+from aggapi.testing.controlplane import (
+    REPO,
+    ControlPlane,
+    ControlPlaneError,
+    Proc,
+    spawn,
+    wait_ready,
+)
 from aggapi.testing.throttle import ThrottleProxy
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
@@ -366,15 +373,7 @@ def _http_ok(url: str) -> bool:
 
 
 def _wait(ok: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ok():
-            return
-        if proc is not None and not proc.alive():
-            raise ControlPlaneError(f"{what}: process exited\n{proc.tail()}")
-        time.sleep(0.05)
-    raise ControlPlaneError(f"{what}: not ready after {timeout}s\n"
-                            + (proc.tail() if proc else ""))
+    wait_ready(ok, timeout, what, proc, poll=0.05)
 
 
 def _py_env() -> dict[str, str]:
