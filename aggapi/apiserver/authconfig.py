@@ -12,10 +12,12 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography import x509
-from kubernetes_asyncio import client, watch
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio import client
+
+from aggapi.kubewatch import Informer
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,9 @@ class AuthConfigSource:
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    async def _apply(self, cm: client.V1ConfigMap | None) -> None:
-        if cm is None:
-            return
-        rv = cm.metadata.resource_version if cm.metadata else ""
-        cfg = parse_configmap(cm.data or {}, rv or "")
+    async def _apply(self, cm: Mapping[str, Any]) -> None:
+        rv = str((cm.get("metadata") or {}).get("resourceVersion") or "")
+        cfg = parse_configmap(cm.get("data") or {}, rv)
         changed = self.current is None or cfg != self.current
         self.current = cfg
         self.ready.set()
@@ -110,37 +110,24 @@ class AuthConfigSource:
                 await listener(cfg)
 
     async def run(self) -> None:
-        v1 = client.CoreV1Api(self.api)
-        selector = f"metadata.name={self.name}"
-        backoff = 0.2
-        while True:
-            try:
-                lst = await v1.list_namespaced_config_map(self.namespace,
-                                                           field_selector=selector)
-                if not lst.items:
-                    raise LookupError(f"configmap {self.namespace}/{self.name} not found")
-                await self._apply(lst.items[0])
-                rv = lst.metadata.resource_version
-                backoff = 0.2
-                while True:  # watch until it expires or breaks, then resume or relist
-                    async with watch.Watch().stream(
-                            v1.list_namespaced_config_map, self.namespace,
-                            field_selector=selector, resource_version=rv,
-                            timeout_seconds=300) as events:
-                        async for ev in events:
-                            obj = ev["object"]
-                            if ev["type"] == "ERROR":
-                                raise ApiException(status=getattr(obj, "code", 500) or 500)
-                            if obj.metadata and obj.metadata.resource_version:
-                                rv = obj.metadata.resource_version
-                            if ev["type"] in ("ADDED", "MODIFIED"):
-                                await self._apply(obj)
-                            elif ev["type"] == "DELETED":
-                                # Keep serving with the last known config (as kube does).
-                                log.warning("authentication configmap deleted")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("authentication config list/watch failed: %s", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.max_backoff)
+        """Follow the ConfigMap through a list+watch cache (relists, backs off)."""
+        informer = Informer(self.api, client.CoreV1Api(self.api).list_namespaced_config_map,
+                            max_backoff=self.max_backoff, namespace=self.namespace,
+                            field_selector=f"metadata.name={self.name}")
+        changed = asyncio.Event()
+        informer.add_listener(lambda _kind, _obj: changed.set())
+        informer.start()
+        try:
+            while True:
+                await changed.wait()
+                changed.clear()
+                cm = informer.items.get(f"{self.namespace}/{self.name}")
+                if cm is not None:
+                    await self._apply(cm)
+                elif self.current is not None:
+                    # Keep serving with the last known config (as kube does).
+                    log.warning("authentication configmap deleted")
+                else:
+                    log.warning("configmap %s/%s not found yet", self.namespace, self.name)
+        finally:
+            await informer.stop()

@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
+from aggapi.apiserver.pullstate import event_time
 from aggapi.kubewatch import Informer
 
 
@@ -72,11 +73,6 @@ class PodWatch:
                 await asyncio.wait_for(
                     self._cond.wait_for(lambda: self.version != since), timeout)
         return self.version
-
-
-def event_time(ev: dict[str, Any]) -> str:
-    return str(ev.get("lastTimestamp") or ev.get("eventTime")
-               or (ev.get("metadata") or {}).get("creationTimestamp") or "")
 
 
 class PodWatchHub:

@@ -44,7 +44,7 @@ def _image_of(ev: Mapping[str, Any]) -> str | None:
     return m.group(1) if m else None
 
 
-def _event_time(ev: Mapping[str, Any]) -> str:
+def event_time(ev: Mapping[str, Any]) -> str:
     return str(ev.get("lastTimestamp") or ev.get("eventTime")
                or (ev.get("metadata") or {}).get("creationTimestamp") or "")
 
@@ -66,7 +66,7 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
 
     by_name = {c.name: c for c in containers}
     latest: dict[str, K8sView] = {}
-    for ev in sorted(events, key=_event_time):
+    for ev in sorted(events, key=event_time):
         reason = ev.get("reason") or ""
         if reason not in (PULLING, PULLED, FAILED, BACKOFF):
             continue
@@ -77,7 +77,7 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
         if name not in by_name:
             continue
         message = ev.get("message") or ""
-        when = _event_time(ev)
+        when = event_time(ev)
         if reason == PULLING:
             latest[name] = K8sView(phase="Pulling", since=when)
         elif reason == PULLED:

@@ -34,19 +34,15 @@ from aggapi.testing.controlplane import (
     Proc,
     binary,
 )
+from tests.manifests.conftest import TLS_MODES as CHART_TLS_MODES
 
 pytestmark = pytest.mark.e2e
 
 CHART = REPO / "manifests/charts/aggapi"
 GROUP = "subresources.aggapi.io"
-TLS_MODES: dict[str, list[str]] = {
-    "helm": [],
-    "certManager": ["tls.mode=certManager"],
-    "certManager-issuer": ["tls.mode=certManager", "tls.certManager.issuerRef.name=corp-ca",
-                           "tls.certManager.issuerRef.kind=ClusterIssuer"],
-    "existingSecret": ["tls.mode=existingSecret", "tokenSigning.mode=existingSecret"],
-    "serviceMonitor": ["serviceMonitor.enabled=true"],
-}
+# The chart tests' TLS modes, plus the optional ServiceMonitor.
+TLS_MODES: dict[str, list[str]] = {**CHART_TLS_MODES,
+                                   "serviceMonitor": ["serviceMonitor.enabled=true"]}
 AGG = "rbac.authorization.k8s.io/aggregate-to-"
 
 
