@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -140,13 +140,25 @@ class FakeContainerd:
     def start_pull(self, img: FakeImage, lease: str) -> None:
         self.leases[lease] = (Lease(lease, self.now, {}), [])
 
-    def fetch_manifest(self, img: FakeImage, lease: str) -> None:
-        labels = {f"containerd.io/distribution.source.{img.host.split(':')[0]}": img.repo,
-                  "containerd.io/gc.ref.content.config": sha(img.config)}
+    def fetch_manifest(self, img: FakeImage, lease: str, source_label: bool = True) -> None:
+        """Commit the manifest and config. ``source_label=False`` stops in the window
+        where containerd has set the gc.ref labels but not yet the source label."""
+        labels = {"containerd.io/gc.ref.content.config": sha(img.config)}
+        if source_label:
+            labels.update(self.source_label(img))
         for i, (d, _) in enumerate(img.layers):
             labels[f"containerd.io/gc.ref.content.l.{i}"] = d
         self.put_blob(img.manifest, img.digest, len(img.manifest), labels, lease)
         self.put_blob(img.config, sha(img.config), len(img.config), {}, lease)
+
+    @staticmethod
+    def source_label(img: FakeImage) -> dict[str, str]:
+        return {f"containerd.io/distribution.source.{img.host.split(':')[0]}": img.repo}
+
+    def label_source(self, img: FakeImage) -> None:
+        data, info = self.blobs[img.digest]
+        self.blobs[img.digest] = (data, replace(info, labels={**info.labels,
+                                                              **self.source_label(img)}))
 
     def download(self, digest: str, offset: int, total: int, lease: str) -> None:
         ref = f"layer-{digest}"

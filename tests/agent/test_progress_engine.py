@@ -164,6 +164,24 @@ async def test_multi_arch_index_resolves_to_the_node_platform() -> None:
     assert state.pulls[0].repositories == ("127.0.0.1/app",)
 
 
+async def test_source_label_set_after_classification_is_picked_up() -> None:
+    """containerd labels a manifest's gc.refs before its distribution source; a
+    poll in between must not leave the pull without repositories for good."""
+    fake = FakeContainerd()
+    img = make_image(REF, [100], "app")
+    be = backend(fake)
+    fake.start_pull(img, "L1")
+    fake.fetch_manifest(img, "L1", source_label=False)
+    state = await be.observe([])
+    assert state.pulls is not None and state.pulls[0].repositories == ()
+    fake.label_source(img)
+    state = await be.observe([])
+    assert state.pulls is not None and state.pulls[0].repositories == ("127.0.0.1/app",)
+    reads = fake.calls.count("Info")
+    await be.observe([])
+    assert fake.calls.count("Info") == reads  # labelled now: not read again
+
+
 async def test_poller_calls_do_not_depend_on_subscribers() -> None:
     class Moving(FakeContainerd):
         async def list_statuses(self, filters: Sequence[str] = ()) -> list[IngestStatus]:

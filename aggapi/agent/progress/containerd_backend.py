@@ -92,6 +92,15 @@ class _Candidate:
     children: frozenset[str]
 
 
+def _source_repos(labels: Mapping[str, str]) -> dict[str, frozenset[str]]:
+    """host -> repositories, from containerd.io/distribution.source.<host> labels."""
+    repos: dict[str, set[str]] = {}
+    for k, v in labels.items():
+        if k.startswith(SOURCE_PREFIX):
+            repos.setdefault(k[len(SOURCE_PREFIX):], set()).update(v.split(","))
+    return {h: frozenset(r) for h, r in repos.items()}
+
+
 @dataclass
 class _Memory:
     """What the engine remembers about one watched image between polls."""
@@ -232,16 +241,25 @@ class ContainerdBackend:
         # Forget digests no pull holds any more: bounded memory.
         self._candidates = {d: c for d, c in self._candidates.items() if d in in_leases}
         self._not_candidates &= in_leases
-        # Each digest once: unclassified ones, and layers whose creation time (fetched
-        # by this pull or found in the store?) is not known yet.
+        # Each digest once: unclassified ones, layers whose creation time (fetched
+        # by this pull or found in the store?) is not known yet, and manifests still
+        # without their distribution-source label: containerd's pull sets gc.ref
+        # labels first and the source label in a later handler, so a manifest
+        # classified in between must be read again to learn its repositories.
         todo = [d for d in in_leases if d not in self._created
-                or (d not in self._candidates and d not in self._not_candidates)]
+                or (d not in self._candidates and d not in self._not_candidates)
+                or (d in self._candidates and not self._candidates[d].repos)]
         infos = await asyncio.gather(*(self.client.content_info(d) for d in todo))
         for digest, info in zip(todo, infos, strict=True):
             if info is None:
                 continue
             self._remember_created(digest, info.created_at)
-            if digest in self._candidates or digest in self._not_candidates:
+            repos = _source_repos(info.labels)
+            known = self._candidates.get(digest)
+            if known is not None:
+                known.repos = known.repos or repos
+                continue
+            if digest in self._not_candidates:
                 continue
             if not any(k.startswith(GC_REF_PREFIX) for k in info.labels):
                 # Configs and layers carry no gc.ref labels; a manifest gets them right
@@ -253,18 +271,13 @@ class ContainerdBackend:
             if not kind:
                 self._not_candidates.add(digest)
                 continue
-            repos: dict[str, set[str]] = {}
-            for k, v in info.labels.items():
-                if k.startswith(SOURCE_PREFIX):
-                    repos.setdefault(k[len(SOURCE_PREFIX):], set()).update(v.split(","))
             if kind == "index":
                 children = {str(m.get("digest", "")) for m in (doc or {}).get("manifests") or ()}
             else:
                 children = {str(x.get("digest", "")) for x in (doc or {}).get("layers") or ()}
                 children.add(str(((doc or {}).get("config") or {}).get("digest", "")))
                 self._not_candidates |= children & in_leases
-            self._candidates[digest] = _Candidate(
-                kind, {h: frozenset(r) for h, r in repos.items()}, frozenset(children))
+            self._candidates[digest] = _Candidate(kind, repos, frozenset(children))
 
     def _remember_created(self, digest: str, created: float) -> None:
         self._created[digest] = created
