@@ -4,6 +4,9 @@ A thousand clients following the same pod share one upstream stream from the
 agent and one merge with Kubernetes state; every object is JSON-encoded once.
 Memory is bounded: a reader that falls more than ``backlog`` objects behind gets
 the latest object per key (a coalesced snapshot) instead of everything it missed.
+CPU is bounded too: readers are woken at most once per ``linger`` seconds (the
+objects of one agent poll come in a burst), so each writes a burst in one TLS
+record instead of waking and writing once per object.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ class Item:
 
 class Broadcast:
     def __init__(self, key_of: Callable[[Obj], Hashable],
-                 is_terminal: Callable[[Obj], bool], backlog: int = 256) -> None:
+                 is_terminal: Callable[[Obj], bool], backlog: int = 256,
+                 linger: float = 0.0) -> None:
         self._key_of = key_of
         self._is_terminal = is_terminal
         self._ring: deque[Item] = deque(maxlen=backlog)
         self._latest: dict[Hashable, Item] = {}
         self._changed = asyncio.Event()
+        self._linger = linger
+        self._wake_at: asyncio.TimerHandle | None = None
         self.seq = 0
         self.closed = False
 
@@ -51,13 +57,22 @@ class Broadcast:
         self._ring.append(item)
         self._latest[("terminal",) if terminal else self._key_of(obj)] = item
         self.closed = terminal
+        if terminal or self._linger <= 0:
+            self._wake()
+        elif self._wake_at is None:
+            self._wake_at = asyncio.get_running_loop().call_later(self._linger, self._wake)
+
+    def _wake(self) -> None:
+        if self._wake_at is not None:
+            self._wake_at.cancel()
+            self._wake_at = None
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
     def finish(self) -> None:
         """No more objects (the producer ended without a final one)."""
         self.closed = True
-        self._changed.set()
+        self._wake()
 
     def drained(self, since: int) -> bool:
         """A reader at ``since`` has everything and nothing more will come."""
@@ -96,11 +111,12 @@ class SharedStreams:
 
     def __init__(self, *, key_of: Callable[[Obj], Hashable],
                  is_terminal: Callable[[Obj], bool],
-                 on_crash: Callable[[BaseException], Obj], backlog: int = 256) -> None:
+                 on_crash: Callable[[BaseException], Obj], backlog: int = 256,
+                 linger: float = 0.0) -> None:
         self._entries: dict[Hashable, _Entry] = {}
         self._key_of, self._is_terminal = key_of, is_terminal
         self._on_crash = on_crash
-        self._backlog = backlog
+        self._backlog, self._linger = backlog, linger
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -109,7 +125,7 @@ class SharedStreams:
     async def join(self, key: Hashable, producer: Producer) -> AsyncIterator[Broadcast]:
         entry = self._entries.get(key)
         if entry is None or entry.broadcast.closed:
-            bc = Broadcast(self._key_of, self._is_terminal, self._backlog)
+            bc = Broadcast(self._key_of, self._is_terminal, self._backlog, self._linger)
             entry = _Entry(bc, asyncio.create_task(self._run(producer, bc)))
             self._entries[key] = entry
         entry.refs += 1

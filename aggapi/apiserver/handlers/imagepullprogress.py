@@ -44,6 +44,8 @@ from aggapi.capability import ContainerRef
 from aggapi.status import StatusError, not_found
 
 GRANULARITIES = ("layer", "image", "pod")
+# Readers wake at most this often: one agent poll's objects go out in one write.
+FANOUT_LINGER = 0.03
 NODE_VIEW_INTERVAL = 2.0  # seconds between node-view fetches while a pull looks queued
 SYNC_TIMEOUT = 10.0
 # Agent phases that mean "the runtime shows no activity for this image yet".
@@ -225,7 +227,8 @@ def _crashed(exc: BaseException) -> dict[str, Any]:
 
 
 def new_progress_streams() -> SharedStreams:
-    return SharedStreams(key_of=_object_key, is_terminal=_is_terminal, on_crash=_crashed)
+    return SharedStreams(key_of=_object_key, is_terminal=_is_terminal, on_crash=_crashed,
+                         linger=FANOUT_LINGER)
 
 
 class _Producer:
@@ -243,6 +246,11 @@ class _Producer:
         self.merger = _Merger(containers)
         self.loop = asyncio.get_running_loop()
         self._node_view_at = 0.0
+        # The agent's latest Progress objects and what we published for them: kubelet's
+        # view (a Pulling event) or the node's slots can change while the agent has
+        # nothing new to say, and the merged object must follow.
+        self._raw: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        self._sent: dict[tuple[str, str, str, str], dict[str, Any]] = {}
 
     def _error(self, message: str, **extra: Any) -> None:
         self.out.publish({"kind": "Error", "phase": "Unknown", "time": _now(),
@@ -304,7 +312,9 @@ class _Producer:
                 if line_task is None:
                     line_task = asyncio.ensure_future(upstream.content.readline())
                 if pod_task is None:
-                    pod_task = asyncio.ensure_future(self.pw.wait_changed(pod_version, 3600))
+                    # While a pull looks queued, wake up to re-read the node's slots.
+                    tick = NODE_VIEW_INTERVAL if self._any_queued() else 3600
+                    pod_task = asyncio.ensure_future(self.pw.wait_changed(pod_version, tick))
                 done, _ = await asyncio.wait({line_task, pod_task},
                                              return_when=asyncio.FIRST_COMPLETED)
                 if pod_task in done:
@@ -319,6 +329,7 @@ class _Producer:
                     if failure is not None:
                         self.out.publish(failure)
                         return
+                    await self._remerge(node)
                 if line_task in done:
                     try:
                         line = line_task.result()
@@ -351,13 +362,34 @@ class _Producer:
             return False
         if self.merger.queued(obj):
             await self._refresh_node_view(node)
-        self.out.publish(self.merger.apply(obj))
+        self._publish_merged(obj)
         if obj.get("kind") == "Progress":
             failure = self.merger.failure()
             if failure is not None:
                 self.out.publish(failure)
                 return True
         return _is_terminal(obj)
+
+    def _publish_merged(self, obj: dict[str, Any]) -> None:
+        merged = self.merger.apply(obj)
+        if obj.get("kind") == "Progress":
+            key = _object_key(obj)
+            self._raw[key] = obj
+            self._sent[key] = merged
+        self.out.publish(merged)
+
+    def _any_queued(self) -> bool:
+        return any(self.merger.queued(o) for o in self._raw.values())
+
+    async def _remerge(self, node: str) -> None:
+        """Publish again the objects whose merged form changed without agent news."""
+        if self._any_queued():
+            await self._refresh_node_view(node)
+        for key, obj in list(self._raw.items()):
+            merged = self.merger.apply(obj)
+            if merged != self._sent.get(key):
+                self._sent[key] = merged
+                self.out.publish({**merged, "time": _now()})
 
     async def _refresh_node_view(self, node: str) -> None:
         now = self.loop.time()

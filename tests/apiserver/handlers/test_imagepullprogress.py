@@ -289,11 +289,14 @@ async def test_server_sent_events(stack: Stack, cri: CRIClient, busybox_image: s
     assert "event: summary" in events[-1]
 
 
+@pytest.mark.parametrize("event_first", [True, False], ids=["event-first", "stream-first"])
 async def test_waiting_for_a_pull_slot(
         tmp_path: Path, stack: Stack, cri: CRIClient, ctd: Any, throttle: ThrottleProxy,
-        big_image: Any, busybox_image: str) -> None:
+        big_image: Any, busybox_image: str, event_first: bool) -> None:
     """KEP-3673: kubelet said Pulling, the runtime shows nothing, the node is at its
-    limit (maxParallelImagePulls: 1, one pull in flight) -> Waiting, with the pulls."""
+    limit (maxParallelImagePulls: 1, one pull in flight) -> Waiting, with the pulls.
+    stream-first: the Pulling event comes while the stream is open and the agent has
+    nothing new to say; the stream must still turn to Waiting."""
     kubelet = tmp_path / "kubelet.yaml"
     kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
                        "serializeImagePulls: false\nmaxParallelImagePulls: 1\n")
@@ -307,8 +310,13 @@ async def test_waiting_for_a_pull_slot(
         queued_ref = busybox_image.replace("busybox:1", "busybox:queued")
         pod = pod_object("second", [("app", queued_ref)])
         stack.kube.put("api/v1", "pods", pod)
-        stack.add_event(pod, "Pulling", "app", f'Pulling image "{queued_ref}"',
-                        "2026-01-01T00:00:01Z")
+
+        def pulling() -> None:
+            stack.add_event(pod, "Pulling", "app", f'Pulling image "{queued_ref}"',
+                            "2026-01-01T00:00:01Z")
+
+        if event_first:
+            pulling()
         await asyncio.sleep(1.5)  # the first pull is in flight
         seen: list[dict[str, Any]] = []
 
@@ -317,7 +325,10 @@ async def test_waiting_for_a_pull_slot(
                                                           watch=True)) as resp:
                 async for line in resp.content:
                     seen.append(json.loads(line))
-                    if seen[-1].get("phase") == "Waiting":
+                    if not event_first and len(seen) == 1:
+                        assert "waiting" not in seen[0]  # kubelet has not said Pulling
+                        pulling()
+                    if "waiting" in seen[-1]:
                         return
 
         await asyncio.wait_for(read(), 30)
