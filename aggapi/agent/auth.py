@@ -62,25 +62,20 @@ def bearer(request: web.Request) -> str:
 
 
 async def check_pod(cri: SandboxLister, cap: Capability) -> None:
-    """Refuse a token whose pod is not the one this node knows by that name.
+    """Refuse a token whose pod uid this node knows under another name.
 
-    A pod that has no sandbox yet (still being scheduled) is accepted: its images
-    may be pulled before the sandbox exists.
+    The uid is what the apiserver vouches for, and everything the agent does for
+    the token is found by that uid. A pod with no sandbox yet is accepted (its
+    images are pulled before it exists), and so is one whose name still has an
+    older sandbox: a pod deleted and created again under the same name (a
+    StatefulSet's, say) while kubelet tears the old one down.
     """
     if not cap.pod_uid:
         return
-    by_uid = await cri.list_pod_sandboxes({POD_UID: cap.pod_uid})
-    for sb in by_uid:
+    for sb in await cri.list_pod_sandboxes({POD_UID: cap.pod_uid}):
         if (sb.namespace, sb.name) != (cap.pod_namespace, cap.pod_name):
             raise StatusError(403, f"pod uid {cap.pod_uid} on this node is "
                                    f"{sb.namespace}/{sb.name}, not the token's pod")
-    if by_uid:
-        return
-    by_name = await cri.list_pod_sandboxes({POD_NAMESPACE: cap.pod_namespace,
-                                            POD_NAME: cap.pod_name})
-    if by_name:
-        raise StatusError(403, f"pod {cap.pod_namespace}/{cap.pod_name} on this node has "
-                               f"uid {by_name[0].uid}, not the token's {cap.pod_uid}")
 
 
 def auth_middleware(verifier: CapabilityVerifier, allowed_cns: Collection[str],

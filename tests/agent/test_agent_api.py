@@ -50,7 +50,7 @@ def fake() -> FakeContainerd:
 async def agent(tmp_path: Path, fake: FakeContainerd) -> AsyncIterator[Agent]:
     kcfg = tmp_path / "kubelet.json"
     kcfg.write_text(json.dumps({"kind": "KubeletConfiguration", "serializeImagePulls": True}))
-    cri = FakeCRI([sandbox("default", "p", "uid-1")])
+    cri = FakeCRI([sandbox("default", "p", "uid-1"), sandbox("default", "q", "uid-3")])
     async with run_agent(pki(tmp_path / "pki"), cri=cri, containerd=fake,
                          poll_interval=0.02, kubelet_config=str(kcfg)) as a:
         yield a
@@ -126,8 +126,8 @@ async def test_bad_tokens_are_refused(agent: Agent, case: str) -> None:
         token, want = agent.token(images=[REF], node="node-b"), 403
     elif case == "wrong-op":
         token, want = agent.token("copy.stat", images=[REF]), 403
-    elif case == "other-pod":
-        token, want = agent.token(images=[REF], uid="uid-2"), 403
+    elif case == "other-pod":  # uid-3 is pod q on this node, the token says p
+        token, want = agent.token(images=[REF], uid="uid-3"), 403
     elif case == "other-container":
         code, _ = await status(agent, agent.token(images=[REF]), container="nope")
         assert code == 403
@@ -137,6 +137,13 @@ async def test_bad_tokens_are_refused(agent: Agent, case: str) -> None:
     code, body = await status(agent, token)
     assert code == want, body
     assert json.loads(body)["kind"] == "Status"
+
+
+async def test_a_pod_created_again_under_its_name_is_accepted(agent: Agent) -> None:
+    """default/p was deleted and created again (uid-2) while the old sandbox (uid-1)
+    is still on the node: the new pod's token is good."""
+    code, body = await status(agent, agent.token(images=[REF], uid="uid-2"), follow="false")
+    assert code == 200, body
 
 
 async def test_replayed_token_is_refused(agent: Agent) -> None:
