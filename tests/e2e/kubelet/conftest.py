@@ -149,15 +149,27 @@ def delete_pods(cp: ControlPlane, *names: str) -> None:
 
 def forget_images(node: Node, *repos: str) -> None:
     """Remove images (every tag and digest of these repositories) from containerd so the
-    next pod pulls them again."""
+    next pod pulls them again. Sandboxes whose containers use them (left by pods that
+    were just deleted; kubelet tears them down in its own time) go first: their
+    snapshots would otherwise keep the layers, and containerd's next pull would skip
+    them (nothing downloaded: AlreadyPresent)."""
+
+    def ours(name: str) -> bool:
+        return any(name.split("/", 1)[-1].split("@")[0].split(":")[0] == r.split(":")[0]
+                   for r in repos)
 
     async def go() -> None:
         async with CRIClient(node.cri_address) as cri:
-            for img in await cri.list_images():
-                names = (*img.repo_tags, *img.repo_digests)
-                if any(n.split("/", 1)[-1].split("@")[0].split(":")[0] == r.split(":")[0]
-                       for n in names for r in repos):
-                    await cri.remove_image(img.id)
+            images = [img for img in await cri.list_images()
+                      if any(ours(n) for n in (*img.repo_tags, *img.repo_digests))]
+            ids = {img.id for img in images}
+            holders = {c.sandbox_id for c in await cri.list_containers()
+                       if ours(c.image) or c.image_ref in ids or c.image in ids}
+            for sb in holders:
+                await cri.stop_pod_sandbox(sb)
+                await cri.remove_pod_sandbox(sb)
+            for img in images:
+                await cri.remove_image(img.id)
 
     asyncio.run(go())
 
