@@ -76,9 +76,6 @@ def test_real_pull_progress_over_90s(control_plane: ControlPlane, node: Node,
     delete_pods(cp, "kpull")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known gap: with the real kubelet the held-back pull is not yet reported as Waiting "
-    "(the agent's attribution of in-flight leases to images needs work); see closing note"))
 @pytest.mark.parametrize(("serialize", "max_parallel"), [(False, 1), (True, None)],
                          ids=["parallel-max1", "serialized"])
 def test_kep3673_waiting_then_downloading(control_plane: ControlPlane, node: Node,
