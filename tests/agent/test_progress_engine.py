@@ -213,6 +213,35 @@ async def test_poller_calls_do_not_depend_on_subscribers() -> None:
     assert one == many == 4.0
 
 
+async def test_an_image_removed_and_pulled_again_is_followed_afresh() -> None:
+    """Pull, nobody watching, image removed (kubelet's GC), pulled again: the next
+    watcher sees the new pull, not the old one's lease gone without an image."""
+    fake = FakeContainerd()
+    img = make_image(REF, [1000], "app")
+    poller = ProgressPoller(backend(fake), interval=0.005)
+    fake.start_pull(img, "L1")
+    fake.fetch_manifest(img, "L1")
+    fake.download(img.layers[0][0], 100, 1000, "L1")
+    async with poller.subscribe([REF]) as sub:
+        st = await sub.next()
+        assert st is not None and st.images[REF].phase == "Downloading"
+    fake.commit(img.layers[0][0], 1000, "L1")
+    fake.finish(img, "L1")
+    del fake.images[img.name]  # removed while nobody watched
+    fake.now += 10
+    fake.start_pull(img, "L2")
+    async with poller.subscribe([REF]) as sub:
+        st = await sub.next()
+        assert st is not None
+        assert st.images[REF].phase in ("Waiting", "Resolving", "Downloading"), st.images[REF]
+        fake.fetch_manifest(img, "L2")
+        fake.download(img.layers[0][0], 500, 1000, "L2")
+        while st.images[REF].progress != 500:
+            st = await sub.next()
+            assert st is not None and st.images[REF].phase != "Failed", st.images[REF]
+    await poller.close()
+
+
 async def test_slow_subscriber_gets_latest_state_only() -> None:
     fake = FakeContainerd()
     img = make_image(REF, [10_000], "app")

@@ -11,8 +11,6 @@ import asyncio
 import time
 from typing import Any
 
-import pytest
-
 from aggapi.testing.controlplane import ControlPlane, Proc
 from aggapi.testing.node import Node
 from aggapi.testing.pods import ContainerSpec
@@ -204,10 +202,6 @@ async def test_no_agent_on_the_node_is_503(control_plane: ControlPlane, node: No
         assert 'no ready aggapi agent on node "node-without-agent"' in r.err, r.err
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known gap: the agent's containerd backend remembers the earlier pull's lease, so "
-    "after the image is removed and pulled again the new stream can start with that "
-    "pull's stale Failed; see the closing note"))
 async def test_image_removed_then_pulled_again_is_followed_live(
         control_plane: ControlPlane, node: Node, node_agent: Proc,
         standin: SyncStandin) -> None:

@@ -143,10 +143,20 @@ class ContainerdBackend:
         self._not_candidates: set[str] = set()
         self._created: OrderedDict[str, float] = OrderedDict()  # content digest -> created_at
         self._memory: dict[str, _Memory] = {}
+        self._forget = False
 
     # -- one poll ---------------------------------------------------------------------
 
+    def forget(self) -> None:
+        """Nobody watches any more: drop what was remembered per image (an image may
+        be removed and pulled again before the next watcher comes). Applied when the
+        next observation starts, never under one in flight."""
+        self._forget = True
+
     async def observe(self, watched: Iterable[str]) -> NodeState:
+        if self._forget:
+            self._memory.clear()
+            self._forget = False
         refs = sorted(set(watched))
         wall, mono = self._clock(), self._mono()
         statuses, leases, snaps = await asyncio.gather(

@@ -35,6 +35,9 @@ class CRIBackend:
         self._clock = clock
         self._present_at_start: dict[str, bool] = {}
 
+    def forget(self) -> None:
+        self._present_at_start.clear()
+
     async def observe(self, watched: Iterable[str]) -> NodeState:
         refs = sorted(set(watched))
         valid = []

@@ -27,6 +27,9 @@ class Backend(Protocol):
 
     async def observe(self, watched: Iterable[str]) -> NodeState: ...
 
+    def forget(self) -> None:
+        """Drop per-image memory (pull history) kept between observations."""
+
 
 class Subscription:
     def __init__(self, poller: ProgressPoller, images: frozenset[str]) -> None:
@@ -110,8 +113,10 @@ class ProgressPoller:
             self._task.cancel()
             self._task = None
             # Nobody watches the node now: what we saw goes stale (an image may be
-            # removed and pulled again meanwhile). The next subscriber waits for a poll.
+            # removed and pulled again meanwhile). The next subscriber waits for a poll,
+            # and the backend starts without the last pull's history.
             self.state = None
+            self.backend.forget()
 
     async def observe_once(self, images: Iterable[str] = ()) -> NodeState:
         """One poll for a one-shot request; when the poller is running and already
@@ -120,7 +125,10 @@ class ProgressPoller:
         if self.running and self.state is not None and want <= self.watched():
             return self.state
         async with self._lock:
-            return await self.backend.observe(want | self.watched())
+            state = await self.backend.observe(want | self.watched())
+            if not self.running:
+                self.backend.forget()  # a one-shot answer leaves no history behind
+            return state
 
     async def close(self) -> None:
         if self._task is not None:
