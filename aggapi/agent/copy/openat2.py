@@ -4,8 +4,10 @@
 with kernel-enforced scoping (RESOLVE_IN_ROOT, RESOLVE_BENEATH, ...), so no
 path is ever resolved in the host's view. ``renameat2`` gives RENAME_NOREPLACE
 for ``overwrite=false`` and ``linkat(AT_EMPTY_PATH)`` links an inode we hold
-an fd on, not whatever a name points to at that moment. All are blocking
-syscalls on metadata: callers run them in worker threads.
+an fd on, not whatever a name points to at that moment. ``sync_file_range``
+starts writeback of an upload while it is still arriving, so the fsync before
+the rename has little left to do. All are blocking syscalls: callers run them
+in worker threads.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ _renameat2.restype = ctypes.c_int
 _linkat = _libc.linkat
 _linkat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
 _linkat.restype = ctypes.c_int
+_sync_file_range = _libc.sync_file_range
+_sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_sync_file_range.restype = ctypes.c_int
+SYNC_FILE_RANGE_WRITE = 2
 
 
 def _nr() -> int:
@@ -93,3 +99,9 @@ def link_fd(fd: int, newdirfd: int, newname: str) -> None:
     AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH, which the privileged agent has."""
     if _linkat(fd, b"", newdirfd, os.fsencode(newname), AT_EMPTY_PATH) != 0:
         _raise("linkat", newname)
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """Ask the kernel to start writing [offset, offset+nbytes) to disk, without
+    waiting. Best effort: False where the file system does not support it."""
+    return _sync_file_range(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE) == 0
