@@ -1,4 +1,4 @@
-"""A small list+watch cache (an "informer") over kubernetes_asyncio, holding plain dicts.
+"""A small list+watch cache (an "informer") over aggapi.kube, holding plain dicts.
 
 Used where aggapi needs current cluster state on every request without one API
 call per request: the agent EndpointSlices (node -> agent address). It relists on
@@ -11,16 +11,13 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes_asyncio import watch
-from kubernetes_asyncio.client import ApiClient
-from kubernetes_asyncio.client.exceptions import ApiException
+from aggapi.kube import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
 
-ListFunc = Callable[..., Awaitable[Any]]
 Listener = Callable[[str, Mapping[str, Any]], None]
 
 
@@ -31,20 +28,21 @@ def _key(obj: Mapping[str, Any]) -> str:
 
 
 class Informer:
-    """Keep ``items`` equal to what ``list_func(**kwargs)`` returns, via watch."""
+    """Keep ``items`` equal to what listing ``path`` with ``params`` (selectors) returns,
+    via watch. ``path`` is a collection, e.g. ``/api/v1/namespaces/ns/pods``."""
 
     def __init__(
         self,
-        api_client: ApiClient,
-        list_func: ListFunc,
+        kube: KubeClient,
+        path: str,
+        params: Mapping[str, str] | None = None,
         *,
         watch_timeout: int = 300,
         max_backoff: float = 30.0,
-        **kwargs: Any,
     ) -> None:
-        self._api = api_client
-        self._list = list_func
-        self._kwargs = kwargs
+        self._kube = kube
+        self.path = path
+        self._params = dict(params or {})
         self._watch_timeout = watch_timeout
         self._max_backoff = max_backoff
         self.items: dict[str, dict[str, Any]] = {}
@@ -58,7 +56,7 @@ class Informer:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"informer:{self._list.__name__}")
+            self._task = asyncio.create_task(self._run(), name=f"informer:{self.path}")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -75,8 +73,7 @@ class Informer:
                 log.exception("informer listener failed")
 
     async def _relist(self) -> str:
-        result = await self._list(**self._kwargs)
-        data = self._api.sanitize_for_serialization(result)
+        data = await self._kube.get(self.path, self._params)
         self.items = {_key(o): o for o in data.get("items") or []}
         self.synced.set()
         self._notify("RELIST", {})
@@ -92,34 +89,27 @@ class Informer:
                     rv = await self._watch(rv)
             except asyncio.CancelledError:
                 raise
-            except ApiException as exc:
-                if exc.status != 410:
-                    log.warning("informer %s: %s", self._list.__name__, exc.reason)
+            except KubeError as exc:
+                if exc.status != 410:  # 410 Gone: our resourceVersion expired; relist
+                    log.warning("informer %s: %s", self.path, exc)
             except Exception as exc:  # keep the cache alive through outages
-                log.warning("informer %s: %r", self._list.__name__, exc)
+                log.warning("informer %s: %r", self.path, exc)
             await asyncio.sleep(backoff * (1 + random.random() / 2))
             backoff = min(backoff * 2, self._max_backoff)
 
     async def _watch(self, rv: str) -> str:
-        w = watch.Watch()
-        try:
-            async with w.stream(self._list, resource_version=rv,
-                                timeout_seconds=self._watch_timeout,
-                                allow_watch_bookmarks=True, **self._kwargs) as stream:
-                async for event in stream:
-                    kind = event["type"]
-                    obj = event["raw_object"]
-                    if kind == "ERROR":
-                        code = obj.get("code") if isinstance(obj, dict) else None
-                        raise ApiException(status=code or 500, reason=str(obj))
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        self.items.pop(_key(obj), None)
-                    else:
-                        self.items[_key(obj)] = obj
-                    self._notify(kind, obj)
-        finally:
-            w.stop()
+        events = self._kube.watch(self.path, self._params, resource_version=rv,
+                                  timeout_seconds=self._watch_timeout)
+        async with contextlib.aclosing(events):
+            async for kind, obj in events:
+                if kind == "ERROR":
+                    raise KubeError.from_status(500, obj)
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if kind == "BOOKMARK":
+                    continue
+                if kind == "DELETED":
+                    self.items.pop(_key(obj), None)
+                else:
+                    self.items[_key(obj)] = obj
+                self._notify(kind, obj)
         return rv

@@ -51,7 +51,7 @@ async def run(requests: int, concurrency: int) -> dict[str, float]:
         "requestheader-group-headers": json.dumps(["X-Remote-Group"]),
         "requestheader-extra-headers-prefix": json.dumps(["X-Remote-Extra-"])}})
     await kube.start()
-    api = kube.client()
+    api = kube.kube_client()
     cfg = ApiServerConfig(bind_address="127.0.0.1", secure_port=0,
                           tls_cert_file=str(tmp / "tls.crt"),
                           tls_private_key_file=str(tmp / "tls.key"))

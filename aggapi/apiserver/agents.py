@@ -13,9 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client import ApiClient
-
+from aggapi.kube import KubeClient, path_segment
 from aggapi.kubewatch import Informer
 from aggapi.status import StatusError
 
@@ -55,15 +53,14 @@ def endpoints_from_slice(es: Mapping[str, Any], port_name: str) -> list[AgentEnd
 class AgentDirectory:
     """Which agent serves which node; ``lookup`` is a dict read."""
 
-    def __init__(self, api: ApiClient, *, namespace: str, service: str,
+    def __init__(self, api: KubeClient, *, namespace: str, service: str,
                  port_name: str = "https") -> None:
         self._port_name = port_name
         self._by_node: dict[str, AgentEndpoint] = {}
         self._informer = Informer(
             api,
-            client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
-            namespace=namespace,
-            label_selector=f"kubernetes.io/service-name={service}",
+            f"/apis/discovery.k8s.io/v1/namespaces/{path_segment(namespace)}/endpointslices",
+            {"labelSelector": f"kubernetes.io/service-name={service}"},
         )
         self._informer.add_listener(lambda _kind, _obj: self._rebuild())
         self.service = f"{namespace}/{service}"

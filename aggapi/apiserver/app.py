@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient
 
 from aggapi import GROUP, VERSION
 from aggapi.apiserver import appkeys, discovery, health, openapi
@@ -25,6 +24,7 @@ from aggapi.apiserver.podwatch import PodWatchHub
 from aggapi.apiserver.requestinfo import requestinfo_middleware
 from aggapi.apiserver.shutdown import Lifecycle, on_shutdown
 from aggapi.capability import CapabilitySigner
+from aggapi.kube import KubeClient
 from aggapi.logs import audit_id_middleware
 from aggapi.status import status_middleware
 from aggapi.tlsconfig import ServingTLS
@@ -77,7 +77,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         await agent.close()
 
 
-def _agent_client(config: ApiServerConfig, kube_api: ApiClient) -> AgentClient | None:
+def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient | None:
     files = (config.agent_ca_file, config.agent_client_cert_file,
              config.agent_client_key_file, config.token_signing_key_file)
     if not all(files):
@@ -94,7 +94,7 @@ def _agent_client(config: ApiServerConfig, kube_api: ApiClient) -> AgentClient |
                        key_file=config.agent_client_key_file)
 
 
-def build_app(config: ApiServerConfig, *, kube_api: ApiClient,
+def build_app(config: ApiServerConfig, *, kube_api: KubeClient,
               tls: ServingTLS | None = None,
               auth_source: AuthConfigSource | None = None) -> web.Application:
     """The application; ``kube_api`` stays the caller's to close."""

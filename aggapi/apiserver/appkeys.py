@@ -6,9 +6,9 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient
 
 from aggapi.apiserver.user import UserInfo
+from aggapi.kube import KubeClient
 
 if TYPE_CHECKING:
     from aggapi.apiserver.agentclient import AgentClient
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from aggapi.tlsconfig import ServingTLS
 
 CONFIG: web.AppKey[ApiServerConfig] = web.AppKey("config", object)  # type: ignore[arg-type]
-# kubernetes_asyncio client for the cluster (owned by whoever built the app).
-KUBE_API: web.AppKey[ApiClient] = web.AppKey("kube_api", ApiClient)
+# Kubernetes API client for the cluster (owned by whoever built the app).
+KUBE_API: web.AppKey[KubeClient] = web.AppKey("kube_api", KubeClient)
 AUTH_SOURCE: web.AppKey[AuthConfigSource] = web.AppKey("auth_source", object)  # type: ignore[arg-type]
 AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator", object)  # type: ignore[arg-type]
 # Handlers may make extra SubjectAccessReviews through it (cached like the rest).

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
-from kubernetes_asyncio import client
 
+from aggapi.kube import KubeClient, path_segment
 from aggapi.kubewatch import Informer
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ Listener = Callable[[AuthConfig], Awaitable[None]]
 class AuthConfigSource:
     """Lists then watches the ConfigMap; ``current`` is None until first read."""
 
-    def __init__(self, api: client.ApiClient, namespace: str = "kube-system",
+    def __init__(self, api: KubeClient, namespace: str = "kube-system",
                  name: str = "extension-apiserver-authentication", *,
                  max_backoff: float = 10.0) -> None:
         self.api = api
@@ -111,9 +111,10 @@ class AuthConfigSource:
 
     async def run(self) -> None:
         """Follow the ConfigMap through a list+watch cache (relists, backs off)."""
-        informer = Informer(self.api, client.CoreV1Api(self.api).list_namespaced_config_map,
-                            max_backoff=self.max_backoff, namespace=self.namespace,
-                            field_selector=f"metadata.name={self.name}")
+        informer = Informer(self.api,
+                            f"/api/v1/namespaces/{path_segment(self.namespace)}/configmaps",
+                            {"fieldSelector": f"metadata.name={self.name}"},
+                            max_backoff=self.max_backoff)
         changed = asyncio.Event()
         informer.add_listener(lambda _kind, _obj: changed.set())
         informer.start()

@@ -28,16 +28,18 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from kubernetes_asyncio import client
 
 from aggapi.apiserver import appkeys
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource
 from aggapi.apiserver.cache import TTLCache
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.user import UserInfo, anonymous
+from aggapi.kube import KubeClient
 from aggapi.status import Handler, StatusError
 
 log = logging.getLogger(__name__)
+
+TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 
 # Paths served to anyone: probes must not depend on the control plane.
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
@@ -92,7 +94,7 @@ class _PeerCheck:
 
 
 class TokenReviewer:
-    def __init__(self, api: client.ApiClient, metrics: Metrics, *, ttl: float = 10.0,
+    def __init__(self, api: KubeClient, metrics: Metrics, *, ttl: float = 10.0,
                  maxsize: int = 10000, timeout: float = 5.0) -> None:
         self.api = api
         self.metrics = metrics
@@ -111,23 +113,23 @@ class TokenReviewer:
         return result
 
     async def _review(self, token: str) -> UserInfo | str:
-        body = client.V1TokenReview(api_version="authentication.k8s.io/v1", kind="TokenReview",
-                                    spec=client.V1TokenReviewSpec(token=token))
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token}}
         try:
-            resp = await client.AuthenticationV1Api(self.api).create_token_review(
-                body, _request_timeout=self.timeout)
+            resp = await self.api.post(TOKENREVIEWS, body, timeout=self.timeout)
         except Exception as exc:
             self.metrics.tokenreview.labels("error").inc()
             log.warning("TokenReview failed: %s", exc)
             raise AuthenticationFailed("tokenreview_error", "token review failed") from exc
-        status = resp.status
-        if not status or not status.authenticated or not status.user:
+        status = resp.get("status") or {}
+        u = status.get("user")
+        if not status.get("authenticated") or not u:
             self.metrics.tokenreview.labels("unauthenticated").inc()
-            return (status.error if status and status.error else "invalid bearer token")
+            return str(status.get("error") or "invalid bearer token")
         self.metrics.tokenreview.labels("authenticated").inc()
-        u = status.user
-        return UserInfo(u.username or "", u.uid or "", tuple(u.groups or ()),
-                        {k: tuple(v or ()) for k, v in (u.extra or {}).items()})
+        return UserInfo(str(u.get("username") or ""), str(u.get("uid") or ""),
+                        tuple(u.get("groups") or ()),
+                        {k: tuple(v or ()) for k, v in (u.get("extra") or {}).items()})
 
 
 class Authenticator:

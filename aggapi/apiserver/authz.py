@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from kubernetes_asyncio import client
 
 from aggapi.apiserver import appkeys
 from aggapi.apiserver.cache import TTLCache
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.requestinfo import RequestInfo
 from aggapi.apiserver.user import UserInfo
+from aggapi.kube import KubeClient
 from aggapi.status import Handler, StatusError, forbidden
 
 log = logging.getLogger(__name__)
+
+SUBJECTACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 OPEN_PREFIXES = ("/openapi/",)
 OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/apis", "/openapi/v2",
@@ -41,7 +43,7 @@ class AuthorizationError(Exception):
 
 
 class Authorizer:
-    def __init__(self, api: client.ApiClient, metrics: Metrics, *, allow_ttl: float = 10.0,
+    def __init__(self, api: KubeClient, metrics: Metrics, *, allow_ttl: float = 10.0,
                  deny_ttl: float = 10.0, maxsize: int = 10000, timeout: float = 5.0) -> None:
         self.api = api
         self.metrics = metrics
@@ -62,15 +64,14 @@ class Authorizer:
     async def _review(self, user: UserInfo, attrs: RequestInfo) -> Decision:
         body = sar_body(user, attrs)
         try:
-            resp = await client.AuthorizationV1Api(self.api).create_subject_access_review(
-                body, _request_timeout=self.timeout)  # type: ignore[arg-type]
+            resp = await self.api.post(SUBJECTACCESSREVIEWS, body, timeout=self.timeout)
         except Exception as exc:
             self.metrics.sar.labels("error").inc()
             log.warning("SubjectAccessReview failed: %s", exc)
             raise AuthorizationError(str(exc)) from exc
-        status = resp.status
-        allowed = bool(status and status.allowed and not status.denied)
-        reason = (status.reason or status.evaluation_error or "") if status else ""
+        status = resp.get("status") or {}
+        allowed = bool(status.get("allowed") and not status.get("denied"))
+        reason = str(status.get("reason") or status.get("evaluationError") or "")
         self.metrics.sar.labels("allowed" if allowed else "denied").inc()
         return Decision(allowed, reason)
 

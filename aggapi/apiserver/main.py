@@ -56,5 +56,9 @@ def main(argv: Sequence[str]) -> int:
     if not config.tls_cert_file or not config.tls_private_key_file:
         log.error("--tls-cert-file and --tls-private-key-file are required")
         return 2
-    eventloop.run(serve(config))
+    try:
+        eventloop.run(serve(config))
+    except kube.KubeConfigError as exc:  # a clear line, not a traceback, for operators
+        log.error("cannot use the Kubernetes client configuration: %s", exc)
+        return 1
     return 0

@@ -6,15 +6,14 @@ capability), so the agent never needs Kubernetes API permissions.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client import ApiClient
-from kubernetes_asyncio.client.exceptions import ApiException
+import aiohttp
 
 from aggapi.capability import ContainerRef
+from aggapi.kube import KubeClient, KubeError, path_segment
 from aggapi.status import StatusError, not_found
 
 
@@ -74,28 +73,19 @@ def target_from_pod(pod: Mapping[str, Any]) -> PodTarget:
     )
 
 
-async def read_json(call: Awaitable[Any]) -> dict[str, Any]:
-    """Await a kubernetes_asyncio call made with ``_preload_content=False``.
+async def get_pod(api: KubeClient, namespace: str, name: str) -> dict[str, Any]:
+    """GET the pod as a plain dict; 404 Status if missing, 503 if the API fails.
 
-    Raw JSON, not the typed models: those silently drop fields newer than the
-    client (image volumes, say), and the pod is what we sign for the agent.
+    Raw JSON, never typed models: those drop fields newer than the client (image
+    volumes, say), and the pod is what we sign for the agent.
     """
-    resp = await call
     try:
-        if not 200 <= resp.status <= 299:
-            raise ApiException(status=resp.status, reason=resp.reason)
-        data: dict[str, Any] = await resp.json()
-        return data
-    finally:
-        resp.release()
-
-
-async def get_pod(api: ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    """GET the pod as a plain dict; 404 Status if missing, 503 if the API fails."""
+        path = f"/api/v1/namespaces/{path_segment(namespace)}/pods/{path_segment(name)}"
+    except ValueError:
+        raise not_found("pods", name) from None
     try:
-        return await read_json(client.CoreV1Api(api).read_namespaced_pod(
-            name, namespace, _preload_content=False))
-    except ApiException as exc:
+        return await api.get(path)
+    except KubeError as exc:
         if exc.status == 404:
             raise not_found("pods", name) from None
         if exc.status in (401, 403):
@@ -104,7 +94,21 @@ async def get_pod(api: ApiClient, namespace: str, name: str) -> dict[str, Any]:
                               retry_after=5) from None
         raise StatusError(503, f"reading pod {namespace}/{name}: {exc.reason}",
                           retry_after=2) from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise StatusError(503, f"reading pod {namespace}/{name}: {exc!r}",
+                          retry_after=2) from None
 
 
-async def lookup(api: ApiClient, namespace: str, name: str) -> PodTarget:
+async def lookup(api: KubeClient, namespace: str, name: str) -> PodTarget:
     return target_from_pod(await get_pod(api, namespace, name))
+
+
+async def pods_on_node(api: KubeClient, node: str) -> list[PodTarget]:
+    """Every pod bound to ``node``, across namespaces; 503 if the API fails."""
+    try:
+        data = await api.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
+    except (KubeError, aiohttp.ClientError, TimeoutError) as exc:
+        reason = exc.reason if isinstance(exc, KubeError) else repr(exc)
+        raise StatusError(503, f"listing pods on node {node}: {reason}",
+                          retry_after=2) from None
+    return [target_from_pod(p) for p in data.get("items") or []]

@@ -11,26 +11,22 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client import ApiClient
-
 from aggapi.apiserver.pullstate import event_time
+from aggapi.kube import KubeClient, path_segment
 from aggapi.kubewatch import Informer
 
 
 class PodWatch:
     """The latest pod object and its events; ``changed`` wakes waiters on any update."""
 
-    def __init__(self, api: ApiClient, namespace: str, name: str) -> None:
-        core = client.CoreV1Api(api)
+    def __init__(self, api: KubeClient, namespace: str, name: str) -> None:
         self.namespace, self.name = namespace, name
         self.version = 0
         self._cond = asyncio.Condition()
-        self._pod = Informer(api, core.list_namespaced_pod, namespace=namespace,
-                             field_selector=f"metadata.name={name}")
-        self._events = Informer(api, core.list_namespaced_event, namespace=namespace,
-                                field_selector=f"involvedObject.name={name},"
-                                               "involvedObject.kind=Pod")
+        ns = f"/api/v1/namespaces/{path_segment(namespace)}"
+        self._pod = Informer(api, f"{ns}/pods", {"fieldSelector": f"metadata.name={name}"})
+        self._events = Informer(api, f"{ns}/events", {
+            "fieldSelector": f"involvedObject.name={name},involvedObject.kind=Pod"})
         for inf in (self._pod, self._events):
             inf.add_listener(lambda _k, _o: self._bump())
         self.refs = 0
@@ -76,7 +72,7 @@ class PodWatch:
 
 
 class PodWatchHub:
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(self, api: KubeClient) -> None:
         self._api = api
         self._watches: dict[tuple[str, str], PodWatch] = {}
 

@@ -9,7 +9,8 @@ call is recorded so tests can count them.
     url = await kube.start()
     kube.put("api/v1", "configmaps", {...})
     kube.sar_policy = lambda spec: spec["user"] == "alice"
-    api = kube.client()            # kubernetes_asyncio ApiClient
+    api = kube.kube_client()       # aggapi.kube.KubeClient (the apiserver's client)
+    api = kube.client()            # kubernetes_asyncio ApiClient (the CLI side's library)
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient
 
-from aggapi.kube import client_for_url
+from aggapi.kube import KubeClient, client_for_url
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
 
 Obj = dict[str, Any]
 # A SAR policy gets the review's spec; returns allowed, (allowed, reason) or a
@@ -167,8 +170,14 @@ class FakeKube:
             await self._runner.cleanup()
             self._runner = None
 
-    def client(self) -> ApiClient:
+    def kube_client(self) -> KubeClient:
         return client_for_url(self.url)
+
+    def client(self) -> ApiClient:
+        """A kubernetes_asyncio client, for code built on that library."""
+        from kubernetes_asyncio import client  # heavy: only for those who ask
+
+        return client.ApiClient(configuration=client.Configuration(host=self.url))
 
     async def _sar(self, request: web.Request) -> web.Response:
         self.requests.append((request.method, request.path))

@@ -31,11 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from aggapi.apiserver.pods import read_json
-from aggapi.kube import load_client
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeCallError
 from aggapi.testing.pods import ContainerSpec, PodRunner, RunningPod
@@ -87,7 +85,10 @@ class StandinKubelet:
                    cgroup_parent=node.info.cgroup_parent, log_root=node.pods_dir)
 
     async def __aenter__(self) -> StandinKubelet:
-        self._api = await load_client(self.kubeconfig)
+        # kubernetes_asyncio, not aggapi.kube: callers (aggapi.testing.demo) use ``core``.
+        cfg = client.Configuration()
+        await config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
+        self._api = client.ApiClient(configuration=cfg)
         self._cri = CRIClient(self.cri_address)
         self._runner = PodRunner(self._cri, cgroup_parent=self.cgroup_parent,
                                  log_root=self.log_root)
@@ -135,8 +136,8 @@ class StandinKubelet:
                              "labels": dict(labels or {"app.kubernetes.io/part-of":
                                                        "aggapi-standin"})},
                 "spec": spec}
-        obj = await read_json(self.core.create_namespaced_pod(namespace, body,
-                                                              _preload_content=False))
+        obj = await _json(await self.core.create_namespaced_pod(namespace, body,
+                                                                _preload_content=False))
         pod = StandinPod(name, namespace, obj["metadata"]["uid"], tuple(containers), obj)
         self.pods[(namespace, name)] = pod
         if node == self.node_name:

@@ -137,7 +137,7 @@ async def make_server(certs: Pki, kube: FakeKube,
         cfg = ApiServerConfig(**{**settings, **overrides})
         tls = ServingTLS(cfg.tls_cert_file, cfg.tls_private_key_file,
                          poll_interval=cfg.tls_reload_interval)
-        api = kube.client()
+        api = kube.kube_client()
         app = build_app(cfg, kube_api=api, tls=tls)
         app.on_cleanup.append(lambda _app: api.close())
         if setup is not None:

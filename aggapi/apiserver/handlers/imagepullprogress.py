@@ -27,15 +27,13 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from aggapi import GROUP, VERSION, imageref
 from aggapi.apiserver import appkeys
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.fanout import Broadcast, SharedStreams
 from aggapi.apiserver.handlers import agent_client
-from aggapi.apiserver.pods import PodTarget, read_json, target_from_pod
+from aggapi.apiserver.pods import PodTarget, pods_on_node, target_from_pod
 from aggapi.apiserver.podwatch import PodWatch
 from aggapi.apiserver.pullstate import K8sView, views
 from aggapi.apiserver.shutdown import track_stream
@@ -424,14 +422,7 @@ async def node_pulls(request: web.Request) -> web.StreamResponse:
 
 
 async def _pods_on_node(request: web.Request, node: str) -> list[PodTarget]:
-    api = request.app[appkeys.KUBE_API]
-    try:
-        data = await read_json(client.CoreV1Api(api).list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", _preload_content=False))
-    except ApiException as exc:
-        raise StatusError(503, f"listing pods on node {node}: {exc.reason}",
-                          retry_after=2) from None
-    return [target_from_pod(p) for p in data.get("items") or []]
+    return await pods_on_node(request.app[appkeys.KUBE_API], node)
 
 
 def _waiting_pods(pull: Mapping[str, Any], pods: Sequence[PodTarget]) -> list[dict[str, str]]:

@@ -1,0 +1,153 @@
+"""The Informer over aggapi.kube: list, watch, relist on 410 Gone, bookmarks, retries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from aggapi.kube import KubeClient
+from aggapi.kubewatch import Informer
+from aggapi.testing.fakekube import FakeKube
+
+PODS = "/api/v1/namespaces/ns1/pods"
+
+
+def _pod(name: str, app: str = "web", ns: str = "ns1") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}}
+
+
+async def until(pred: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        if pred():
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture(params=[1000])
+async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeKube]:
+    kube = FakeKube(history=request.param)
+    await kube.start()
+    yield kube
+    await kube.stop()
+
+
+@pytest.fixture
+async def informers() -> AsyncIterator[list[Informer]]:
+    started: list[Informer] = []
+    yield started
+    for inf in started:
+        await inf.stop()
+
+
+async def test_list_then_watch(fake: FakeKube, informers: list[Informer]) -> None:
+    fake.put("api/v1", "pods", _pod("web-0"))
+    fake.put("api/v1", "pods", _pod("db-0", app="db"))
+    fake.put("api/v1", "pods", _pod("web-9", ns="ns2"))
+    async with fake.kube_client() as api:
+        inf = Informer(api, PODS, {"labelSelector": "app=web"})
+        informers.append(inf)
+        seen: list[tuple[str, str]] = []
+        inf.add_listener(lambda kind, obj: seen.append(
+            (kind, (obj.get("metadata") or {}).get("name", ""))))
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        assert set(inf.items) == {"ns1/web-0"}
+        fake.put("api/v1", "pods", _pod("web-1"))
+        fake.put("api/v1", "pods", _pod("db-1", app="db"))  # filtered by the selector
+        fake.put("api/v1", "pods", {**_pod("web-0"), "spec": {"nodeName": "n1"}})
+        fake.delete("api/v1", "pods", "ns1", "web-1")
+        await until(lambda: len(seen) == 4)
+        assert seen == [("RELIST", ""), ("ADDED", "web-1"), ("MODIFIED", "web-0"),
+                        ("DELETED", "web-1")]
+        assert set(inf.items) == {"ns1/web-0"}
+        assert inf.items["ns1/web-0"]["spec"] == {"nodeName": "n1"}
+        await inf.stop()
+
+
+@pytest.mark.parametrize("fake", [2], indirect=True)  # a short history: 410 soon
+async def test_relists_after_410_error_event(fake: FakeKube, informers: list[Informer]) -> None:
+    fake.put("api/v1", "pods", _pod("web-0"))
+    async with fake.kube_client() as api:
+        inf = Informer(api, PODS)
+        informers.append(inf)
+        kinds: list[str] = []
+        inf.add_listener(lambda kind, _obj: kinds.append(kind))
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        await until(lambda: any("watch=true" in p for _m, p in fake.requests))
+        # The watch ends and, before it resumes, more changes than the fake keeps
+        # in history: resuming from our resourceVersion is answered with 410.
+        fake.close_watches()
+        for i in range(1, 5):
+            fake.put("api/v1", "pods", _pod(f"web-{i}"))
+        await until(lambda: len(inf.items) == 5)
+        assert kinds == ["RELIST", "RELIST"]
+        lists = [p for m, p in fake.requests if m == "GET" and "watch=" not in p]
+        assert len(lists) == 2
+        await inf.stop()
+
+
+class _Scripted:
+    """A stub API whose list and watch answers follow a script, to check the
+    resourceVersions the informer resumes from."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+        self.watch_rvs: list[str] = []
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            self.lists += 1
+            if self.lists == 1:  # an outage: retried with backoff
+                return web.json_response({"kind": "Status", "code": 500,
+                                          "message": "etcd down"}, status=500)
+            rv = {2: "10", 3: "30"}[self.lists]
+            return web.json_response({"metadata": {"resourceVersion": rv}, "items": [
+                {"metadata": {"name": f"p{self.lists}", "namespace": "ns1",
+                              "resourceVersion": rv}}]})
+        rv = request.query["resourceVersion"]
+        self.watch_rvs.append(rv)
+        if rv == "20":  # expired while we were away
+            return web.json_response({"kind": "Status", "code": 410, "reason": "Expired",
+                                      "message": "too old resource version"}, status=410)
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        if rv == "10":
+            await resp.write(json.dumps({"type": "BOOKMARK", "object": {
+                "metadata": {"resourceVersion": "20"}}}).encode() + b"\n")
+            return resp  # stream ends: resume from the bookmark's version
+        await asyncio.sleep(30)
+        return resp
+
+
+async def test_bookmarks_http_410_and_outages(informers: list[Informer]) -> None:
+    stub = _Scripted()
+    app = web.Application()
+    app.router.add_get(PODS, stub.handle)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with KubeClient(f"http://127.0.0.1:{port}") as api:
+            inf = Informer(api, PODS, max_backoff=0.5)
+            informers.append(inf)
+            inf.start()
+            await until(lambda: stub.watch_rvs[-1:] == ["30"], within=10)
+            assert stub.watch_rvs == ["10", "20", "30"]
+            assert stub.lists == 3
+            assert set(inf.items) == {"ns1/p3"}  # the relist replaced the cache
+            await inf.stop()
+    finally:
+        await runner.cleanup()
