@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 from collections import deque
@@ -80,7 +81,8 @@ class Broadcast:
 
     def _since(self, since: int) -> list[Item]:
         if self._ring and since >= self._ring[0].seq - 1:
-            return [i for i in self._ring if i.seq > since]
+            # seqs in the ring are consecutive: skip to the first one after ``since``.
+            return list(itertools.islice(self._ring, since - self._ring[0].seq + 1, None))
         # New reader, or one that fell out of the ring: the latest state per key.
         return sorted((i for i in self._latest.values() if i.seq > since),
                       key=lambda i: i.seq)
@@ -90,8 +92,10 @@ class Broadcast:
         items = self._since(since)
         if not items and not self.closed:
             # Nothing new yet (a new reader before the first object, too): wait.
+            # asyncio.timeout, not wait_for: no extra task per reader per wake-up.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
             items = self._since(since)
         return items
 

@@ -104,7 +104,10 @@ def test_kep3673_waiting_then_downloading(control_plane: ControlPlane, node: Nod
                         for p in (o.get("waiting") or {}).get("inFlight") or [])]
 
     second = [n for n, other in (("ka", "kb"), ("kb", "ka")) if waits_for(n, other)]
-    assert len(second) == 1, {n: [o for _, o in s.objects][:4] for n, s in streams.items()}
+    assert len(second) == 1, {n: [(o.get("kind"), o.get("phase"), o.get("progress"),
+                                   [p.get("images") for p in
+                                    (o.get("waiting") or {}).get("inFlight") or []])
+                                  for _, o in s.objects][:12] for n, s in streams.items()}
     b = second[0]
     a = "kb" if b == "ka" else "ka"
     waiting = waits_for(b, a)
