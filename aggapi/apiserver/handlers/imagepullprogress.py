@@ -310,11 +310,15 @@ class _Producer:
                 if line_task is None:
                     line_task = asyncio.ensure_future(upstream.content.readline())
                 if pod_task is None:
-                    # While a pull looks queued, wake up to re-read the node's slots.
-                    tick = NODE_VIEW_INTERVAL if self._any_queued() else 3600
-                    pod_task = asyncio.ensure_future(self.pw.wait_changed(pod_version, tick))
-                done, _ = await asyncio.wait({line_task, pod_task},
-                                             return_when=asyncio.FIRST_COMPLETED)
+                    pod_task = asyncio.ensure_future(self.pw.wait_changed(pod_version, 3600))
+                # While a pull looks queued, wake up to re-read the node's slots: the
+                # agent has nothing new to say until that pull starts.
+                done, _ = await asyncio.wait(
+                    {line_task, pod_task}, return_when=asyncio.FIRST_COMPLETED,
+                    timeout=NODE_VIEW_INTERVAL if self._any_queued() else None)
+                if not done:
+                    await self._remerge(node)
+                    continue
                 if pod_task in done:
                     pod_version = pod_task.result()
                     pod_task = None

@@ -289,14 +289,18 @@ async def test_server_sent_events(stack: Stack, cri: CRIClient, busybox_image: s
     assert "event: summary" in events[-1]
 
 
-@pytest.mark.parametrize("event_first", [True, False], ids=["event-first", "stream-first"])
+@pytest.mark.parametrize(("event_first", "pull_first"), [
+    (True, True), (False, True), (True, False)],
+    ids=["event-first", "stream-first", "slot-taken-later"])
 async def test_waiting_for_a_pull_slot(
         tmp_path: Path, stack: Stack, cri: CRIClient, ctd: Any, throttle: ThrottleProxy,
-        big_image: Any, busybox_image: str, event_first: bool) -> None:
+        big_image: Any, busybox_image: str, event_first: bool, pull_first: bool) -> None:
     """KEP-3673: kubelet said Pulling, the runtime shows nothing, the node is at its
     limit (maxParallelImagePulls: 1, one pull in flight) -> Waiting, with the pulls.
     stream-first: the Pulling event comes while the stream is open and the agent has
-    nothing new to say; the stream must still turn to Waiting."""
+    nothing new to say; the stream must still turn to Waiting. slot-taken-later: the
+    other pull starts only after the stream is open (kubelet says Pulling for both
+    before either starts), and again the agent has nothing new to say."""
     kubelet = tmp_path / "kubelet.yaml"
     kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
                        "serializeImagePulls: false\nmaxParallelImagePulls: 1\n")
@@ -306,7 +310,14 @@ async def test_waiting_for_a_pull_slot(
                        endpoint_slice(int(limited.url.rsplit(":", 1)[1])))
         await asyncio.sleep(0.5)
         throttle.set_rate(8 << 20)
-        first = asyncio.create_task(cri.pull_image(big_image.ref(throttle.host)))
+        first: asyncio.Task[Any] | None = None
+
+        def start_first() -> None:
+            nonlocal first
+            first = asyncio.create_task(cri.pull_image(big_image.ref(throttle.host)))
+
+        if pull_first:
+            start_first()
         queued_ref = busybox_image.replace("busybox:1", "busybox:queued")
         pod = pod_object("second", [("app", queued_ref)])
         stack.kube.put("api/v1", "pods", pod)
@@ -325,16 +336,22 @@ async def test_waiting_for_a_pull_slot(
                                                           watch=True)) as resp:
                 async for line in resp.content:
                     seen.append(json.loads(line))
-                    if not event_first and len(seen) == 1:
-                        assert "waiting" not in seen[0]  # kubelet has not said Pulling
-                        pulling()
-                    if "waiting" in seen[-1]:
+                    if len(seen) == 1 and not (event_first and pull_first):
+                        assert "waiting" not in seen[0]  # no Pulling, or no pull in flight
+                        if not event_first:
+                            pulling()
+                        if not pull_first:
+                            start_first()
+                    if seen[-1].get("waiting", {}).get("inFlightCount"):
                         return
 
-        await asyncio.wait_for(read(), 30)
-        first.cancel()
-        with pytest.raises((asyncio.CancelledError, RuntimeCallError)):
-            await first
+        try:
+            await asyncio.wait_for(read(), 30)
+        finally:
+            assert first is not None
+            first.cancel()
+            with pytest.raises((asyncio.CancelledError, RuntimeCallError)):
+                await first
     waiting = seen[-1]
     assert waiting["phase"] == "Waiting"
     assert waiting["waiting"]["limit"]["maxParallelImagePulls"] == 1
