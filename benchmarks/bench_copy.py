@@ -43,7 +43,7 @@ from aggapi import certs as aggapi_certs
 from aggapi import eventloop, pki
 from aggapi.capability import CapabilitySigner, ContainerRef
 from aggapi.testing.registry import free_port
-from benchmarks._procstats import peak_rss_mib, rss_mib
+from benchmarks._procstats import cpu_seconds, peak_rss_mib, rss_mib
 
 if TYPE_CHECKING:
     from aggapi.testing.fakekube import FakeKube
@@ -403,6 +403,7 @@ async def run(size: int, work: Path, with_proxy: bool, rounds: int) -> dict[str,
 
     results: dict[str, dict[str, float]] = {}
     sessions: list[aiohttp.ClientSession] = []
+    pids: dict[str, int] = {}
 
     def session(url: str, ctx: ssl.SSLContext | None) -> aiohttp.ClientSession:
         s = aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(ssl=ctx or False),
@@ -410,10 +411,21 @@ async def run(size: int, work: Path, with_proxy: bool, rounds: int) -> dict[str,
         sessions.append(s)
         return s
 
+    cpu: dict[tuple[str, str], dict[str, float]] = {}  # (leg, dir) -> process -> CPU s
+
+    async def cpu_of(leg: Leg, direction: str, transfer: Coroutine[Any, Any, float]) -> float:
+        procs = {**pids, "client": os.getpid()}
+        before = {k: cpu_seconds(v) for k, v in procs.items()}
+        took = await transfer
+        used = cpu.setdefault((leg.name, direction), {})
+        for k, v in procs.items():
+            used[k] = used.get(k, 0.0) + (cpu_seconds(v) - before[k]) / rounds
+        return took
+
     async def measure(leg: Leg) -> None:
         file = f"/big-{leg.name}"
-        up = await _timed_upload(leg, size, file)
-        down = await _timed_download(leg, size, file)
+        up = await cpu_of(leg, "upload", _timed_upload(leg, size, file))
+        down = await cpu_of(leg, "download", _timed_download(leg, size, file))
         mib = size / (1 << 20)
         best = results.setdefault(leg.name, {"upload_MiB_s": 0.0, "download_MiB_s": 0.0})
         best["upload_MiB_s"] = max(best["upload_MiB_s"], mib / up)
@@ -433,7 +445,7 @@ async def run(size: int, work: Path, with_proxy: bool, rounds: int) -> dict[str,
             kube.put("apis/discovery.k8s.io/v1", "endpointslices",
                      endpoint_slice(int(aurl.rsplit(":", 1)[1])))
             url, api = await stack.enter_async_context(apiserver_process(p, kube, work))
-            pids = {"baseline_server": bpid, "agent": apid, "apiserver": api.pid}
+            pids.update({"baseline_server": bpid, "agent": apid, "apiserver": api.pid})
             legs = [Leg("baseline", session(burl, base_ctx), "", {}),
                     Leg("agent", session(aurl, p.agent_client_ssl()), "/v1/copy", {}, token),
                     Leg("apiserver", session(url, p.user_ssl()), path, {})]
@@ -453,7 +465,11 @@ async def run(size: int, work: Path, with_proxy: bool, rounds: int) -> dict[str,
             await s.close()
         await kube.stop()
     peak["client (this process)"] = peak_rss_mib()
-    return {"throughput": results, "peak_rss_mib": peak, "idle_rss_mib": idle}
+    gib = size / (1 << 30)
+    cpu_per_gib = {f"{leg} {d}": {k: v / gib for k, v in used.items() if v > 0.005 * gib}
+                   for (leg, d), used in cpu.items()}
+    return {"throughput": results, "peak_rss_mib": peak, "idle_rss_mib": idle,
+            "cpu_s_per_gib": cpu_per_gib}
 
 
 def report(size_mib: int, rounds: int, res: dict[str, Any]) -> None:
@@ -472,6 +488,15 @@ def report(size_mib: int, rounds: int, res: dict[str, Any]) -> None:
         f"{k} {v:.1f}" for k, v in res["peak_rss_mib"].items()))
     print("RSS before the first transfer (VmRSS), MiB: " + ", ".join(
         f"{k} {v:.1f}" for k, v in res["idle_rss_mib"].items()))
+    # Every process on the path pays for TLS (and the agent for the disk) per byte; on
+    # a machine of N cores no leg can beat N / (its CPU-seconds per GiB) GiB/s.
+    cores = os.cpu_count() or 1
+    print(f"CPU-seconds per GiB moved (mean of rounds), and the ceiling that puts on "
+          f"{cores} cores:")
+    for leg_dir, used in res["cpu_s_per_gib"].items():
+        total = sum(used.values())
+        print(f"  {leg_dir:>20}: " + ", ".join(f"{k} {v:.2f}" for k, v in used.items())
+              + f"; total {total:.2f} -> ceiling {1024 * cores / total:.0f} MiB/s")
     api = thr.get("apiserver")
     if api:
         ratio = min(api["upload_MiB_s"] / base["upload_MiB_s"],

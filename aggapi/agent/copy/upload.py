@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import StreamReader
+
 from aggapi.agent.copy import openat2 as o2
 from aggapi.agent.copy.atomic import (
     SETID,
@@ -67,27 +69,32 @@ async def _settle(aw: Awaitable[Any]) -> None:
 
 
 async def pump(state: CopyState, root: FsRoot, read: Callable[[int], Awaitable[bytes]],
-               write: Callable[[bytes], None]) -> None:
-    """Copy ``read`` to ``write`` (run in a worker) with two 1 MiB buffers at most."""
-    buf = bytearray()
+               write: Callable[[list[bytes]], None]) -> None:
+    """Copy ``read`` to ``write`` (run in a worker) with about two MiB in memory at most.
+
+    Pieces are handed over as a list (written with writev), never joined: the event
+    loop, which also decrypts TLS, copies no byte of the body."""
+    batch: list[bytes] = []
+    held = 0
     pending: asyncio.Future[None] | None = None
     try:
         while True:
             data = await read(CHUNK)
             if not data:
                 break
-            buf += data
-            if len(buf) >= CHUNK:
+            batch.append(data)
+            held += len(data)
+            if held >= CHUNK:
                 root.ensure_alive()
                 if pending is not None:
                     await pending
-                pending = state.workers.submit(write, bytes(buf))
-                buf.clear()
+                pending = state.workers.submit(write, batch)
+                batch, held = [], 0
         if pending is not None:
             await pending
             pending = None
-        if buf:
-            await state.workers.run(write, bytes(buf))
+        if batch:
+            await state.workers.run(write, batch)
     finally:
         # Never let a write run on after the caller aborts and closes the file.
         if pending is not None and not pending.done():
@@ -146,13 +153,17 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
         af = await run(AtomicFile, root, record, dir_fd, parent, name)
 
         async def read(n: int) -> bytes:
-            # Hashing happens in AtomicFile.write; count only.
-            data = await body.read(n)
+            # Hashing happens in AtomicFile.write; count only. aiohttp's readchunk hands
+            # over a received piece as is (read(n) would join pieces: a copy).
+            if isinstance(body, StreamReader):
+                data, _ = await body.readchunk()
+            else:
+                data = await body.read(n)
             counted.size += len(data)
             state.slots.check_size(counted.size)
             return data
 
-        await pump(state, root, read, af.write)
+        await pump(state, root, read, af.write_many)
         digest = await run(af.finish, expect_size=content_length,
                            expect_sha256=params.sha256, owner=params.owner, replaced=replaced)
         await run(af.commit, params.overwrite)
@@ -441,7 +452,7 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
             elif t in (REG, CONT):
                 af = await run(ex.begin_file, rel)
                 try:
-                    await pump(state, root, reader.read, af.write)
+                    await pump(state, root, reader.read, af.write_many)
                 except BaseException:
                     await _settle(run(close_file, af))  # rollback unlinks the temp
                     raise

@@ -116,7 +116,7 @@ async def copy(request: web.Request) -> web.StreamResponse:
             resp.enable_chunked_encoding()
         await resp.prepare(request)
         if request.method != "HEAD":
-            async for chunk in upstream.content.iter_chunked(CHUNK):
+            async for chunk, _ in upstream.content.iter_chunks():
                 await resp.write(chunk)
         await resp.write_eof()
         return resp
@@ -127,5 +127,7 @@ async def copy(request: web.Request) -> web.StreamResponse:
 
 
 async def _body(request: web.Request) -> AsyncIterator[bytes]:
-    async for chunk in request.content.iter_chunked(CHUNK):
+    # Received pieces pass on as they are: iter_chunked would join them (a copy of
+    # every byte on the event loop, which is also busy with TLS both ways).
+    async for chunk, _ in request.content.iter_chunks():
         yield chunk
