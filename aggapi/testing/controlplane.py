@@ -689,6 +689,20 @@ def loopback_endpoints_rejected(cp: ControlPlane) -> dict[str, str]:
     return out
 
 
+def wait_ready(ok: Any, timeout: float, what: str, proc: Proc | None = None,
+               poll: float = 0.25) -> None:
+    """Until ``ok()``; fails early, with its log, if ``proc`` exits meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        if proc is not None and not proc.alive():
+            raise ControlPlaneError(f"{what}: process exited\n{proc.tail()}")
+        time.sleep(poll)
+    raise ControlPlaneError(f"{what}: not ready after {timeout}s\n"
+                            + (proc.tail() if proc else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.controlplane",
                                 description=__doc__,
@@ -726,17 +740,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def wait_ready(ok: Any, timeout: float, what: str, proc: Proc | None = None,
-               poll: float = 0.25) -> None:
-    """Until ``ok()``; fails early, with its log, if ``proc`` exits meanwhile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ok():
-            return
-        if proc is not None and not proc.alive():
-            raise ControlPlaneError(f"{what}: process exited\n{proc.tail()}")
-        time.sleep(poll)
-    raise ControlPlaneError(f"{what}: not ready after {timeout}s\n"
-                            + (proc.tail() if proc else ""))
