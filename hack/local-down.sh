@@ -4,9 +4,10 @@
 # --keep-state keeps logs and PKI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The demo's node first: agent, containerd (its containers, shims, mounts and cgroups),
+# kubelet first, then the node: agent, containerd (its containers, shims, mounts, cgroups),
 # throttle proxy and registry, each by its pidfile. (controlplane down would do it too.)
 T0=$SECONDS
+python3 -m aggapi.testing.kubelet down || true  # kubelet, and the pods' sandboxes
 python3 -m aggapi.testing.demo down || true
 python3 -m aggapi.testing.controlplane down "$@"
 rm -f .local/local.env

@@ -27,12 +27,13 @@ T2=$SECONDS
 python3 -m aggapi.testing.controlplane start-apiserver
 echo "local-up: aggapi apiserver up, APIService Available in $((SECONDS - T2))s"
 
-# The node (containerd + runc, registry behind a throttle proxy, test images, aggapi agent),
-# pod "demo" through the kubelet stand-in, and a throttled pull shown live by
-# `kubectl get --raw` of the /watch/ path. Prints how to use the stack.
+# The node (containerd + runc, registry behind a throttle proxy, test images, aggapi agent)
+# and a real kubelet (built from the same k8s.io/kubernetes release, cached), registered as
+# the node; then pod "pull-demo" created through kube-apiserver: kubelet pulls its image
+# through the throttle and `kubectl get --raw` of the /watch/ path shows it live.
 T3=$SECONDS
-python3 -m aggapi.testing.demo up
-echo "local-up: node + demo in $((SECONDS - T3))s"
+python3 -m aggapi.testing.kubelet demo
+echo "local-up: node + kubelet + demo in $((SECONDS - T3))s"
 
 cat <<MSG
 
@@ -41,7 +42,8 @@ local-up: stack running ($((SECONDS - T0))s in all). Use it with:
   export KUBECONFIG=$KUBECONFIG
   kubectl get apiservice $(python3 -c 'from aggapi.testing.controlplane import APISERVICE; print(APISERVICE)')
   kubectl api-resources --api-group=subresources.aggapi.io
-  kubectl get --raw /apis/subresources.aggapi.io/v1alpha1/namespaces/default/pods/demo/imagepullprogress
+  kubectl get pods -o wide
+  kubectl get --raw /apis/subresources.aggapi.io/v1alpha1/namespaces/default/pods/pull-demo/imagepullprogress
 
   state, logs, kubeconfigs:  $AGGAPI_STATE_DIR  (logs/, users/*.kubeconfig)
   status:                    python3 -m aggapi.testing.controlplane status

@@ -506,6 +506,29 @@ def pod_manifest(name: str, containers: Sequence[Mapping[str, Any]], *, node: st
 DEMO_POD = "pull-demo"
 
 
+async def forget_images(cri_address: str, *repos: str) -> None:
+    """Remove images (every tag and digest of these repositories) so the next pod pulls
+    them again. Sandboxes whose containers use them (left by pods just deleted; kubelet
+    tears them down in its own time) go first: their snapshots would otherwise keep the
+    layers, and containerd's next pull would skip them (nothing downloaded)."""
+
+    def ours(name: str) -> bool:
+        return any(name.split("/", 1)[-1].split("@")[0].split(":")[0] == r.split(":")[0]
+                   for r in repos)
+
+    async with CRIClient(cri_address) as cri:
+        images = [img for img in await cri.list_images()
+                  if any(ours(n) for n in (*img.repo_tags, *img.repo_digests))]
+        ids = {img.id for img in images}
+        holders = {c.sandbox_id for c in await cri.list_containers()
+                   if ours(c.image) or c.image_ref in ids or c.image in ids}
+        for sb in holders:
+            await cri.stop_pod_sandbox(sb)
+            await cri.remove_pod_sandbox(sb)
+        for img in images:
+            await cri.remove_image(img.id)
+
+
 def demo(cp: ControlPlane, seconds: float = 35.0) -> None:
     """hack/local-up.sh: node (if not up) + kubelet (if not running), then a real pod whose
     ~150 MB image kubelet pulls through the throttle, its progress shown live."""
@@ -520,14 +543,7 @@ def demo(cp: ControlPlane, seconds: float = 35.0) -> None:
     cp.kubectl("delete", "pod", DEMO_POD, "--grace-period=0", "--force", "--wait=true",
                "--ignore-not-found", check=False)
     image = node.via_throttle(node.images.big)
-
-    async def forget() -> None:
-        async with CRIClient(node.cri_address) as cri:
-            for img in await cri.list_images():
-                if any("aggapi-test/big" in n for n in (*img.repo_tags, *img.repo_digests)):
-                    await cri.remove_image(img.id)
-
-    asyncio.run(forget())
+    asyncio.run(forget_images(node.cri_address, node.images.big))
     total = sum(size for _, size in node.images.big_layers)
     node.set_rate(total / seconds)
     cp.kubectl("create", "-f", "-", input=json.dumps(pod_manifest(

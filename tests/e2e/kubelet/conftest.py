@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from aggapi.runtime.cri import CRIClient
 from aggapi.testing import oci
 from aggapi.testing.controlplane import REPO, ControlPlane, Proc, binary
 from aggapi.testing.kubelet import Kubelet, pod_manifest
+from aggapi.testing.kubelet import forget_images as forget_images_async
 from aggapi.testing.node import OCI_CACHE, Node
 
 GV = "/apis/subresources.aggapi.io/v1alpha1"
@@ -148,30 +148,7 @@ def delete_pods(cp: ControlPlane, *names: str) -> None:
 
 
 def forget_images(node: Node, *repos: str) -> None:
-    """Remove images (every tag and digest of these repositories) from containerd so the
-    next pod pulls them again. Sandboxes whose containers use them (left by pods that
-    were just deleted; kubelet tears them down in its own time) go first: their
-    snapshots would otherwise keep the layers, and containerd's next pull would skip
-    them (nothing downloaded: AlreadyPresent)."""
-
-    def ours(name: str) -> bool:
-        return any(name.split("/", 1)[-1].split("@")[0].split(":")[0] == r.split(":")[0]
-                   for r in repos)
-
-    async def go() -> None:
-        async with CRIClient(node.cri_address) as cri:
-            images = [img for img in await cri.list_images()
-                      if any(ours(n) for n in (*img.repo_tags, *img.repo_digests))]
-            ids = {img.id for img in images}
-            holders = {c.sandbox_id for c in await cri.list_containers()
-                       if ours(c.image) or c.image_ref in ids or c.image in ids}
-            for sb in holders:
-                await cri.stop_pod_sandbox(sb)
-                await cri.remove_pod_sandbox(sb)
-            for img in images:
-                await cri.remove_image(img.id)
-
-    asyncio.run(go())
+    asyncio.run(forget_images_async(node.cri_address, *repos))
 
 
 @dataclass
