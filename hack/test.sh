@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash hack/install-deps.sh
 python3 -m ruff check aggapi tests benchmarks
-python3 -m mypy aggapi
+python3 -m mypy aggapi tests benchmarks
 python3 -m pytest -q -ra "$@"

@@ -79,7 +79,7 @@ def test_expired_and_long_lived_tokens_are_401(keys: tuple[bytes, bytes]) -> Non
     now = int(clock.t)
     long = jwt.encode({"iss": "aggapi-apiserver", "aud": "n1", "sub": "a", "iat": now,
                        "exp": now + 120, "jti": "j1", "op": "imagepulls"},
-                      pki.load_pem_key(keys[0]), algorithm="ES256")  # type: ignore[arg-type]
+                      pki.load_pem_key(keys[0]), algorithm="ES256")
     with pytest.raises(StatusError) as err:
         verifier.verify(long)
     assert err.value.code == 401 and "longer than 60s" in err.value.message
@@ -90,7 +90,7 @@ def test_unknown_operation_and_wrong_issuer_are_401(keys: tuple[bytes, bytes]) -
     base = {"aud": "n1", "sub": "a", "iat": 0, "exp": 2**40, "jti": "x"}
     for claims in ({**base, "iss": "aggapi-apiserver", "op": "exec"},
                    {**base, "iss": "someone-else", "op": "imagepulls"}):
-        token = jwt.encode(claims, key, algorithm="ES256")  # type: ignore[arg-type]
+        token = jwt.encode(claims, key, algorithm="ES256")
         with pytest.raises(StatusError) as err:
             CapabilityVerifier(keys[1], "n1").verify(token)
         assert err.value.code == 401

@@ -55,10 +55,13 @@ class Agent:
 
     @asynccontextmanager
     async def get(self, path: str, token: str | None, *, ssl_ctx: ssl.SSLContext | None = None,
-                  **params: str) -> AsyncIterator[aiohttp.ClientResponse]:
+                  params: Mapping[str, str] | None = None,
+                  ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """GET ``path`` with query ``params``, as the apiserver (its client certificate
+        unless ``ssl_ctx`` is given) with ``token`` as the bearer capability."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with aiohttp.ClientSession() as s, s.get(
-                self.url + path, params=params, headers=headers,
+                self.url + path, params=params or {}, headers=headers,
                 ssl=ssl_ctx or client_ssl(self.pki)) as resp:
             yield resp
 
@@ -91,7 +94,7 @@ class Agent:
                 await s.close()
 
     async def stream(self, token: str, **params: str) -> AsyncIterator[dict[str, Any]]:
-        async with self.get("/v1/imagepullprogress", token, **params) as resp:
+        async with self.get("/v1/imagepullprogress", token, params=params) as resp:
             assert resp.status == 200, await resp.text()
             async for line in resp.content:
                 yield json.loads(line)

@@ -58,7 +58,7 @@ async def agent(tmp_path: Path, fake: FakeContainerd) -> AsyncIterator[Agent]:
 
 async def status(agent: Agent, token: str | None, path: str = "/v1/imagepullprogress",
                  **params: str) -> tuple[int, Any]:
-    async with agent.get(path, token, **params) as resp:
+    async with agent.get(path, token, params=params) as resp:
         body = await resp.text()
         return resp.status, body
 

@@ -238,7 +238,8 @@ async def test_an_image_removed_and_pulled_again_is_followed_afresh() -> None:
         fake.download(img.layers[0][0], 500, 1000, "L2")
         while st.images[REF].progress != 500:
             st = await sub.next()
-            assert st is not None and st.images[REF].phase != "Failed", st.images[REF]
+            assert st is not None
+            assert st.images[REF].phase != "Failed", st.images[REF]
     await poller.close()
 
 

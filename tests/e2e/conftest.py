@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -146,10 +146,13 @@ class E2EPod:
     image: str
     pod: StandinPod
 
-    def path(self, sub: str, *, watch: bool = False, **query: str) -> str:
+    def path(self, sub: str, query: Mapping[str, str] | None = None, /, *,
+             watch: bool = False, **params: str) -> str:
+        """The ``sub`` subresource's URL path with the query ``query`` then ``params``
+        (a mapping goes positionally, so no key of it can be mistaken for ``watch``)."""
         base = (f"{GROUP_VERSION}{'/watch' if watch else ''}/namespaces/{self.namespace}"
                 f"/pods/{self.name}/{sub}")
-        qs = "&".join(f"{k}={v}" for k, v in query.items())
+        qs = "&".join(f"{k}={v}" for k, v in {**(query or {}), **params}.items())
         return f"{base}?{qs}" if qs else base
 
 

@@ -40,12 +40,12 @@ async def test_upload_then_download_with_matching_sha256(
     digest = sha256(data)
     q = {"container": workload_pod.container, "path": "/tmp/e2e-blob.bin"}
     r = await kubectl(control_plane, "create", "--raw",
-                      workload_pod.path("copy", **q, sha256=digest, mode="0640"),
+                      workload_pod.path("copy", q, sha256=digest, mode="0640"),
                       "-f", str(src))
     assert r.rc == 0, r.err
     reply = json.loads(r.out)
     assert reply == {"path": "/tmp/e2e-blob.bin", "size": len(data), "sha256": digest}
-    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", **q))
+    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", q))
     assert r.rc == 0, r.err
     assert len(r.out) == len(data) and sha256(r.out) == digest
 
@@ -55,14 +55,14 @@ async def test_wrong_sha256_is_refused_and_target_kept(
     q = {"container": workload_pod.container, "path": "/tmp/e2e-keep"}
     (tmp_path / "a").write_bytes(b"original")
     (tmp_path / "b").write_bytes(b"replacement")
-    r = await kubectl(control_plane, "create", "--raw", workload_pod.path("copy", **q),
+    r = await kubectl(control_plane, "create", "--raw", workload_pod.path("copy", q),
                       "-f", str(tmp_path / "a"))
     assert r.rc == 0, r.err
     r = await kubectl(control_plane, "create", "--raw",
-                      workload_pod.path("copy", **q, sha256="0" * 64), "-f", str(tmp_path / "b"))
+                      workload_pod.path("copy", q, sha256="0" * 64), "-f", str(tmp_path / "b"))
     # 422 Invalid: kubectl prints the Status message as "The request is invalid: ...".
     assert r.rc == 1 and "sha256 mismatch" in r.err and "target unchanged" in r.err, r.err
-    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", **q))
+    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", q))
     assert r.out == b"original"
 
 
@@ -79,10 +79,10 @@ async def test_copy_into_a_container_without_shell_or_tar(
     src = tmp_path / "config.json"
     src.write_bytes(b'{"ok": true}\n')
     q = {"container": "app", "path": "/config.json"}
-    r = await kubectl(control_plane, "create", "--raw", noshell_pod.path("copy", **q),
+    r = await kubectl(control_plane, "create", "--raw", noshell_pod.path("copy", q),
                       "-f", str(src))
     assert r.rc == 0, r.err
-    r = await kubectl(control_plane, "get", "--raw", noshell_pod.path("copy", **q))
+    r = await kubectl(control_plane, "get", "--raw", noshell_pod.path("copy", q))
     assert r.rc == 0 and r.out == src.read_bytes(), r.err
 
 
@@ -121,7 +121,7 @@ async def test_upload_lasting_over_90s_on_the_watch_path(
     pid = await _container_pid(standin, workload_pod)
     before = _tmp_sizes(pid)
     argv = kubectl_argv(control_plane, "alice", "create", "--raw",
-                        workload_pod.path("copy", watch=True, **q), "-f", "-")
+                        workload_pod.path("copy", q, watch=True), "-f", "-")
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -163,7 +163,7 @@ async def test_upload_lasting_over_90s_on_the_watch_path(
     got, n = hashlib.sha256(), 0
     dl = await asyncio.create_subprocess_exec(
         *kubectl_argv(control_plane, "alice", "get", "--raw",
-                      workload_pod.path("copy", watch=True, **q)),
+                      workload_pod.path("copy", q, watch=True)),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert dl.stdout is not None
     while chunk := await dl.stdout.read(1 << 20):
@@ -187,7 +187,7 @@ async def test_errors(control_plane: ControlPlane, workload_pod: E2EPod,
              ({"container": "nope", "path": "/etc/passwd"}, "BadRequest", "nope"),
              ({"container": c}, "BadRequest", "path")]
     for query, reason, needle in cases:
-        r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", **query))
+        r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", query))
         assert r.rc == 1 and f"Error from server ({reason})" in r.err, (query, r.err)
         assert needle in r.err, (query, r.err)
     src = tmp_path / "x"

@@ -168,7 +168,7 @@ async def test_errors(control_plane: ControlPlane, workload_pod: E2EPod) -> None
                           ({"granularity": "bogus"}, "granularity"),
                           ({"follow": "maybe"}, "follow")):
         r = await kubectl(control_plane, "get", "--raw",
-                          workload_pod.path("imagepullprogress", **query))
+                          workload_pod.path("imagepullprogress", query))
         assert r.rc == 1 and "Error from server (BadRequest)" in r.err, (query, r.err)
         assert needle in r.err, (query, r.err)
 

@@ -23,13 +23,13 @@ FORBIDDEN = "Error from server (Forbidden)"
 async def test_view_user_streams_progress_but_cannot_copy(
         control_plane: ControlPlane, workload_pod: E2EPod, tmp_path: Path) -> None:
     for watch in (False, True):
-        r = await kubectl_stream(control_plane, workload_pod.path("imagepullprogress",
-                                                                  watch=watch),
-                                 user="victor", timeout=30)
-        assert r.rc == 0, r.err
-        assert r.objects[-1]["kind"] == "Summary", r.objects[-1]
+        stream = await kubectl_stream(control_plane, workload_pod.path("imagepullprogress",
+                                                                       watch=watch),
+                                      user="victor", timeout=30)
+        assert stream.rc == 0, stream.err
+        assert stream.objects[-1]["kind"] == "Summary", stream.objects[-1]
     q = {"container": workload_pod.container, "path": "/etc/passwd"}
-    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", **q),
+    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", q),
                       user="victor")
     assert r.rc == 1 and FORBIDDEN in r.err, r.err
     assert 'User "victor" cannot get resource "pods/copy" in API group ' \
@@ -51,9 +51,9 @@ async def test_edit_user_copies_on_both_paths(control_plane: ControlPlane,
     for watch in (False, True):
         q = {"container": "app", "path": f"/tmp/alice-{int(watch)}"}
         r = await kubectl(control_plane, "create", "--raw",
-                          workload_pod.path("copy", watch=watch, **q), "-f", str(src))
+                          workload_pod.path("copy", q, watch=watch), "-f", str(src))
         assert r.rc == 0, r.err
-        r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", **q))
+        r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", q))
         assert r.out == src.read_bytes()
 
 

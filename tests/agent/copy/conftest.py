@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import time
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.workers import Workers
+from aggapi.capability import Capability, ContainerRef
 from aggapi.status import StatusError, status_middleware
 
 BUSYBOX = "/bin/busybox"
@@ -34,20 +34,11 @@ APPLETS = ("sh", "mv", "ln", "rm", "sleep", "cat", "mkdir", "ls", "echo", "true"
 POD_UID = "pod-uid-1"
 
 
-@dataclass(frozen=True)
-class Ref:
-    name: str
-    image: str = "busybox"
-    kind: str = "container"
-
-
-@dataclass(frozen=True)
-class Cap:
-    operation: str
-    path: str | None
-    pod_uid: str = POD_UID
-    containers: tuple[Ref, ...] = (Ref("c"),)
-    params: dict[str, str] = field(default_factory=dict)
+def make_capability(operation: str, path: str | None, params: dict[str, str]) -> Capability:
+    """What the auth middleware would have verified: pod POD_UID, one container "c"."""
+    return Capability(issuer="test", node="node-a", subject="alice", jti="test",
+                      issued_at=0, expires_at=0, operation=operation, pod_uid=POD_UID,
+                      containers=(ContainerRef("c", "busybox"),), path=path, params=params)
 
 
 class DirResolver:
@@ -185,9 +176,7 @@ async def fake_capability(request: web.Request, handler: Any) -> web.StreamRespo
     raw = request.headers.get("X-Test-Cap")
     if raw:
         d = json.loads(raw)
-        with warnings.catch_warnings():  # appkeys.CAPABILITY is a plain str key by design
-            warnings.simplefilter("ignore")
-            request[appkeys.CAPABILITY] = Cap(d["operation"], d["path"], params=d["params"])
+        request[appkeys.CAPABILITY] = make_capability(d["operation"], d["path"], d["params"])
     resp: web.StreamResponse = await handler(request)
     return resp
 
