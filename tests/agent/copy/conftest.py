@@ -4,6 +4,7 @@ running the real handlers with a capability injected per request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -225,6 +226,28 @@ def plain(tmp_path: Path) -> tuple[Path, Path]:
     root.mkdir()
     outside.mkdir()
     return root, outside
+
+
+@dataclass
+class HeldBody:
+    """An upload body that sends ``first`` MiB, sets ``sent``, then waits for ``release``
+    before ``rest`` MiB more (None: the rest never comes), so that a test can act while
+    the agent holds the upload's temp file."""
+
+    first: int = 1
+    rest: int | None = 4
+    sent: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for _ in range(self.first):
+            yield b"a" * (1 << 20)
+        self.sent.set()
+        if self.rest is None:
+            await asyncio.Event().wait()
+        await self.release.wait()
+        for _ in range(self.rest or 0):
+            yield b"b" * (1 << 20)
 
 
 def temp_leftovers(root: Path) -> list[str]:

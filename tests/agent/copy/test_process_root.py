@@ -8,7 +8,6 @@ import io
 import os
 import signal
 import tarfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,13 @@ from aggapi.agent.copy import cleanup
 from aggapi.agent.copy.container import open_process_root
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.workers import Workers
-from tests.agent.copy.conftest import Box, PidResolver, snapshot, temp_leftovers
+from tests.agent.copy.conftest import (
+    Box,
+    HeldBody,
+    PidResolver,
+    snapshot,
+    temp_leftovers,
+)
 
 
 async def test_symlink_swap_race_never_escapes(box: Box, serve: Any, limits: CopyLimits,
@@ -64,21 +69,12 @@ async def test_symlink_swap_race_never_escapes(box: Box, serve: Any, limits: Cop
 async def test_container_exits_mid_upload(box: Box, serve: Any, limits: CopyLimits) -> None:
     (box.rootfs / "data" / "t").write_bytes(b"before")
     cc = await serve(PidResolver(box.pid), limits)
-    sent_first = asyncio.Event()
-    go_on = asyncio.Event()
-
-    async def body() -> AsyncIterator[bytes]:
-        yield b"a" * (1 << 20)
-        sent_first.set()
-        await go_on.wait()
-        for _ in range(4):
-            yield b"b" * (1 << 20)
-
-    task = asyncio.create_task(cc.post("/data/t", body()))
-    await sent_first.wait()
+    body = HeldBody()
+    task = asyncio.create_task(cc.post("/data/t", body.chunks()))
+    await body.sent.wait()
     await asyncio.sleep(0.1)
     box.kill()
-    go_on.set()
+    body.release.set()
     r = await task
     assert r.status == 409
     assert "exited" in (await r.json())["message"]

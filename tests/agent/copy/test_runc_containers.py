@@ -47,7 +47,7 @@ from aggapi.runtime.cri import CRIClient
 from aggapi.testing.containerd import Containerd
 from aggapi.testing.pods import ContainerSpec, PodRunner, RunningPod
 from tests.agent.agentserver import NODE, Agent, client_ssl, pki, run_agent
-from tests.agent.copy.conftest import snapshot, temp_leftovers
+from tests.agent.copy.conftest import HeldBody, snapshot, temp_leftovers
 from tests.agent.copy.test_escape_corpus import CORPUS, VICTIM, Case, build_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -389,15 +389,10 @@ async def test_agent_killed_mid_upload_leaves_target_and_cleans_up_on_restart(
     agent = AgentProcess(pki(tmp_path / "pki"), containerd, state, tmp_path / "agent.log")
     await agent.start()
     try:
-        async def slow_body() -> AsyncIterator[bytes]:
-            for _ in range(3):
-                yield b"n" * (1 << 20)
-            await asyncio.sleep(3600)  # the rest never comes: the agent dies first
-            yield b""
-
         async def upload() -> None:
+            body = HeldBody(3, None)  # the rest never comes: the agent dies first
             async with agent.client.copy("POST", "/data/target", uid=pod.uid,
-                                         images=[busybox_image], data=slow_body()) as r:
+                                         images=[busybox_image], data=body.chunks()) as r:
                 await r.read()
 
         task = asyncio.create_task(upload())
@@ -459,26 +454,18 @@ async def test_container_stopped_mid_download_and_mid_upload(
         assert got == big[:len(got)]
 
         # Upload into c1; c1 is stopped once the temp file is being written.
-        sent_first = asyncio.Event()
-        go_on = asyncio.Event()
-
-        async def body() -> AsyncIterator[bytes]:
-            yield b"a" * (1 << 20)
-            sent_first.set()
-            await go_on.wait()
-            for _ in range(4):
-                yield b"b" * (1 << 20)
+        body = HeldBody()
 
         async def upload() -> tuple[int, dict[str, Any]]:
             async with agent.copy("POST", "/data/target", uid=pod.uid, images=images,
-                                  container="c1", data=body()) as r:
+                                  container="c1", data=body.chunks()) as r:
                 return r.status, await r.json()
 
         task = asyncio.create_task(upload())
-        await sent_first.wait()
+        await body.sent.wait()
         await wait_for(lambda: bool(temp_leftovers(data)), what="the upload's temp file")
         await cri.stop_container(pod.containers["c1"], grace=0)
-        go_on.set()
+        body.release.set()
         status, doc = await asyncio.wait_for(task, 30)
     assert status == 409, doc
     assert doc["kind"] == "Status" and doc["code"] == 409 and "exited" in doc["message"], doc
@@ -502,14 +489,10 @@ async def test_restart_cleanup_finds_the_pods_new_container(
     agent = AgentProcess(pki(tmp_path / "pki"), containerd, state, tmp_path / "agent.log")
     await agent.start()
     try:
-        async def slow_body() -> AsyncIterator[bytes]:
-            yield b"n" * (1 << 20)
-            await asyncio.sleep(3600)
-            yield b""
-
         async def upload() -> None:
+            body = HeldBody(1, None)  # the rest never comes: the agent dies first
             async with agent.client.copy("POST", "/data/target", uid=pod.uid,
-                                         images=[busybox_image], data=slow_body()) as r:
+                                         images=[busybox_image], data=body.chunks()) as r:
                 await r.read()
 
         task = asyncio.create_task(upload())
