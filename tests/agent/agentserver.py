@@ -61,7 +61,7 @@ class Agent:
         unless ``ssl_ctx`` is given) with ``token`` as the bearer capability."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with aiohttp.ClientSession() as s, s.get(
-                self.url + path, params=params or {}, headers=headers,
+                self.url + path, params=params, headers=headers,
                 ssl=ssl_ctx or client_ssl(self.pki)) as resp:
             yield resp
 

@@ -231,11 +231,11 @@ def plain(tmp_path: Path) -> tuple[Path, Path]:
 @dataclass
 class HeldBody:
     """An upload body that sends ``first`` MiB, sets ``sent``, then waits for ``release``
-    before ``rest`` MiB more (None: the rest never comes), so that a test can act while
-    the agent holds the upload's temp file."""
+    (never set: the rest never comes) before ``rest`` MiB more, so that a test can act
+    while the agent holds the upload's temp file."""
 
     first: int = 1
-    rest: int | None = 4
+    rest: int = 4
     sent: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -243,10 +243,8 @@ class HeldBody:
         for _ in range(self.first):
             yield b"a" * (1 << 20)
         self.sent.set()
-        if self.rest is None:
-            await asyncio.Event().wait()
         await self.release.wait()
-        for _ in range(self.rest or 0):
+        for _ in range(self.rest):
             yield b"b" * (1 << 20)
 
 

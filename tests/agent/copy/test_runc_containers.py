@@ -390,7 +390,7 @@ async def test_agent_killed_mid_upload_leaves_target_and_cleans_up_on_restart(
     await agent.start()
     try:
         async def upload() -> None:
-            body = HeldBody(3, None)  # the rest never comes: the agent dies first
+            body = HeldBody(3)  # never released: the agent dies first
             async with agent.client.copy("POST", "/data/target", uid=pod.uid,
                                          images=[busybox_image], data=body.chunks()) as r:
                 await r.read()
@@ -490,7 +490,7 @@ async def test_restart_cleanup_finds_the_pods_new_container(
     await agent.start()
     try:
         async def upload() -> None:
-            body = HeldBody(1, None)  # the rest never comes: the agent dies first
+            body = HeldBody(1)  # never released: the agent dies first
             async with agent.client.copy("POST", "/data/target", uid=pod.uid,
                                          images=[busybox_image], data=body.chunks()) as r:
                 await r.read()
