@@ -27,11 +27,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 from aggapi.status import StatusError
+from aggapi.wire import OPERATIONS
 
 MAX_LIFETIME = 60  # seconds between iat and exp, by policy
-OPERATIONS = frozenset(
-    {"imagepullprogress", "imagepulls", "copy.stat", "copy.download", "copy.upload"}
-)
 CONTAINER_KINDS = frozenset({"init", "regular", "ephemeral", "imagevolume"})
 _ALGORITHMS = ["ES256", "EdDSA"]
 

@@ -1,0 +1,65 @@
+"""The wire contract between client, apiserver and agent, in one place.
+
+Names here are on the wire: changing one breaks a deployed peer, so each is
+defined once and imported by all three sides (and the tests).
+"""
+
+from __future__ import annotations
+
+from aggapi import GROUP, VERSION
+
+GROUP_VERSION_PATH = f"/apis/{GROUP}/{VERSION}"
+
+# --- capability operations: what a signed token allows the agent to do ---------
+OP_PROGRESS = "imagepullprogress"
+OP_NODE_PULLS = "imagepulls"
+OP_COPY_STAT = "copy.stat"
+OP_COPY_DOWNLOAD = "copy.download"
+OP_COPY_UPLOAD = "copy.upload"
+OPERATIONS = frozenset({OP_PROGRESS, OP_NODE_PULLS, OP_COPY_STAT, OP_COPY_DOWNLOAD,
+                        OP_COPY_UPLOAD})
+
+# --- agent endpoints ---------------------------------------------------------------
+AGENT_PROGRESS_PATH = "/v1/imagepullprogress"
+AGENT_NODE_PULLS_PATH = "/v1/imagepulls"
+AGENT_COPY_PATH = "/v1/copy"
+# (method, path) on the agent -> the operation its capability must name.
+AGENT_OPERATIONS: dict[tuple[str, str], str] = {
+    ("GET", AGENT_PROGRESS_PATH): OP_PROGRESS,
+    ("GET", AGENT_NODE_PULLS_PATH): OP_NODE_PULLS,
+    ("HEAD", AGENT_COPY_PATH): OP_COPY_STAT,
+    ("GET", AGENT_COPY_PATH): OP_COPY_DOWNLOAD,
+    ("POST", AGENT_COPY_PATH): OP_COPY_UPLOAD,
+}
+
+
+def copy_operation(method: str) -> str:
+    """The copy operation an HTTP method performs (HEAD stats, GET reads, POST writes)."""
+    return {"HEAD": OP_COPY_STAT, "GET": OP_COPY_DOWNLOAD, "POST": OP_COPY_UPLOAD}[method]
+
+
+# --- copy query parameters -------------------------------------------------------
+PARAM_CONTAINER = "container"
+PARAM_PATH = "path"
+# Upload parameters the agent acts on; the apiserver vouches for them in the token.
+UPLOAD_PARAMS = ("overwrite", "mode", "uid", "gid", "sha256", "format")
+# Upload parameters the agent may take from the query alone: they only restrict.
+QUERY_ONLY_UPLOAD_PARAMS = frozenset({"sha256"})
+
+# --- copy headers ------------------------------------------------------------------
+HEADER_STAT = "X-Aggapi-Stat"      # base64 JSON {name, size, mode, mtime, uid, gid, ...}
+HEADER_SHA256 = "X-Aggapi-Sha256"  # hex sha256 of the whole file, also on 206
+HEADER_DIGEST = "Digest"           # RFC 3230: sha-256=<base64>
+HEADER_REPR_DIGEST = "Repr-Digest"  # RFC 9530: sha-256=:<base64>:
+# Agent response headers the apiserver relays to the client.
+RELAYED_HEADERS = ("Content-Length", "Content-Type", "Content-Range", "Accept-Ranges",
+                   "ETag", "Last-Modified", HEADER_DIGEST, HEADER_REPR_DIGEST, HEADER_STAT,
+                   HEADER_SHA256, "Retry-After")
+# Request headers the apiserver forwards to the agent on a copy.
+FORWARDED_HEADERS = ("Range", "If-Range")
+
+# --- CRI labels kubelet puts on sandboxes and containers ---------------------------
+LABEL_POD_UID = "io.kubernetes.pod.uid"
+LABEL_POD_NAME = "io.kubernetes.pod.name"
+LABEL_POD_NAMESPACE = "io.kubernetes.pod.namespace"
+LABEL_CONTAINER_NAME = "io.kubernetes.container.name"
