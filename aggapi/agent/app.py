@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from aggapi import wire
 from aggapi.agent import appkeys, progress_api
 from aggapi.agent.auth import SandboxLister, auth_middleware
 from aggapi.agent.config import AgentConfig
@@ -32,15 +33,6 @@ from aggapi.status import status_middleware
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-# (method, path) -> the capability operation the route requires.
-OPERATIONS: dict[tuple[str, str], str] = {
-    ("GET", "/v1/imagepullprogress"): "imagepullprogress",
-    ("GET", "/v1/imagepulls"): "imagepulls",
-    ("HEAD", "/v1/copy"): "copy.stat",
-    ("GET", "/v1/copy"): "copy.download",
-    ("POST", "/v1/copy"): "copy.upload",
-}
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -84,7 +76,7 @@ def build_app(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClie
               pod_check: SandboxLister | bool | None = True) -> web.Application:
     """``pod_check``: True checks tokens' pods against CRI sandboxes; a lister to use
     instead; False/None to skip (only for tests of other concerns)."""
-    operations = dict(OPERATIONS)
+    operations = dict(wire.AGENT_OPERATIONS)
     metrics = AgentMetrics()
     lister: SandboxLister | None = cri if pod_check is True else (pod_check or None)
     app = web.Application(middlewares=[

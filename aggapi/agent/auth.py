@@ -20,11 +20,9 @@ from aggapi.capability import Capability, CapabilityVerifier
 from aggapi.runtime.cri import Sandbox
 from aggapi.runtime.errors import RuntimeAccessError
 from aggapi.status import StatusError
+from aggapi.wire import LABEL_POD_UID
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-POD_UID = "io.kubernetes.pod.uid"
-POD_NAME = "io.kubernetes.pod.name"
-POD_NAMESPACE = "io.kubernetes.pod.namespace"
 
 
 class SandboxLister(Protocol):
@@ -72,7 +70,7 @@ async def check_pod(cri: SandboxLister, cap: Capability) -> None:
     """
     if not cap.pod_uid:
         return
-    for sb in await cri.list_pod_sandboxes({POD_UID: cap.pod_uid}):
+    for sb in await cri.list_pod_sandboxes({LABEL_POD_UID: cap.pod_uid}):
         if (sb.namespace, sb.name) != (cap.pod_namespace, cap.pod_name):
             raise StatusError(403, f"pod uid {cap.pod_uid} on this node is "
                                    f"{sb.namespace}/{sb.name}, not the token's pod")

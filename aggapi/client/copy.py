@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from aggapi import wire
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.errors import (
     AggapiError,
@@ -124,10 +125,11 @@ def decode_stat(value: str | None) -> dict[str, Any]:
 
 def response_sha256(headers: Any) -> str | None:
     """The whole file's sha256 (hex) from X-Aggapi-Sha256, Repr-Digest or Digest."""
-    sha = headers.get("X-Aggapi-Sha256")
+    sha = headers.get(wire.HEADER_SHA256)
     if sha and re.fullmatch(r"[0-9a-fA-F]{64}", sha):
         return str(sha).lower()
-    for name, pat in (("Repr-Digest", r"sha-256=:([^:]+):"), ("Digest", r"sha-256=([^,\s]+)")):
+    for name, pat in ((wire.HEADER_REPR_DIGEST, r"sha-256=:([^:]+):"),
+                      (wire.HEADER_DIGEST, r"sha-256=([^,\s]+)")):
         m = re.search(pat, headers.get(name, ""))
         if m:
             with contextlib.suppress(ValueError, binascii.Error):
@@ -146,14 +148,14 @@ async def stat_remote(conn: Connection, rp: RemotePath) -> dict[str, Any]:
     """The X-Aggapi-Stat object of the path (NotFound if it does not exist)."""
     try:
         async with conn.request("HEAD", rp.url(), params=rp.params()) as resp:
-            return decode_stat(resp.headers.get("X-Aggapi-Stat"))
+            return decode_stat(resp.headers.get(wire.HEADER_STAT))
     except AggapiError as exc:
         if not exc.bodiless:
             raise
     # A HEAD reply carries no Status: ask with GET for the server's message (on the
     # unlikely success the body is dropped unread, the headers are the same).
     async with conn.request("GET", rp.url(), params=rp.params()) as resp:
-        return decode_stat(resp.headers.get("X-Aggapi-Stat"))
+        return decode_stat(resp.headers.get(wire.HEADER_STAT))
 
 
 async def _retry_wait(backoff: Backoff, exc: BaseException) -> bool:
@@ -183,7 +185,7 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
             try:
                 async with conn.request("GET", rp.url(), params=rp.params(),
                                         headers=headers) as resp:
-                    st = decode_stat(resp.headers.get("X-Aggapi-Stat"))
+                    st = decode_stat(resp.headers.get(wire.HEADER_STAT))
                     ctype = resp.headers.get("Content-Type", "")
                     if ctype.startswith("application/x-tar") or st.get("type") == "dir":
                         partial.discard()

@@ -19,13 +19,12 @@ from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.idmap import IdMap
 from aggapi.agent.copy.workers import Workers
 from aggapi.status import StatusError
+from aggapi.wire import LABEL_CONTAINER_NAME, LABEL_POD_UID
 
 log = logging.getLogger(__name__)
 
 VM_HINTS = ("kata", "firecracker", "cloud-hypervisor", "qemu", "runsc", "gvisor", "vm")
 VM_COMMS = ("qemu", "kata", "firecracker", "cloud-hyperviso", "runsc", "crosvm")
-POD_UID_LABEL = "io.kubernetes.pod.uid"
-CONTAINER_NAME_LABEL = "io.kubernetes.container.name"
 
 
 def _refuse_vm(what: str) -> StatusError:
@@ -107,7 +106,7 @@ class CRIResolver:
         return root
 
     async def resolve(self, pod_uid: str, container: str) -> FsRoot:
-        sandboxes = await self.cri.list_pod_sandboxes(labels={POD_UID_LABEL: pod_uid})
+        sandboxes = await self.cri.list_pod_sandboxes(labels={LABEL_POD_UID: pod_uid})
         if not sandboxes:
             raise StatusError(404, f"pod {pod_uid} has no sandbox on this node")
         statuses = []
@@ -116,7 +115,7 @@ class CRIResolver:
             if is_vm_runtime(handler):
                 raise _refuse_vm(handler)
             for c in await self.cri.list_containers(sandbox_id=sb.id,
-                                                    labels={CONTAINER_NAME_LABEL: container}):
+                                                    labels={LABEL_CONTAINER_NAME: container}):
                 st = await self.cri.container_status(c.id, verbose=True)
                 if st is not None:
                     statuses.append(st)

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from aggapi import wire
 from aggapi.agent import appkeys
 from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
@@ -62,8 +63,6 @@ from aggapi.status import StatusError
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
-UPLOAD_PARAMS = ("overwrite", "mode", "uid", "gid", "sha256", "format")
-QUERY_ONLY_OK = frozenset({"sha256"})
 
 
 class ContainerRefLike(Protocol):
@@ -96,12 +95,12 @@ def _capability(request: web.Request, *ops: str) -> CapabilityLike:
 def _target(request: web.Request, cap: CapabilityLike) -> tuple[str, str]:
     """(container name, clean path), both as the capability names them."""
     names = [c.name for c in cap.containers]
-    container = request.query.get("container") or (names[0] if len(names) == 1 else "")
+    container = request.query.get(wire.PARAM_CONTAINER) or (names[0] if len(names) == 1 else "")
     if not container:
         raise StatusError(400, "container is required")
     if container not in names:
         raise StatusError(403, f'capability does not cover container "{container}"')
-    path = clean_path(request.query.get("path"))
+    path = clean_path(request.query.get(wire.PARAM_PATH))
     if cap.path is None or clean_path(cap.path) != path:
         raise StatusError(403, f"capability does not cover path {path!r}")
     return container, path
@@ -112,13 +111,13 @@ def _param(request: web.Request, cap: CapabilityLike, key: str) -> str | None:
     c = cap.params.get(key)
     if q is not None and c is not None and q != c:
         raise StatusError(403, f"{key}={q!r} differs from the capability's {c!r}")
-    if q is not None and c is None and key not in QUERY_ONLY_OK:
+    if q is not None and c is None and key not in wire.QUERY_ONLY_UPLOAD_PARAMS:
         raise StatusError(403, f"{key} is not authorized by the capability")
     return c if c is not None else q
 
 
 def upload_params(request: web.Request, cap: CapabilityLike) -> UploadParams:
-    raw = {k: _param(request, cap, k) for k in UPLOAD_PARAMS}
+    raw = {k: _param(request, cap, k) for k in wire.UPLOAD_PARAMS}
     ow = (raw["overwrite"] or "true").lower()
     if ow not in ("true", "false", "1", "0"):
         raise StatusError(400, "overwrite must be true or false")
@@ -171,7 +170,7 @@ async def _lookup(state: CopyState, root: FsRoot, path: str) -> dl.Target:
 
 def _stat_header(root: FsRoot, t: dl.Target) -> dict[str, str]:
     doc = json.dumps(dl.stat_dict(root, t), separators=(",", ":")).encode()
-    return {"X-Aggapi-Stat": _b64(doc)}
+    return {wire.HEADER_STAT: _b64(doc)}
 
 
 def _abort(request: web.Request, why: str) -> ConnectionResetError:
@@ -183,7 +182,7 @@ def _abort(request: web.Request, why: str) -> ConnectionResetError:
 
 
 async def stat(request: web.Request) -> web.StreamResponse:
-    cap = _capability(request, "copy.stat", "copy.download")
+    cap = _capability(request, wire.OP_COPY_STAT, wire.OP_COPY_DOWNLOAD)
     state = _state(request)
     container, path = _target(request, cap)
     async with _container(state, cap, container) as root:
@@ -195,7 +194,7 @@ async def stat(request: web.Request) -> web.StreamResponse:
 
 
 async def download(request: web.Request) -> web.StreamResponse:
-    cap = _capability(request, "copy.download")
+    cap = _capability(request, wire.OP_COPY_DOWNLOAD)
     state = _state(request)
     container, path = _target(request, cap)
     with state.slots.slot(cap.pod_uid):
@@ -228,8 +227,8 @@ async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
         first, last = rng if rng is not None else (0, size - 1)
         raw = bytes.fromhex(digest)
         headers = {**_stat_header(root, t), "Accept-Ranges": "bytes", "ETag": tag,
-                   "X-Aggapi-Sha256": digest, "Digest": f"sha-256={_b64(raw)}",
-                   "Repr-Digest": f"sha-256=:{_b64(raw)}:",
+                   wire.HEADER_SHA256: digest, wire.HEADER_DIGEST: f"sha-256={_b64(raw)}",
+                   wire.HEADER_REPR_DIGEST: f"sha-256=:{_b64(raw)}:",
                    "Content-Type": "application/octet-stream"}
         if rng is not None:
             headers["Content-Range"] = f"bytes {first}-{last}/{size}"
@@ -302,7 +301,7 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
 
 
 async def upload(request: web.Request) -> web.StreamResponse:
-    cap = _capability(request, "copy.upload")
+    cap = _capability(request, wire.OP_COPY_UPLOAD)
     state = _state(request)
     container, path = _target(request, cap)
     params = upload_params(request, cap)
