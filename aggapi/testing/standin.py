@@ -1,4 +1,4 @@
-"""A kubelet stand-in for the harness node (no kubelet runs yet).
+"""A kubelet stand-in for the harness node, for runs without a real kubelet (the demo).
 
 It does what kubelet would for a pod bound to the node, against the real kube-apiserver
 and the node's real containerd:

@@ -6,7 +6,7 @@ that scale with pulls and images, never with subscribers: lease resources only
 when the ingest or snapshot set changed, Content.Info once per new digest, and
 manifest/config reads once per digest (cached).
 
-How an image maps to what containerd shows (see DESIGN.md, facts about containerd):
+How an image maps to what containerd shows (containerd 1.6 and later):
 - its root (index or manifest) digest comes from the image record, the reference's
   digest, or, for a tag during a pull, the newest lease holding an index/manifest
   blob whose ``containerd.io/distribution.source.<host>`` label names its repository;
