@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from aggapi.agent.manifests import Platform
 from aggapi.agent.progress import view
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
+from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import ProgressPoller, Subscription
 from aggapi.capability import ContainerRef
 from aggapi.testing import oci

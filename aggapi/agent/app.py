@@ -16,14 +16,15 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from aggapi import wire
-from aggapi.agent import appkeys, progress_api
+from aggapi.agent import appkeys
 from aggapi.agent.auth import SandboxLister, auth_middleware
 from aggapi.agent.config import AgentConfig
 from aggapi.agent.kubeletconfig import KubeletConfigReader
-from aggapi.agent.manifests import Platform
 from aggapi.agent.metrics import AgentMetrics
+from aggapi.agent.progress import handlers as progress_api
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.cri_backend import CRIBackend
+from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import Backend, ProgressPoller
 from aggapi.capability import CapabilityVerifier
 from aggapi.runtime.containerd import ContainerdClient

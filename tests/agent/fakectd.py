@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from aggapi.agent.manifests import chain_ids
+from aggapi.agent.progress.ocimanifest import chain_ids
 from aggapi.runtime.containerd import (
     ContentInfo,
     Descriptor,

@@ -8,7 +8,7 @@ import pytest
 
 from aggapi import imageref
 from aggapi.agent import kubeletconfig
-from aggapi.agent.manifests import Platform, chain_ids
+from aggapi.agent.progress.ocimanifest import Platform, chain_ids
 
 D = "sha256:" + "a" * 64
 

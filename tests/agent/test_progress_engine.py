@@ -6,9 +6,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 
-from aggapi.agent.manifests import Platform
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.model import PHASE_ORDER, ImageState, NodeState
+from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import ProgressPoller
 from aggapi.runtime.containerd import IngestStatus
 from tests.agent.fakectd import OCI_INDEX, FakeContainerd, make_image, sha

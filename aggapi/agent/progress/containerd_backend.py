@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from aggapi import imageref
-from aggapi.agent.manifests import ManifestError, ManifestStore, Platform, ResolvedImage
 from aggapi.agent.progress.model import (
     ALREADY_PRESENT,
     DONE,
@@ -44,6 +43,12 @@ from aggapi.agent.progress.model import (
     PullState,
     aggregate,
     eta,
+)
+from aggapi.agent.progress.ocimanifest import (
+    ManifestError,
+    ManifestStore,
+    Platform,
+    ResolvedImage,
 )
 from aggapi.agent.progress.rate import RateBook
 from aggapi.runtime.containerd import (

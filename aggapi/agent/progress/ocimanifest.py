@@ -1,6 +1,10 @@
-"""From an image's root digest to the layers this node pulls: index -> platform
+"""OCI image manifests (Docker v2 ones too), as containerd stores them.
+
+From an image's root digest to the layers this node pulls: index -> platform
 manifest -> config (diff IDs -> chain IDs). Blobs are read from containerd's
-content store once per digest and cached (they are immutable)."""
+content store once per digest and cached (they are immutable). Not to be
+confused with the repository's manifests/ (Kubernetes YAML).
+"""
 
 from __future__ import annotations
 
