@@ -272,26 +272,23 @@ class _DirResolver:
 
 async def _agent_main(pki_dir: str, root: str, state_dir: str, pod_uid: str) -> None:
     """The real agent app (auth middleware, copy handlers), container root = ``root``."""
-    from aggapi.agent import appkeys
-    from aggapi.agent.app import build_app
+    from aggapi.agent.app import build_app, new_parts
     from aggapi.agent.auth import server_context
     from aggapi.agent.config import AgentConfig
+    from aggapi.agent.copy.quotas import CopyLimits
     from aggapi.capability import CapabilityVerifier
 
     d = Path(pki_dir)
     config = AgentConfig(node_name=NODE, tls_cert=str(d / "agent.crt"),
                          tls_key=str(d / "agent.key"), client_ca=str(d / "ca.crt"),
                          token_public_key=str(d / "token-signing.pub"), host="127.0.0.1",
-                         port=0, kubelet_config="/nonexistent", copy_size_limit=1 << 40,
-                         copy_state_dir=state_dir)
+                         port=0, kubelet_config="/nonexistent",
+                         copy=CopyLimits(size_limit=1 << 40, state_dir=state_dir))
     verifier = CapabilityVerifier((d / "token-signing.pub").read_bytes(), NODE)
     # No CRI here: pod_check off, and the copy resolver swapped for the directory.
-    app = build_app(config, cri=None, containerd=None,  # type: ignore[arg-type]
-                    verifier=verifier, pod_check=False)
-
-    async def use_dir(a: web.Application) -> None:
-        a[appkeys.COPY_STATE].resolver = _DirResolver(root, pod_uid)
-    app.on_startup.append(use_dir)
+    parts = new_parts(config, cri=None, containerd=None,  # type: ignore[arg-type]
+                      verifier=verifier, copy_resolver=_DirResolver(root, pod_uid))
+    app = build_app(parts, pod_check=False)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context(

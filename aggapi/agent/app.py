@@ -1,29 +1,34 @@
-"""The agent's aiohttp application: routes, middlewares, shared state.
+"""The agent's composition root: its parts are built here, once, and handed in.
+
+In the spirit of the generic apiserver's Config -> Complete() -> New():
+:class:`~aggapi.agent.config.AgentConfig` is the config; :func:`connect` opens
+the runtime clients and reads the token key (production), :func:`new_parts`
+builds the engines from given clients (tests pass fakes); :func:`build_app`
+wires routes, middlewares and lifecycle hooks, handing each handler object the
+parts it uses. No module below this one looks its dependencies up in the app.
 
 Middlewares, outermost first: Status errors, metrics, auth (mTLS CN +
-capability token, see aggapi.agent.auth). The copy routes come from
-aggapi.agent.copy.handlers when that package provides them.
+capability token, see aggapi.agent.auth).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
-import logging
-from collections.abc import Awaitable, Callable
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
 from aggapi import wire
-from aggapi.agent import appkeys
+from aggapi.agent import copy as copy_engine
 from aggapi.agent.auth import SandboxLister, auth_middleware
 from aggapi.agent.config import AgentConfig
+from aggapi.agent.copy.handlers import CopyHandlers
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.metrics import AgentMetrics
-from aggapi.agent.progress import handlers as progress_api
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.cri_backend import CRIBackend
+from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import Backend, ProgressPoller
 from aggapi.capability import CapabilityVerifier
@@ -31,13 +36,31 @@ from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.status import status_middleware
 
-log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+@dataclass
+class AgentParts:
+    """Everything the agent's handlers and middlewares use."""
+
+    config: AgentConfig
+    cri: CRIClient
+    # None on runtimes without a containerd content store (CRI-O): phases only.
+    containerd: ContainerdClient | None
+    verifier: CapabilityVerifier
+    poller: ProgressPoller
+    pull_limits: KubeletConfigReader
+    copy: copy_engine.CopyState
+    metrics: AgentMetrics
+
+    async def close_clients(self) -> None:
+        """Close the runtime connections (after the app is cleaned up)."""
+        await self.cri.close()
+        if self.containerd is not None:
+            await self.containerd.close()
 
 
-async def healthz(_request: web.Request) -> web.Response:
-    return web.Response(text="ok")
+# The parts of a built app, for tests and benchmarks that look inside a running
+# agent; the agent's own modules are handed their parts instead.
+PARTS: web.AppKey[AgentParts] = web.AppKey("agent_parts", AgentParts)
 
 
 def make_backend(config: AgentConfig, cri: CRIClient,
@@ -48,66 +71,70 @@ def make_backend(config: AgentConfig, cri: CRIClient,
     return ContainerdBackend(containerd, platform, snapshotter=config.snapshotter)
 
 
-def _add_copy(app: web.Application, operations: dict[tuple[str, str], str]) -> None:
-    """Copy routes and start-up hook, if aggapi.agent.copy provides them (its own
-    import errors are not hidden: only a missing module is tolerated)."""
-    if importlib.util.find_spec("aggapi.agent.copy") is None:
-        return
-    pkg = importlib.import_module("aggapi.agent.copy")
-    startup = getattr(pkg, "startup", None)
-    if callable(startup):
-        async def on_startup(a: web.Application) -> None:
-            result = startup(a)
-            if inspect.isawaitable(result):
-                await result
-        app.on_startup.append(on_startup)
-    if importlib.util.find_spec("aggapi.agent.copy.handlers") is None:
-        log.warning("aggapi.agent.copy.handlers is missing: copy routes are not served")
-        for key in [k for k in operations if k[1] == "/v1/copy"]:
-            del operations[key]
-        return
-    handlers = importlib.import_module("aggapi.agent.copy.handlers")
-    app.router.add_route("HEAD", "/v1/copy", handlers.stat)
-    app.router.add_get("/v1/copy", handlers.download, allow_head=False)
-    app.router.add_post("/v1/copy", handlers.upload)
-
-
-def build_app(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClient | None,
+def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClient | None,
               verifier: CapabilityVerifier, backend: Backend | None = None,
-              pod_check: SandboxLister | bool | None = True) -> web.Application:
-    """``pod_check``: True checks tokens' pods against CRI sandboxes; a lister to use
-    instead; False/None to skip (only for tests of other concerns)."""
-    operations = dict(wire.AGENT_OPERATIONS)
-    metrics = AgentMetrics()
-    lister: SandboxLister | None = cri if pod_check is True else (pod_check or None)
-    app = web.Application(middlewares=[
-        status_middleware,
-        metrics.middleware,
-        auth_middleware(verifier, config.allowed_client_cns, operations, cri=lister),
-    ])
+              copy_resolver: copy_engine.Resolver | None = None) -> AgentParts:
+    """The engines over given runtime clients. ``backend`` replaces the progress
+    backend and ``copy_resolver`` the CRI container lookup (tests and benchmarks)."""
     poller = ProgressPoller(backend or make_backend(config, cri, containerd),
                             config.poll_interval)
-    app[appkeys.CONFIG] = config
-    app[appkeys.CRI] = cri
-    app[appkeys.CONTAINERD] = containerd
-    app[appkeys.POLLER] = poller
-    app[appkeys.PULL_LIMITS] = KubeletConfigReader(config.kubelet_config)
-    app[appkeys.METRICS] = metrics
+    metrics = AgentMetrics()
     metrics.bind(subscribers=lambda: poller.subscribers, polls=lambda: poller.polls,
                  poll_seconds=lambda: poller.last_poll_seconds,
                  runtime_calls=lambda: getattr(containerd, "rpc_count", 0))
+    return AgentParts(config=config, cri=cri, containerd=containerd, verifier=verifier,
+                      poller=poller, pull_limits=KubeletConfigReader(config.kubelet_config),
+                      copy=copy_engine.new_state(config.copy, cri, copy_resolver), metrics=metrics)
 
-    app.router.add_get("/v1/imagepullprogress", progress_api.imagepullprogress,
+
+async def connect(config: AgentConfig) -> AgentParts:
+    """The production parts: the node's runtime sockets and the token key from disk."""
+    key = await asyncio.to_thread(Path(config.token_public_key).read_bytes)
+    verifier = CapabilityVerifier(key, config.node_name, issuer=config.token_issuer)
+    cri = CRIClient(config.cri_address)
+    containerd = (ContainerdClient(config.containerd_address, config.containerd_namespace)
+                  if config.runtime == "containerd" else None)
+    return new_parts(config, cri=cri, containerd=containerd, verifier=verifier)
+
+
+async def healthz(_request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = True
+              ) -> web.Application:
+    """``pod_check``: True checks tokens' pods against CRI sandboxes; a lister to use
+    instead; False/None to skip (only for tests of other concerns)."""
+    config = parts.config
+    lister: SandboxLister | None = parts.cri if pod_check is True else (pod_check or None)
+    app = web.Application(middlewares=[
+        status_middleware,
+        parts.metrics.middleware,
+        auth_middleware(parts.verifier, config.allowed_client_cns, wire.AGENT_OPERATIONS,
+                        cri=lister),
+    ])
+    app[PARTS] = parts
+    progress = ProgressHandlers(parts.poller, parts.pull_limits, config.node_name)
+    copy_api = CopyHandlers(parts.copy)
+
+    app.router.add_get(wire.AGENT_PROGRESS_PATH, progress.imagepullprogress,
                        allow_head=False)
-    app.router.add_get("/v1/imagepulls", progress_api.imagepulls, allow_head=False)
+    app.router.add_get(wire.AGENT_NODE_PULLS_PATH, progress.imagepulls, allow_head=False)
+    app.router.add_route("HEAD", wire.AGENT_COPY_PATH, copy_api.stat)
+    app.router.add_get(wire.AGENT_COPY_PATH, copy_api.download, allow_head=False)
+    app.router.add_post(wire.AGENT_COPY_PATH, copy_api.upload)
     app.router.add_get("/healthz", healthz, allow_head=False)
-    app.router.add_get("/metrics", metrics.handler, allow_head=False)
-    _add_copy(app, operations)
+    app.router.add_get("/metrics", parts.metrics.handler, allow_head=False)
 
-    async def close_poller(_app: web.Application) -> None:
-        await poller.close()
+    async def start(_app: web.Application) -> None:
+        await copy_engine.startup(parts.copy)
 
-    app.on_cleanup.append(close_poller)
+    async def stop(_app: web.Application) -> None:
+        await parts.poller.close()
+        copy_engine.shutdown(parts.copy)
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
     return app
 
 

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from aggapi.agent.appkeys import CAPABILITY
 from aggapi.capability import Capability, CapabilityVerifier
 from aggapi.runtime.cri import Sandbox
 from aggapi.runtime.errors import RuntimeAccessError
@@ -23,6 +22,8 @@ from aggapi.status import StatusError
 from aggapi.wire import LABEL_POD_UID
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Per request: the verified capability, set by auth_middleware for the handlers.
+CAPABILITY: web.RequestKey[Capability] = web.RequestKey("capability", Capability)
 
 
 class SandboxLister(Protocol):

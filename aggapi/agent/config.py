@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aggapi.agent.copy.quotas import CopyLimits
@@ -35,13 +35,7 @@ class AgentConfig:
     platform: str = ""  # os/arch[/variant]; "" = this host's
     kubelet_config: str = KUBELET_CONFIG
     health_port: int = 0  # plain-HTTP /healthz for kubelet probes; 0 = off
-    # Copy quotas (KEP-4582): read by aggapi.agent.copy.quotas.CopyLimits.from_config.
-    copy_size_limit: int = CopyLimits.size_limit
-    copies_per_pod: int = CopyLimits.copies_per_pod
-    copies_per_node: int = CopyLimits.copies_per_node
-    copy_max_entries: int = CopyLimits.max_entries
-    copy_max_depth: int = CopyLimits.max_depth
-    copy_state_dir: str = CopyLimits.state_dir
+    copy: CopyLimits = field(default_factory=CopyLimits)  # KEP-4582 quotas: --copy-* flags
     log_level: str = "info"  # debug | info | warning | error
 
 
@@ -155,8 +149,8 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         containerd_address=a.containerd_address,
         containerd_namespace=a.containerd_namespace, snapshotter=a.snapshotter,
         poll_interval=a.poll_interval, platform=a.platform, kubelet_config=a.kubelet_config,
-        health_port=a.health_port, copy_size_limit=a.copy_size_limit,
-        copies_per_pod=a.copies_per_pod, copies_per_node=a.copies_per_node,
-        copy_max_entries=a.copy_max_entries, copy_max_depth=a.copy_max_depth,
-        copy_state_dir=a.copy_state_dir, log_level=a.log_level,
+        health_port=a.health_port, log_level=a.log_level,
+        copy=CopyLimits(size_limit=a.copy_size_limit, copies_per_pod=a.copies_per_pod,
+                        copies_per_node=a.copies_per_node, max_entries=a.copy_max_entries,
+                        max_depth=a.copy_max_depth, state_dir=a.copy_state_dir),
     )

@@ -7,17 +7,13 @@ import contextlib
 import logging
 import signal
 from collections.abc import Sequence
-from pathlib import Path
 
 from aiohttp import web
 
 from aggapi import eventloop, logs
-from aggapi.agent.app import build_app, build_health_app
+from aggapi.agent.app import build_app, build_health_app, connect
 from aggapi.agent.auth import server_context
 from aggapi.agent.config import AgentConfig, from_args
-from aggapi.capability import CapabilityVerifier
-from aggapi.runtime.containerd import ContainerdClient
-from aggapi.runtime.cri import CRIClient
 
 log = logging.getLogger(__name__)
 
@@ -28,20 +24,15 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    key = await asyncio.to_thread(Path(config.token_public_key).read_bytes)
-    verifier = CapabilityVerifier(key, config.node_name, issuer=config.token_issuer)
     tls = await asyncio.to_thread(server_context, config.tls_cert, config.tls_key,
                                   config.client_ca)
-    cri = CRIClient(config.cri_address)
-    containerd = (ContainerdClient(config.containerd_address, config.containerd_namespace)
-                  if config.runtime == "containerd" else None)
+    parts = await connect(config)
     runners: list[web.AppRunner] = []
     try:
         # handler_cancellation: when the apiserver drops a stream (its client left),
         # the handler is cancelled at once, which ends the poller subscription or
         # aborts the copy (its temp file removed) instead of waiting for a write to fail.
-        runner = web.AppRunner(build_app(config, cri=cri, containerd=containerd,
-                                         verifier=verifier), handler_cancellation=True)
+        runner = web.AppRunner(build_app(parts), handler_cancellation=True)
         await runner.setup()
         runners.append(runner)
         await web.TCPSite(runner, config.host, config.port, ssl_context=tls).start()
@@ -56,9 +47,7 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
     finally:
         for r in reversed(runners):
             await r.cleanup()
-        await cri.close()
-        if containerd is not None:
-            await containerd.close()
+        await parts.close_clients()
 
 
 def main(argv: Sequence[str]) -> int:

@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from aggapi import certs
-from aggapi.agent.app import build_app
+from aggapi.agent.app import build_app, new_parts
 from aggapi.agent.auth import SandboxLister, server_context
 from aggapi.agent.config import AgentConfig
 from aggapi.agent.progress.poller import Backend
@@ -112,8 +112,8 @@ async def run_agent(pki_dir: Path, *, cri: CRIClient | Any, containerd: Containe
                          platform="linux/amd64", kubelet_config=kubelet_config,
                          snapshotter=snapshotter, **overrides)
     verifier = CapabilityVerifier((pki_dir / "token-signing.pub").read_bytes(), NODE)
-    app = build_app(config, cri=cri, containerd=containerd, verifier=verifier, backend=backend,
-                    pod_check=pod_check)
+    app = build_app(new_parts(config, cri=cri, containerd=containerd, verifier=verifier,
+                              backend=backend), pod_check=pod_check)
     runner = web.AppRunner(app, handler_cancellation=True)  # as aggapi.agent.main does
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0,

@@ -1,47 +1,47 @@
 """Safe copy into and out of running containers (KEP-4582), the agent side.
 
-``startup(app)`` creates the shared :class:`CopyState` under
-``appkeys.COPY_STATE`` and removes temp files a killed agent left behind;
-``shutdown(app)`` stops the worker threads. The HTTP handlers are in
-:mod:`aggapi.agent.copy.handlers`.
+The agent's composition root (aggapi.agent.app) builds one :class:`CopyState`
+with :func:`new_state`, serves it through
+:class:`aggapi.agent.copy.handlers.CopyHandlers`, runs :func:`startup` (removes
+temp files a killed agent left behind) when the app starts and :func:`shutdown`
+(stops the worker threads) when it is cleaned up.
 """
 
 from __future__ import annotations
 
 import logging
 
-from aiohttp import web
-
-from aggapi.agent import appkeys
 from aggapi.agent.copy.cleanup import cleanup_stale
 from aggapi.agent.copy.container import CRIResolver
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.state import CopyState, Resolver
 from aggapi.agent.copy.workers import Workers
+from aggapi.runtime.cri import CRIClient
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CopyLimits", "CopyState", "Resolver", "shutdown", "startup"]
+__all__ = ["CopyLimits", "CopyState", "Resolver", "new_state", "shutdown", "startup"]
 
 
-async def startup(app: web.Application, resolver: Resolver | None = None) -> None:
-    """Create COPY_STATE (limits from AgentConfig's copy_* fields) and clean stale temps."""
-    limits = CopyLimits.from_config(app[appkeys.CONFIG])
+def new_state(limits: CopyLimits, cri: CRIClient, resolver: Resolver | None = None
+              ) -> CopyState:
+    """The copy engine's state; containers are found through ``cri`` unless a
+    ``resolver`` is given (tests and benchmarks use a plain directory)."""
     workers = Workers()
-    if resolver is None:
-        resolver = CRIResolver(app[appkeys.CRI], workers)
-    state = CopyState(limits, resolver, workers=workers)
-    app[appkeys.COPY_STATE] = state
+    return CopyState(limits, resolver or CRIResolver(cri, workers), workers=workers)
+
+
+async def startup(state: CopyState) -> None:
+    """Remove temp files that a killed agent left in containers."""
     try:
-        removed = await cleanup_stale(limits.state_dir, resolver.by_id, workers,
-                                      resolver.resolve)
+        removed = await cleanup_stale(state.limits.state_dir, state.resolver.by_id,
+                                      state.workers, state.resolver.resolve)
         if removed:
             log.info("removed %d temp files left by an interrupted copy", removed)
     except OSError as exc:
-        log.error("copy state dir %s unusable: %s", limits.state_dir, exc)
+        log.error("copy state dir %s unusable: %s", state.limits.state_dir, exc)
 
 
-async def shutdown(app: web.Application) -> None:
-    state = app.get(appkeys.COPY_STATE)
-    if isinstance(state, CopyState):
-        state.workers.shutdown()
+def shutdown(state: CopyState) -> None:
+    """Stop the worker threads (queued work is cancelled; running calls finish)."""
+    state.workers.shutdown()

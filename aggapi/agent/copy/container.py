@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.idmap import IdMap
 from aggapi.agent.copy.workers import Workers
+from aggapi.runtime.cri import ContainerStatus, CRIClient
 from aggapi.status import StatusError
 from aggapi.wire import LABEL_CONTAINER_NAME, LABEL_POD_UID
 
@@ -38,7 +38,7 @@ def is_vm_runtime(name: str | None) -> bool:
     return any(h in n for h in VM_HINTS)
 
 
-def is_running(state: Any) -> bool:
+def is_running(state: str | int) -> bool:
     """CRI ContainerState: CONTAINER_RUNNING (= 1), as a name or a number."""
     if isinstance(state, int):
         return state == 1
@@ -85,16 +85,16 @@ def _close(*fds: int) -> None:
 
 
 class CRIResolver:
-    """Resolves containers through an aggapi.runtime.cri.CRIClient."""
+    """Resolves containers through the node's CRI runtime."""
 
-    def __init__(self, cri: Any, workers: Workers) -> None:
+    def __init__(self, cri: CRIClient, workers: Workers) -> None:
         self.cri = cri
         self.workers = workers
 
-    async def _open(self, status: Any, pod_uid: str, name: str) -> FsRoot:
-        if is_vm_runtime(getattr(status, "runtime_type", None)):
-            raise _refuse_vm(status.runtime_type)
-        pid = getattr(status, "pid", None)
+    async def _open(self, status: ContainerStatus, pod_uid: str, name: str) -> FsRoot:
+        if is_vm_runtime(status.runtime_type):
+            raise _refuse_vm(status.runtime_type or "")
+        pid = status.pid
         if not pid:
             raise StatusError(409, f"container {name}: runtime reports no process id")
         root = await self.workers.run(open_process_root, int(pid), container_id=status.id,
@@ -111,9 +111,8 @@ class CRIResolver:
             raise StatusError(404, f"pod {pod_uid} has no sandbox on this node")
         statuses = []
         for sb in sandboxes:
-            handler = getattr(sb, "runtime_handler", "")
-            if is_vm_runtime(handler):
-                raise _refuse_vm(handler)
+            if is_vm_runtime(sb.runtime_handler):
+                raise _refuse_vm(sb.runtime_handler)
             for c in await self.cri.list_containers(sandbox_id=sb.id,
                                                     labels={LABEL_CONTAINER_NAME: container}):
                 st = await self.cri.container_status(c.id, verbose=True)
@@ -132,7 +131,7 @@ class CRIResolver:
         if st is None or not is_running(st.state) or not st.pid:
             return None
         try:
-            return await self._open(st, "", getattr(st, "name", ""))
+            return await self._open(st, "", st.name)
         except StatusError as exc:
             log.info("container %s: %s", container_id, exc.message)
             return None

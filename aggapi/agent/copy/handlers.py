@@ -28,7 +28,8 @@ Wire conventions (the aggapi apiserver relays them unchanged):
 - Errors are metav1.Status (via aggapi.status); a failure after a download has
   started aborts the connection, so a cut stream never looks complete.
 
-Authorization: ``request[CAPABILITY]`` must be a copy capability for this
+Authorization: the capability the auth middleware verified
+(``request[aggapi.agent.auth.CAPABILITY]``) must be a copy capability for this
 operation, naming the ``container`` and the ``path`` asked for. The upload
 parameters must be those the capability vouches for; sha256 alone may come
 from the query only (it restricts, never widens, what is written).
@@ -43,14 +44,13 @@ import logging
 import os
 import re
 import stat as st_
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
 
 from aiohttp import web
 
 from aggapi import wire
-from aggapi.agent import appkeys
+from aggapi.agent.auth import CAPABILITY
 from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
 from aggapi.agent.copy.fserrors import fs_status
@@ -58,6 +58,7 @@ from aggapi.agent.copy.fsroot import FsRoot, clean_path
 from aggapi.agent.copy.ranges import etag, parse_range
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.upload import UploadParams, upload_file, upload_tar
+from aggapi.capability import Capability
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)
@@ -65,26 +66,12 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 
 
-class ContainerRefLike(Protocol):
-    name: str
-
-
-class CapabilityLike(Protocol):
-    """The fields of aggapi.capability.Capability this module reads."""
-
-    operation: str
-    pod_uid: str
-    containers: tuple[Any, ...]
-    path: str | None
-    params: Mapping[str, str]
-
-
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _capability(request: web.Request, *ops: str) -> CapabilityLike:
-    cap = request.get(appkeys.CAPABILITY)
+def _capability(request: web.Request, *ops: str) -> Capability:
+    cap = request.get(CAPABILITY)
     if cap is None:
         raise StatusError(401, "a capability token is required")
     if cap.operation not in ops:
@@ -92,7 +79,7 @@ def _capability(request: web.Request, *ops: str) -> CapabilityLike:
     return cap
 
 
-def _target(request: web.Request, cap: CapabilityLike) -> tuple[str, str]:
+def _target(request: web.Request, cap: Capability) -> tuple[str, str]:
     """(container name, clean path), both as the capability names them."""
     names = [c.name for c in cap.containers]
     container = request.query.get(wire.PARAM_CONTAINER) or (names[0] if len(names) == 1 else "")
@@ -106,7 +93,7 @@ def _target(request: web.Request, cap: CapabilityLike) -> tuple[str, str]:
     return container, path
 
 
-def _param(request: web.Request, cap: CapabilityLike, key: str) -> str | None:
+def _param(request: web.Request, cap: Capability, key: str) -> str | None:
     q = request.query.get(key)
     c = cap.params.get(key)
     if q is not None and c is not None and q != c:
@@ -116,7 +103,7 @@ def _param(request: web.Request, cap: CapabilityLike, key: str) -> str | None:
     return c if c is not None else q
 
 
-def upload_params(request: web.Request, cap: CapabilityLike) -> UploadParams:
+def upload_params(request: web.Request, cap: Capability) -> UploadParams:
     raw = {k: _param(request, cap, k) for k in wire.UPLOAD_PARAMS}
     ow = (raw["overwrite"] or "true").lower()
     if ow not in ("true", "false", "1", "0"):
@@ -145,15 +132,8 @@ def upload_params(request: web.Request, cap: CapabilityLike) -> UploadParams:
         sha256=sha, tar=fmt == "tar")
 
 
-def _state(request: web.Request) -> CopyState:
-    state = request.app.get(appkeys.COPY_STATE)
-    if not isinstance(state, CopyState):
-        raise StatusError(503, "copy is not initialised on this agent")
-    return state
-
-
 @asynccontextmanager
-async def _container(state: CopyState, cap: CapabilityLike, name: str) -> AsyncIterator[FsRoot]:
+async def _container(state: CopyState, cap: Capability, name: str) -> AsyncIterator[FsRoot]:
     root = await state.resolver.resolve(cap.pod_uid, name)
     try:
         yield root
@@ -179,35 +159,6 @@ def _abort(request: web.Request, why: str) -> ConnectionResetError:
     if request.transport is not None:
         request.transport.abort()
     return ConnectionResetError(why)
-
-
-async def stat(request: web.Request) -> web.StreamResponse:
-    cap = _capability(request, wire.OP_COPY_STAT, wire.OP_COPY_DOWNLOAD)
-    state = _state(request)
-    container, path = _target(request, cap)
-    async with _container(state, cap, container) as root:
-        t = await _lookup(state, root, path)
-        try:
-            return web.Response(status=200, headers=_stat_header(root, t))
-        finally:
-            t.close()
-
-
-async def download(request: web.Request) -> web.StreamResponse:
-    cap = _capability(request, wire.OP_COPY_DOWNLOAD)
-    state = _state(request)
-    container, path = _target(request, cap)
-    with state.slots.slot(cap.pod_uid):
-        async with _container(state, cap, container) as root:
-            t = await _lookup(state, root, path)
-            try:
-                if st_.S_ISDIR(t.st.st_mode):
-                    return await _send_dir(request, state, root, t)
-                if st_.S_ISLNK(t.st.st_mode):
-                    return web.Response(status=200, headers=_stat_header(root, t))
-                return await _send_file(request, state, root, t)
-            finally:
-                t.close()
 
 
 async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
@@ -300,16 +251,49 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
         await run(_close_fd, dfd)
 
 
-async def upload(request: web.Request) -> web.StreamResponse:
-    cap = _capability(request, wire.OP_COPY_UPLOAD)
-    state = _state(request)
-    container, path = _target(request, cap)
-    params = upload_params(request, cap)
-    if request.content_length is not None:
-        state.slots.check_size(request.content_length)
-    with state.slots.slot(cap.pod_uid):
+class CopyHandlers:
+    """The /v1/copy routes, bound to the copy engine's state at construction."""
+
+    def __init__(self, state: CopyState) -> None:
+        self.state = state
+
+    async def stat(self, request: web.Request) -> web.StreamResponse:
+        cap = _capability(request, wire.OP_COPY_STAT, wire.OP_COPY_DOWNLOAD)
+        state = self.state
+        container, path = _target(request, cap)
         async with _container(state, cap, container) as root:
-            send = upload_tar if params.tar else upload_file
-            result = await send(state, root, path, request.content, request.content_length,
-                                params)
-    return web.json_response(result)
+            t = await _lookup(state, root, path)
+            try:
+                return web.Response(status=200, headers=_stat_header(root, t))
+            finally:
+                t.close()
+
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        cap = _capability(request, wire.OP_COPY_DOWNLOAD)
+        state = self.state
+        container, path = _target(request, cap)
+        with state.slots.slot(cap.pod_uid):
+            async with _container(state, cap, container) as root:
+                t = await _lookup(state, root, path)
+                try:
+                    if st_.S_ISDIR(t.st.st_mode):
+                        return await _send_dir(request, state, root, t)
+                    if st_.S_ISLNK(t.st.st_mode):
+                        return web.Response(status=200, headers=_stat_header(root, t))
+                    return await _send_file(request, state, root, t)
+                finally:
+                    t.close()
+
+    async def upload(self, request: web.Request) -> web.StreamResponse:
+        cap = _capability(request, wire.OP_COPY_UPLOAD)
+        state = self.state
+        container, path = _target(request, cap)
+        params = upload_params(request, cap)
+        if request.content_length is not None:
+            state.slots.check_size(request.content_length)
+        with state.slots.slot(cap.pod_uid):
+            async with _container(state, cap, container) as root:
+                send = upload_tar if params.tar else upload_file
+                result = await send(state, root, path, request.content,
+                                    request.content_length, params)
+        return web.json_response(result)

@@ -10,12 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from aggapi.status import StatusError
-
-if TYPE_CHECKING:
-    from aggapi.agent.config import AgentConfig
 
 GiB = 1 << 30
 
@@ -29,13 +25,6 @@ class CopyLimits:
     max_depth: int = 64  # --copy-max-depth: directory nesting in one copy
     state_dir: str = "/var/lib/aggapi-agent/inflight"  # --copy-state-dir
     retry_after: int = 5  # seconds suggested to a client refused with 429
-
-    @classmethod
-    def from_config(cls, config: AgentConfig) -> CopyLimits:
-        return cls(size_limit=config.copy_size_limit, copies_per_pod=config.copies_per_pod,
-                   copies_per_node=config.copies_per_node,
-                   max_entries=config.copy_max_entries, max_depth=config.copy_max_depth,
-                   state_dir=config.copy_state_dir)
 
 
 class CopySlots:

@@ -1,5 +1,6 @@
 """Everything the copy handlers share: limits, slots, workers, the container resolver
-and the digest cache. Stored in the agent app under ``appkeys.COPY_STATE``."""
+and the digest cache. Built once by aggapi.agent.copy.new_state and handed to the
+handlers (aggapi.agent.copy.handlers.CopyHandlers) at construction."""
 
 from __future__ import annotations
 

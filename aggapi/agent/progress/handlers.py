@@ -13,9 +13,11 @@ from typing import Any
 
 from aiohttp import web
 
-from aggapi.agent import appkeys
+from aggapi.agent.auth import CAPABILITY
+from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.progress import view
 from aggapi.agent.progress.model import NodeState, PullState
+from aggapi.agent.progress.poller import ProgressPoller
 from aggapi.capability import Capability, ContainerRef
 from aggapi.status import StatusError
 
@@ -57,51 +59,6 @@ def _closing(containers: Sequence[ContainerRef], state: NodeState) -> dict[str, 
     return None
 
 
-async def imagepullprogress(request: web.Request) -> web.StreamResponse:
-    cap: Capability = request[appkeys.CAPABILITY]
-    granularity = request.query.get("granularity", "layer")
-    if granularity not in view.GRANULARITIES:
-        raise StatusError(400, f"granularity must be one of {', '.join(view.GRANULARITIES)}")
-    follow = _flag(request, "follow", True)
-    containers = _containers(request, cap)
-    images = {c.image for c in containers}
-    poller = request.app[appkeys.POLLER]
-
-    if not follow:
-        state = await poller.observe_once(images)
-        objs = view.objects(containers, state, granularity)
-        end = _closing(containers, state)
-        return web.Response(body=_lines(objs + ([end] if end else [])), content_type=NDJSON)
-
-    resp = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-store",
-                                       "X-Accel-Buffering": "no"})
-    await resp.prepare(request)
-    sent: dict[tuple[str, str, str], dict[str, Any]] = {}
-    last: NodeState | None = None
-    async with poller.subscribe(images) as sub:
-        while True:
-            got = await sub.next(max_wait=KEEPALIVE)
-            if got is None:
-                if last is None:
-                    continue
-                # Nothing changed for a while: say so (keeps proxies from idling out).
-                got, sent = NodeState(last.backend, last.images, last.pulls, last.error,
-                                      time.time()), {}
-            state = got
-            last = state
-            objs = view.objects(containers, state, granularity)
-            fresh = [o for o in objs if sent.get(view.key(o)) != view.without_time(o)]
-            for o in fresh:
-                sent[view.key(o)] = view.without_time(o)
-            end = _closing(containers, state)
-            if fresh or end:
-                await resp.write(_lines(fresh + ([end] if end else [])))
-            if end is not None:
-                break
-    await resp.write_eof()
-    return resp
-
-
 def _pull_json(p: PullState) -> dict[str, Any]:
     return {"lease": p.lease, "startedAt": view.rfc3339(p.started_at), "phase": p.phase,
             "repositories": list(p.repositories), "images": list(p.images),
@@ -109,24 +66,77 @@ def _pull_json(p: PullState) -> dict[str, Any]:
             "bytesPerSecond": p.bytes_per_second, "downloadingLayers": p.downloading_layers}
 
 
-async def imagepulls(request: web.Request) -> web.Response:
-    """Every in-flight pull on the node and kubelet's pull limits: together they tell
-    'waiting for a pull slot' (in flight >= slots) from 'stuck' (a slot, no activity)."""
-    poller = request.app[appkeys.POLLER]
-    state = await poller.observe_once(())
-    limits = await request.app[appkeys.PULL_LIMITS].limits()
-    pulls = state.pulls
-    in_flight = None if pulls is None else len(pulls)
-    slots = limits.parallel_slots
-    body = {
-        "kind": "NodeImagePulls",
-        "node": request.app[appkeys.CONFIG].node_name,
-        "backend": state.backend,
-        "kubelet": limits.to_json(),
-        "inFlight": in_flight,
-        "pulls": None if pulls is None else [_pull_json(p) for p in pulls],
-        "slotsFree": None if slots is None or in_flight is None else max(slots - in_flight, 0),
-        "error": state.error,
-        "time": view.rfc3339(state.time),
-    }
-    return web.json_response(body)
+class ProgressHandlers:
+    """The progress routes, bound at construction to the node's one poller, kubelet's
+    pull limits and the node's name."""
+
+    def __init__(self, poller: ProgressPoller, pull_limits: KubeletConfigReader,
+                 node_name: str) -> None:
+        self.poller = poller
+        self.pull_limits = pull_limits
+        self.node_name = node_name
+
+    async def imagepullprogress(self, request: web.Request) -> web.StreamResponse:
+        cap: Capability = request[CAPABILITY]
+        granularity = request.query.get("granularity", "layer")
+        if granularity not in view.GRANULARITIES:
+            raise StatusError(400, f"granularity must be one of {', '.join(view.GRANULARITIES)}")
+        follow = _flag(request, "follow", True)
+        containers = _containers(request, cap)
+        images = {c.image for c in containers}
+        poller = self.poller
+
+        if not follow:
+            state = await poller.observe_once(images)
+            objs = view.objects(containers, state, granularity)
+            end = _closing(containers, state)
+            return web.Response(body=_lines(objs + ([end] if end else [])), content_type=NDJSON)
+
+        resp = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-store",
+                                           "X-Accel-Buffering": "no"})
+        await resp.prepare(request)
+        sent: dict[tuple[str, str, str], dict[str, Any]] = {}
+        last: NodeState | None = None
+        async with poller.subscribe(images) as sub:
+            while True:
+                got = await sub.next(max_wait=KEEPALIVE)
+                if got is None:
+                    if last is None:
+                        continue
+                    # Nothing changed for a while: say so (keeps proxies from idling out).
+                    got, sent = NodeState(last.backend, last.images, last.pulls, last.error,
+                                          time.time()), {}
+                state = got
+                last = state
+                objs = view.objects(containers, state, granularity)
+                fresh = [o for o in objs if sent.get(view.key(o)) != view.without_time(o)]
+                for o in fresh:
+                    sent[view.key(o)] = view.without_time(o)
+                end = _closing(containers, state)
+                if fresh or end:
+                    await resp.write(_lines(fresh + ([end] if end else [])))
+                if end is not None:
+                    break
+        await resp.write_eof()
+        return resp
+
+    async def imagepulls(self, request: web.Request) -> web.Response:
+        """Every in-flight pull on the node and kubelet's pull limits: together they tell
+        'waiting for a pull slot' (in flight >= slots) from 'stuck' (a slot, no activity)."""
+        state = await self.poller.observe_once(())
+        limits = await self.pull_limits.limits()
+        pulls = state.pulls
+        in_flight = None if pulls is None else len(pulls)
+        slots = limits.parallel_slots
+        body = {
+            "kind": "NodeImagePulls",
+            "node": self.node_name,
+            "backend": state.backend,
+            "kubelet": limits.to_json(),
+            "inFlight": in_flight,
+            "pulls": None if pulls is None else [_pull_json(p) for p in pulls],
+            "slotsFree": None if slots is None or in_flight is None else max(slots - in_flight, 0),
+            "error": state.error,
+            "time": view.rfc3339(state.time),
+        }
+        return web.json_response(body)

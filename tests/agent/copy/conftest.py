@@ -20,10 +20,10 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from aggapi.agent import appkeys
-from aggapi.agent.copy import handlers
+from aggapi.agent.auth import CAPABILITY
 from aggapi.agent.copy.container import open_process_root
 from aggapi.agent.copy.fsroot import FsRoot
+from aggapi.agent.copy.handlers import CopyHandlers
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.workers import Workers
@@ -177,7 +177,7 @@ async def fake_capability(request: web.Request, handler: Any) -> web.StreamRespo
     raw = request.headers.get("X-Test-Cap")
     if raw:
         d = json.loads(raw)
-        request[appkeys.CAPABILITY] = make_capability(d["operation"], d["path"], d["params"])
+        request[CAPABILITY] = make_capability(d["operation"], d["path"], d["params"])
     resp: web.StreamResponse = await handler(request)
     return resp
 
@@ -186,10 +186,10 @@ def build_app(resolver: Any, limits: CopyLimits) -> tuple[web.Application, CopyS
     app = web.Application(middlewares=[status_middleware, fake_capability],
                           client_max_size=1 << 40)
     state = CopyState(limits, resolver, workers=Workers(4))
-    app[appkeys.COPY_STATE] = state
-    app.router.add_route("HEAD", "/v1/copy", handlers.stat)
-    app.router.add_get("/v1/copy", handlers.download, allow_head=False)
-    app.router.add_post("/v1/copy", handlers.upload)
+    api = CopyHandlers(state)
+    app.router.add_route("HEAD", "/v1/copy", api.stat)
+    app.router.add_get("/v1/copy", api.download, allow_head=False)
+    app.router.add_post("/v1/copy", api.upload)
     return app, state
 
 

@@ -42,6 +42,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.capability import CapabilitySigner
 from aggapi.runtime.cri import CRIClient
 from aggapi.testing.containerd import Containerd
@@ -145,9 +146,10 @@ async def corpus_pod(containerd: Containerd, busybox_image: str,
                 "c0", busybox_image, mounts=[(str(dirs["data"]), "/data", False),
                                              (str(dirs["ro"]), "/ro", True)])])
             pid = await container_pid(cri, pod.containers["c0"])
+            limits = CopyLimits(size_limit=1 << 20, copies_per_pod=8,
+                                state_dir=str(dirs["state"]))
             async with run_agent(pki(base / "pki"), cri=cri, containerd=None,
-                                 copy_size_limit=1 << 20, copy_state_dir=str(dirs["state"]),
-                                 copies_per_pod=8) as agent, agent.session() as session:
+                                 copy=limits) as agent, agent.session() as session:
                 yield CorpusPod(agent, session, pod, busybox_image, dirs["data"], dirs["ro"],
                                 dirs["outside"], dirs["state"], Path(f"/proc/{pid}/root"))
         finally:
@@ -276,8 +278,8 @@ async def test_symlink_swap_race_in_runc_container(
     reads: list[int] = []
 
     async with run_agent(pki(tmp_path / "pki"), cri=cri, containerd=None,
-                         copy_state_dir=str(state), copies_per_pod=64,
-                         copies_per_node=64) as agent, agent.session() as session:
+                         copy=CopyLimits(state_dir=str(state), copies_per_pod=64,
+                                         copies_per_node=64)) as agent, agent.session() as session:
 
         async def one(i: int) -> None:
             kind = i % 3
@@ -438,7 +440,7 @@ async def test_container_stopped_mid_download_and_mid_upload(
                                    ContainerSpec("c1", busybox_image, mounts=mounts)])
     images = [busybox_image, busybox_image]
     async with run_agent(pki(tmp_path / "pki"), cri=cri, containerd=None,
-                         copy_state_dir=str(state)) as agent:
+                         copy=CopyLimits(state_dir=str(state))) as agent:
         # Download from c0, read slowly; c0 is stopped after the first MiB.
         got = b""
         with pytest.raises(aiohttp.ClientPayloadError):

@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from aggapi import certs as aggapi_certs
+from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.testing.fakekube import FakeKube
@@ -96,8 +97,8 @@ async def stack(tmp_path: Path, make_server: Any, kube: FakeKube, cri: CRIClient
     agent_pki = tmp_path / "agent-pki"
     aggapi_certs.generate(agent_pki)
     async with run_agent(agent_pki, cri=cri, containerd=ctd,
-                         copy_state_dir=str(tmp_path / "inflight"),
-                         copy_size_limit=2 << 30, copies_per_pod=2) as agent:
+                         copy=CopyLimits(state_dir=str(tmp_path / "inflight"),
+                                         size_limit=2 << 30, copies_per_pod=2)) as agent:
         port = int(agent.url.rsplit(":", 1)[1])
         kube.put("apis/discovery.k8s.io/v1", "endpointslices", endpoint_slice(port))
         kube.sar_policy = lambda _spec: True

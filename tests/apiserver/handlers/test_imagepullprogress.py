@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from aggapi.agent import appkeys as agent_keys
+from aggapi.agent import app as agent_app
+from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.progress.model import PHASE_ORDER
 from aggapi.apiserver import appkeys as server_keys
 from aggapi.runtime.cri import CRIClient
@@ -224,7 +225,7 @@ async def wait_port(port: int, within: float = 20.0) -> None:
 async def test_client_disconnect_ends_agent_subscription(
         stack: Stack, busybox_image: str) -> None:
     stack.kube.put("api/v1", "pods", pod_object("idle", [("app", busybox_image + "x")]))
-    poller = stack.agent.app[agent_keys.POLLER]
+    poller = stack.agent.app[agent_app.PARTS].poller
     async with stack.session().get(stack.pod_path("idle", "imagepullprogress",
                                                   watch=True)) as resp:
         assert resp.status == 200
@@ -305,7 +306,7 @@ async def test_waiting_for_a_pull_slot(
     kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
                        "serializeImagePulls: false\nmaxParallelImagePulls: 1\n")
     async with run_agent(stack.agent.pki, cri=cri, containerd=ctd, kubelet_config=str(kubelet),
-                         copy_state_dir=str(tmp_path / "inflight3")) as limited:
+                         copy=CopyLimits(state_dir=str(tmp_path / "inflight3"))) as limited:
         stack.kube.put("apis/discovery.k8s.io/v1", "endpointslices",
                        endpoint_slice(int(limited.url.rsplit(":", 1)[1])))
         await asyncio.sleep(0.5)
