@@ -57,7 +57,8 @@ from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, clean_path
 from aggapi.agent.copy.ranges import etag, parse_range
 from aggapi.agent.copy.state import CopyState
-from aggapi.agent.copy.upload import UploadParams, upload_file, upload_tar
+from aggapi.agent.copy.upload import upload_file, upload_tar
+from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.capability import Capability
 from aggapi.status import StatusError
 

@@ -15,6 +15,7 @@ checked; a hard link may only name an earlier regular file of the same tar.
 Device nodes and FIFOs are refused. Missing directories are created as the tar
 goes and removed again if the upload fails. Tar entry modes lose setuid/setgid;
 owners are the uid=/gid= parameters or the container's root (as docker cp).
+The per-entry file-system work is in :mod:`aggapi.agent.copy.tarextract`.
 """
 
 from __future__ import annotations
@@ -23,39 +24,33 @@ import asyncio
 import errno
 import hashlib
 import os
-import stat
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import StreamReader
 
-from aggapi.agent.copy import openat2 as o2
 from aggapi.agent.copy.atomic import (
     SETID,
     AtomicFile,
-    Owner,
     check_replaceable,
-    rmdir_quiet,
-    unlink_quiet,
 )
 from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
 from aggapi.agent.copy.state import CopyState
+from aggapi.agent.copy.tarextract import (
+    RDIR,
+    TarExtractor,
+    _remove_created_target,
+    close_file,
+    entry_parts,
+    open_target_dir,
+)
+from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.status import StatusError
 from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, ByteStream, TarError, TarReader
 
 CHUNK = 1 << 20
-RDIR = os.O_RDONLY | os.O_DIRECTORY
-
-
-@dataclass(frozen=True)
-class UploadParams:
-    overwrite: bool = True
-    owner: Owner = field(default_factory=Owner)
-    sha256: str | None = None
-    tar: bool = False
 
 
 async def _settle(aw: Awaitable[Any]) -> None:
@@ -176,245 +171,9 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
         await _settle(run(_close_record, dir_fd, record))
 
 
-def close_file(af: AtomicFile) -> None:
-    af.close()
-    os.close(af.dir_fd)
-
-
 def _close_record(fd: int, record: InflightRecord) -> None:
     os.close(fd)
     record.done()
-
-
-# --- tar --------------------------------------------------------------------------------
-
-def entry_parts(name: str) -> list[str]:
-    """The components of a tar entry name, or a 400: relative, no '..', no NUL."""
-    if "\0" in name:
-        raise StatusError(400, f"tar entry name contains a NUL byte: {name!r}")
-    if name.startswith("/"):
-        raise StatusError(400, f"tar entry has an absolute name: {name!r}")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise StatusError(400, f"tar entry name contains '..': {name!r}")
-    for p in parts:
-        check_name(p)
-    return parts
-
-
-@dataclass
-class _Pending:
-    parent: str  # relative to the target ('' = the target itself)
-    tmp: str
-    name: str
-    is_file: bool
-
-
-class TarExtractor:
-    """Blocking per-entry operations, relative to an open target directory fd."""
-
-    def __init__(self, root: FsRoot, record: InflightRecord, target_fd: int, target: str,
-                 params: UploadParams) -> None:
-        self.root = root
-        self.record = record
-        self.target_fd = target_fd
-        self.target = target.rstrip("/")
-        self.params = params
-        self.pending: dict[str, _Pending] = {}  # by entry path, in tar order
-        self.files: dict[str, tuple[int, int]] = {}  # entry path -> (dev, ino) of its temp
-        self.created: list[str] = []  # directories we made, for rollback
-
-    def _full(self, rel: str) -> str:
-        return f"{self.target}/{rel}" if rel else self.target or "/"
-
-    def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
-        o = self.params.owner
-        return (self.root.uid_map.to_host(o.uid if o.uid is not None else 0, "uid"),
-                self.root.gid_map.to_host(o.gid if o.gid is not None else 0, "gid"))
-
-    def open_parent(self, rel: str) -> int:
-        """An fd on directory ``rel`` under the target, created (mkdir -p) if missing."""
-        try:
-            return o2.openat2(self.target_fd, rel or ".", RDIR, o2.UNDER_TARGET)
-        except FileNotFoundError:
-            pass
-        fd = os.dup(self.target_fd)
-        done: list[str] = []
-        try:
-            for comp in rel.split("/"):
-                done.append(comp)
-                self._mkdir(fd, comp, "/".join(done), 0o755)
-                nfd = o2.openat2(fd, comp, RDIR, o2.UNDER_TARGET)
-                os.close(fd)
-                fd = nfd
-            return fd
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def _mkdir(self, parent_fd: int, name: str, rel: str, mode: int) -> None:
-        if rel in self.pending:
-            raise StatusError(400, f"tar entry {rel!r} is both a file and a directory "
-                              "(a symlink in a tar is never followed)")
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode):
-                raise StatusError(409, f"{self._full(rel)}: exists and is not a directory") \
-                    from None
-            return
-        self.created.append(rel)
-        fd = o2.openat2(parent_fd, name, RDIR | os.O_NOFOLLOW, o2.UNDER_TARGET)
-        try:
-            os.fchown(fd, *self._ids(None, None))
-            os.fchmod(fd, mode & 0o1777)
-        finally:
-            os.close(fd)
-
-    def _slot(self, rel: str) -> tuple[int, str, str]:
-        """(parent fd, parent rel, name) for a new non-directory entry ``rel``."""
-        parent, _, name = rel.rpartition("/")
-        pfd = self.open_parent(parent)
-        try:
-            check_replaceable(pfd, name, self._full(rel), self.params.overwrite)
-            old = self.pending.pop(rel, None)  # a later entry of the same name wins
-            if old is not None:
-                unlink_quiet(pfd, old.tmp)
-                self.files.pop(rel, None)
-        except BaseException:
-            os.close(pfd)
-            raise
-        return pfd, parent, name
-
-    def mkdir(self, rel: str, mode: int) -> None:
-        parent, _, name = rel.rpartition("/")
-        pfd = self.open_parent(parent)
-        try:
-            self._mkdir(pfd, name, rel, mode)
-        finally:
-            os.close(pfd)
-
-    def begin_file(self, rel: str) -> AtomicFile:
-        pfd, parent, name = self._slot(rel)
-        try:
-            af = AtomicFile(self.root, self.record, pfd, self._full(parent), name)
-        except BaseException:
-            os.close(pfd)
-            raise
-        self.pending[rel] = _Pending(parent, af.tmp, name, True)
-        return af
-
-    def end_file(self, af: AtomicFile, rel: str, size: int, mode: int, mtime_ns: int) -> None:
-        try:
-            o = self.params.owner
-            af.finish(expect_size=size, expect_sha256=None, replaced=None, mtime_ns=mtime_ns,
-                      owner=Owner(o.uid, o.gid, mode & ~SETID & 0o1777))
-            assert af.fd is not None
-            st = os.fstat(af.fd)
-            self.files[rel] = (st.st_dev, st.st_ino)
-        finally:
-            close_file(af)
-
-    def symlink(self, rel: str, target: str) -> None:
-        if not target or "\0" in target or len(target.encode("utf-8", "surrogateescape")) > 4095:
-            raise StatusError(400, f"tar entry {rel!r}: invalid symlink target")
-        pfd, parent, name = self._slot(rel)
-        try:
-            tmp = self.record.temp_name(self._full(parent))
-            os.symlink(target, tmp, dir_fd=pfd)
-            self.pending[rel] = _Pending(parent, tmp, name, False)
-            os.chown(tmp, *self._ids(None, None), dir_fd=pfd, follow_symlinks=False)
-        finally:
-            os.close(pfd)
-
-    def hardlink(self, rel: str, link: str) -> None:
-        src = "/".join(entry_parts(link))
-        if src not in self.files or src not in self.pending:
-            raise StatusError(400, f"tar entry {rel!r}: hard link to {link!r}, which is not an "
-                              "earlier regular file of this tar")
-        want = self.files[src]
-        sp = self.pending[src]
-        sfd = self.open_parent(sp.parent)
-        try:
-            fd = o2.openat2(sfd, sp.tmp, os.O_PATH | os.O_NOFOLLOW, o2.UNDER_TARGET)
-        finally:
-            os.close(sfd)
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != want or not stat.S_ISREG(st.st_mode):
-                raise StatusError(409, f"tar entry {rel!r}: link source changed under us")
-            pfd, parent, name = self._slot(rel)
-            try:
-                tmp = self.record.temp_name(self._full(parent))
-                o2.link_fd(fd, pfd, tmp)
-                self.pending[rel] = _Pending(parent, tmp, name, True)
-                self.files[rel] = want
-            finally:
-                os.close(pfd)
-        finally:
-            os.close(fd)
-
-    def commit(self) -> None:
-        """Rename every temp into place, in tar order."""
-        self.root.ensure_alive()
-        while self.pending:
-            rel, p = next(iter(self.pending.items()))
-            pfd = self.open_parent(p.parent)
-            try:
-                check_replaceable(pfd, p.name, self._full(rel), self.params.overwrite)
-                o2.renameat2(pfd, p.tmp, pfd, p.name,
-                             0 if self.params.overwrite else o2.RENAME_NOREPLACE)
-            finally:
-                os.close(pfd)
-            del self.pending[rel]
-
-    def rollback(self) -> None:
-        for p in self.pending.values():
-            try:
-                pfd = self.open_parent(p.parent)
-            except (OSError, StatusError):
-                continue
-            try:
-                unlink_quiet(pfd, p.tmp)
-            finally:
-                os.close(pfd)
-        self.pending.clear()
-        for rel in reversed(self.created):
-            parent, _, name = rel.rpartition("/")
-            try:
-                pfd = o2.openat2(self.target_fd, parent or ".", RDIR, o2.UNDER_TARGET)
-            except OSError:
-                continue
-            rmdir_quiet(pfd, name)
-
-
-def open_target_dir(root: FsRoot, path: str) -> tuple[int, str | None]:
-    """(fd, name we created or None) of the tar's target directory; creates one level."""
-    try:
-        return root.open(path, RDIR), None
-    except FileNotFoundError:
-        pass
-    parent, name = split_parent(path)
-    pfd = root.open(parent, RDIR)
-    try:
-        os.mkdir(name, 0o755, dir_fd=pfd)
-        fd = o2.openat2(pfd, name, RDIR | os.O_NOFOLLOW, o2.UNDER_TARGET)
-        os.fchown(fd, root.uid_map.to_host(0), root.gid_map.to_host(0))
-        return fd, name
-    finally:
-        os.close(pfd)
-
-
-def _remove_created_target(root: FsRoot, path: str, name: str | None) -> None:
-    if name is None:
-        return
-    parent, _ = split_parent(path)
-    try:
-        pfd = root.open(parent, RDIR)
-    except OSError:
-        return
-    rmdir_quiet(pfd, name)
 
 
 async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream,

@@ -1,0 +1,16 @@
+"""The options of one upload, as the copy handlers parsed them from the request and
+its capability (aggapi.agent.copy.handlers.upload_params)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aggapi.agent.copy.atomic import Owner
+
+
+@dataclass(frozen=True)
+class UploadParams:
+    overwrite: bool = True
+    owner: Owner = field(default_factory=Owner)
+    sha256: str | None = None
+    tar: bool = False
