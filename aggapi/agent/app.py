@@ -20,10 +20,11 @@ from pathlib import Path
 from aiohttp import web
 
 from aggapi import wire
-from aggapi.agent import copy as copy_engine
 from aggapi.agent.auth import SandboxLister, auth_middleware
 from aggapi.agent.config import AgentConfig
+from aggapi.agent.copy import engine as copy_engine
 from aggapi.agent.copy.handlers import CopyHandlers
+from aggapi.agent.copy.state import CopyState, Resolver
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
@@ -48,7 +49,7 @@ class AgentParts:
     verifier: CapabilityVerifier
     poller: ProgressPoller
     pull_limits: KubeletConfigReader
-    copy: copy_engine.CopyState
+    copy: CopyState
     metrics: AgentMetrics
 
     async def close_clients(self) -> None:
@@ -73,7 +74,7 @@ def make_backend(config: AgentConfig, cri: CRIClient,
 
 def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClient | None,
               verifier: CapabilityVerifier, backend: Backend | None = None,
-              copy_resolver: copy_engine.Resolver | None = None) -> AgentParts:
+              copy_resolver: Resolver | None = None) -> AgentParts:
     """The engines over given runtime clients. ``backend`` replaces the progress
     backend and ``copy_resolver`` the CRI container lookup (tests and benchmarks)."""
     poller = ProgressPoller(backend or make_backend(config, cri, containerd),

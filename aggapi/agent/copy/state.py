@@ -1,5 +1,5 @@
 """Everything the copy handlers share: limits, slots, workers, the container resolver
-and the digest cache. Built once by aggapi.agent.copy.new_state and handed to the
+and the digest cache. Built once by aggapi.agent.copy.engine.new_state and handed to the
 handlers (aggapi.agent.copy.handlers.CopyHandlers) at construction."""
 
 from __future__ import annotations
