@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from aggapi import certs
+from aggapi import certs, wire
 from aggapi.agent.app import build_app, new_parts
 from aggapi.agent.auth import SandboxLister, server_context
 from aggapi.agent.config import AgentConfig
@@ -24,7 +24,6 @@ from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 
 NODE = "node-a"
-COPY_OPS = {"HEAD": "copy.stat", "GET": "copy.download", "POST": "copy.upload"}
 
 
 def pki(where: Path) -> Path:
@@ -79,7 +78,7 @@ class Agent:
         """One /v1/copy request (HEAD stat, GET download, POST upload) with a fresh
         capability for ``path``; upload ``params`` go in both the token and the query,
         as the apiserver sends them. Containers are c0, c1... as in :meth:`token`."""
-        token = self.token(COPY_OPS[method], images=images, uid=uid, path=path,
+        token = self.token(wire.copy_operation(method), images=images, uid=uid, path=path,
                            params=dict(params or {}))
         query = {"container": container, "path": path, **(params or {})}
         hdrs = {"Authorization": f"Bearer {token}", **(headers or {})}

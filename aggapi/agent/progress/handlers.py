@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from aggapi import wire
 from aggapi.agent.auth import CAPABILITY
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.progress import view
@@ -37,7 +38,7 @@ def _flag(request: web.Request, name: str, default: bool) -> bool:
 
 
 def _containers(request: web.Request, cap: Capability) -> list[ContainerRef]:
-    name = request.query.get("container", "")
+    name = request.query.get(wire.PARAM_CONTAINER, "")
     if name and cap.container(name) is None:
         raise StatusError(403, f"container {name!r} is not in the capability")
     out = [c for c in cap.containers if c.image and (not name or c.name == name)]
