@@ -142,11 +142,17 @@ async def _container(state: CopyState, cap: Capability, name: str) -> AsyncItera
         root.close()
 
 
-async def _lookup(state: CopyState, root: FsRoot, path: str) -> dl.Target:
+@asynccontextmanager
+async def _lookup(state: CopyState, root: FsRoot, path: str) -> AsyncIterator[dl.Target]:
+    """The path, opened without following its last component; closed on exit."""
     try:
-        return await state.workers.run(dl.lookup, root, path)
+        t = await state.workers.run(dl.lookup, root, path)
     except OSError as exc:
         raise fs_status(exc, path) from exc
+    try:
+        yield t
+    finally:
+        t.close()
 
 
 def _stat_header(root: FsRoot, t: dl.Target) -> dict[str, str]:
@@ -260,30 +266,23 @@ class CopyHandlers:
 
     async def stat(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_STAT, wire.OP_COPY_DOWNLOAD)
-        state = self.state
         container, path = _target(request, cap)
-        async with _container(state, cap, container) as root:
-            t = await _lookup(state, root, path)
-            try:
-                return web.Response(status=200, headers=_stat_header(root, t))
-            finally:
-                t.close()
+        async with (_container(self.state, cap, container) as root,
+                    _lookup(self.state, root, path) as t):
+            return web.Response(status=200, headers=_stat_header(root, t))
 
     async def download(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_DOWNLOAD)
         state = self.state
         container, path = _target(request, cap)
         with state.slots.slot(cap.pod_uid):
-            async with _container(state, cap, container) as root:
-                t = await _lookup(state, root, path)
-                try:
-                    if st_.S_ISDIR(t.st.st_mode):
-                        return await _send_dir(request, state, root, t)
-                    if st_.S_ISLNK(t.st.st_mode):
-                        return web.Response(status=200, headers=_stat_header(root, t))
-                    return await _send_file(request, state, root, t)
-                finally:
-                    t.close()
+            async with (_container(state, cap, container) as root,
+                        _lookup(state, root, path) as t):
+                if st_.S_ISDIR(t.st.st_mode):
+                    return await _send_dir(request, state, root, t)
+                if st_.S_ISLNK(t.st.st_mode):
+                    return web.Response(status=200, headers=_stat_header(root, t))
+                return await _send_file(request, state, root, t)
 
     async def upload(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_UPLOAD)
