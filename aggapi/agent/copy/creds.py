@@ -142,7 +142,12 @@ def acting_as(c: Creds | None) -> Iterator[None]:
     st.depth += 1
     try:
         if prev != c:
-            apply(c)
+            try:
+                apply(c)
+            except OSError as exc:  # the agent's fault, not the caller's: not a 403
+                log.error("cannot act as %s: %s", c, exc)
+                raise StatusError(500, "cannot switch to the container user's "
+                                  "credentials") from exc
         yield
     finally:
         st.depth -= 1

@@ -126,6 +126,13 @@ def open_dir(t: Target) -> int:
     return reopen(t.fd, os.O_RDONLY | os.O_DIRECTORY)
 
 
+def _why(exc: OSError) -> str:
+    """The skip reason for an entry that could not be opened."""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return f"changed while being read: {exc.strerror}"
+
+
 def _open_child_dir(dfd: int, name: str) -> int | None:
     """An fd of subdirectory ``name``; None when it is on a pseudo file system."""
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
@@ -159,7 +166,7 @@ def measure(dir_fd: int, limits: CopyLimits) -> tuple[int, int]:
                     entries += 1
                     try:
                         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    except FileNotFoundError:
+                    except OSError:  # gone, or not searchable by the container's user
                         continue
                     if stat.S_ISREG(st.st_mode):
                         size += st.st_size
@@ -245,6 +252,9 @@ class TarWalker:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # a directory its user may list but not search
+                self.skip(rel, "unknown", _why(exc))
+                continue
             uid, gid = self._ids(st)
             common: dict[str, Any] = {"mode": stat.S_IMODE(st.st_mode), "uid": uid, "gid": gid,
                                       "mtime_ns": st.st_mtime_ns}
@@ -254,7 +264,7 @@ class TarWalker:
                 try:
                     cfd = _open_child_dir(dfd, name)
                 except OSError as exc:
-                    self.skip(rel, "dir", f"changed while being read: {exc.strerror}")
+                    self.skip(rel, "dir", _why(exc))
                     continue
                 if cfd is None:
                     self.skip(rel, "dir", PSEUDO_REASON)
@@ -269,7 +279,7 @@ class TarWalker:
                 try:
                     target = os.readlink(name, dir_fd=dfd)
                 except OSError as exc:
-                    self.skip(rel, "symlink", f"changed while being read: {exc.strerror}")
+                    self.skip(rel, "symlink", _why(exc))
                     continue
                 self._count()
                 yield ts.header(rel, ts.SYM, linkname=target, **common)
@@ -282,7 +292,7 @@ class TarWalker:
         try:
             pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except OSError as exc:
-            self.skip(rel, "file", f"changed while being read: {exc.strerror}")
+            self.skip(rel, "file", _why(exc))
             return
         try:
             st = os.fstat(pfd)
@@ -299,8 +309,13 @@ class TarWalker:
                     self._count()
                     yield ts.header(rel, ts.LNK, linkname=first, **common)
                     return
+            try:
+                fd = reopen(pfd, os.O_RDONLY)
+            except OSError as exc:  # e.g. a file the container's user may not read
+                self.skip(rel, "file", _why(exc))
+                return
+            if st.st_nlink > 1:
                 self.links[key] = rel
-            fd = reopen(pfd, os.O_RDONLY)
         finally:
             os.close(pfd)
         try:

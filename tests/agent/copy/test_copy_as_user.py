@@ -9,6 +9,7 @@ the agent's 0700 state dir: they are written as the agent.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -158,3 +159,27 @@ async def test_copy_as_root_reads_and_writes_everything(as_root: Any, croot: Pat
     r = await as_root.post("/etc/new", b"x")
     assert r.status == 200, await r.text()
     assert (croot / "etc" / "new").stat().st_uid == 0
+
+
+async def test_a_directory_download_skips_what_the_user_cannot_read(
+        as_user: Any, croot: Path) -> None:
+    etc = croot / "etc"
+    (etc / "private").mkdir(mode=0o700)
+    (etc / "private" / "key").write_bytes(b"k")
+    (etc / "listonly").mkdir()
+    (etc / "listonly" / "f").write_bytes(b"f")
+    (etc / "listonly").chmod(0o744)  # names readable, entries not reachable
+    os.link(etc / "shadow", etc / "shadow-link")
+    r = await as_user.get("/etc")
+    assert r.status == 200, await r.text()
+    body = await r.read()
+    with tarfile.open(fileobj=io.BytesIO(body), mode="r:") as tf:
+        members = tf.getmembers()
+        assert tf.extractfile("motd").read() == b"hello\n"  # type: ignore[union-attr]
+    names = {m.name for m in members}
+    assert b"root:secret" not in body
+    assert not names & {"shadow", "shadow-link", "private/key", "listonly/f"}
+    skipped = {s["path"]: s["reason"] for s in json.loads(members[-1].pax_headers[
+        "AGGAPI.skipped"])}
+    for p in ("shadow", "shadow-link", "private", "listonly/f"):
+        assert skipped[p] == "permission denied", (p, skipped)

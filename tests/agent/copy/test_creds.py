@@ -233,3 +233,44 @@ def test_parse_status_refuses_garbage() -> None:
 def test_of_pid_reads_this_process() -> None:
     me = Creds.of_pid(os.getpid())
     assert (me.uid, me.gid) == (os.getuid(), os.getgid())
+
+
+def test_a_failed_switch_is_500_and_leaves_the_thread_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = creds.apply
+
+    def half(c: Creds) -> None:
+        if c == USER:
+            creds._setgroups(c.groups)  # part of the switch happened, then it failed
+            raise OSError(1, "simulated")
+        real(c)
+
+    monkeypatch.setattr(creds, "apply", half)
+
+    def body() -> tuple[int, bool, bool]:
+        before = Creds.current()
+        try:
+            with creds.acting_as(USER):
+                raise AssertionError("the block ran without the switch")
+        except StatusError as exc:
+            return exc.code, Creds.current() == before, creds.poisoned()
+        return 0, False, True
+
+    assert in_thread(body) == (500, True, False)
+
+
+def test_user_namespaced_ids_are_reported_as_the_container_sees_them() -> None:
+    from aggapi.agent.copy.fsroot import FsRoot
+    from aggapi.agent.copy.idmap import IdMap
+
+    shifted = IdMap(((0, 100000, 65536),))
+    fd = os.open("/", os.O_PATH)
+    user = FsRoot(fd, shifted, shifted, creds=Creds(101000, 101000, (101000,)))
+    root = FsRoot(fd, shifted, shifted, creds=Creds(100000, 100000))  # userns root: no caps
+    agent = FsRoot(fd, shifted, shifted, creds=None)
+    try:
+        assert user.who() == "uid 1000 gid 1000" and user.default_ids() == (101000, 101000)
+        assert user.as_user and root.as_user and not agent.as_user
+        assert root.who() == "uid 0 gid 0" and agent.default_ids() == (100000, 100000)
+    finally:
+        os.close(fd)
