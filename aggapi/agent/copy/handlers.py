@@ -160,6 +160,10 @@ async def _container(state: CopyState, cap: CapabilityLike, name: str) -> AsyncI
     try:
         with creds.serving(root.creds):  # every worker call of this copy acts as its user
             yield root
+    except StatusError as exc:
+        if exc.code == 403 and root.as_user and root.who() not in exc.message:
+            exc.message += f" (copies act as the container's user, {root.who()})"
+        raise
     finally:
         root.close()
 

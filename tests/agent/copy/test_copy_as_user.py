@@ -95,6 +95,8 @@ async def test_reading_a_root_only_file_is_403(as_user: Any) -> None:
     assert r.status == 403, await r.text()
     body = await r.json()
     assert body["kind"] == "Status" and b"secret" not in await r.read()
+    assert body["message"] == ("/etc/shadow: permission denied (copies act as the container's "
+                               "user, uid 1000 gid 1000)")
     r = await as_user.get("/etc/motd")
     assert r.status == 200 and await r.read() == b"hello\n"
 
