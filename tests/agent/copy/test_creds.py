@@ -274,3 +274,43 @@ def test_user_namespaced_ids_are_reported_as_the_container_sees_them() -> None:
         assert root.who() == "uid 0 gid 0" and agent.default_ids() == (100000, 100000)
     finally:
         os.close(fd)
+
+
+def test_hard_links_as_a_user_without_at_empty_path(monkeypatch: pytest.MonkeyPatch,
+                                                     shared_dir: Path) -> None:
+    """Kernels before 6.10 refuse linkat(AT_EMPTY_PATH) without CAP_DAC_READ_SEARCH
+    (ENOENT), which a user thread lacks: link_fd goes through /proc/self/fd."""
+    import ctypes
+    import errno
+
+    from aggapi.agent.copy import openat2 as o2
+
+    real = o2._linkat
+    refused: list[bytes] = []
+
+    def old_kernel(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> int:
+        if flags & o2.AT_EMPTY_PATH:
+            refused.append(new)
+            ctypes.set_errno(errno.ENOENT)
+            return -1
+        return int(real(olddirfd, old, newdirfd, new, flags))
+
+    monkeypatch.setattr(o2, "_linkat", old_kernel)
+    home = shared_dir / "home"
+    home.mkdir()
+    os.chown(home, 1000, 1000)
+
+    def body() -> None:
+        with creds.acting_as(USER):
+            fd = os.open(home / "a", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            dfd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                o2.link_fd(fd, dfd, "b")
+            finally:
+                os.close(fd)
+                os.close(dfd)
+
+    in_thread(body)
+    assert refused == [b"b"]
+    assert (home / "a").stat().st_ino == (home / "b").stat().st_ino
+    assert (home / "b").stat().st_uid == 1000
