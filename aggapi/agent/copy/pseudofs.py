@@ -64,12 +64,14 @@ def is_magic_link(root_fd: int, path: str, link_fd: int) -> bool:
 
     Only procfs has them. Following it in-root with RESOLVE_NO_MAGICLINKS fails
     with ELOOP exactly when the link (or one on the way) is magic; procfs has
-    no symlink loops of its own."""
+    no symlink loops of its own. A magic link of a process the copy's user may
+    not inspect fails earlier, with EACCES: also magic (procfs's plain links,
+    such as self and mounts, need no such access)."""
     if fs_type(link_fd) != PROC_SUPER_MAGIC:
         return False
     try:
         fd = o2.openat2(root_fd, path, os.O_PATH, o2.IN_CONTAINER)
     except OSError as exc:
-        return exc.errno == errno.ELOOP
+        return exc.errno in (errno.ELOOP, errno.EACCES, errno.EPERM)
     os.close(fd)
     return False
