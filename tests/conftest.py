@@ -17,11 +17,11 @@ import pytest
 
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing import oci
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.pods import PodRunner
-from aggapi.testing.registry import Registry
-from aggapi.testing.throttle import ThrottleProxy
+from tests.framework import oci
+from tests.framework.containerd import Containerd
+from tests.framework.pods import PodRunner
+from tests.framework.registry import Registry
+from tests.framework.throttle import ThrottleProxy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NEEDED = ["/usr/bin/containerd", "/usr/sbin/runc", "/usr/bin/docker-registry", "/bin/busybox"]

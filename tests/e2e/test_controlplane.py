@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from aggapi.testing.controlplane import (
+from tests.framework.controlplane import (
     AGENT_SERVICE,
     APISERVER_SERVICE,
     APISERVICE,

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from aggapi import certs
-from aggapi.testing.controlplane import (
+from tests.framework.controlplane import (
     APISERVICE,
     NAMESPACE,
     REPO,

@@ -13,7 +13,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from aggapi.testing.controlplane import APISERVICE, ControlPlane, Proc
+from tests.framework.controlplane import APISERVICE, ControlPlane, Proc
 
 from .conftest import GROUP_VERSION, E2EPod, kubectl, kubectl_stream
 

@@ -1,7 +1,7 @@
 """The copy engine's escape and failure proofs against real runc containers.
 
 Pods are run through CRI the way kubelet runs them (kubelet's labels, see
-aggapi.testing.pods) from the busybox image the session builds and pushes to
+tests.framework.pods) from the busybox image the session builds and pushes to
 the test registry; every copy goes through the agent's real HTTPS API with a
 capability token. Our CRI client has no exec, so hostile layouts are made on
 the host side of a bind mount (a host temp dir at /data in the container) and,
@@ -44,11 +44,11 @@ from aiohttp import web
 
 from aggapi.capability import CapabilitySigner
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.pods import ContainerSpec, PodRunner, RunningPod
 from tests.agent.agentserver import NODE, Agent, client_ssl, pki, run_agent
 from tests.agent.copy.conftest import HeldBody, snapshot, temp_leftovers
 from tests.agent.copy.test_escape_corpus import CORPUS, VICTIM, Case, build_tree
+from tests.framework.containerd import Containerd
+from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 POD = "p"  # the pod name Agent.token puts in its capabilities

@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from aggapi.testing.fakekube import FakeKube
+from tests.framework.fakekube import FakeKube
 
 
 def _pod(name: str, node: str, ns: str = "ns1") -> dict[str, Any]:

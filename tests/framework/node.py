@@ -2,7 +2,7 @@
 proxy, the test images, and ``aggapi agent`` in the node's network namespace.
 
 Reusable by anything that runs pods on the harness node: the kubelet stand-in
-(aggapi.testing.standin), the demo (aggapi.testing.demo), the e2e fixtures, and later a
+(tests.framework.standin), the demo (tests.framework.demo), the e2e fixtures, and later a
 real kubelet (point it at :attr:`Node.cri_address`). Nothing here creates Kubernetes
 objects or pods.
 
@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggapi.testing import oci
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.controlplane import (
+from tests.framework import oci
+from tests.framework.containerd import Containerd
+from tests.framework.controlplane import (
     REPO,
     ControlPlane,
     ControlPlaneError,
@@ -50,7 +50,7 @@ from aggapi.testing.controlplane import (
     spawn,
     wait_ready,
 )
-from aggapi.testing.throttle import ThrottleProxy
+from tests.framework.throttle import ThrottleProxy
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 NEEDED = ["/usr/bin/containerd", "/usr/sbin/runc", REGISTRY_BIN, "/bin/busybox"]
@@ -288,7 +288,7 @@ class Node:
         port = _free_port()
         self._throttle_ctl.write_text(json.dumps({"rate": None, "seq": 0}))
         proc = spawn("node-throttle", [
-            sys.executable, "-m", "aggapi.testing.node", "throttle",
+            sys.executable, "-m", "tests.framework.node", "throttle",
             f"--upstream={self.info.registry_host}", f"--port={port}",
             f"--control={self._throttle_ctl}"], self.cp.state, env=_py_env())
         self.info.throttle_host = f"127.0.0.1:{port}"
@@ -408,7 +408,7 @@ def _serve_throttle(upstream: str, port: int, control: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.node", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m tests.framework.node", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("throttle", help="run the throttle proxy (started by Node.start)")

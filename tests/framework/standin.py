@@ -12,11 +12,11 @@ and the node's real containerd:
   "Error: ErrImagePull"), ``BackOff`` ("Back-off pulling image ..."), then
   "Error: ImagePullBackOff";
 - runs the sandbox and containers through CRI with kubelet's labels and the Pod's real
-  uid (aggapi.testing.pods.PodRunner), host network;
+  uid (tests.framework.pods.PodRunner), host network;
 - patches ``status`` as kubelet does: Pending/ContainerCreating, ErrImagePull /
   ImagePullBackOff, Running with container IDs and image IDs, terminated when stopped.
 
-The node side (containerd, registry, agent) is aggapi.testing.node; a real kubelet can
+The node side (containerd, registry, agent) is tests.framework.node; a real kubelet can
 replace this module without touching it.
 """
 
@@ -36,7 +36,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeCallError
-from aggapi.testing.pods import ContainerSpec, PodRunner, RunningPod
+from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 
 CONTAINERD = "containerd://"
 T = TypeVar("T")
@@ -79,13 +79,13 @@ class StandinKubelet:
 
     @classmethod
     def for_node(cls, node: Any) -> StandinKubelet:
-        """For an aggapi.testing.node.Node (duck-typed: no import cycle with its users)."""
+        """For an tests.framework.node.Node (duck-typed: no import cycle with its users)."""
         return cls(node.cp.admin_kubeconfig, node_name=node.name,
                    node_address=node.cp.node_host.address, cri_address=node.cri_address,
                    cgroup_parent=node.info.cgroup_parent, log_root=node.pods_dir)
 
     async def __aenter__(self) -> StandinKubelet:
-        # kubernetes_asyncio, not aggapi.kube: callers (aggapi.testing.demo) use ``core``.
+        # kubernetes_asyncio, not aggapi.kube: callers (tests.framework.demo) use ``core``.
         cfg = client.Configuration()
         await config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
         self._api = client.ApiClient(configuration=cfg)

@@ -1,11 +1,11 @@
 """The local demo (hack/local-up.sh): a node, a pod, a throttled pull watched live.
 
-    python3 -m aggapi.testing.demo up      node (containerd, registry, throttle proxy,
+    python3 -m tests.framework.demo up      node (containerd, registry, throttle proxy,
                                            aggapi agent), pod "demo" bound to it through
                                            the kubelet stand-in, a throttled pull of a
                                            ~150 MB image shown live by `kubectl get --raw`
-    python3 -m aggapi.testing.demo pull    the throttled pull again (pod re-created)
-    python3 -m aggapi.testing.demo down    stop the node (by PID) and clean up containers,
+    python3 -m tests.framework.demo pull    the throttled pull again (pod re-created)
+    python3 -m tests.framework.demo down    stop the node (by PID) and clean up containers,
                                            shims, mounts and cgroups
 
 Needs the control plane and aggapi apiserver of instance ``local`` up (hack/local-up.sh
@@ -22,10 +22,10 @@ import sys
 import time
 
 from aggapi import GROUP, VERSION
-from aggapi.testing.controlplane import ControlPlane, binary
-from aggapi.testing.node import Node
-from aggapi.testing.pods import ContainerSpec
-from aggapi.testing.standin import StandinKubelet, StandinPod
+from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.node import Node
+from tests.framework.pods import ContainerSpec
+from tests.framework.standin import StandinKubelet, StandinPod
 
 POD = "demo"
 NAMESPACE = "default"
@@ -129,7 +129,7 @@ demo: pod {NAMESPACE}/{POD} runs on node {cp.node_name} (kubelet stand-in, conta
   # image pull progress (NDJSON; ends with a Summary line)
   kubectl get --raw {pod}/imagepullprogress
   kubectl get --raw '{pod}/imagepullprogress?granularity=image'
-  python3 -m aggapi.testing.demo pull     # the throttled pull again, live
+  python3 -m tests.framework.demo pull     # the throttled pull again, live
 
   # copy a file in and out (uploads need create on pods/copy and on pods/exec)
   kubectl create --raw '{pod}/copy?container=app&path=/tmp/hosts' -f /etc/hosts
@@ -149,7 +149,7 @@ demo: pod {NAMESPACE}/{POD} runs on node {cp.node_name} (kubelet stand-in, conta
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m tests.framework.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["up", "pull", "down"])
     p.add_argument("--instance", default=os.environ.get("AGGAPI_INSTANCE", "local"))

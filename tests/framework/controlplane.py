@@ -1,6 +1,6 @@
 """A real control plane on this machine: etcd + kube-apiserver, aggapi's objects, netns hosts.
 
-Used by ``hack/local-up.sh`` (``python3 -m aggapi.testing.controlplane up|down|env|status``)
+Used by ``hack/local-up.sh`` (``python3 -m tests.framework.controlplane up|down|env|status``)
 and by the e2e fixtures in ``tests/e2e/conftest.py``.
 
 Layout (instance ``local`` uses 10.251.0.0/24, ``e2e`` 10.251.1.0/24; all state lives in
@@ -15,7 +15,7 @@ Layout (instance ``local`` uses 10.251.0.0/24, ``e2e`` 10.251.1.0/24; all state 
 
 Finding (kube-apiserver v1.34, tested by ``loopback_endpoints_rejected``): an
 EndpointSlice or Endpoints address 127.0.0.1 is refused ("may not be in the loopback
-range"), hence the network namespaces (see aggapi/testing/netns.py).
+range"), hence the network namespaces (see tests/framework/netns.py).
 
 Identity of the local aggapi apiserver: a client certificate (cluster CA) for user
 ``system:serviceaccount:aggapi:aggapi-apiserver`` with the service-account groups. RBAC
@@ -28,7 +28,7 @@ Authentication: client certs of the cluster CA; anonymous only for /livez, /read
 /healthz (AuthenticationConfiguration), so any other unauthenticated request is a 401.
 No kube-controller-manager, scheduler, kubelet or kube-proxy runs: the harness creates the
 ServiceAccounts ``default``, the Node (status Ready) and the EndpointSlices itself.
-containerd, the registry and the demo are not started here (aggapi.testing.* fixtures).
+containerd, the registry and the demo are not started here (tests.framework.* fixtures).
 
 Every process is started in its own session with a pidfile (pid + start time) and is
 stopped by that PID only.
@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from aggapi import certs, pki
-from aggapi.testing.netns import Host, Network
+from tests.framework.netns import Host, Network
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "aggapi"
@@ -642,8 +642,8 @@ class ControlPlane:
 
     def down(self, *, keep_state: bool = False) -> None:
         if (self.state / "node/node.json").exists():
-            # containerd's containers, shims, mounts and cgroups (aggapi.testing.node).
-            from aggapi.testing.node import Node
+            # containerd's containers, shims, mounts and cgroups (tests.framework.node).
+            from tests.framework.node import Node
 
             try:
                 Node.load(self).stop()
@@ -704,7 +704,7 @@ def wait_ready(ok: Any, timeout: float, what: str, proc: Proc | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.controlplane",
+    p = argparse.ArgumentParser(prog="python3 -m tests.framework.controlplane",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["up", "down", "env", "status", "probe-loopback",

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from aggapi.testing.procs import start_logged
+from tests.framework.procs import start_logged
 
 BINARY = "/usr/bin/docker-registry"
 
