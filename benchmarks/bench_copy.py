@@ -43,7 +43,7 @@ from aggapi import certs as aggapi_certs
 from aggapi import eventloop, pki
 from aggapi.capability import CapabilitySigner, ContainerRef
 from benchmarks._procstats import cpu_seconds, peak_rss_mib, rss_mib
-from tests.framework.registry import free_port
+from tests.framework.procs import free_port
 
 if TYPE_CHECKING:
     from tests.framework.fakekube import FakeKube

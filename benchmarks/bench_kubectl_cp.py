@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.framework import oci
-from tests.framework.controlplane import INSTANCES, REPO, ControlPlane, binary
+from tests.framework.controlplane import INSTANCES, ControlPlane, binary
 from tests.framework.kubelet import pod_manifest
 from tests.framework.node import OCI_CACHE, Node
+from tests.framework.repo import REPO
 
 POD = "bench-kubectl-cp"
 IMAGE_REPO = "aggapi-test/busybox-tar"

@@ -69,7 +69,8 @@ from tests.framework import oci
 from tests.framework.containerd import Containerd
 from tests.framework.fakekube import FakeKube
 from tests.framework.frontproxy import FrontProxy, ProxyUser
-from tests.framework.registry import Registry, free_port
+from tests.framework.procs import free_port
+from tests.framework.registry import Registry
 from tests.framework.throttle import ThrottleProxy
 
 

@@ -13,10 +13,10 @@ from tests.framework.controlplane import (
     FRONT_PROXY_CN,
     NAMESPACE,
     ControlPlane,
-    Proc,
     loopback_endpoints_rejected,
     versions,
 )
+from tests.framework.procs import Proc
 
 pytestmark = pytest.mark.e2e
 

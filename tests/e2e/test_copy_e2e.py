@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.framework.controlplane import ControlPlane, Proc
+from tests.framework.controlplane import ControlPlane
 from tests.framework.node import Node
+from tests.framework.procs import Proc
 from tests.framework.standin import StandinKubelet, SyncStandin
 
 from .conftest import GROUP_VERSION, E2EPod, delete_pod, kubectl, kubectl_argv, run_pod

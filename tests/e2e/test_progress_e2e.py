@@ -11,9 +11,10 @@ import asyncio
 import time
 from typing import Any
 
-from tests.framework.controlplane import ControlPlane, Proc
+from tests.framework.controlplane import ControlPlane
 from tests.framework.node import Node
 from tests.framework.pods import ContainerSpec
+from tests.framework.procs import Proc
 from tests.framework.standin import StandinKubelet, StandinPod, SyncStandin
 
 from .conftest import (

@@ -22,8 +22,9 @@ import sys
 import time
 
 from aggapi import GROUP, VERSION
+from tests.framework import nodestate
 from tests.framework.controlplane import ControlPlane, binary
-from tests.framework.node import Node
+from tests.framework.node import Node, ensure_node
 from tests.framework.pods import ContainerSpec
 from tests.framework.standin import StandinKubelet, StandinPod
 
@@ -34,22 +35,6 @@ PULL_SECONDS = 35.0
 
 def log(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
-
-
-def ensure_node(cp: ControlPlane) -> Node:
-    if (cp.state / "node/node.json").exists():
-        node = Node.load(cp)
-        if all(node.proc(n).alive() for n in ("registry", "throttle", "containerd")):
-            node.start_agent()
-            return node
-        log("node state found but processes are gone: restarting the node")
-        node.stop()
-    node = Node(cp)
-    took = node.start()
-    log(f"node up in {took:.1f}s: containerd {node.cri_address}, registry "
-        f"{node.info.registry_host}, throttle proxy {node.info.throttle_host}, agent "
-        f"{cp.node_host.address} (netns {cp.node_host.netns})")
-    return node
 
 
 async def _reset(kubelet: StandinKubelet, node: Node) -> None:
@@ -157,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     cp = ControlPlane(instance=a.instance)
     if a.command == "down":
-        if (cp.state / "node/node.json").exists():
+        if nodestate.has_node(cp.state):
             Node.load(cp).stop()
             log("node stopped: agent, containerd (containers, shims, mounts, cgroups), "
                 "throttle proxy, registry")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.framework.repo import REPO
+
 # The product's CLIs and the harness's (tests/framework: controlplane, node, kubelet, demo).
 MAINS = sorted(p for d in (REPO / "aggapi", REPO / "tests/framework") for p in d.rglob("*.py")
                if 'if __name__ == "__main__"' in p.read_text())

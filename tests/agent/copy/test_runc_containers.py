@@ -49,8 +49,8 @@ from tests.agent.copy.conftest import HeldBody, snapshot, temp_leftovers
 from tests.agent.copy.test_escape_corpus import CORPUS, VICTIM, Case, build_tree
 from tests.framework.containerd import Containerd
 from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
+from tests.framework.repo import REPO
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 POD = "p"  # the pod name Agent.token puts in its capabilities
 BB = "/bin/busybox"
 ESCAPE_NAMES = ("x", "new", "harmless", "short", "h", "l", "null", "sda", "p", "big", "f",
@@ -345,7 +345,7 @@ class AgentProcess:
 
     def spawn(self, port: int) -> subprocess.Popen[bytes]:
         with open(self.log, "ab") as out:
-            return subprocess.Popen([*self.args, "--secure-port", str(port)], cwd=REPO_ROOT,
+            return subprocess.Popen([*self.args, "--secure-port", str(port)], cwd=REPO,
                                     stdout=out, stderr=subprocess.STDOUT)
 
     async def start(self, timeout: float = 30.0) -> None:

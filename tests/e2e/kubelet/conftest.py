@@ -21,10 +21,12 @@ from typing import Any
 import pytest
 
 from tests.framework import oci
-from tests.framework.controlplane import REPO, ControlPlane, Proc, binary
+from tests.framework.controlplane import ControlPlane, binary
 from tests.framework.kubelet import Kubelet, pod_manifest
 from tests.framework.kubelet import forget_images as forget_images_async
 from tests.framework.node import OCI_CACHE, Node
+from tests.framework.procs import Proc
+from tests.framework.repo import REPO
 
 GV = "/apis/subresources.aggapi.io/v1alpha1"
 MiB = 1 << 20

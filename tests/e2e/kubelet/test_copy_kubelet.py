@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from tests.e2e.kubelet.conftest import create_pods, delete_pods, pod, wait_running
-from tests.framework.controlplane import REPO, ControlPlane, binary
+from tests.framework.controlplane import ControlPlane, binary
 from tests.framework.kubelet import Kubelet
 from tests.framework.node import Node
+from tests.framework.repo import REPO
 
 
 def _ncp(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
