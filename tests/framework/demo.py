@@ -26,7 +26,7 @@ from tests.framework import nodestate
 from tests.framework.controlplane import ControlPlane, binary
 from tests.framework.node import Node, ensure_node
 from tests.framework.pods import ContainerSpec
-from tests.framework.standin import StandinKubelet, StandinPod
+from tests.framework.standin import StandinKubelet, StandinPod, pods_path
 
 POD = "demo"
 NAMESPACE = "default"
@@ -39,11 +39,8 @@ def log(msg: str) -> None:
 
 async def _reset(kubelet: StandinKubelet, node: Node) -> None:
     """Delete an earlier demo pod and forget its image, so every byte is pulled again."""
-    resp = await kubelet.core.list_namespaced_pod(
-        NAMESPACE, field_selector=f"metadata.name={POD}", _preload_content=False)
-    items = (await resp.json()).get("items") or []
-    resp.release()
-    for obj in items:
+    listed = await kubelet.kube.get(pods_path(NAMESPACE), {"fieldSelector": f"metadata.name={POD}"})
+    for obj in listed.get("items") or []:
         old = StandinPod(POD, NAMESPACE, obj["metadata"]["uid"], (), obj)
         # Its containers: every sandbox labelled with the old uid.
         for sb in await kubelet.cri.list_pod_sandboxes({"io.kubernetes.pod.uid": old.uid}):
