@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aggapi.runtime.cri import CRIClient, cri
 from aggapi.runtime.errors import RuntimeCallError
-from aggapi.testing.containerd import remove_cgroup_tree
+from tests.framework.containerd import remove_cgroup_tree
 
 log = logging.getLogger(__name__)
 
