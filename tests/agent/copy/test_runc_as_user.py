@@ -18,9 +18,9 @@ from typing import Any
 import pytest_asyncio
 
 from aggapi.runtime.cri import CRIClient
-from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 from tests.agent.agentserver import pki, run_agent
 from tests.agent.copy.test_runc_containers import POD, container_pid, tar_bytes
+from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 
 
 @dataclass
