@@ -85,7 +85,9 @@ def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClie
                  runtime_calls=lambda: getattr(containerd, "rpc_count", 0))
     return AgentParts(config=config, cri=cri, containerd=containerd, verifier=verifier,
                       poller=poller, pull_limits=KubeletConfigReader(config.kubelet_config),
-                      copy=copy_engine.new_state(config.copy, cri, copy_resolver), metrics=metrics)
+                      copy=copy_engine.new_state(config.copy, cri, copy_resolver,
+                                                as_root=config.copy_as_root),
+                      metrics=metrics)
 
 
 async def connect(config: AgentConfig) -> AgentParts:

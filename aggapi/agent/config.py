@@ -36,6 +36,7 @@ class AgentConfig:
     kubelet_config: str = KUBELET_CONFIG
     health_port: int = 0  # plain-HTTP /healthz for kubelet probes; 0 = off
     copy: CopyLimits = field(default_factory=CopyLimits)  # KEP-4582 quotas: --copy-* flags
+    copy_as_root: bool = False  # copies act as root (docker cp), not the container's user
     log_level: str = "info"  # debug | info | warning | error
 
 
@@ -115,6 +116,11 @@ def parser() -> argparse.ArgumentParser:
                    help="directory depth in one directory copy")
     c.add_argument("--copy-state-dir", default=CopyLimits.state_dir,
                    help="where in-flight uploads are recorded, for cleanup after a crash")
+    c.add_argument("--copy-as-root", action="store_true",
+                   help="copies read and write as root on the node (docker cp semantics) "
+                        "instead of as the container process's user; lets anyone with "
+                        "pods/copy read and change every file in the container, whatever its "
+                        "permissions (see docs/copy-credentials.md)")
     return p
 
 
@@ -149,7 +155,7 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         containerd_address=a.containerd_address,
         containerd_namespace=a.containerd_namespace, snapshotter=a.snapshotter,
         poll_interval=a.poll_interval, platform=a.platform, kubelet_config=a.kubelet_config,
-        health_port=a.health_port, log_level=a.log_level,
+        health_port=a.health_port, copy_as_root=a.copy_as_root, log_level=a.log_level,
         copy=CopyLimits(size_limit=a.copy_size_limit, copies_per_pod=a.copies_per_pod,
                         copies_per_node=a.copies_per_node, max_entries=a.copy_max_entries,
                         max_depth=a.copy_max_depth, state_dir=a.copy_state_dir),

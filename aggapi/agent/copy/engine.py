@@ -21,12 +21,17 @@ from aggapi.runtime.cri import CRIClient
 log = logging.getLogger(__name__)
 
 
-def new_state(limits: CopyLimits, cri: CRIClient, resolver: Resolver | None = None
-              ) -> CopyState:
+def new_state(limits: CopyLimits, cri: CRIClient, resolver: Resolver | None = None, *,
+              as_root: bool = False) -> CopyState:
     """The copy engine's state; containers are found through ``cri`` unless a
-    ``resolver`` is given (tests and benchmarks use a plain directory)."""
+    ``resolver`` is given (tests and benchmarks use a plain directory). ``as_root``
+    (--copy-as-root): copies act as root, not as the container process's user."""
     workers = Workers()
-    return CopyState(limits, resolver or CRIResolver(cri, workers), workers=workers)
+    if resolver is None:
+        if as_root:
+            log.warning("--copy-as-root: copies act as root, not as the container's user")
+        resolver = CRIResolver(cri, workers, as_root=as_root)
+    return CopyState(limits, resolver, workers=workers)
 
 
 async def startup(state: CopyState) -> None:

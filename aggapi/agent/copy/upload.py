@@ -14,8 +14,10 @@ renamed into place only after the whole tar was read and its size and sha256
 checked; a hard link may only name an earlier regular file of the same tar.
 Device nodes and FIFOs are refused. Missing directories are created as the tar
 goes and removed again if the upload fails. Tar entry modes lose setuid/setgid;
-owners are the uid=/gid= parameters or the container's root (as docker cp).
-The per-entry file-system work is in :mod:`aggapi.agent.copy.tarextract`.
+owners are the uid=/gid= parameters or the user the copy acts as (the container
+process's; its root under --copy-as-root, as docker cp), and the kernel decides,
+as that user, whether the owner may be set. The per-entry file-system work is in
+:mod:`aggapi.agent.copy.tarextract`.
 """
 
 from __future__ import annotations
