@@ -19,8 +19,6 @@ import stat
 import sys
 from pathlib import Path, PurePosixPath
 
-from kubernetes_asyncio.config import ConfigException
-
 from aggapi.client.connection import Connection
 from aggapi.client.copy import (
     NoProgress,
@@ -208,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (AggapiError, ConfigException, OSError) as exc:
+    except (AggapiError, OSError) as exc:
         report(exc)
         _partial_hint(args)
         return EXIT_FAIL
