@@ -24,11 +24,13 @@ from collections.abc import Sequence
 MAX_LINKS = 40  # the kernel's limit (MAXSYMLINKS) on links followed in one lookup
 
 
-def resolve_beneath(rootfd: int, start: Sequence[str], target: str) -> list[str] | None:
+def resolve_beneath(rootfd: int, start: Sequence[str], target: str, *,
+                    max_links: int | None = None) -> list[str] | None:
     """The components below ``rootfd`` that ``target``, read in directory ``start``
     (components below the root, none of them a symlink), leads to; None when it
-    leaves the root, is absolute or loops."""
-    budget = [MAX_LINKS]
+    leaves the root, is absolute, or follows more than ``max_links`` further links
+    (default: the kernel's 40, so a loop counts as leaving)."""
+    budget = [MAX_LINKS if max_links is None else max_links]
     return _walk(rootfd, list(start), target, budget)
 
 

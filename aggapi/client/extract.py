@@ -42,6 +42,7 @@ from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarRe
 
 CHUNK = 1 << 20
 DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+RECHECK_ROUNDS = 4
 
 
 @dataclass
@@ -222,26 +223,33 @@ class Extractor:
         """Remove every symlink that now leads outside, until none does.
 
         A link checked when it was created can leave the tree once a later entry
-        put a link into its path (``l -> s/x/../..`` with ``s -> .`` after it)."""
-        while True:
-            removed = False
-            for cur, dirs, files in os.walk(self.tmp):
-                rel = Path(cur).relative_to(self.tmp).parts
-                for name in dirs + files:
-                    path = os.path.join(cur, name)
-                    if not os.path.islink(path):
-                        continue
-                    target = os.readlink(path)
-                    if resolve_beneath(self.root, list(rel), target) is None:
-                        os.unlink(path)
-                        removed = True
-                        shown = "/".join([*rel, name])
-                        self.result.entries -= 1
-                        self.result.refused.append(
-                            f"symlink {shown!r} -> {target!r} points outside the destination "
-                            "through a later entry; removed")
-            if not removed:
+        put a link into its path (``l -> s/x/../..`` with ``s -> .`` after it), and a
+        removal can change what another link's path runs through: check again. A
+        hostile chain could make that quadratic, so after a few rounds every link
+        whose path runs through another link goes too; the rest cannot change."""
+        for rounds in range(RECHECK_ROUNDS + 1):
+            if not self._sweep(strict=rounds == RECHECK_ROUNDS):
                 return
+
+    def _sweep(self, strict: bool) -> bool:
+        removed = False
+        for cur, dirs, files in os.walk(self.tmp):
+            rel = list(Path(cur).relative_to(self.tmp).parts)
+            for name in dirs + files:
+                path = os.path.join(cur, name)
+                if not os.path.islink(path):
+                    continue
+                target = os.readlink(path)
+                found = resolve_beneath(self.root, rel, target, max_links=0 if strict else None)
+                if found is None:
+                    os.unlink(path)
+                    removed = True
+                    self.result.entries -= 1
+                    why = ("runs through another link" if strict else
+                           "points outside the destination through a later entry")
+                    self.result.refused.append(
+                        f"symlink {'/'.join([*rel, name])!r} -> {target!r} {why}; removed")
+        return removed
 
     def finish_dirs(self) -> None:
         for parts, (mode, mtime) in sorted(self.dirs.items(), key=lambda d: -len(d[0])):
@@ -279,8 +287,9 @@ async def extract_dir(reader: TarReader, dest: Path,
             if not ex.complete:
                 raise TransferError.from_message(
                     "directory stream ended without its completion record (cut short)")
-            ex.recheck_links()
-            ex.finish_dirs()
+            # Walks of the whole tree: off the event loop.
+            await asyncio.to_thread(ex.recheck_links)
+            await asyncio.to_thread(ex.finish_dirs)
         finally:
             ex.close()
         try:

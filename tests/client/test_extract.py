@@ -14,6 +14,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -125,6 +126,19 @@ async def test_modes_follow_the_umask_without_special_bits(tmp_path: Path) -> No
     assert stat.S_IMODE(os.stat(dest / "d/f").st_mode) == 0o750
     assert stat.S_IMODE(os.stat(dest / "d").st_mode) == 0o750
     assert stat.S_IMODE(os.stat(dest).st_mode) == 0o750
+
+
+async def test_last_recheck_drops_links_through_links(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past the round limit (0 here), links whose path runs through another link go too,
+    # so a hostile chain of removals cannot make the re-check quadratic.
+    from aggapi.client import extract as mod
+    monkeypatch.setattr(mod, "RECHECK_ROUNDS", 0)
+    dest = tmp_path / "dest"
+    res = await extract(stream(header("d/", DIR) + reg("d/f") + sym("m", "d")
+                               + sym("l", "m/f") + sym("k", "d/f")), dest)
+    assert sorted(os.listdir(dest)) == ["d", "k", "m"]
+    assert res.refused == ["symlink 'l' -> 'm/f' runs through another link; removed"]
 
 
 def test_resolver_follows_links_on_disk(tmp_path: Path) -> None:
