@@ -63,6 +63,34 @@ def _read_token(path: str) -> str:
         return f.read().strip()
 
 
+def pick_kubeconfig(context: str | None) -> tuple[str | None, str | None]:
+    """(file, context) to load when $KUBECONFIG lists several files, as kubectl reads
+    them: the first current-context set wins, and the first file naming that context
+    is used (each file is expected to hold its context's cluster and user); missing
+    or unreadable files are skipped. (None, context): leave it to the default."""
+    import yaml  # PyYAML, as aggapi.kubeconfig uses it
+
+    paths = [p.strip() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep)
+             if p.strip()]
+    if len(paths) < 2:
+        return None, context
+    docs: list[tuple[str, dict[str, Any]]] = []
+    for p in paths:
+        try:
+            with open(os.path.expanduser(p), encoding="utf-8") as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict):
+            docs.append((p, doc))
+    name = context or next((str(d["current-context"]) for _, d in docs
+                            if d.get("current-context")), None)
+    for p, doc in docs:
+        if any(isinstance(c, dict) and c.get("name") == name for c in doc.get("contexts") or ()):
+            return p, name
+    return (docs[0][0] if docs else paths[0]), name
+
+
 async def _config(load: Callable[[], ClusterConfig]) -> ClusterConfig:
     try:
         return await asyncio.to_thread(load)
@@ -87,7 +115,9 @@ class Connection:
     @classmethod
     async def from_kubeconfig(cls, kubeconfig: str | None = None,
                               context: str | None = None) -> Connection:
-        """Load ``kubeconfig`` (default: the first of $KUBECONFIG, or ~/.kube/config)."""
+        """Load ``kubeconfig`` (default: $KUBECONFIG, a list, or ~/.kube/config)."""
+        if not kubeconfig:
+            kubeconfig, context = await asyncio.to_thread(pick_kubeconfig, context)
         cfg = await _config(lambda: load_kubeconfig(kubeconfig or None, context,
                                                     allow_exec=True))
         plugin = ExecPlugin(cfg.exec_spec, cfg.base_dir) if cfg.exec_spec else None

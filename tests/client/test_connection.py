@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -97,6 +98,26 @@ async def test_config_problems_are_client_errors(cluster: FakeCluster, tmp_path:
         with pytest.raises(errors.ConfigError, match="exited with status 3"):
             await stat_remote(c, WEB)
     assert issubclass(errors.ConfigError, errors.AggapiError)
+
+
+async def test_kubeconfig_list_as_kubectl_reads_it(cluster: FakeCluster, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    first = cluster.kubeconfig("alice", "token", namespace="team-a")
+    other = tmp_path / "other"
+    doc = json.loads(first.read_text())
+    doc["contexts"][0]["name"] = doc["current-context"] = "other"
+    doc["contexts"][0]["context"]["namespace"] = "team-b"
+    other.write_text(json.dumps(doc))
+    path = os.pathsep.join([str(tmp_path / "missing"), str(other), str(first)])
+    monkeypatch.setenv("KUBECONFIG", path)
+    async with await Connection.from_kubeconfig() as c:
+        assert c.namespace == "team-b"  # the first current-context set wins
+    async with await Connection.from_kubeconfig(context="fake") as c:
+        assert c.namespace == "team-a"  # found in the file that names it
+        await stat_remote(c, WEB)
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(tmp_path / "missing")] * 2))
+    with pytest.raises(errors.ConfigError):
+        await Connection.from_kubeconfig()
 
 
 async def test_context_namespace_is_the_default(cluster: FakeCluster) -> None:
