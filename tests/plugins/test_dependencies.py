@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ENTRY_POINTS = ("aggapi.cli", "aggapi.apiserver.main", "aggapi.agent.main")
-PLUGIN_ONLY = {"rich", "kubernetes-asyncio"}
+PLUGIN_ONLY = {"rich", "kubernetes-asyncio"}  # the latter: no longer used anywhere
 # grpc looks for these and goes on without them when they are not installed.
 OPTIONAL_IMPORTS = {"grpc_tools", "grpc_health", "grpc_reflection"}
 
