@@ -8,7 +8,6 @@ from typing import Any
 
 import aiohttp
 
-from aggapi.apiserver import appkeys
 from aggapi.apiserver.requestinfo import RequestInfo
 from aggapi.apiserver.user import UserInfo
 from aggapi.testing.fakekube import FakeKube
@@ -50,10 +49,13 @@ async def test_sar_attributes(server: Server, kube: FakeKube, proxy: FrontProxy)
     assert attrs[0] == {"namespace": "ns1", "verb": "get", "group": "subresources.aggapi.io",
                         "version": "v1alpha1", "resource": "pods",
                         "subresource": "imagepullprogress", "name": "web-0"}
-    assert len(attrs) == 4  # HEAD is verb get: the first one was served from the cache
+    assert len(attrs) == 5  # HEAD is verb get: the first one was served from the cache
     assert (attrs[1]["verb"], attrs[1]["subresource"]) == ("create", "copy")
-    assert (attrs[2]["verb"], attrs[2]["subresource"]) == ("get", "copy")
-    assert attrs[3] == {"namespace": "", "verb": "get", "group": "subresources.aggapi.io",
+    # An upload also needs create on core pods/exec, decided before the handler runs.
+    assert (attrs[2]["verb"], attrs[2]["group"], attrs[2]["subresource"]) == (
+        "create", "", "exec")
+    assert (attrs[3]["verb"], attrs[3]["subresource"]) == ("get", "copy")
+    assert attrs[4] == {"namespace": "", "verb": "get", "group": "subresources.aggapi.io",
                         "version": "v1alpha1", "resource": "nodes",
                         "subresource": "imagepulls", "name": "node-a"}
 
@@ -65,9 +67,12 @@ async def test_watch_prefix_is_verb_watch(server: Server, kube: FakeKube,
     assert (await _get(proxy, PROGRESS))[0] == 403
     verbs = [c["spec"]["resourceAttributes"]["verb"] for c in kube.sar_calls]
     assert verbs == ["watch", "get"]
-    # copy under the prefix: any method is watch.
-    await _get(proxy, GV + "/watch/namespaces/ns1/pods/web-0/copy", "POST")
-    assert kube.sar_calls[-1]["spec"]["resourceAttributes"]["verb"] == "watch"
+    # copy under the prefix: any method is watch; the operation's own verb (create)
+    # is then checked too, and refused here.
+    before = len(kube.sar_calls)
+    assert (await _get(proxy, GV + "/watch/namespaces/ns1/pods/web-0/copy", "POST"))[0] == 403
+    assert [c["spec"]["resourceAttributes"]["verb"] for c in kube.sar_calls[before:]] == [
+        "watch", "create"]
 
 
 async def test_decisions_cached(server: Server, kube: FakeKube, proxy: FrontProxy) -> None:
@@ -164,7 +169,7 @@ async def test_metrics_always_allowed_flag(make_server: Any, kube: FakeKube) -> 
 
 async def test_handlers_can_make_extra_checks(server: Server, kube: FakeKube) -> None:
     kube.sar_policy = lambda spec: spec["resourceAttributes"]["subresource"] == "exec"
-    authorizer = server.app[appkeys.AUTHORIZER]
+    authorizer = server.parts.authorizer
     user = UserInfo("alice", groups=("system:authenticated",))
     exec_attrs = RequestInfo(verb="create", api_version="v1", namespace="ns1", resource="pods",
                              subresource="exec", name="web-0", is_resource_request=True)
