@@ -69,10 +69,7 @@ class CopyHandler:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         info = request[INFO]
-        upload = request.method == "POST"
-        if request.method not in ("GET", "HEAD", "POST"):
-            raise StatusError(405, f"method {request.method} is not allowed on pods/copy",
-                              headers={"Allow": "GET, HEAD, POST"})
+        upload = request.method == "POST"  # the route table admits GET, HEAD and POST
         path = _path(request)
         target = await lookup(self.kube_api, info.namespace, info.name)
         if not target.node:
