@@ -13,8 +13,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.handlers import require_agent
+from aggapi.apiserver.agentclient import AgentClient, require_agent
 from aggapi.apiserver.pods import PodTarget, lookup
 from aggapi.apiserver.requestinfo import INFO
 from aggapi.apiserver.user import USER

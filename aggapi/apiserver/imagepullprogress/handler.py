@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from aiohttp import web
 
 from aggapi import GROUP, VERSION
-from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.handlers import require_agent
+from aggapi.apiserver.agentclient import AgentClient, require_agent
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast, SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import timeout
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub

@@ -9,8 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from aggapi import imageref
-from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.handlers import require_agent
+from aggapi.apiserver.agentclient import AgentClient, require_agent
 from aggapi.apiserver.pods import PodTarget, pods_on_node
 from aggapi.apiserver.requestinfo import INFO
 from aggapi.apiserver.user import USER
