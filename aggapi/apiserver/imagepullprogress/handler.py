@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 
-from aggapi import GROUP, VERSION
 from aggapi.apiserver.agentclient import AgentClient, require_agent
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast, SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import timeout
@@ -25,6 +24,7 @@ from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.apiserver.user import USER
 from aggapi.capability import ContainerRef
 from aggapi.status import StatusError, not_found
+from aggapi.wire import GROUP_VERSION_PATH
 
 GRANULARITIES = ("layer", "image", "pod")
 SYNC_TIMEOUT = 10.0
@@ -44,7 +44,7 @@ def _bool(request: web.Request, name: str, default: bool) -> bool:
 
 def _watch_path(namespace: str, name: str, query: Mapping[str, str]) -> str:
     qs = "&".join(f"{k}={v}" for k, v in query.items())
-    path = f"/apis/{GROUP}/{VERSION}/watch/namespaces/{namespace}/pods/{name}/imagepullprogress"
+    path = f"{GROUP_VERSION_PATH}/watch/namespaces/{namespace}/pods/{name}/imagepullprogress"
     return f"{path}?{qs}" if qs else path
 
 
