@@ -10,7 +10,8 @@ This is the one parse of the request path: authorization checks the
 ``web-0%2Fimagepullprogress`` would be one segment to the router and two to a
 parse of the decoded path; the parse therefore splits the raw path and refuses,
 with 400 before any authentication, every segment that could mean different
-things to different readers: an encoded ``/``, a NUL, or a dot segment.
+things to different readers: an encoded ``/``, a NUL, a dot segment, or an
+empty one (``//``, which some normalizers collapse).
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def _truthy(value: str | None) -> bool:
 
 def _segment(raw: str) -> str:
     seg = urllib.parse.unquote(raw, errors="strict")
-    if "/" in seg or "\x00" in seg or seg in (".", ".."):
-        raise StatusError(400, f"invalid path segment {raw!r}: encoded '/', NUL and dot "
-                               "segments are not allowed")
+    if "/" in seg or "\x00" in seg or seg in ("", ".", ".."):
+        raise StatusError(400, f"invalid path segment {raw!r}: empty and dot segments, "
+                               "encoded '/' and NUL are not allowed")
     return seg
 
 

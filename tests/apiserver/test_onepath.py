@@ -83,7 +83,7 @@ def _encode(text: str, choices: list[int]) -> str:
 def segments(draw: st.DrawFn) -> str:
     """A raw path segment: names, dots, encoded slashes and NULs, unicode."""
     special = st.sampled_from([".", "..", "%2e", "%2E%2e", ".%2E", "web-0%2Fimagepullprogress",
-                               "a%2fb", "%00", "x%00y", "web-0", "ns1", "%ff", "a%2Fcopy"])
+                               "a%2fb", "%00", "x%00y", "web-0", "ns1", "%ff", "a%2Fcopy", ""])
     text = st.text(ALPHABET, min_size=1, max_size=12)
     choice = st.lists(st.integers(0, 2), max_size=12)
     return draw(st.one_of(special, st.builds(_encode, text, choice)))
@@ -94,7 +94,7 @@ def _malformed(raw: str) -> bool:
         seg = urllib.parse.unquote(raw, errors="strict")
     except UnicodeDecodeError:
         return True
-    return "/" in seg or "\x00" in seg or seg in (".", "..")
+    return "/" in seg or "\x00" in seg or seg in ("", ".", "..")
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def test_non_resource(path: str) -> None:
 
 
 @pytest.mark.parametrize("segment", ["web-0%2Fcopy", "a%2fb", "%00", "a%00", ".", "..", "%2e",
-                                     "%2E%2e", ".%2e", "%ff"])
+                                     "%2E%2e", ".%2e", "%ff", ""])
 def test_ambiguous_segments_are_refused(segment: str) -> None:
     with pytest.raises(StatusError) as err:
         parse("GET", f"{G}/namespaces/n/pods/{segment}/copy")
