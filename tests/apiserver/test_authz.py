@@ -7,8 +7,10 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
-from aggapi.apiserver.requestinfo import RequestInfo
+from aggapi.apiserver.requestinfo import RequestInfo, parse
+from aggapi.apiserver.routes import copy_authz
 from aggapi.apiserver.user import UserInfo
 from aggapi.testing.fakekube import FakeKube
 from aggapi.testing.frontproxy import FrontProxy
@@ -178,3 +180,25 @@ async def test_handlers_can_make_extra_checks(server: Server, kube: FakeKube) ->
                             subresource="log", name="web-0", is_resource_request=True)
     assert not (await authorizer.authorize(user, log_attrs)).allowed
     assert kube.sar_calls[0]["spec"]["resourceAttributes"]["group"] == ""
+
+
+@pytest.mark.parametrize(("method", "watch", "require_exec", "expected"), [
+    ("GET", False, True, [("get", "subresources.aggapi.io", "copy")]),
+    ("HEAD", True, True, [("watch", "subresources.aggapi.io", "copy"),
+                          ("get", "subresources.aggapi.io", "copy")]),
+    ("POST", False, True, [("create", "subresources.aggapi.io", "copy"),
+                           ("create", "", "exec")]),
+    ("POST", True, True, [("watch", "subresources.aggapi.io", "copy"),
+                          ("create", "subresources.aggapi.io", "copy"),
+                          ("create", "", "exec")]),
+    ("POST", True, False, [("watch", "subresources.aggapi.io", "copy"),
+                           ("create", "subresources.aggapi.io", "copy")]),
+])
+def test_copy_route_declares_every_check(method: str, watch: bool, require_exec: bool,
+                                         expected: list[tuple[str, str, str]]) -> None:
+    path = GV + ("/watch" if watch else "") + "/namespaces/ns1/pods/web-0/copy"
+    info = parse(method, path)
+    attrs = copy_authz(require_exec).attributes(info, method)
+    assert [(a.verb, a.api_group, a.subresource) for a in attrs] == expected
+    # Every check is about the object the handler will act on.
+    assert {(a.namespace, a.resource, a.name) for a in attrs} == {("ns1", "pods", "web-0")}
