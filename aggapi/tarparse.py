@@ -264,8 +264,11 @@ class TarParser:
             return
         if not recs:
             return
-        merged = {**self._global, **recs}
-        nbytes = sum(len(k) + len(v) for k, v in merged.items())
+        merged = {**self._global, **recs}  # at most max_global_records: a bounded copy
+        nbytes = self._global_bytes
+        for k, v in recs.items():
+            old = self._global.get(k)
+            nbytes += len(v) - (len(old) if old is not None else -len(k))
         if len(merged) > lim.max_global_records or nbytes > lim.max_global_bytes:
             raise TarError(f"global PAX headers exceed {lim.max_global_records} records or "
                            f"{lim.max_global_bytes} bytes")
