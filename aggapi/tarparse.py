@@ -92,11 +92,11 @@ ARCHIVE_END = _Marker("ARCHIVE_END")
 Event = TarEntry | bytes | _Marker
 
 
-def _num(field_: bytes, what: str, top: int) -> int:
-    """An octal or GNU base-256 header field, within [0, top]."""
-    if field_[:1] == b"\xff":
-        raise TarError(f"negative {what} in a tar header")
-    if field_[:1] == b"\x80":
+def _num(field_: bytes, what: str, top: int, bottom: int = 0) -> int:
+    """An octal or GNU base-256 header field, within [bottom, top]."""
+    if field_[:1] == b"\xff":  # base-256, negative: only times may be (before 1970)
+        val = int.from_bytes(field_, "big", signed=True)
+    elif field_[:1] == b"\x80":
         val = int.from_bytes(field_[1:], "big")
     elif field_ and field_[0] & 0x80:
         raise TarError(f"bad base-256 {what} in a tar header")
@@ -105,7 +105,7 @@ def _num(field_: bytes, what: str, top: int) -> int:
         if m is None:
             raise TarError(f"bad numeric {what} field {field_!r} in a tar header")
         val = int(m.group(1), 8) if m.group(1) else 0
-    if val > top:
+    if not bottom <= val <= top:
         raise TarError(f"{what} {val} in a tar header is out of range")
     return val
 
@@ -289,7 +289,7 @@ class TarParser:
         mode = _num(blk[100:108], "mode", MAX_MODE)
         uid = _num(blk[108:116], "uid", MAX_ID)
         gid = _num(blk[116:124], "gid", MAX_ID)
-        mtime_ns = _num(blk[136:148], "mtime", MAX_TIME_NS // NS) * NS
+        mtime_ns = _num(blk[136:148], "mtime", MAX_TIME_NS // NS, -(MIN_TIME_NS // -NS)) * NS
         if magic in (b"ustar\0", b"ustar "):
             _num(blk[329:337], "devmajor", MAX_DEV)
             _num(blk[337:345], "devminor", MAX_DEV)

@@ -101,9 +101,10 @@ def header(name: str, typeflag: bytes, *, size: int = 0, mode: int = 0o644, uid:
     for key, val in (("uid", uid), ("gid", gid)):
         if val >= 8 ** 7:
             pax[key] = str(val)
-    sec, ns = divmod(mtime_ns, 1_000_000_000)
-    if ns:
-        pax["mtime"] = f"{sec}.{ns:09d}".rstrip("0")
+    sec, ns = divmod(abs(mtime_ns), 1_000_000_000)
+    if ns or mtime_ns < 0 or sec >= 8 ** 11:  # (the parser refuses a signed octal field)
+        pax["mtime"] = ("-" if mtime_ns < 0 else "") + f"{sec}.{ns:09d}".rstrip("0").rstrip(".")
+        sec = sec if 0 <= mtime_ns and sec < 8 ** 11 else 0
     out = b""
     if pax:
         out = pax_header("PaxHeader/" + name[-80:], pax, typeflag=PAX)

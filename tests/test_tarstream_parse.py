@@ -132,7 +132,7 @@ BAD_FIELDS = {
     "size base-256 over off_t": ("size", b"\x80" + b"\xff" * 11),
     "size sign in octal": ("size", b"-0000000001\0"),
     "mtime base-256 huge": ("mtime", b"\x80" + b"\x7f" * 11),
-    "mtime negative base-256": ("mtime", b"\xff" * 12),
+    "mtime base-256 before int64 ns": ("mtime", b"\xff" + b"\0" * 11),
     "devmajor garbage": ("devmajor", b"zz\0\0\0\0\0\0"),
     "devminor base-256 over 32 bits": ("devminor", b"\x80\x01" + b"\0" * 6),
     "base-256 with another high byte": ("size", b"\x81" + b"\0" * 11),
@@ -268,3 +268,16 @@ def test_base256_fields_in_range_parse() -> None:
     p = tp.TarParser()
     [e] = [ev for ev in p.feed(raw) if isinstance(ev, tp.TarEntry)]
     assert (e.size, e.uid) == (size, 3_000_000_000)
+
+
+@pytest.mark.parametrize("mtime_ns", [-1_500_000_000, -5 * 10**9, 0, 8**11 * 10**9,
+                                      7 * 10**18 + 1, tp.MIN_TIME_NS + 808, tp.MAX_TIME_NS])
+def test_writer_round_trips_any_mtime(mtime_ns: int) -> None:
+    [(e, _)] = tc.parse(ts.header("f", ts.REG, mtime_ns=mtime_ns) + END)
+    assert e.mtime_ns == mtime_ns
+
+
+def test_negative_base256_mtime_is_a_time_before_1970() -> None:
+    raw = tc.block(fields={"mtime": (-86400).to_bytes(12, "big", signed=True)})
+    [e] = [ev for ev in tp.TarParser().feed(raw) if isinstance(ev, tp.TarEntry)]
+    assert e.mtime_ns == -86400 * 10**9

@@ -151,3 +151,13 @@ async def test_upload_memory_does_not_grow_with_its_size(cc: Any,
     # Ten times the bytes, about the same memory (a few MiB of batches in flight).
     assert peaks[1] < peaks[0] + (4 << 20), peaks
     assert peaks[1] < 16 << 20, peaks
+
+
+@pytest.mark.parametrize("value", [b"9223372036.854775807", b"-9223372036.854775808",
+                                   b"-1.5", b"0"])
+async def test_extreme_but_valid_mtimes_are_accepted(cc: Any, plain: tuple[Path, Path],
+                                                     value: bytes) -> None:
+    body = tc.pax([(b"mtime", value)]) + tc.entry(b"f", b"data") + tc.ZERO2
+    r = await cc.post("/dst", body, format="tar")
+    assert r.status == 200, await r.text()
+    assert (plain[0] / "dst" / "f").read_bytes() == b"data"
