@@ -5,7 +5,8 @@ the target's directory (resolved in-root with openat2) in 1 MiB chunks, one
 chunk being written by a worker while the next arrives: memory does not grow
 with the file size.
 
-Tar (``format=tar``): the body is parsed as a stream (never extractall). Entry
+Tar (``format=tar``): the body is parsed as a stream (never extractall), in worker
+threads with bounded metadata (:mod:`aggapi.agent.copy.untar`). Entry
 names must be relative and free of '..' and NUL; every entry is resolved under
 the target directory with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so
 neither '..' nor a symlink (from the tar or swapped in by the container) can
