@@ -26,11 +26,11 @@ from aggapi.agent.progress import view
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.poller import ProgressPoller, Subscription
 from aggapi.capability import ContainerRef
-from aggapi.testing import oci
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.registry import Registry
-from aggapi.testing.throttle import ThrottleProxy
 from benchmarks._procstats import rss_mib
+from tests.framework import oci
+from tests.framework.containerd import Containerd
+from tests.framework.registry import Registry
+from tests.framework.throttle import ThrottleProxy
 
 
 async def consume(sub: Subscription, ref: str, counter: list[int]) -> None:

@@ -26,8 +26,8 @@ from aggapi import pki
 from aggapi.apiserver import appkeys
 from aggapi.apiserver.app import build_app
 from aggapi.apiserver.config import ApiServerConfig
-from aggapi.testing.fakekube import FakeKube
 from aggapi.tlsconfig import ServingTLS
+from tests.framework.fakekube import FakeKube
 
 PATH = "/apis/subresources.aggapi.io/v1alpha1/namespaces/bench/pods/web-0/imagepullprogress"
 

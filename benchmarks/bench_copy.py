@@ -5,7 +5,7 @@
              called directly, as the apiserver calls it
   apiserver  ``python3 -m aggapi apiserver`` in front of that agent, client-cert auth
              (a user certificate of the ConfigMap's client CA), TLS end to end
-  proxy      the aggregator stand-in (aggapi.testing.frontproxy) in front of the
+  proxy      the aggregator stand-in (tests.framework.frontproxy) in front of the
              apiserver: plain HTTP client -> proxy, TLS + front-proxy cert -> apiserver
 
 Every server is its own process (peak RSS = its VmHWM); the client (aiohttp, 1 MiB
@@ -42,11 +42,11 @@ from aiohttp import web
 from aggapi import certs as aggapi_certs
 from aggapi import eventloop, pki
 from aggapi.capability import CapabilitySigner, ContainerRef
-from aggapi.testing.registry import free_port
 from benchmarks._procstats import cpu_seconds, peak_rss_mib, rss_mib
+from tests.framework.procs import free_port
 
 if TYPE_CHECKING:
-    from aggapi.testing.fakekube import FakeKube
+    from tests.framework.fakekube import FakeKube
 
 CHUNK = 1 << 20
 NODE = "node-a"
@@ -125,7 +125,7 @@ class Pki:
 
 
 async def start_fakekube(p: Pki) -> FakeKube:
-    from aggapi.testing.fakekube import FakeKube
+    from tests.framework.fakekube import FakeKube
 
     kube = FakeKube()
     kube.sar_policy = lambda _spec: True
@@ -203,7 +203,7 @@ async def apiserver_process(p: Pki, kube: FakeKube, work: Path, *extra: str
 
 
 async def _proxy_main(backend: str, cert: str, key: str, ca: str) -> None:
-    from aggapi.testing.frontproxy import FrontProxy, ProxyUser
+    from tests.framework.frontproxy import FrontProxy, ProxyUser
 
     proxy = FrontProxy(backend, client_cert=cert, client_key=key, backend_ca=ca,
                        users={PROXY_TOKEN: ProxyUser(USER, groups=("devs",))})

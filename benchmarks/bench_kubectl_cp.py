@@ -4,8 +4,8 @@ kube-apiserver, same container, side by side in one run; integrity checked on bo
 
 Needs a running stack with a real kubelet on the instance (hack/local-up.sh, or):
 
-    python3 -m aggapi.testing.controlplane up && python3 -m aggapi.testing.node up
-    python3 -m aggapi.testing.kubelet up && python3 -m aggapi.testing.controlplane start-apiserver
+    python3 -m tests.framework.controlplane up && python3 -m tests.framework.node up
+    python3 -m tests.framework.kubelet up && python3 -m tests.framework.controlplane start-apiserver
 
 Run: ``python3 -m benchmarks.bench_kubectl_cp [--instance local] [--size-mib 1024]
 [--rounds 1]``. The container image is busybox with tar and sha256sum on PATH (kubectl cp
@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aggapi.testing import oci
-from aggapi.testing.controlplane import INSTANCES, REPO, ControlPlane, binary
-from aggapi.testing.kubelet import pod_manifest
-from aggapi.testing.node import OCI_CACHE, Node
+from tests.framework import oci
+from tests.framework.controlplane import INSTANCES, ControlPlane, binary
+from tests.framework.kubelet import pod_manifest
+from tests.framework.node import OCI_CACHE, Node
+from tests.framework.repo import REPO
 
 POD = "bench-kubectl-cp"
 IMAGE_REPO = "aggapi-test/busybox-tar"

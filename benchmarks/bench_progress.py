@@ -51,12 +51,6 @@ import aiohttp
 
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing import oci
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.fakekube import FakeKube
-from aggapi.testing.frontproxy import FrontProxy, ProxyUser
-from aggapi.testing.registry import Registry, free_port
-from aggapi.testing.throttle import ThrottleProxy
 from benchmarks._procstats import CpuWindow, usage
 from benchmarks.bench_copy import (
     GV,
@@ -71,6 +65,13 @@ from benchmarks.bench_copy import (
     stop_process,
     wait_ready,
 )
+from tests.framework import oci
+from tests.framework.containerd import Containerd
+from tests.framework.fakekube import FakeKube
+from tests.framework.frontproxy import FrontProxy, ProxyUser
+from tests.framework.procs import free_port
+from tests.framework.registry import Registry
+from tests.framework.throttle import ThrottleProxy
 
 
 def watch_path(pod: str, ns: str = "default") -> str:

@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 # kubelet first, then the node: agent, containerd (its containers, shims, mounts, cgroups),
 # throttle proxy and registry, each by its pidfile. (controlplane down would do it too.)
 T0=$SECONDS
-python3 -m aggapi.testing.kubelet down || true  # kubelet, and the pods' sandboxes
-python3 -m aggapi.testing.demo down || true
-python3 -m aggapi.testing.controlplane down "$@"
+python3 -m tests.framework.kubelet down || true  # kubelet, and the pods' sandboxes
+python3 -m tests.framework.demo down || true
+python3 -m tests.framework.controlplane down "$@"
 rm -f .local/local.env
 echo "local-down: done in $((SECONDS - T0))s"

@@ -17,14 +17,14 @@ mkdir -p .local
 bash hack/install-deps.sh
 bash hack/build-binaries.sh
 T1=$SECONDS
-python3 -m aggapi.testing.controlplane up >.local/local.env
+python3 -m tests.framework.controlplane up >.local/local.env
 # shellcheck disable=SC1091
 source .local/local.env
 echo "local-up: control plane up in $((SECONDS - T1))s"
 
 # aggapi apiserver (the agent needs containerd: started by the demo below).
 T2=$SECONDS
-python3 -m aggapi.testing.controlplane start-apiserver
+python3 -m tests.framework.controlplane start-apiserver
 echo "local-up: aggapi apiserver up, APIService Available in $((SECONDS - T2))s"
 
 # The node (containerd + runc, registry behind a throttle proxy, test images, aggapi agent)
@@ -32,7 +32,7 @@ echo "local-up: aggapi apiserver up, APIService Available in $((SECONDS - T2))s"
 # the node; then pod "pull-demo" created through kube-apiserver: kubelet pulls its image
 # through the throttle and `kubectl get --raw` of the /watch/ path shows it live.
 T3=$SECONDS
-python3 -m aggapi.testing.kubelet demo
+python3 -m tests.framework.kubelet demo
 echo "local-up: node + kubelet + demo in $((SECONDS - T3))s"
 
 cat <<MSG
@@ -40,12 +40,12 @@ cat <<MSG
 local-up: stack running ($((SECONDS - T0))s in all). Use it with:
 
   export KUBECONFIG=$KUBECONFIG
-  kubectl get apiservice $(python3 -c 'from aggapi.testing.controlplane import APISERVICE; print(APISERVICE)')
+  kubectl get apiservice $(python3 -c 'from tests.framework.controlplane import APISERVICE; print(APISERVICE)')
   kubectl api-resources --api-group=subresources.aggapi.io
   kubectl get pods -o wide
   kubectl get --raw /apis/subresources.aggapi.io/v1alpha1/namespaces/default/pods/pull-demo/imagepullprogress
 
   state, logs, kubeconfigs:  $AGGAPI_STATE_DIR  (logs/, users/*.kubeconfig)
-  status:                    python3 -m aggapi.testing.controlplane status
+  status:                    python3 -m tests.framework.controlplane status
   stop everything:           bash hack/local-down.sh
 MSG

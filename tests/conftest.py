@@ -17,13 +17,13 @@ import pytest
 
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing import oci
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.pods import PodRunner
-from aggapi.testing.registry import Registry
-from aggapi.testing.throttle import ThrottleProxy
+from tests.framework import oci
+from tests.framework.containerd import Containerd
+from tests.framework.pods import PodRunner
+from tests.framework.registry import Registry
+from tests.framework.repo import REPO
+from tests.framework.throttle import ThrottleProxy
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 NEEDED = ["/usr/bin/containerd", "/usr/sbin/runc", "/usr/bin/docker-registry", "/bin/busybox"]
 BIG_LAYER = 150 * 1024 * 1024
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
@@ -46,7 +46,7 @@ def runtime_deps() -> None:
     """Install the Debian packages if a binary is missing (hack/install-deps.sh)."""
     if all(Path(b).exists() for b in NEEDED):
         return
-    subprocess.run(["bash", str(REPO_ROOT / "hack/install-deps.sh")], check=True)
+    subprocess.run(["bash", str(REPO / "hack/install-deps.sh")], check=True)
     missing = [b for b in NEEDED if not Path(b).exists()]
     if missing:
         pytest.fail(f"still missing after hack/install-deps.sh: {missing}")

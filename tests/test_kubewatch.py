@@ -12,7 +12,7 @@ from aiohttp import web
 
 from aggapi.kube import KubeClient
 from aggapi.kubewatch import Informer
-from aggapi.testing.fakekube import FakeKube
+from tests.framework.fakekube import FakeKube
 
 PODS = "/api/v1/namespaces/ns1/pods"
 

@@ -42,6 +42,7 @@ class AgentConfig:
     copy_max_entries: int = CopyLimits.max_entries
     copy_max_depth: int = CopyLimits.max_depth
     copy_state_dir: str = CopyLimits.state_dir
+    copy_as_root: bool = False  # copies act as root (docker cp), not the container's user
     log_level: str = "info"  # debug | info | warning | error
 
 
@@ -121,6 +122,11 @@ def parser() -> argparse.ArgumentParser:
                    help="directory depth in one directory copy")
     c.add_argument("--copy-state-dir", default=CopyLimits.state_dir,
                    help="where in-flight uploads are recorded, for cleanup after a crash")
+    c.add_argument("--copy-as-root", action="store_true",
+                   help="copies read and write as root on the node (docker cp semantics) "
+                        "instead of as the container process's user; lets anyone with "
+                        "pods/copy read and change every file in the container, whatever its "
+                        "permissions (see docs/copy-credentials.md)")
     return p
 
 
@@ -158,5 +164,5 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         health_port=a.health_port, copy_size_limit=a.copy_size_limit,
         copies_per_pod=a.copies_per_pod, copies_per_node=a.copies_per_node,
         copy_max_entries=a.copy_max_entries, copy_max_depth=a.copy_max_depth,
-        copy_state_dir=a.copy_state_dir, log_level=a.log_level,
+        copy_state_dir=a.copy_state_dir, copy_as_root=a.copy_as_root, log_level=a.log_level,
     )

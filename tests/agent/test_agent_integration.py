@@ -17,9 +17,9 @@ from aggapi.agent.progress.model import PHASE_ORDER
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeCallError
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.throttle import ThrottleProxy
 from tests.agent.agentserver import Agent, pki, run_agent
+from tests.framework.containerd import Containerd
+from tests.framework.throttle import ThrottleProxy
 
 RATE = 10 * 1024 * 1024  # bytes/s through the proxy: ~150 MB take ~15 s
 

@@ -21,9 +21,9 @@ from aggapi.apiserver.app import build_app
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.handlers import copy, imagepullprogress
 from aggapi.status import StatusError
-from aggapi.testing.fakekube import FakeKube
-from aggapi.testing.frontproxy import FrontProxy, ProxyUser
 from aggapi.tlsconfig import ServingTLS
+from tests.framework.fakekube import FakeKube
+from tests.framework.frontproxy import FrontProxy, ProxyUser
 
 GV = "/apis/subresources.aggapi.io/v1alpha1"
 PROGRESS = GV + "/namespaces/ns1/pods/web-0/imagepullprogress"

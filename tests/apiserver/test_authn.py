@@ -8,8 +8,8 @@ from typing import Any
 
 import aiohttp
 
-from aggapi.testing.fakekube import FakeKube
-from aggapi.testing.frontproxy import FrontProxy
+from tests.framework.fakekube import FakeKube
+from tests.framework.frontproxy import FrontProxy
 
 from .conftest import FRONT_PROXY_CN, PROGRESS, Server, auth_configmap, until
 

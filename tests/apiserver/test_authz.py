@@ -11,8 +11,8 @@ import aiohttp
 from aggapi.apiserver import appkeys
 from aggapi.apiserver.requestinfo import RequestInfo
 from aggapi.apiserver.user import UserInfo
-from aggapi.testing.fakekube import FakeKube
-from aggapi.testing.frontproxy import FrontProxy
+from tests.framework.fakekube import FakeKube
+from tests.framework.frontproxy import FrontProxy
 
 from .conftest import GV, PROGRESS, WATCH_PROGRESS, Server
 

@@ -12,7 +12,7 @@ import sys
 
 import aiohttp
 
-from aggapi.testing.fakekube import FakeKube
+from tests.framework.fakekube import FakeKube
 
 from .conftest import Pki, until
 

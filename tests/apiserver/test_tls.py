@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from aggapi import pki
-from aggapi.testing.fakekube import FakeKube
+from tests.framework.fakekube import FakeKube
 
 from .conftest import PROGRESS, Server, until
 

@@ -1,4 +1,4 @@
-"""e2e fixtures: a real control plane (etcd + kube-apiserver) from aggapi.testing.controlplane.
+"""e2e fixtures: a real control plane (etcd + kube-apiserver) from tests.framework.controlplane.
 
 Needs root (network namespaces) and the binaries of hack/build-binaries.sh, which the
 ``control_plane`` fixture builds on first use (cached in /var/cache/aggapi-bin afterwards).
@@ -12,11 +12,18 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from aggapi.testing.controlplane import REPO, ControlPlane, Proc
+from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.node import Node
+from tests.framework.pods import ContainerSpec
+from tests.framework.procs import Proc
+from tests.framework.repo import REPO
+from tests.framework.standin import StandinKubelet, StandinPod, SyncStandin
 
 APISERVER_MAIN = REPO / "aggapi/apiserver/main.py"
 
@@ -91,16 +98,9 @@ def aggapi_agent(control_plane: ControlPlane) -> Iterator[Proc]:
 
 
 # --- the node: containerd + registry + throttle + images + agent, and a kubelet stand-in ---
-# (aggapi.testing.node / aggapi.testing.standin). No kubelet runs: the stand-in creates Pod
+# (tests.framework.node / tests.framework.standin). No kubelet runs: the stand-in creates Pod
 # objects bound to the node, drives containerd through CRI with kubelet's labels, and posts
 # kubelet's events and container statuses.
-
-from dataclasses import dataclass  # noqa: E402
-from typing import Any  # noqa: E402
-
-from aggapi.testing.node import Node  # noqa: E402
-from aggapi.testing.pods import ContainerSpec  # noqa: E402
-from aggapi.testing.standin import StandinKubelet, StandinPod, SyncStandin  # noqa: E402
 
 GROUP_VERSION = "/apis/subresources.aggapi.io/v1alpha1"
 
@@ -266,8 +266,6 @@ class KubectlRun:
 
 def kubectl_argv(cp: ControlPlane, user: str | None, *args: str,
                  kubeconfig: Path | None = None) -> list[str]:
-    from aggapi.testing.controlplane import binary
-
     kc = kubeconfig or (cp.admin_kubeconfig if user is None else cp.user_kubeconfig(user))
     return [binary("kubectl", build=False), f"--kubeconfig={kc}", *args]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from aggapi.testing.controlplane import AGGAPI_PORT, ControlPlane, Proc, spawn
+from tests.framework.controlplane import AGGAPI_PORT, ControlPlane
+from tests.framework.procs import Proc, spawn
 
 pytestmark = pytest.mark.e2e
 BASE = "/apis/subresources.aggapi.io/v1alpha1"

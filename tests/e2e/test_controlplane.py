@@ -6,17 +6,17 @@ import json
 
 import pytest
 
-from aggapi.testing.controlplane import (
+from tests.framework.controlplane import (
     AGENT_SERVICE,
     APISERVER_SERVICE,
     APISERVICE,
     FRONT_PROXY_CN,
     NAMESPACE,
     ControlPlane,
-    Proc,
     loopback_endpoints_rejected,
     versions,
 )
+from tests.framework.procs import Proc
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 
 Uploads: ``kubectl create --raw PATH -f FILE`` (a POST whose body kubectl streams with no
 Content-Type); downloads: ``kubectl get --raw PATH`` (raw bytes on stdout). The target is
-a container the kubelet stand-in runs through CRI (aggapi.testing.standin).
+a container the kubelet stand-in runs through CRI (tests.framework.standin).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from aggapi.testing.controlplane import ControlPlane, Proc
-from aggapi.testing.node import Node
-from aggapi.testing.standin import StandinKubelet, SyncStandin
+from tests.framework.controlplane import ControlPlane
+from tests.framework.node import Node
+from tests.framework.procs import Proc
+from tests.framework.standin import StandinKubelet, SyncStandin
 
 from .conftest import GROUP_VERSION, E2EPod, delete_pod, kubectl, kubectl_argv, run_pod
 

@@ -26,14 +26,14 @@ import pytest
 import yaml
 
 from aggapi import certs
-from aggapi.testing.controlplane import (
+from tests.framework.controlplane import (
     APISERVICE,
     NAMESPACE,
-    REPO,
     ControlPlane,
-    Proc,
     binary,
 )
+from tests.framework.procs import Proc
+from tests.framework.repo import REPO
 from tests.manifests.conftest import TLS_MODES as CHART_TLS_MODES
 
 pytestmark = pytest.mark.e2e

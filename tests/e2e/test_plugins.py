@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from aggapi.testing.controlplane import ControlPlane, Proc
+from tests.framework.controlplane import ControlPlane
+from tests.framework.procs import Proc
 from tests.plugins.helpers import (
     KUBECTL,
     install_plugins,

@@ -2,7 +2,7 @@
 
 kubectl get --raw -> kube-apiserver (authn, RBAC, aggregator, front-proxy TLS) -> aggapi
 apiserver (netns api) -> agent (netns node) -> containerd, while the kubelet stand-in pulls
-through CRI and posts kubelet's events (aggapi.testing.standin).
+through CRI and posts kubelet's events (tests.framework.standin).
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import asyncio
 import time
 from typing import Any
 
-from aggapi.testing.controlplane import ControlPlane, Proc
-from aggapi.testing.node import Node
-from aggapi.testing.pods import ContainerSpec
-from aggapi.testing.standin import StandinKubelet, StandinPod, SyncStandin
+from tests.framework.controlplane import ControlPlane
+from tests.framework.node import Node
+from tests.framework.pods import ContainerSpec
+from tests.framework.procs import Proc
+from tests.framework.standin import StandinKubelet, StandinPod, SyncStandin
 
 from .conftest import (
     GROUP_VERSION,

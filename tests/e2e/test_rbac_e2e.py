@@ -13,7 +13,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from aggapi.testing.controlplane import APISERVICE, ControlPlane, Proc
+from tests.framework.controlplane import APISERVICE, ControlPlane
+from tests.framework.procs import Proc
 
 from .conftest import GROUP_VERSION, E2EPod, kubectl, kubectl_stream
 

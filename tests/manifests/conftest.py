@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.framework.repo import REPO
+
 CHART = REPO / "manifests/charts/aggapi"
 BASE = REPO / "manifests/base"
 

@@ -241,3 +241,13 @@ def test_release_name_changes_object_names(render: Render) -> None:
     args = _pod_spec(docs, "Deployment")["containers"][0]["args"]
     assert "--agent-service=team-a-aggapi-agent" in args
     assert "--agent-namespace=tools" in args
+
+
+def test_copy_as_root_is_opt_in_and_parses(render: Render) -> None:
+    from aggapi.agent.config import parser
+
+    for sets, want in (((), False), (("agent.copyAsRoot=true",), True)):
+        args = _pod_spec(render(sets), "DaemonSet")["containers"][0]["args"]
+        assert ("--copy-as-root" in args) is want
+        ns = parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in args[1:]])
+        assert ns.copy_as_root is want

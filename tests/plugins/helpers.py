@@ -13,7 +13,8 @@ import termios
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.framework.repo import REPO
+
 KUBECTL = os.environ.get("AGGAPI_KUBECTL", "/usr/bin/kubectl")
 ENTRY_POINTS = {"kubectl-ncp": "aggapi.plugins.ncp",
                 "kubectl-image_pull_progress": "aggapi.plugins.image_pull_progress"}

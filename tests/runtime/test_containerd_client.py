@@ -9,10 +9,10 @@ import pytest
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeNotFound
-from aggapi.testing import oci
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.registry import Registry
 from tests.conftest import SharedImages
+from tests.framework import oci
+from tests.framework.containerd import Containerd
+from tests.framework.registry import Registry
 
 
 async def test_version(ctd: ContainerdClient) -> None:

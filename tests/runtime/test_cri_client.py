@@ -6,7 +6,7 @@ import asyncio
 import os
 
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing.pods import CONTAINER_NAME, POD_UID, ContainerSpec, PodRunner
+from tests.framework.pods import CONTAINER_NAME, POD_UID, ContainerSpec, PodRunner
 
 
 async def exists(path: str) -> bool:

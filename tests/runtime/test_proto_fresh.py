@@ -6,7 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.framework.repo import REPO
+
 PROTO = REPO / "aggapi" / "proto"
 # Lines that only record the generator's version, not the schema.
 VERSION_LINES = re.compile(

@@ -10,11 +10,11 @@ from collections import defaultdict
 
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.oci import MEDIA_INDEX, Index
-from aggapi.testing.registry import Registry
-from aggapi.testing.throttle import ThrottleProxy
 from tests.conftest import ARCH, RepoImage, SharedImages
+from tests.framework.containerd import Containerd
+from tests.framework.oci import MEDIA_INDEX, Index
+from tests.framework.registry import Registry
+from tests.framework.throttle import ThrottleProxy
 
 MiB = 1024 * 1024
 

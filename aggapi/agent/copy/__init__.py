@@ -26,10 +26,14 @@ __all__ = ["CopyLimits", "CopyState", "Resolver", "shutdown", "startup"]
 
 async def startup(app: web.Application, resolver: Resolver | None = None) -> None:
     """Create COPY_STATE (limits from AgentConfig's copy_* fields) and clean stale temps."""
-    limits = CopyLimits.from_config(app[appkeys.CONFIG])
+    config = app[appkeys.CONFIG]
+    limits = CopyLimits.from_config(config)
     workers = Workers()
     if resolver is None:
-        resolver = CRIResolver(app[appkeys.CRI], workers)
+        as_root = bool(getattr(config, "copy_as_root", False))
+        if as_root:
+            log.warning("--copy-as-root: copies act as root, not as the container's user")
+        resolver = CRIResolver(app[appkeys.CRI], workers, as_root=as_root)
     state = CopyState(limits, resolver, workers=workers)
     app[appkeys.COPY_STATE] = state
     try:

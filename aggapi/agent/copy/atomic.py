@@ -114,17 +114,24 @@ class AtomicFile:
         uid, gid, mode = self._attrs(owner, replaced)
         os.fchown(self.fd, uid, gid)
         os.fchmod(self.fd, mode)
+        if stat.S_IMODE(os.fstat(self.fd).st_mode) != mode:
+            # The kernel drops setgid silently for a group the user is not in.
+            raise StatusError(403, f"{self.path}: mode {mode:04o} is not permitted for "
+                              f"{self.root.who()}; target unchanged")
         if mtime_ns is not None:
             os.utime(self.fd, ns=(mtime_ns, mtime_ns))
         return digest
 
     def _attrs(self, owner: Owner, replaced: os.stat_result | None) -> tuple[int, int, int]:
-        # A replaced regular file keeps its owner and mode unless told otherwise.
+        # A replaced regular file keeps its owner and mode unless told otherwise; acting
+        # as a user, it keeps only its mode (a user cannot give a file away).
         keep = replaced if replaced is not None and stat.S_ISREG(replaced.st_mode) else None
+        ids = keep if keep is not None and not self.root.as_user else None
+        duid, dgid = self.root.default_ids()
         uid = (self.root.uid_map.to_host(owner.uid, "uid") if owner.uid is not None
-               else keep.st_uid if keep else self.root.uid_map.to_host(0, "uid"))
+               else ids.st_uid if ids else duid)
         gid = (self.root.gid_map.to_host(owner.gid, "gid") if owner.gid is not None
-               else keep.st_gid if keep else self.root.gid_map.to_host(0, "gid"))
+               else ids.st_gid if ids else dgid)
         mode = (owner.mode if owner.mode is not None
                 else stat.S_IMODE(keep.st_mode) if keep else 0o644)
         if not (owner.keep_setid and owner.mode is not None):

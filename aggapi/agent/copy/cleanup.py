@@ -23,6 +23,7 @@ import stat
 import time
 from collections.abc import Awaitable, Callable
 
+from aggapi.agent.copy import creds
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.workers import Workers
 from aggapi.status import StatusError
@@ -44,6 +45,10 @@ class InflightRecord:
         self._fd: int | None = None
 
     def _append(self, obj: dict[str, object]) -> None:
+        with creds.as_agent():  # the agent's own file, not the container user's
+            self._append_as_agent(obj)
+
+    def _append_as_agent(self, obj: dict[str, object]) -> None:
         if self._fd is None:
             try:
                 os.makedirs(os.path.dirname(self.path), 0o700, exist_ok=True)
@@ -66,6 +71,10 @@ class InflightRecord:
         return f"{TMP_PREFIX}{self.token}-{self._seq}"
 
     def done(self) -> None:
+        with creds.as_agent():
+            self._done_as_agent()
+
+    def _done_as_agent(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -102,7 +111,12 @@ def read_records(state_dir: str) -> list[tuple[str, dict[str, object], list[str]
 
 
 def remove_temp_files(root: FsRoot, dirs: list[str], token: str) -> int:
-    """Unlink this token's temp files in each directory. Blocking."""
+    """Unlink this token's temp files in each directory, as the container's user. Blocking."""
+    with creds.acting_as(root.creds):
+        return _remove_temp_files(root, dirs, token)
+
+
+def _remove_temp_files(root: FsRoot, dirs: list[str], token: str) -> int:
     prefix = f"{TMP_PREFIX}{token}-"
     removed = 0
     for d in dirs:

@@ -7,6 +7,10 @@ still running with that pid. A pid recycled between CRI's answer and our opens
 fails one of these checks. VM runtimes (Kata, Firecracker, gVisor...) are
 refused: their "container pid" is a VMM or sandbox process whose root is not
 the container's file system.
+
+The process's credentials (uid, gid, groups from /proc/<pid>/status) are read
+with the rest: copies act as that user unless the agent runs with
+``--copy-as-root``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 from typing import Any
 
+from aggapi.agent.copy.creds import Creds
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.idmap import IdMap
 from aggapi.agent.copy.workers import Workers
@@ -47,8 +52,11 @@ def is_running(state: Any) -> bool:
 
 
 def open_process_root(pid: int, *, container_id: str = "", pod_uid: str = "",
-                      container_name: str = "", proc: str = "/proc") -> FsRoot:
-    """Blocking: pidfd, root dirfd and id maps of a live host process."""
+                      container_name: str = "", proc: str = "/proc",
+                      as_root: bool = False) -> FsRoot:
+    """Blocking: pidfd, root dirfd, id maps and credentials of a live host process.
+
+    ``as_root``: copies act as the agent (root) instead of the process's user."""
     if pid <= 0:
         raise StatusError(409, "container has no process")
     try:
@@ -65,8 +73,10 @@ def open_process_root(pid: int, *, container_id: str = "", pod_uid: str = "",
         root_fd = os.open(f"{proc}/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         uid_map = IdMap.read(f"{proc}/{pid}/uid_map")
         gid_map = IdMap.read(f"{proc}/{pid}/gid_map")
+        creds = None if as_root else Creds.of_pid(pid, proc)
         root = FsRoot(root_fd, uid_map, gid_map, pidfd=pidfd, pid=pid,
-                      container_id=container_id, pod_uid=pod_uid, container_name=container_name)
+                      container_id=container_id, pod_uid=pod_uid, container_name=container_name,
+                      creds=creds)
     except FileNotFoundError as exc:
         _close(root_fd, pidfd)
         raise StatusError(409, f"container {container_name or container_id} exited") from exc
@@ -88,9 +98,10 @@ def _close(*fds: int) -> None:
 class CRIResolver:
     """Resolves containers through an aggapi.runtime.cri.CRIClient."""
 
-    def __init__(self, cri: Any, workers: Workers) -> None:
+    def __init__(self, cri: Any, workers: Workers, *, as_root: bool = False) -> None:
         self.cri = cri
         self.workers = workers
+        self.as_root = as_root  # --copy-as-root
 
     async def _open(self, status: Any, pod_uid: str, name: str) -> FsRoot:
         if is_vm_runtime(getattr(status, "runtime_type", None)):
@@ -99,7 +110,8 @@ class CRIResolver:
         if not pid:
             raise StatusError(409, f"container {name}: runtime reports no process id")
         root = await self.workers.run(open_process_root, int(pid), container_id=status.id,
-                                      pod_uid=pod_uid, container_name=name)
+                                      pod_uid=pod_uid, container_name=name,
+                                      as_root=self.as_root)
         again = await self.cri.container_status(status.id, verbose=True)
         if again is None or not is_running(again.state) or again.pid != pid:
             root.close()

@@ -43,7 +43,9 @@ class DigestCache:
                 self._lru.popitem(last=False)
 
     def digest(self, fd: int) -> str:
-        """Blocking: sha256 hex of the file behind ``fd`` (read with pread)."""
+        """Blocking: sha256 hex of the file behind ``fd`` (read with pread), never read
+        past the size fstat gives now: a file that reports less than it yields (procfs
+        pagemap: size 0, 256 GiB of data) cannot hold a worker."""
         st = os.fstat(fd)
         key = key_of(st)
         cached = self.get(key)
@@ -51,8 +53,8 @@ class DigestCache:
             return cached
         h = hashlib.sha256()
         off = 0
-        while True:
-            data = os.pread(fd, CHUNK, off)
+        while off < st.st_size:
+            data = os.pread(fd, min(CHUNK, st.st_size - off), off)
             if not data:
                 break
             h.update(data)

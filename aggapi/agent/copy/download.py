@@ -6,7 +6,11 @@ tree walk opens every child by a single name relative to its parent's fd with
 O_NOFOLLOW. Symlinks are sent as symlinks, hard links as links to the first
 name seen, regular files are re-opened for reading through /proc/self/fd from
 their O_PATH fd (so a name swapped for a device or FIFO is never opened), and
-devices, FIFOs and sockets are skipped.
+devices, FIFOs and sockets are skipped. Files and directories on kernel pseudo
+file systems (procfs, sysfs, cgroupfs...: see aggapi.agent.copy.pseudofs) are
+refused (400) when asked for and skipped in a walk: their sizes are made up.
+No file is read past the size fstat gave when it was opened. /proc magic links
+are reported without a target.
 
 Skipped entries are reported at the end of the stream: the last entry is
 "./" (the directory itself, a no-op for extractors) whose PAX extended header
@@ -32,10 +36,12 @@ from typing import Any
 
 from aggapi import tarstream as ts
 from aggapi.agent.copy.fsroot import FsRoot, split_parent
+from aggapi.agent.copy.pseudofs import is_magic_link, pseudo_fs
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.status import StatusError
 
 CHUNK = 1 << 20
+PSEUDO_REASON = "on a kernel pseudo file system (procfs, sysfs...); not copied"
 
 
 def file_type(mode: int) -> str:
@@ -64,7 +70,9 @@ def lookup(root: FsRoot, path: str) -> Target:
     fd = root.open(path, os.O_PATH | os.O_NOFOLLOW)
     try:
         st = os.fstat(fd)
-        link = os.readlink("", dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
+        link = None
+        if stat.S_ISLNK(st.st_mode) and not is_magic_link(root.root_fd, path, fd):
+            link = os.readlink("", dir_fd=fd)
     except BaseException:
         os.close(fd)
         raise
@@ -97,11 +105,41 @@ def reopen(fd: int, flags: int) -> int:
     return new
 
 
+def refuse_pseudo(t: Target) -> None:
+    fs = pseudo_fs(t.fd)
+    if fs is not None:
+        raise StatusError(400, f"{t.path}: is on {fs}, a kernel pseudo file system whose "
+                          "files have no real size; refused")
+
+
 def open_regular(t: Target) -> int:
     if not stat.S_ISREG(t.st.st_mode):
         raise StatusError(400, f"{t.path}: not a regular file or directory "
                           f"({file_type(t.st.st_mode)}); refused")
+    refuse_pseudo(t)
     return reopen(t.fd, os.O_RDONLY)
+
+
+def open_dir(t: Target) -> int:
+    """A readable fd of the requested directory, unless it is on a pseudo file system."""
+    refuse_pseudo(t)
+    return reopen(t.fd, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def _why(exc: OSError) -> str:
+    """The skip reason for an entry that could not be opened."""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return f"changed while being read: {exc.strerror}"
+
+
+def _open_child_dir(dfd: int, name: str) -> int | None:
+    """An fd of subdirectory ``name``; None when it is on a pseudo file system."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    if pseudo_fs(fd) is not None:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _names(dfd: int, limits: CopyLimits, seen: int) -> list[str]:
@@ -128,7 +166,7 @@ def measure(dir_fd: int, limits: CopyLimits) -> tuple[int, int]:
                     entries += 1
                     try:
                         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    except FileNotFoundError:
+                    except OSError:  # gone, or not searchable by the container's user
                         continue
                     if stat.S_ISREG(st.st_mode):
                         size += st.st_size
@@ -140,11 +178,11 @@ def measure(dir_fd: int, limits: CopyLimits) -> tuple[int, int]:
                             raise StatusError(413, f"directory is nested deeper than "
                                               f"{limits.max_depth} levels")
                         try:
-                            stack.append((os.open(name, os.O_RDONLY | os.O_DIRECTORY
-                                                  | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd),
-                                          depth + 1))
+                            cfd = _open_child_dir(dfd, name)
                         except OSError:
                             continue
+                        if cfd is not None:
+                            stack.append((cfd, depth + 1))
             finally:
                 os.close(dfd)
     finally:
@@ -214,6 +252,9 @@ class TarWalker:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # a directory its user may list but not search
+                self.skip(rel, "unknown", _why(exc))
+                continue
             uid, gid = self._ids(st)
             common: dict[str, Any] = {"mode": stat.S_IMODE(st.st_mode), "uid": uid, "gid": gid,
                                       "mtime_ns": st.st_mtime_ns}
@@ -221,10 +262,12 @@ class TarWalker:
                 if depth + 1 > self.limits.max_depth:
                     raise StatusError(413, "directory grew deeper than the copy limit")
                 try:
-                    cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                  | os.O_CLOEXEC, dir_fd=dfd)
+                    cfd = _open_child_dir(dfd, name)
                 except OSError as exc:
-                    self.skip(rel, "dir", f"changed while being read: {exc.strerror}")
+                    self.skip(rel, "dir", _why(exc))
+                    continue
+                if cfd is None:
+                    self.skip(rel, "dir", PSEUDO_REASON)
                     continue
                 try:
                     self._count()
@@ -236,7 +279,7 @@ class TarWalker:
                 try:
                     target = os.readlink(name, dir_fd=dfd)
                 except OSError as exc:
-                    self.skip(rel, "symlink", f"changed while being read: {exc.strerror}")
+                    self.skip(rel, "symlink", _why(exc))
                     continue
                 self._count()
                 yield ts.header(rel, ts.SYM, linkname=target, **common)
@@ -249,12 +292,15 @@ class TarWalker:
         try:
             pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except OSError as exc:
-            self.skip(rel, "file", f"changed while being read: {exc.strerror}")
+            self.skip(rel, "file", _why(exc))
             return
         try:
             st = os.fstat(pfd)
             if not stat.S_ISREG(st.st_mode):
                 self.skip(rel, file_type(st.st_mode), "changed while being read")
+                return
+            if pseudo_fs(pfd) is not None:  # a pseudo file bind-mounted into the tree
+                self.skip(rel, "file", PSEUDO_REASON)
                 return
             key = (st.st_dev, st.st_ino)
             if st.st_nlink > 1:
@@ -263,8 +309,13 @@ class TarWalker:
                     self._count()
                     yield ts.header(rel, ts.LNK, linkname=first, **common)
                     return
+            try:
+                fd = reopen(pfd, os.O_RDONLY)
+            except OSError as exc:  # e.g. a file the container's user may not read
+                self.skip(rel, "file", _why(exc))
+                return
+            if st.st_nlink > 1:
                 self.links[key] = rel
-            fd = reopen(pfd, os.O_RDONLY)
         finally:
             os.close(pfd)
         try:

@@ -6,6 +6,9 @@ checked by :func:`clean_path` and resolved with openat2(RESOLVE_IN_ROOT |
 RESOLVE_NO_MAGICLINKS) on the dirfd: '/', '..' and absolute symlinks stop at
 the container root and /proc magic links are refused. Methods block; callers
 run them in worker threads.
+
+``creds`` is the identity copies act as (see aggapi.agent.copy.creds): the
+container process's, or None to act as the agent (root; ``--copy-as-root``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import select
 from dataclasses import dataclass, field
 
 from aggapi.agent.copy import openat2 as o2
+from aggapi.agent.copy.creds import Creds
 from aggapi.agent.copy.idmap import IdMap
 from aggapi.status import StatusError
 
@@ -69,7 +73,27 @@ class FsRoot:
     container_id: str = ""
     pod_uid: str = ""
     container_name: str = ""
+    creds: Creds | None = None
     closed: bool = False
+
+    @property
+    def as_user(self) -> bool:
+        """Copies act as an unprivileged user: the kernel checks every permission."""
+        return self.creds is not None and not self.creds.privileged
+
+    def default_ids(self) -> tuple[int, int]:
+        """Host (uid, gid) new files get when the upload names none: the user copies
+        act as, or the container's root (as docker cp) when acting as root."""
+        if self.creds is not None:
+            return self.creds.uid, self.creds.gid
+        return self.uid_map.to_host(0, "uid"), self.gid_map.to_host(0, "gid")
+
+    def who(self) -> str:
+        """The identity copies act as, in the container's ids, for messages and logs."""
+        if self.creds is None:
+            return "root (--copy-as-root)"
+        return (f"uid {self.uid_map.to_container(self.creds.uid)} "
+                f"gid {self.gid_map.to_container(self.creds.gid)}")
 
     def alive(self) -> bool:
         """False once the container's process exited (pidfd turns readable)."""

@@ -50,6 +50,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from aggapi.agent import appkeys
+from aggapi.agent.copy import creds
 from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
 from aggapi.agent.copy.fserrors import fs_status
@@ -157,7 +158,12 @@ def _state(request: web.Request) -> CopyState:
 async def _container(state: CopyState, cap: CapabilityLike, name: str) -> AsyncIterator[FsRoot]:
     root = await state.resolver.resolve(cap.pod_uid, name)
     try:
-        yield root
+        with creds.serving(root.creds):  # every worker call of this copy acts as its user
+            yield root
+    except StatusError as exc:
+        if exc.code == 403 and root.as_user and root.who() not in exc.message:
+            exc.message += f" (copies act as the container's user, {root.who()})"
+        raise
     finally:
         root.close()
 
@@ -274,7 +280,7 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
                     t: dl.Target) -> web.StreamResponse:
     run = state.workers.run
     try:
-        dfd = await run(dl.reopen, t.fd, os.O_RDONLY | os.O_DIRECTORY)
+        dfd = await run(dl.open_dir, t)
     except OSError as exc:
         raise fs_status(exc, t.path) from exc
     try:

@@ -32,6 +32,8 @@ UNDER_TARGET = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
 RENAME_NOREPLACE = 1
 AT_EMPTY_PATH = 0x1000
+AT_SYMLINK_FOLLOW = 0x400
+AT_FDCWD = -100
 
 _EAGAIN_RETRIES = 32
 
@@ -96,8 +98,15 @@ def renameat2(olddirfd: int, oldname: str, newdirfd: int, newname: str, flags: i
 def link_fd(fd: int, newdirfd: int, newname: str) -> None:
     """Give the inode behind ``fd`` (an O_PATH fd is enough) a new name.
 
-    AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH, which the privileged agent has."""
-    if _linkat(fd, b"", newdirfd, os.fsencode(newname), AT_EMPTY_PATH) != 0:
+    AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH, which a thread acting as the container's
+    user (non-zero fsuid) lacks on kernels before 6.10 (ENOENT): it then links
+    through its own /proc/self/fd entry, which names the same inode."""
+    if _linkat(fd, b"", newdirfd, os.fsencode(newname), AT_EMPTY_PATH) == 0:
+        return
+    if ctypes.get_errno() not in (errno.ENOENT, errno.EPERM):
+        _raise("linkat", newname)
+    if _linkat(AT_FDCWD, f"/proc/self/fd/{fd}".encode(), newdirfd, os.fsencode(newname),
+               AT_SYMLINK_FOLLOW) != 0:
         _raise("linkat", newname)
 
 

@@ -15,7 +15,9 @@ renamed into place only after the whole tar was read and its size and sha256
 checked; a hard link may only name an earlier regular file of the same tar.
 Device nodes and FIFOs are refused. Missing directories are created as the tar
 goes and removed again if the upload fails. Tar entry modes lose setuid/setgid;
-owners are the uid=/gid= parameters or the container's root (as docker cp).
+owners are the uid=/gid= parameters or the user the copy acts as (the container
+process's; its root under --copy-as-root, as docker cp), and the kernel decides,
+as that user, whether the owner may be set.
 """
 
 from __future__ import annotations
@@ -216,8 +218,9 @@ class TarExtractor:
 
     def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
         o = self.params.owner
-        return (self.root.uid_map.to_host(o.uid if o.uid is not None else 0, "uid"),
-                self.root.gid_map.to_host(o.gid if o.gid is not None else 0, "gid"))
+        duid, dgid = self.root.default_ids()
+        return (self.root.uid_map.to_host(o.uid, "uid") if o.uid is not None else duid,
+                self.root.gid_map.to_host(o.gid, "gid") if o.gid is not None else dgid)
 
     def open_parent(self, rel: str) -> int:
         """An fd on directory ``rel`` under the target, created (mkdir -p) if missing."""
@@ -387,7 +390,7 @@ def open_target_dir(root: FsRoot, path: str) -> tuple[int, str | None]:
     try:
         os.mkdir(name, 0o755, dir_fd=pfd)
         fd = o2.openat2(pfd, name, RDIR | os.O_NOFOLLOW, o2.UNDER_TARGET)
-        os.fchown(fd, root.uid_map.to_host(0), root.gid_map.to_host(0))
+        os.fchown(fd, *root.default_ids())
         return fd, name
     finally:
         os.close(pfd)

@@ -1,7 +1,7 @@
 """The copy engine's escape and failure proofs against real runc containers.
 
 Pods are run through CRI the way kubelet runs them (kubelet's labels, see
-aggapi.testing.pods) from the busybox image the session builds and pushes to
+tests.framework.pods) from the busybox image the session builds and pushes to
 the test registry; every copy goes through the agent's real HTTPS API with a
 capability token. Our CRI client has no exec, so hostile layouts are made on
 the host side of a bind mount (a host temp dir at /data in the container) and,
@@ -44,13 +44,13 @@ from aiohttp import web
 
 from aggapi.capability import CapabilitySigner
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.pods import ContainerSpec, PodRunner, RunningPod
 from tests.agent.agentserver import NODE, Agent, client_ssl, pki, run_agent
 from tests.agent.copy.conftest import HeldBody, snapshot, temp_leftovers
 from tests.agent.copy.test_escape_corpus import CORPUS, VICTIM, Case, build_tree
+from tests.framework.containerd import Containerd
+from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
+from tests.framework.repo import REPO
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 POD = "p"  # the pod name Agent.token puts in its capabilities
 BB = "/bin/busybox"
 ESCAPE_NAMES = ("x", "new", "harmless", "short", "h", "l", "null", "sda", "p", "big", "f",
@@ -345,7 +345,7 @@ class AgentProcess:
 
     def spawn(self, port: int) -> subprocess.Popen[bytes]:
         with open(self.log, "ab") as out:
-            return subprocess.Popen([*self.args, "--secure-port", str(port)], cwd=REPO_ROOT,
+            return subprocess.Popen([*self.args, "--secure-port", str(port)], cwd=REPO,
                                     stdout=out, stderr=subprocess.STDOUT)
 
     async def start(self, timeout: float = 30.0) -> None:

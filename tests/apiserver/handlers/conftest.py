@@ -20,9 +20,9 @@ import pytest
 from aggapi import certs as aggapi_certs
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing.fakekube import FakeKube
-from aggapi.testing.frontproxy import FrontProxy
 from tests.agent.agentserver import NODE, Agent, run_agent
+from tests.framework.fakekube import FakeKube
+from tests.framework.frontproxy import FrontProxy
 
 from ..conftest import ALICE, FRONT_PROXY_CN, GV, Server
 

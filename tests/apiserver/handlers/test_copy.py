@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aggapi.testing.pods import ContainerSpec, PodRunner, RunningPod
+from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 
 from .conftest import Stack, pod_object
 

@@ -18,8 +18,8 @@ from aggapi.agent.progress.model import PHASE_ORDER
 from aggapi.apiserver import appkeys as server_keys
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeCallError
-from aggapi.testing.throttle import ThrottleProxy
 from tests.agent.agentserver import NODE, run_agent
+from tests.framework.throttle import ThrottleProxy
 
 from .conftest import Stack, endpoint_slice, pod_object
 

@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing.throttle import ThrottleProxy
 from tests.agent.agentserver import NODE
+from tests.framework.throttle import ThrottleProxy
 
 from ..conftest import GV
 from .conftest import Stack, pod_object

@@ -1,4 +1,4 @@
-"""e2e with a real kubelet (aggapi.testing.kubelet) on the harness node.
+"""e2e with a real kubelet (tests.framework.kubelet) on the harness node.
 
 Reuses ``control_plane``, ``node`` and ``node_agent`` from tests/e2e/conftest.py. The
 kubelet is module-scoped: the CRI stand-in's pods (other modules) carry kubelet's labels,
@@ -20,11 +20,13 @@ from typing import Any
 
 import pytest
 
-from aggapi.testing import oci
-from aggapi.testing.controlplane import REPO, ControlPlane, Proc, binary
-from aggapi.testing.kubelet import Kubelet, pod_manifest
-from aggapi.testing.kubelet import forget_images as forget_images_async
-from aggapi.testing.node import OCI_CACHE, Node
+from tests.framework import oci
+from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.kubelet import Kubelet, pod_manifest
+from tests.framework.kubelet import forget_images as forget_images_async
+from tests.framework.node import OCI_CACHE, Node
+from tests.framework.procs import Proc
+from tests.framework.repo import REPO
 
 GV = "/apis/subresources.aggapi.io/v1alpha1"
 MiB = 1 << 20
@@ -34,7 +36,7 @@ MiB = 1 << 20
 class KImages:
     """Repositories (no host) pushed for these tests; see :func:`kimages`."""
 
-    big: str = "aggapi-test/big:1"          # ~150 MB, from aggapi.testing.node
+    big: str = "aggapi-test/big:1"          # ~150 MB, from tests.framework.node
     kep_a: str = "aggapi-test/kep-a:1"      # 40 MiB each, distinct layers
     kep_b: str = "aggapi-test/kep-b:1"
     init: str = "aggapi-test/init:1"        # three small distinct images

@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aggapi.testing.controlplane import REPO, ControlPlane, binary
-from aggapi.testing.kubelet import Kubelet
-from aggapi.testing.node import Node
 from tests.e2e.kubelet.conftest import create_pods, delete_pods, pod, wait_running
+from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.kubelet import Kubelet
+from tests.framework.node import Node
+from tests.framework.repo import REPO
 
 
 def _ncp(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:

@@ -7,9 +7,6 @@ from typing import Any
 
 import pytest
 
-from aggapi.testing.controlplane import ControlPlane
-from aggapi.testing.kubelet import Kubelet
-from aggapi.testing.node import Node
 from tests.e2e.kubelet.conftest import (
     KImages,
     ProgressStream,
@@ -23,6 +20,9 @@ from tests.e2e.kubelet.conftest import (
     pod,
     wait_for,
 )
+from tests.framework.controlplane import ControlPlane
+from tests.framework.kubelet import Kubelet
+from tests.framework.node import Node
 
 MiB = 1 << 20
 

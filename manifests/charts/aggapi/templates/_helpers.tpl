@@ -219,6 +219,9 @@ container port it targets. */}}
 - --copies-per-pod={{ .Values.agent.copiesPerPod }}
 - --copies-per-node={{ .Values.agent.copiesPerNode }}
 - --copy-state-dir={{ .Values.agent.copyStateDir }}
+{{- if .Values.agent.copyAsRoot }}
+- --copy-as-root
+{{- end }}
 - --health-port={{ .Values.agent.healthPort }}
 - --log-level={{ .Values.agent.logLevel }}
 {{- range .Values.agent.extraArgs }}

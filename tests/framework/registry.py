@@ -10,7 +10,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import urllib.error
@@ -18,16 +17,9 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from aggapi.testing.procs import start_logged
+from tests.framework.procs import free_port, start_logged
 
 BINARY = "/usr/bin/docker-registry"
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now (the caller binds it soon after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Registry:

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[2] / "aggapi"
-MAINS = sorted(p for p in PKG.rglob("*.py") if 'if __name__ == "__main__"' in p.read_text())
+from tests.framework.repo import REPO
+
+# The product's CLIs and the harness's (tests/framework: controlplane, node, kubelet, demo).
+MAINS = sorted(p for d in (REPO / "aggapi", REPO / "tests/framework") for p in d.rglob("*.py")
+               if 'if __name__ == "__main__"' in p.read_text())
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
@@ -22,7 +25,7 @@ def test_there_are_runnable_modules() -> None:
     assert len(MAINS) >= 4  # controlplane, node, kubelet, demo at least
 
 
-@pytest.mark.parametrize("path", MAINS, ids=lambda p: str(p.relative_to(PKG.parent)))
+@pytest.mark.parametrize("path", MAINS, ids=lambda p: str(p.relative_to(REPO)))
 def test_main_guard_comes_last(path: Path) -> None:
     body = ast.parse(path.read_text()).body
     guards = [i for i, node in enumerate(body) if _is_main_guard(node)]

@@ -25,7 +25,7 @@ from types import TracebackType
 
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing.procs import start_logged
+from tests.framework.procs import start_logged
 
 BINARY = "/usr/bin/containerd"
 RUNC = "/usr/sbin/runc"
@@ -91,7 +91,7 @@ class Containerd:
                                            else "native")
         self.binary = binary
         self.runc = runc
-        # Pods created through aggapi.testing.pods go under this cgroup, so stop()
+        # Pods created through tests.framework.pods go under this cgroup, so stop()
         # can remove every cgroup our containers made.
         self.cgroup_parent = f"/aggapi-test-{uuid.uuid4().hex[:8]}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -203,7 +203,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def stop(self) -> None:
         """Stop containerd, then clean up what it and its shims left behind.
 
-        Remove pods first (aggapi.testing.pods) for a clean stop; this is the net
+        Remove pods first (tests.framework.pods) for a clean stop; this is the net
         for a test that crashed before doing so.
         """
         shims = self.shim_pids()

@@ -1,4 +1,4 @@
-"""A kubelet stand-in for the harness node (no kubelet runs yet).
+"""A kubelet stand-in for the harness node: fast, deterministic pods without a kubelet.
 
 It does what kubelet would for a pod bound to the node, against the real kube-apiserver
 and the node's real containerd:
@@ -12,12 +12,13 @@ and the node's real containerd:
   "Error: ErrImagePull"), ``BackOff`` ("Back-off pulling image ..."), then
   "Error: ImagePullBackOff";
 - runs the sandbox and containers through CRI with kubelet's labels and the Pod's real
-  uid (aggapi.testing.pods.PodRunner), host network;
+  uid (tests.framework.pods.PodRunner), host network;
 - patches ``status`` as kubelet does: Pending/ContainerCreating, ErrImagePull /
   ImagePullBackOff, Running with container IDs and image IDs, terminated when stopped.
 
-The node side (containerd, registry, agent) is aggapi.testing.node; a real kubelet can
-replace this module without touching it.
+The node side (containerd, registry, agent) is tests.framework.node; the real kubelet
+(tests.framework.kubelet) runs on the same node. It talks to kube-apiserver with the
+product's own client, aggapi.kube.
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
-
+from aggapi.kube import KubeClient, KubeError, load_client, path_segment
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeCallError
-from aggapi.testing.pods import ContainerSpec, PodRunner, RunningPod
+from tests.framework.node import Node
+from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 
 CONTAINERD = "containerd://"
 T = TypeVar("T")
@@ -44,6 +44,11 @@ T = TypeVar("T")
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def pods_path(namespace: str, name: str = "") -> str:
+    base = f"/api/v1/namespaces/{path_segment(namespace)}/pods"
+    return f"{base}/{path_segment(name)}" if name else base
 
 
 @dataclass
@@ -72,23 +77,20 @@ class StandinKubelet:
         self.cri_address = cri_address
         self.cgroup_parent = cgroup_parent
         self.log_root = log_root
-        self._api: client.ApiClient | None = None
+        self._kube: KubeClient | None = None
         self._cri: CRIClient | None = None
         self._runner: PodRunner | None = None
         self.pods: dict[tuple[str, str], StandinPod] = {}
 
     @classmethod
-    def for_node(cls, node: Any) -> StandinKubelet:
-        """For an aggapi.testing.node.Node (duck-typed: no import cycle with its users)."""
+    def for_node(cls, node: Node) -> StandinKubelet:
+        """For the node's pods, as the control plane's admin."""
         return cls(node.cp.admin_kubeconfig, node_name=node.name,
                    node_address=node.cp.node_host.address, cri_address=node.cri_address,
                    cgroup_parent=node.info.cgroup_parent, log_root=node.pods_dir)
 
     async def __aenter__(self) -> StandinKubelet:
-        # kubernetes_asyncio, not aggapi.kube: callers (aggapi.testing.demo) use ``core``.
-        cfg = client.Configuration()
-        await config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
-        self._api = client.ApiClient(configuration=cfg)
+        self._kube = await load_client(self.kubeconfig)
         self._cri = CRIClient(self.cri_address)
         self._runner = PodRunner(self._cri, cgroup_parent=self.cgroup_parent,
                                  log_root=self.log_root)
@@ -97,13 +99,13 @@ class StandinKubelet:
     async def __aexit__(self, *exc: object) -> None:
         if self._cri is not None:
             await self._cri.close()
-        if self._api is not None:
-            await self._api.close()
+        if self._kube is not None:
+            await self._kube.close()
 
     @property
-    def core(self) -> Any:  # raw-JSON calls (_preload_content=False): untyped
-        assert self._api is not None, "use StandinKubelet as an async context manager"
-        return client.CoreV1Api(self._api)
+    def kube(self) -> KubeClient:
+        assert self._kube is not None, "use StandinKubelet as an async context manager"
+        return self._kube
 
     @property
     def cri(self) -> CRIClient:
@@ -136,8 +138,7 @@ class StandinKubelet:
                              "labels": dict(labels or {"app.kubernetes.io/part-of":
                                                        "aggapi-standin"})},
                 "spec": spec}
-        obj = await _json(await self.core.create_namespaced_pod(namespace, body,
-                                                                _preload_content=False))
+        obj = await self.kube.post(pods_path(namespace), body)
         pod = StandinPod(name, namespace, obj["metadata"]["uid"], tuple(containers), obj)
         self.pods[(namespace, name)] = pod
         if node == self.node_name:
@@ -229,10 +230,9 @@ class StandinKubelet:
         if pod.running is not None and self._runner is not None:
             await self._runner.remove_pod(pod.running)
             pod.running = None
-        with contextlib.suppress(ApiException):
-            resp = await self.core.delete_namespaced_pod(
-                pod.name, pod.namespace, grace_period_seconds=0, _preload_content=False)
-            resp.release()
+        with contextlib.suppress(KubeError):
+            await self.kube.delete(pods_path(pod.namespace, pod.name),
+                                   {"gracePeriodSeconds": 0})
         self.pods.pop((pod.namespace, pod.name), None)
 
     async def delete_all(self) -> None:
@@ -262,9 +262,7 @@ class StandinKubelet:
             "reportingComponent": "kubelet", "reportingInstance": self.node_name,
             "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
         }
-        resp = await self.core.create_namespaced_event(pod.namespace, body,
-                                                       _preload_content=False)
-        resp.release()
+        await self.kube.post(f"/api/v1/namespaces/{path_segment(pod.namespace)}/events", body)
 
     async def _status(self, pod: StandinPod, *, phase: str, ready: bool = False,
                       containers: Mapping[str, Mapping[str, Any]]) -> None:
@@ -295,20 +293,8 @@ class StandinKubelet:
         old_start = (pod.obj.get("status") or {}).get("startTime")
         if old_start:
             status["startTime"] = old_start
-        resp = await self.core.patch_namespaced_pod_status(
-            pod.name, pod.namespace, {"status": status}, _preload_content=False,
-            _content_type="application/merge-patch+json")
-        pod.obj = await _json(resp)
-
-
-async def _json(resp: Any) -> dict[str, Any]:
-    try:
-        if not 200 <= resp.status <= 299:
-            raise ApiException(status=resp.status, reason=f"{resp.reason}: {await resp.text()}")
-        data: dict[str, Any] = await resp.json()
-        return data
-    finally:
-        resp.release()
+        pod.obj = await self.kube.patch(pods_path(pod.namespace, pod.name) + "/status",
+                                        {"status": status})
 
 
 async def wait_for(pred: Any, timeout: float, interval: float = 0.1) -> None:
@@ -326,7 +312,7 @@ class SyncStandin:
     has a running loop. ``call`` waits; ``spawn`` returns a future (a pull in the
     background)."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="standin")
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from aggapi.testing import oci
-from aggapi.testing.registry import Registry
-from aggapi.testing.throttle import ThrottleProxy
+from tests.framework import oci
+from tests.framework.registry import Registry
+from tests.framework.throttle import ThrottleProxy
 
 MiB = 1024 * 1024
 

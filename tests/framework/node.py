@@ -2,7 +2,7 @@
 proxy, the test images, and ``aggapi agent`` in the node's network namespace.
 
 Reusable by anything that runs pods on the harness node: the kubelet stand-in
-(aggapi.testing.standin), the demo (aggapi.testing.demo), the e2e fixtures, and later a
+(tests.framework.standin), the demo (tests.framework.demo), the e2e fixtures, and later a
 real kubelet (point it at :attr:`Node.cri_address`). Nothing here creates Kubernetes
 objects or pods.
 
@@ -22,6 +22,7 @@ Every process is started in its own session with a pidfile in the control plane'
 containerd runs in the host network namespace: it pulls from 127.0.0.1 (registry, proxy)
 and the agent reaches its unix socket by path from the node namespace. Built layers are
 cached in ``<repo>/.local/oci-cache`` (the ~150 MB random layers are built once).
+What is on disk, and the teardown from there, is tests.framework.nodestate.
 """
 
 from __future__ import annotations
@@ -30,27 +31,22 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aggapi.testing import oci
-from aggapi.testing.containerd import Containerd
-from aggapi.testing.controlplane import (
-    REPO,
-    ControlPlane,
-    ControlPlaneError,
-    Proc,
-    spawn,
-    wait_ready,
-)
-from aggapi.testing.throttle import ThrottleProxy
+from tests.framework import nodestate, oci
+from tests.framework.containerd import Containerd
+from tests.framework.controlplane import ControlPlane
+from tests.framework.nodestate import NodeInfo
+from tests.framework.procs import HarnessError, Proc, free_port, spawn, wait_ready
+from tests.framework.repo import REPO, python_env
+from tests.framework.throttle import ThrottleProxy
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 NEEDED = ["/usr/bin/containerd", "/usr/sbin/runc", REGISTRY_BIN, "/bin/busybox"]
@@ -63,13 +59,6 @@ def log(msg: str) -> None:
     print(f"node: {msg}", file=sys.stderr, flush=True)
 
 
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def ensure_runtime_deps() -> None:
     """hack/install-deps.sh if containerd, runc, the registry or busybox is missing."""
     if all(Path(b).exists() for b in NEEDED):
@@ -77,7 +66,7 @@ def ensure_runtime_deps() -> None:
     subprocess.run(["bash", str(REPO / "hack/install-deps.sh")], check=True)
     missing = [b for b in NEEDED if not Path(b).exists()]
     if missing:
-        raise ControlPlaneError(f"still missing after hack/install-deps.sh: {missing}")
+        raise HarnessError(f"still missing after hack/install-deps.sh: {missing}")
 
 
 @dataclass(frozen=True)
@@ -92,24 +81,13 @@ class Images:
     big_layers: tuple[tuple[str, int], ...] = ()  # (digest, size) of big's layers
 
 
-@dataclass
-class NodeInfo:
-    registry_host: str = ""
-    throttle_host: str = ""
-    containerd_dir: str = ""
-    cgroup_parent: str = ""
-    sandbox_image: str = ""
-    snapshotter: str = ""
-    images: dict[str, Any] = field(default_factory=dict)
-
-
 class Node:
     """One harness node: start()/stop() in-process, or load() what another process started."""
 
     def __init__(self, cp: ControlPlane, *, cache_dir: Path = OCI_CACHE,
                  big_layer: int = BIG_LAYER) -> None:
         self.cp = cp
-        self.dir = cp.state / "node"
+        self.dir = nodestate.node_dir(cp.state)
         self.cache_dir = cache_dir
         self.big_layer = big_layer
         self.info = NodeInfo()
@@ -141,7 +119,7 @@ class Node:
         return self.dir / "pods"
 
     def proc(self, what: str) -> Proc:
-        return self.cp.proc(f"node-{what}")
+        return nodestate.node_proc(self.cp.state, what)
 
     # --- lifecycle -------------------------------------------------------------------
     def start(self, *, agent: bool = True, agent_extra: tuple[str, ...] = ()) -> float:
@@ -174,49 +152,35 @@ class Node:
             extra=[f"--copy-state-dir={self.dir / 'inflight'}", *extra])
 
     def stop_agent(self) -> None:
-        self.cp.proc("aggapi-agent").stop()
+        self.cp.proc(nodestate.AGENT_PROC).stop()
 
     def stop(self) -> None:
         """Stop the agent, containerd (and clean up its containers, shims, mounts and
         cgroups), the throttle proxy and the registry; remove the node directory."""
-        self.stop_agent()
-        if not self.info.containerd_dir and (self.dir / "node.json").exists():
-            self._load_info()
-        if self.info.containerd_dir:
-            self._stop_containerd(self.containerd or self._containerd_object(),
-                                  self.proc("containerd"))
-        else:
-            self.proc("containerd").stop()
-        for what in ("throttle", "registry"):
-            self.proc(what).stop()
+        nodestate.teardown(self.cp.state, info=self.info, containerd=self.containerd)
         self.containerd = None
         self.info = NodeInfo()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     @classmethod
     def load(cls, cp: ControlPlane) -> Node:
         """The node another process started (from node.json)."""
         node = cls(cp)
-        node._load_info()
+        node.info = nodestate.load_info(cp.state)
         return node
 
-    def _load_info(self) -> None:
-        raw = json.loads((self.dir / "node.json").read_text())
-        self.info = NodeInfo(**raw)
-
     def _save(self) -> None:
-        (self.dir / "node.json").write_text(json.dumps(asdict(self.info), indent=2) + "\n")
+        nodestate.save_info(self.cp.state, self.info)
 
     def running(self) -> dict[str, int | None]:
-        return {n: self.proc(n).pid() for n in ("registry", "throttle", "containerd")} | {
-            "aggapi-agent": self.cp.proc("aggapi-agent").pid()}
+        return {n: self.proc(n).pid() for n in nodestate.NODE_PROCS} | {
+            nodestate.AGENT_PROC: self.cp.proc(nodestate.AGENT_PROC).pid()}
 
     # --- registry --------------------------------------------------------------------
     def _start_registry(self) -> None:
         proc = self.proc("registry")
         if proc.alive() and self.info.registry_host:
             return
-        port = _free_port()
+        port = free_port()
         d = self.dir / "registry"
         (d / "storage").mkdir(parents=True, exist_ok=True)
         cfg = d / "config.yml"
@@ -273,7 +237,7 @@ class Node:
                                      headers={"Content-Type": media})
         with urllib.request.urlopen(put, timeout=10) as r:
             if r.status != 201:
-                raise ControlPlaneError(f"tag {repo}:{new_tag}: HTTP {r.status}")
+                raise HarnessError(f"tag {repo}:{new_tag}: HTTP {r.status}")
         return f"{repo}:{new_tag}"
 
     # --- throttle --------------------------------------------------------------------
@@ -285,12 +249,12 @@ class Node:
         proc = self.proc("throttle")
         if proc.alive() and self.info.throttle_host:
             return
-        port = _free_port()
+        port = free_port()
         self._throttle_ctl.write_text(json.dumps({"rate": None, "seq": 0}))
         proc = spawn("node-throttle", [
-            sys.executable, "-m", "aggapi.testing.node", "throttle",
+            sys.executable, "-m", "tests.framework.node", "throttle",
             f"--upstream={self.info.registry_host}", f"--port={port}",
-            f"--control={self._throttle_ctl}"], self.cp.state, env=_py_env())
+            f"--control={self._throttle_ctl}"], self.cp.state, env=python_env())
         self.info.throttle_host = f"127.0.0.1:{port}"
         self._save()
         _wait(lambda: _http_ok(f"http://{self.info.throttle_host}/v2/"), 20,
@@ -312,14 +276,6 @@ class Node:
               "throttle rate change", self.proc("throttle"))
 
     # --- containerd ------------------------------------------------------------------
-    def _containerd_object(self) -> Containerd:
-        ctd = Containerd(self.info.containerd_dir or self.dir / "containerd",
-                         sandbox_image=self.info.sandbox_image,
-                         snapshotter=self.info.snapshotter or "native")
-        if self.info.cgroup_parent:
-            ctd.cgroup_parent = self.info.cgroup_parent
-        return ctd
-
     def _start_containerd(self) -> None:
         if self.proc("containerd").alive() and self.info.containerd_dir:
             return
@@ -338,31 +294,28 @@ class Node:
             ctd.start()
         finally:
             if ctd.proc is not None:
-                pid = ctd.proc.pid
-                self.proc("containerd").pidfile.write_text(f"{pid} {_start_time(pid)}\n")
+                self.proc("containerd").record(ctd.proc.pid)
 
-    def _stop_containerd(self, ctd: Containerd, proc: Proc) -> None:
-        # Containers first (runc delete, kill what is left in our cgroups), then the
-        # daemon by PID, then shims, mounts and cgroups: Containerd.stop() with proc=None.
-        ctd._delete_runc_containers()
-        ctd._kill_cgroup_procs()
-        popen, ctd.proc = ctd.proc, None  # may not be our child: stop it by PID
-        proc.stop()
-        if popen is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                popen.wait(5)
-        ctd.stop()
+
+def ensure_node(cp: ControlPlane) -> Node:
+    """The node of ``cp``, running with its agent: the one started earlier (by any
+    process) if its processes are alive, else a fresh one."""
+    if nodestate.has_node(cp.state):
+        node = Node.load(cp)
+        if all(node.proc(n).alive() for n in nodestate.NODE_PROCS):
+            node.start_agent()
+            return node
+        log("node state found but processes are gone: restarting the node")
+        node.stop()
+    node = Node(cp)
+    took = node.start()
+    log(f"node up in {took:.1f}s: containerd {node.cri_address}, registry "
+        f"{node.info.registry_host}, throttle proxy {node.info.throttle_host}, agent "
+        f"{cp.node_host.address} (netns {cp.node_host.netns})")
+    return node
 
 
 # --- helpers -------------------------------------------------------------------------
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _http_ok(url: str) -> bool:
     try:
@@ -374,13 +327,6 @@ def _http_ok(url: str) -> bool:
 
 def _wait(ok: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
     wait_ready(ok, timeout, what, proc, poll=0.05)
-
-
-def _py_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 # --- the throttle proxy as a process ------------------------------------------------
@@ -408,7 +354,7 @@ def _serve_throttle(upstream: str, port: int, control: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.node", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m tests.framework.node", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("throttle", help="run the throttle proxy (started by Node.start)")
@@ -429,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"node up in {took:.1f}s: containerd {node.cri_address}, "
             f"registry {node.info.registry_host}, throttle {node.info.throttle_host}")
     elif a.command == "down":
-        if (cp.state / "node/node.json").exists():
+        if nodestate.has_node(cp.state):
             Node.load(cp).stop()
     else:
         print(json.dumps(Node.load(cp).running(), indent=2))

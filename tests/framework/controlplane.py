@@ -1,6 +1,6 @@
 """A real control plane on this machine: etcd + kube-apiserver, aggapi's objects, netns hosts.
 
-Used by ``hack/local-up.sh`` (``python3 -m aggapi.testing.controlplane up|down|env|status``)
+Used by ``hack/local-up.sh`` (``python3 -m tests.framework.controlplane up|down|env|status``)
 and by the e2e fixtures in ``tests/e2e/conftest.py``.
 
 Layout (instance ``local`` uses 10.251.0.0/24, ``e2e`` 10.251.1.0/24; all state lives in
@@ -15,7 +15,7 @@ Layout (instance ``local`` uses 10.251.0.0/24, ``e2e`` 10.251.1.0/24; all state 
 
 Finding (kube-apiserver v1.34, tested by ``loopback_endpoints_rejected``): an
 EndpointSlice or Endpoints address 127.0.0.1 is refused ("may not be in the loopback
-range"), hence the network namespaces (see aggapi/testing/netns.py).
+range"), hence the network namespaces (see tests/framework/netns.py).
 
 Identity of the local aggapi apiserver: a client certificate (cluster CA) for user
 ``system:serviceaccount:aggapi:aggapi-apiserver`` with the service-account groups. RBAC
@@ -28,7 +28,7 @@ Authentication: client certs of the cluster CA; anonymous only for /livez, /read
 /healthz (AuthenticationConfiguration), so any other unauthenticated request is a 401.
 No kube-controller-manager, scheduler, kubelet or kube-proxy runs: the harness creates the
 ServiceAccounts ``default``, the Node (status Ready) and the EndpointSlices itself.
-containerd, the registry and the demo are not started here (aggapi.testing.* fixtures).
+containerd, the registry and the demo are not started here (tests.framework.* fixtures).
 
 Every process is started in its own session with a pidfile (pid + start time) and is
 stopped by that PID only.
@@ -38,13 +38,11 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import functools
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -58,9 +56,11 @@ from pathlib import Path
 from typing import Any
 
 from aggapi import certs, pki
-from aggapi.testing.netns import Host, Network
+from tests.framework import nodestate
+from tests.framework.netns import Host, Network
+from tests.framework.procs import HarnessError, Proc, free_port, spawn, wait_ready
+from tests.framework.repo import REPO, python_env
 
-REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "aggapi"
 APISERVER_SERVICE = "aggapi"
 AGENT_SERVICE = "aggapi-agent"
@@ -85,10 +85,6 @@ INSTANCES = {"local": 0, "e2e": 1, "parallel": 3}
 # mallory: no binding (hack/local/rbac.yaml).
 DEFAULT_USERS: dict[str, list[str]] = {"alice": ["aggapi-e2e"], "victor": ["aggapi-e2e-view"],
                                        "mallory": []}
-
-
-class ControlPlaneError(RuntimeError):
-    pass
 
 
 def log(msg: str) -> None:
@@ -116,14 +112,8 @@ def binary(name: str, *, build: bool = True) -> str:
     if not link.exists() and build:
         subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), name], check=True)
     if not link.exists():
-        raise ControlPlaneError(f"{name} not found: run hack/build-binaries.sh")
+        raise HarnessError(f"{name} not found: run hack/build-binaries.sh")
     return str(link)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @functools.cache
@@ -132,87 +122,6 @@ def supported_flags(command: str) -> frozenset[str]:
     cp = subprocess.run([sys.executable, "-m", "aggapi", command, "--help"], text=True,
                         capture_output=True, cwd=REPO)
     return frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", cp.stdout))
-
-
-# --- processes -----------------------------------------------------------------------
-
-def _start_time(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22: starttime
-
-
-@dataclass
-class Proc:
-    """A process we started: its pidfile holds ``pid starttime`` to survive PID reuse."""
-
-    name: str
-    pidfile: Path
-    logfile: Path
-
-    def pid(self) -> int | None:
-        try:
-            pid_s, start = self.pidfile.read_text().split()
-        except (OSError, ValueError):
-            return None
-        pid = int(pid_s)
-        return pid if _start_time(pid) == start else None
-
-    def alive(self) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return False
-        return state != "Z"
-
-    def stop(self, timeout: float = 10.0) -> None:
-        pid = self.pid()
-        if pid is not None:
-            # Our processes lead their own session: signal that process group, by our PID.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if self.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-        self.pidfile.unlink(missing_ok=True)
-
-    def tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-
-def spawn(name: str, argv: Sequence[str], state: Path, *,
-          env: Mapping[str, str] | None = None) -> Proc:
-    (state / "pids").mkdir(parents=True, exist_ok=True)
-    (state / "logs").mkdir(parents=True, exist_ok=True)
-    proc = Proc(name, state / "pids" / f"{name}.pid", state / "logs" / f"{name}.log")
-    if proc.alive():
-        raise ControlPlaneError(f"{name} already running (pid {proc.pid()})")
-    with open(proc.logfile, "ab") as out:
-        out.write(f"\n--- {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
-        out.flush()
-        p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                             start_new_session=True, env=dict(env) if env else None)
-    start = None
-    for _ in range(100):
-        start = _start_time(p.pid)
-        if start:
-            break
-        time.sleep(0.01)
-    proc.pidfile.write_text(f"{p.pid} {start}\n")
-    return proc
 
 
 # --- kubeconfig ----------------------------------------------------------------------
@@ -243,7 +152,7 @@ class ControlPlane:
 
     def __post_init__(self) -> None:
         if self.instance not in INSTANCES:
-            raise ControlPlaneError(f"instance must be one of {sorted(INSTANCES)}")
+            raise HarnessError(f"instance must be one of {sorted(INSTANCES)}")
         if self.state == Path():
             base = os.environ.get("AGGAPI_CONTROLPLANE_DIR") or str(REPO / ".local/controlplane")
             self.state = Path(base) / self.instance
@@ -273,7 +182,7 @@ class ControlPlane:
         return self.state / "users" / f"{user}.kubeconfig"
 
     def proc(self, name: str) -> Proc:
-        return Proc(name, self.state / "pids" / f"{name}.pid", self.state / "logs" / f"{name}.log")
+        return Proc.named(self.state, name)
 
     def env(self) -> dict[str, str]:
         return {
@@ -449,7 +358,7 @@ class ControlPlane:
         cp = subprocess.run([binary("kubectl"), f"--kubeconfig={kc}", *args], input=input,
                             text=True, capture_output=True, timeout=120)
         if check and cp.returncode != 0:
-            raise ControlPlaneError(f"kubectl {' '.join(args)}: {cp.stderr.strip()}")
+            raise HarnessError(f"kubectl {' '.join(args)}: {cp.stderr.strip()}")
         return cp
 
     def apply(self, objs: Sequence[Mapping[str, Any]]) -> None:
@@ -519,7 +428,7 @@ class ControlPlane:
                    ("serviceaccounts.yaml", "rbac-apiserver.yaml", "rbac-aggregated.yaml")]
         missing = [str(f) for f in shipped if not f.exists()]
         if missing:
-            raise ControlPlaneError(f"shipped manifests missing: {missing}")
+            raise HarnessError(f"shipped manifests missing: {missing}")
         return [*shipped, REPO / "hack/local/rbac.yaml"]
 
     def bootstrap(self) -> None:
@@ -565,31 +474,23 @@ class ControlPlane:
             args.append(f"--kubelet-config={kubelet_config}")
         return [*args, *extra]
 
-    def _py_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
     def start_apiserver(self, extra: Sequence[str] = (), *, wait: float = 60.0) -> Proc:
         """Start ``aggapi apiserver`` in its namespace; wait until the APIService is Available."""
         p = self.proc("aggapi-apiserver")
         if not p.alive():
             p = spawn("aggapi-apiserver",
                       [*self.api_host.exec_prefix(), *self.apiserver_args(extra)],
-                      self.state, env=self._py_env())
+                      self.state, env=python_env())
         if wait:
             self._wait(self.apiservice_available, wait, "APIService Available", p)
         return p
 
     def start_agent(self, *, cri_socket: str, wait: float = 30.0, **kw: Any) -> Proc:
         """Start ``aggapi agent`` in the node's namespace; wait until its port accepts."""
-        p = self.proc("aggapi-agent")
+        p = self.proc(nodestate.AGENT_PROC)
         if not p.alive():
-            p = spawn("aggapi-agent", [*self.node_host.exec_prefix(),
-                                       *self.agent_args(cri_socket=cri_socket, **kw)],
-                      self.state, env=self._py_env())
+            argv = [*self.node_host.exec_prefix(), *self.agent_args(cri_socket=cri_socket, **kw)]
+            p = spawn(nodestate.AGENT_PROC, argv, self.state, env=python_env())
         if wait:
             self._wait(lambda: self._port_open(self.node_host.address, AGENT_PORT), wait,
                        "aggapi agent port", p)
@@ -634,19 +535,17 @@ class ControlPlane:
             {**self.env(), "up_seconds": round(took, 2)}, indent=2) + "\n")
         return took
 
-    PROCS = ("aggapi-agent", "aggapi-apiserver", "kube-apiserver", "etcd")
+    PROCS = (nodestate.AGENT_PROC, "aggapi-apiserver", "kube-apiserver", "etcd")
 
     def stop_aggapi(self) -> None:
-        for name in ("aggapi-agent", "aggapi-apiserver"):
+        for name in (nodestate.AGENT_PROC, "aggapi-apiserver"):
             self.proc(name).stop()
 
     def down(self, *, keep_state: bool = False) -> None:
-        if (self.state / "node/node.json").exists():
-            # containerd's containers, shims, mounts and cgroups (aggapi.testing.node).
-            from aggapi.testing.node import Node
-
+        if nodestate.has_node(self.state):
+            # containerd's containers, shims, mounts and cgroups (tests.framework.node).
             try:
-                Node.load(self).stop()
+                nodestate.teardown(self.state)
             except Exception as err:  # the processes below are stopped regardless
                 log(f"node cleanup: {err}")
         pids = self.state / "pids"
@@ -689,22 +588,8 @@ def loopback_endpoints_rejected(cp: ControlPlane) -> dict[str, str]:
     return out
 
 
-def wait_ready(ok: Any, timeout: float, what: str, proc: Proc | None = None,
-               poll: float = 0.25) -> None:
-    """Until ``ok()``; fails early, with its log, if ``proc`` exits meanwhile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ok():
-            return
-        if proc is not None and not proc.alive():
-            raise ControlPlaneError(f"{what}: process exited\n{proc.tail()}")
-        time.sleep(poll)
-    raise ControlPlaneError(f"{what}: not ready after {timeout}s\n"
-                            + (proc.tail() if proc else ""))
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.controlplane",
+    p = argparse.ArgumentParser(prog="python3 -m tests.framework.controlplane",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["up", "down", "env", "status", "probe-loopback",

@@ -274,7 +274,7 @@ def build_image(layers: Sequence[Layer], *, os_: str = "linux", arch: str = "amd
         "os": os_,
         "config": cfg,
         "rootfs": {"type": "layers", "diff_ids": [la.diff_id for la in layers]},
-        "history": [{"created": "2024-01-01T00:00:00Z", "created_by": "aggapi.testing.oci"}
+        "history": [{"created": "2024-01-01T00:00:00Z", "created_by": "tests.framework.oci"}
                     for _ in layers],
     }, MEDIA_CONFIG)
     manifest = Blob.of_json({

@@ -1,4 +1,4 @@
-"""aggapi.testing.containerd: own paths only, and stop() cleans up even when a test
+"""tests.framework.containerd: own paths only, and stop() cleans up even when a test
 left a pod running."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 import os
 from pathlib import Path
 
-from aggapi.testing.containerd import SHIM_SOCKET_DIR, Containerd
-from aggapi.testing.pods import ContainerSpec, PodRunner
-from aggapi.testing.registry import Registry
+from tests.framework.containerd import SHIM_SOCKET_DIR, Containerd
+from tests.framework.pods import ContainerSpec, PodRunner
+from tests.framework.registry import Registry
 
 
 def test_config_uses_own_paths(tmp_path: Path) -> None:

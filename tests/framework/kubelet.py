@@ -1,7 +1,7 @@
 """A real kubelet (v1.34, built by hack/build-binaries.sh) on the harness node.
 
 It runs as root in the host's network and mount namespaces, like a kubelet on a real
-host, against the node's containerd (aggapi.testing.node: CRI v1, runc, cgroupfs on
+host, against the node's containerd (tests.framework.node: CRI v1, runc, cgroupfs on
 this cgroup v1 machine) and registers the control plane's Node object
 (``ControlPlane.node_name``). Pods set ``spec.nodeName``: no scheduler runs.
 
@@ -22,8 +22,8 @@ kube-apiserver needs four flags for exec/attach/cp/logs to reach kubelet
 them when the control plane did not start it so. Everything kubelet's config needed on
 this machine, and why, is in docs/kubelet-harness.md.
 
-CLI: ``python3 -m aggapi.testing.kubelet up|down|status|config [--instance local]``
-(after ``python3 -m aggapi.testing.controlplane up`` and ``python3 -m aggapi.testing.node
+CLI: ``python3 -m tests.framework.kubelet up|down|status|config [--instance local]``
+(after ``python3 -m tests.framework.controlplane up`` and ``python3 -m tests.framework.node
 up``); ``demo`` does all of it for hack/local-up.sh and shows a real pod's pull live.
 """
 
@@ -46,16 +46,11 @@ import yaml
 
 from aggapi import pki
 from aggapi.runtime.cri import CRIClient
-from aggapi.testing.containerd import CGROUP_ROOT
-from aggapi.testing.controlplane import (
-    INSTANCES,
-    ControlPlane,
-    ControlPlaneError,
-    Proc,
-    binary,
-    spawn,
-)
-from aggapi.testing.node import Node
+from tests.framework import nodestate
+from tests.framework.containerd import CGROUP_ROOT
+from tests.framework.controlplane import INSTANCES, ControlPlane, binary, kubeconfig
+from tests.framework.node import Node, ensure_node
+from tests.framework.procs import HarnessError, Proc, spawn
 
 KUBELET_PORT = 10250
 HEALTHZ_PORT = 10248
@@ -171,8 +166,6 @@ class Kubelet:
             pki.issue(ca, user, orgs=["system:nodes"], client=True).write(
                 d / "client.crt", d / "client.key")
         client = pki.load_pair(d / "client.crt", d / "client.key")
-        from aggapi.testing.controlplane import kubeconfig
-
         pki.write_file(self.kubeconfig_path, kubeconfig(
             self.cp.server, ca.cert_pem, client.cert_pem, client.key_pem, user).encode(),
             mode=0o600)
@@ -252,7 +245,7 @@ class Kubelet:
         hierarchy (cpuset needs its cpus and mems filled before tasks can join)."""
         rel = self.node.info.cgroup_parent.lstrip("/")
         if not rel:
-            raise ControlPlaneError("the node has no cgroup parent (node.json)")
+            raise HarnessError("the node has no cgroup parent (node.json)")
         for hier in CGROUP_ROOT.iterdir():
             if not hier.is_dir() or hier.name == "unified" or hier.is_symlink():
                 continue
@@ -315,7 +308,7 @@ class Kubelet:
         """Write PKI, config, CNI; start kubelet; wait until the Node is Ready by it."""
         t0 = time.monotonic()
         if self.proc().alive():
-            raise ControlPlaneError(f"kubelet already running (pid {self.proc().pid()})")
+            raise HarnessError(f"kubelet already running (pid {self.proc().pid()})")
         kubelet_bin = binary("kubelet")
         for d in (self.dir, self.root_dir, self.pod_logs_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -532,8 +525,6 @@ async def forget_images(cri_address: str, *repos: str) -> None:
 def demo(cp: ControlPlane, seconds: float = 35.0) -> None:
     """hack/local-up.sh: node (if not up) + kubelet (if not running), then a real pod whose
     ~150 MB image kubelet pulls through the throttle, its progress shown live."""
-    from aggapi.testing.demo import ensure_node  # the node part of the stand-in demo
-
     node = ensure_node(cp)
     k = Kubelet(cp, node)
     if not k.proc().alive():
@@ -562,7 +553,7 @@ def demo(cp: ControlPlane, seconds: float = 35.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.kubelet", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m tests.framework.kubelet", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["up", "down", "status", "config", "demo"])
     p.add_argument("--instance", default=os.environ.get("AGGAPI_INSTANCE", "local"),
@@ -574,8 +565,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "demo":
         demo(cp)
         return 0
-    if not (cp.state / "node/node.json").exists():
-        raise ControlPlaneError("no node: run python3 -m aggapi.testing.node up first")
+    if not nodestate.has_node(cp.state):
+        raise HarnessError("no node: run python3 -m tests.framework.node up first")
     k = Kubelet(cp, Node.load(cp), serialize_image_pulls=a.serialize_image_pulls == "true",
                 max_parallel_image_pulls=a.max_parallel_image_pulls)
     if a.command == "up":

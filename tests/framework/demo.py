@@ -1,11 +1,11 @@
 """The local demo (hack/local-up.sh): a node, a pod, a throttled pull watched live.
 
-    python3 -m aggapi.testing.demo up      node (containerd, registry, throttle proxy,
+    python3 -m tests.framework.demo up      node (containerd, registry, throttle proxy,
                                            aggapi agent), pod "demo" bound to it through
                                            the kubelet stand-in, a throttled pull of a
                                            ~150 MB image shown live by `kubectl get --raw`
-    python3 -m aggapi.testing.demo pull    the throttled pull again (pod re-created)
-    python3 -m aggapi.testing.demo down    stop the node (by PID) and clean up containers,
+    python3 -m tests.framework.demo pull    the throttled pull again (pod re-created)
+    python3 -m tests.framework.demo down    stop the node (by PID) and clean up containers,
                                            shims, mounts and cgroups
 
 Needs the control plane and aggapi apiserver of instance ``local`` up (hack/local-up.sh
@@ -22,10 +22,11 @@ import sys
 import time
 
 from aggapi import GROUP, VERSION
-from aggapi.testing.controlplane import ControlPlane, binary
-from aggapi.testing.node import Node
-from aggapi.testing.pods import ContainerSpec
-from aggapi.testing.standin import StandinKubelet, StandinPod
+from tests.framework import nodestate
+from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.node import Node, ensure_node
+from tests.framework.pods import ContainerSpec
+from tests.framework.standin import StandinKubelet, StandinPod, pods_path
 
 POD = "demo"
 NAMESPACE = "default"
@@ -36,29 +37,10 @@ def log(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
 
 
-def ensure_node(cp: ControlPlane) -> Node:
-    if (cp.state / "node/node.json").exists():
-        node = Node.load(cp)
-        if all(node.proc(n).alive() for n in ("registry", "throttle", "containerd")):
-            node.start_agent()
-            return node
-        log("node state found but processes are gone: restarting the node")
-        node.stop()
-    node = Node(cp)
-    took = node.start()
-    log(f"node up in {took:.1f}s: containerd {node.cri_address}, registry "
-        f"{node.info.registry_host}, throttle proxy {node.info.throttle_host}, agent "
-        f"{cp.node_host.address} (netns {cp.node_host.netns})")
-    return node
-
-
 async def _reset(kubelet: StandinKubelet, node: Node) -> None:
     """Delete an earlier demo pod and forget its image, so every byte is pulled again."""
-    resp = await kubelet.core.list_namespaced_pod(
-        NAMESPACE, field_selector=f"metadata.name={POD}", _preload_content=False)
-    items = (await resp.json()).get("items") or []
-    resp.release()
-    for obj in items:
+    listed = await kubelet.kube.get(pods_path(NAMESPACE), {"fieldSelector": f"metadata.name={POD}"})
+    for obj in listed.get("items") or []:
         old = StandinPod(POD, NAMESPACE, obj["metadata"]["uid"], (), obj)
         # Its containers: every sandbox labelled with the old uid.
         for sb in await kubelet.cri.list_pod_sandboxes({"io.kubernetes.pod.uid": old.uid}):
@@ -129,7 +111,7 @@ demo: pod {NAMESPACE}/{POD} runs on node {cp.node_name} (kubelet stand-in, conta
   # image pull progress (NDJSON; ends with a Summary line)
   kubectl get --raw {pod}/imagepullprogress
   kubectl get --raw '{pod}/imagepullprogress?granularity=image'
-  python3 -m aggapi.testing.demo pull     # the throttled pull again, live
+  python3 -m tests.framework.demo pull     # the throttled pull again, live
 
   # copy a file in and out (uploads need create on pods/copy and on pods/exec)
   kubectl create --raw '{pod}/copy?container=app&path=/tmp/hosts' -f /etc/hosts
@@ -149,7 +131,7 @@ demo: pod {NAMESPACE}/{POD} runs on node {cp.node_name} (kubelet stand-in, conta
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m aggapi.testing.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m tests.framework.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["up", "pull", "down"])
     p.add_argument("--instance", default=os.environ.get("AGGAPI_INSTANCE", "local"))
@@ -157,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     cp = ControlPlane(instance=a.instance)
     if a.command == "down":
-        if (cp.state / "node/node.json").exists():
+        if nodestate.has_node(cp.state):
             Node.load(cp).stop()
             log("node stopped: agent, containerd (containers, shims, mounts, cgroups), "
                 "throttle proxy, registry")

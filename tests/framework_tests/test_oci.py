@@ -1,4 +1,4 @@
-"""aggapi.testing.oci: digests are real, layers are reproducible, pushes land."""
+"""tests.framework.oci: digests are real, layers are reproducible, pushes land."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from aggapi.testing import oci
-from aggapi.testing.registry import Registry
+from tests.framework import oci
+from tests.framework.registry import Registry
 
 
 def _sha(data: bytes) -> str:

@@ -9,8 +9,9 @@ call is recorded so tests can count them.
     url = await kube.start()
     kube.put("api/v1", "configmaps", {...})
     kube.sar_policy = lambda spec: spec["user"] == "alice"
-    api = kube.kube_client()       # aggapi.kube.KubeClient (the apiserver's client)
-    api = kube.client()            # kubernetes_asyncio ApiClient (the CLI side's library)
+    api = kube.kube_client()       # aggapi.kube.KubeClient, the product's own client
+
+tests/framework_tests/test_fakekube.py checks it against that client.
 """
 
 from __future__ import annotations
@@ -23,14 +24,11 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from aggapi.kube import KubeClient, client_for_url
-
-if TYPE_CHECKING:
-    from kubernetes_asyncio.client import ApiClient
 
 Obj = dict[str, Any]
 # A SAR policy gets the review's spec; returns allowed, (allowed, reason) or a
@@ -172,12 +170,6 @@ class FakeKube:
 
     def kube_client(self) -> KubeClient:
         return client_for_url(self.url)
-
-    def client(self) -> ApiClient:
-        """A kubernetes_asyncio client, for code built on that library."""
-        from kubernetes_asyncio import client  # heavy: only for those who ask
-
-        return client.ApiClient(configuration=client.Configuration(host=self.url))
 
     async def _sar(self, request: web.Request) -> web.Response:
         self.requests.append((request.method, request.path))

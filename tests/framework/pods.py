@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aggapi.runtime.cri import CRIClient, cri
 from aggapi.runtime.errors import RuntimeCallError
-from aggapi.testing.containerd import remove_cgroup_tree
+from tests.framework.containerd import remove_cgroup_tree
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ class ContainerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     # (host_path, container_path, readonly)
     mounts: Sequence[tuple[str, str, bool]] = ()
+    run_as_user: int | None = None  # securityContext.runAsUser
+    run_as_group: int | None = None  # securityContext.runAsGroup
 
 
 @dataclass
@@ -42,6 +44,10 @@ class RunningPod:
     sandbox_id: str
     config: cri.PodSandboxConfig
     containers: dict[str, str] = field(default_factory=dict)  # name -> container id
+
+
+def _id(value: int | None) -> cri.Int64Value | None:
+    return None if value is None else cri.Int64Value(value=value)
 
 
 class PodRunner:
@@ -97,7 +103,9 @@ class PodRunner:
                 linux=cri.LinuxContainerConfig(
                     security_context=cri.LinuxContainerSecurityContext(
                         namespace_options=cri.NamespaceOption(
-                            network=cri.NODE, pid=cri.CONTAINER, ipc=cri.POD))),
+                            network=cri.NODE, pid=cri.CONTAINER, ipc=cri.POD),
+                        run_as_user=_id(spec.run_as_user),
+                        run_as_group=_id(spec.run_as_group))),
             )
             cid = await self.cri.create_container(sandbox_id, cconf, config)
             pod.containers[spec.name] = cid
