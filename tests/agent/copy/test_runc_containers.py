@@ -296,8 +296,16 @@ async def test_symlink_swap_race_in_runc_container(
                 reads.append(i)
             statuses[r.status] = statuses.get(r.status, 0) + 1
 
-        for batch in range(25):
+        def hit_both() -> bool:
+            return any(n.startswith("up") for n in os.listdir(data / "d")) and bool(
+                {n for n in os.listdir(rootfs) if n.startswith("up")} - rootfs_before)
+
+        # At least 25 rounds; then on until both sides of the swap were hit (which
+        # one a write lands on is up to the scheduler: a busy machine can need more).
+        for batch in range(150):
             await asyncio.gather(*(one(batch * 12 + i) for i in range(12)))
+            if batch >= 24 and hit_both():
+                break
     (data / "stop").touch()
     await wait_for((data / "stopped").exists, what="the swap loop to stop")
 
