@@ -296,9 +296,16 @@ async def test_symlink_swap_race_in_runc_container(
                 reads.append(i)
             statuses[r.status] = statuses.get(r.status, 0) + 1
 
+        def ups(d: Path) -> set[str]:
+            try:
+                return {n for n in os.listdir(d) if n.startswith("up")}
+            except OSError:  # mid-swap: the name is briefly gone or a link elsewhere
+                return set()
+
         def hit_both() -> bool:
-            return any(n.startswith("up") for n in os.listdir(data / "d")) and bool(
-                {n for n in os.listdir(rootfs) if n.startswith("up")} - rootfs_before)
+            # The real directory is at d or, mid-swap, at d.real.
+            return bool((ups(data / "d") | ups(data / "d.real")) & set(uploaded)) and bool(
+                (ups(rootfs) - rootfs_before) & set(uploaded))
 
         # At least 25 rounds; then on until both sides of the swap were hit (which
         # one a write lands on is up to the scheduler: a busy machine can need more).
