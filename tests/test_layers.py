@@ -189,3 +189,43 @@ def test_layers_see_every_import() -> None:
     graph = import_graph()
     assert "aggapi.apiserver.routes" in graph["aggapi.apiserver.app"]
     assert "aggapi.apiserver.requestinfo" in graph["aggapi.apiserver.authz"]
+
+
+# Which product package may import which (module-level imports). "shared" is every
+# top-level module of aggapi (status, wire, capability, kube, tarstream, ...): the
+# pieces both sides of a wire use. The two servers never import each other, the
+# client and plugins never import a server, and nothing imports the plugins.
+ENTRY_POINTS = {"aggapi.cli", "aggapi.__main__"}  # they start a server, lazily
+PACKAGE_RULES: dict[str, set[str]] = {
+    "shared": {"aggapi", "shared"},
+    "runtime": {"aggapi", "shared", "runtime", "proto"},
+    "agent": {"aggapi", "shared", "runtime", "proto", "agent"},
+    "apiserver": {"aggapi", "shared", "apiserver"},
+    "client": {"aggapi", "shared", "client"},
+    "plugins": {"aggapi", "shared", "client", "plugins"},
+    "entry": {"aggapi", "shared"},
+}
+
+
+def _package(module: str) -> str:
+    if module in ENTRY_POINTS:
+        return "entry"
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "aggapi"
+    if parts[1] in PACKAGE_RULES or parts[1] == "proto":
+        return parts[1]
+    return "shared"
+
+
+def test_packages_import_only_what_their_layer_allows() -> None:
+    wrong = [f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
+             if _package(m) != "aggapi" and _package(t) not in PACKAGE_RULES[_package(m)]]
+    assert not wrong, wrong
+
+
+def test_package_rule_sees_a_violation() -> None:
+    # The rule is not vacuous: an agent module importing the apiserver is caught.
+    assert _package("aggapi.apiserver.authz") not in PACKAGE_RULES[
+        _package("aggapi.agent.app")]
+    assert _package("aggapi.wire") == "shared" and _package("aggapi.cli") == "entry"
