@@ -203,7 +203,7 @@ PACKAGE_RULES: dict[str, set[str]] = {
     "apiserver": {"aggapi", "shared", "apiserver"},
     "client": {"aggapi", "shared", "client"},
     "plugins": {"aggapi", "shared", "client", "plugins"},
-    "entry": {"aggapi", "shared"},
+    "entry": {"aggapi", "shared", "entry"},
 }
 
 
