@@ -73,7 +73,8 @@ context_tar() {
       --exclude=__pycache__ --exclude='*.pyc' --exclude=aggapi/testing \
       -cf - pyproject.toml README.md aggapi
 }
-INPUTS=$( { echo "$BASE_KEY $IMAGE"; cat "$REPO/Dockerfile" "$REPO/.dockerignore" "$0";
+INPUTS=$( { echo "$BASE_KEY $IMAGE"
+            cat "$REPO/Dockerfile" "$REPO/.dockerignore" "$REPO/hack/build-image.sh"
             context_tar; } | sha256sum | cut -d' ' -f1)
 STAMP="$OUT.inputs"
 
