@@ -172,6 +172,7 @@ def archive() -> Archive:
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # builds the image: root, mmdebstrap, buildah
 def test_image_holds_the_server_only(archive: Archive) -> None:
     cfg = archive.config["config"]
     assert cfg["Entrypoint"] == ["aggapi"] and cfg["Cmd"] == ["apiserver"]
@@ -202,6 +203,7 @@ def test_image_holds_the_server_only(archive: Archive) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # builds the image: root, mmdebstrap, buildah
 def test_image_size(archive: Archive) -> None:
     total, venv = archive.size(), archive.size("opt/aggapi")
     print(f"image {total / 1e6:.1f} MB uncompressed: base {(total - venv) / 1e6:.1f} MB, "
@@ -242,6 +244,7 @@ def _flags(help_text: str) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # builds the image: root, mmdebstrap, buildah
 def test_image_runs_under_containerd(imported: list[str], containerd: Any) -> None:
     r = run_in_image(imported, containerd, "aggapi", "--version")
     assert r.returncode == 0, r.stderr
