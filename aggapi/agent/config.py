@@ -11,6 +11,7 @@ from pathlib import Path
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.kubeletconfig import DEFAULT_PATH as KUBELET_CONFIG
 from aggapi.certs import APISERVER_CLIENT_CN
+from aggapi.serving import DEFAULT_READ_HEADER_TIMEOUT
 
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
@@ -44,6 +45,10 @@ class AgentConfig:
     copy_state_dir: str = CopyLimits.state_dir
     copy_as_root: bool = False  # copies act as root (docker cp), not the container's user
     log_level: str = "info"  # debug | info | warning | error
+    # A request head (and the TLS handshake before it) must arrive within this time.
+    read_header_timeout: float = DEFAULT_READ_HEADER_TIMEOUT
+    # An upload body that sends nothing for this long is aborted (CopyLimits).
+    body_idle_timeout: float = CopyLimits.body_idle_timeout
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -66,6 +71,17 @@ def byte_quantity(value: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"negative byte quantity: {value!r}")
     return int(n * mult)
+
+
+def seconds(value: str) -> float:
+    """A non-negative number of seconds."""
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not n >= 0 or n == float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds must be finite and >= 0: {value!r}")
+    return n
 
 
 def parser() -> argparse.ArgumentParser:
@@ -108,6 +124,13 @@ def parser() -> argparse.ArgumentParser:
                    help="also serve plain-HTTP /healthz on this port (0 = off)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                    help="debug, info, warning, error (default info)")
+    p.add_argument("--read-header-timeout", type=seconds, default=DEFAULT_READ_HEADER_TIMEOUT,
+                   help="seconds a client has to complete the TLS handshake and then each "
+                        f"request head; 0 = no limit (default {DEFAULT_READ_HEADER_TIMEOUT:g})")
+    p.add_argument("--body-idle-timeout", type=seconds, default=CopyLimits.body_idle_timeout,
+                   help="seconds an upload may send no bytes before it is aborted (its slot "
+                        "freed, its temp files removed); 0 = no limit "
+                        f"(default {CopyLimits.body_idle_timeout:g})")
     c = p.add_argument_group("copy quotas (KEP-4582)")
     c.add_argument("--copy-size-limit", type=byte_quantity, default=CopyLimits.size_limit,
                    help="ContainerCopySizeLimit: bytes per copy (an integer or a quantity "
@@ -165,4 +188,5 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         copies_per_pod=a.copies_per_pod, copies_per_node=a.copies_per_node,
         copy_max_entries=a.copy_max_entries, copy_max_depth=a.copy_max_depth,
         copy_state_dir=a.copy_state_dir, copy_as_root=a.copy_as_root, log_level=a.log_level,
+        read_header_timeout=a.read_header_timeout, body_idle_timeout=a.body_idle_timeout,
     )

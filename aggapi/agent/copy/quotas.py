@@ -29,13 +29,15 @@ class CopyLimits:
     max_depth: int = 64  # --copy-max-depth: directory nesting in one copy
     state_dir: str = "/var/lib/aggapi-agent/inflight"  # --copy-state-dir
     retry_after: int = 5  # seconds suggested to a client refused with 429
+    body_idle_timeout: float = 60.0  # --body-idle-timeout: a silent upload is aborted
 
     @classmethod
     def from_config(cls, config: AgentConfig) -> CopyLimits:
         return cls(size_limit=config.copy_size_limit, copies_per_pod=config.copies_per_pod,
                    copies_per_node=config.copies_per_node,
                    max_entries=config.copy_max_entries, max_depth=config.copy_max_depth,
-                   state_dir=config.copy_state_dir)
+                   state_dir=config.copy_state_dir,
+                   body_idle_timeout=config.body_idle_timeout)
 
 
 class CopySlots:
