@@ -2,13 +2,26 @@
 # One image, two entry points:
 #   aggapi apiserver   Deployment: runs as 65532 (the image default), read-only root filesystem
 #   aggapi agent       DaemonSet: the pod spec runs it as root, privileged, hostPID
+# It holds the server only: aggapi and its core dependencies (no test harness, no
+# aggapi[plugins] extra, no compilers).
+#
+# Two ways to build it:
+# - docker/podman, from the public Python base (PYTHON_IMAGE below) and a plain checkout:
+#     docker build -t aggapi:dev .
+#   pip downloads aggapi's dependencies from the package index inside the build stage.
+# - hack/build-image.sh (no Docker engine, no Docker Hub): buildah builds this file with
+#   PYTHON_IMAGE set to a Debian bookworm base made by mmdebstrap, from a context that also
+#   holds wheels/, a wheelhouse built on the host (aggapi and its dependencies). When
+#   wheels/ is there the build stage installs from it with --no-index: no network, and no
+#   need for the host's CA in the build (which is never copied into the image).
+# Both bases have python3 (the Debian one has no `python`), so the RUN steps use python3.
 #
 # Base pinned by digest (python:3.11-slim-bookworm). Docker Hub was unreachable where this
 # was written, so the digest could not be re-checked there: confirm (and to move it, take)
 # the index digest with
 #   docker buildx imagetools inspect python:3.11-slim-bookworm
-# No Docker engine runs in CI: tests/manifests/test_image.py runs the build stage's RUN
-# steps in a fresh virtualenv instead of building the image.
+# tests/manifests/test_image.py builds the image with hack/build-image.sh and runs it
+# under containerd.
 ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 # ---- build: a self-contained virtualenv with aggapi and its dependencies ------------
@@ -18,12 +31,14 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     VENV=/opt/aggapi
 WORKDIR /src
-# Only what the wheel needs (see .dockerignore); the gRPC stubs are committed.
-COPY pyproject.toml README.md ./
-COPY aggapi ./aggapi
-RUN python -m venv "$VENV"
-# pip byte-compiles while installing: the read-only root filesystem gets its .pyc files.
-RUN "$VENV/bin/pip" install . \
+# Only what the wheel needs (see .dockerignore: pyproject.toml, README.md, aggapi/ and,
+# from hack/build-image.sh, wheels/); the gRPC stubs are committed.
+COPY . ./
+RUN python3 -m venv "$VENV"
+# Core dependencies only (no extras). pip byte-compiles while installing: the read-only
+# root filesystem gets its .pyc files.
+RUN if [ -d wheels ]; then set -- --no-index --find-links wheels aggapi; else set -- .; fi \
+ && "$VENV/bin/pip" install "$@" \
  && "$VENV/bin/aggapi" --help
 RUN "$VENV/bin/pip" uninstall -y pip setuptools \
  && "$VENV/bin/aggapi" --version

@@ -4,8 +4,9 @@ Produces a :class:`ClusterConfig` (server URL, TLS context, bearer token or toke
 file) for :class:`aggapi.kube.KubeClient`. Only the credentials aggapi is run with
 are supported: CA and client certificates (files or inline data), static tokens and
 token files. Exec plugins and auth-provider entries fail with a clear error instead
-of a confusing 401 later. Everything here does blocking file I/O: call it from a
-thread when a loop is running.
+of a confusing 401 later, unless the caller runs exec plugins itself (the kubectl
+plugins do, through :mod:`aggapi.client.execcred`) and asks for their spec.
+Everything here does blocking file I/O: call it from a thread when a loop is running.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class ClusterConfig:
     token: str | None = None
     token_file: str | None = None  # re-read when it changes (rotating tokens)
     tls_server_name: str | None = None
+    namespace: str | None = None  # the context's default namespace
+    exec_spec: Mapping[str, Any] | None = None  # only with load_kubeconfig(allow_exec=True)
+    base_dir: str | None = None  # the kubeconfig's directory (relative exec commands)
 
 
 def in_cluster() -> bool:
@@ -56,11 +60,11 @@ def ssl_context(*, ca_file: str | None = None, ca_data: str | None = None,
     if cert_file:
         ctx.load_cert_chain(cert_file, key_file)
     elif cert_data:
-        _load_chain_from_memory(ctx, cert_data, key_data or b"")
+        load_chain_from_memory(ctx, cert_data, key_data or b"")
     return ctx
 
 
-def _load_chain_from_memory(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+def load_chain_from_memory(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
     # The ssl module loads certificates only from files: use a private (0600) temp
     # file that exists just for the duration of the call.
     fd, path = tempfile.mkstemp(prefix="aggapi-client-", suffix=".pem")
@@ -116,8 +120,10 @@ def _b64(value: Any, what: str) -> bytes:
         raise KubeConfigError(f"kubeconfig: {what} is not valid base64") from exc
 
 
-def load_kubeconfig(path: str | None = None, context: str | None = None) -> ClusterConfig:
-    """The cluster and credentials of ``context`` (default: current-context)."""
+def load_kubeconfig(path: str | None = None, context: str | None = None, *,
+                    allow_exec: bool = False) -> ClusterConfig:
+    """The cluster and credentials of ``context`` (default: current-context); with
+    ``allow_exec`` an exec-plugin user comes back with its ``exec_spec`` to run."""
     import yaml  # only kubeconfig users pay for it; in-cluster never does
 
     path = path or default_kubeconfig_path()
@@ -145,10 +151,14 @@ def load_kubeconfig(path: str | None = None, context: str | None = None) -> Clus
     if not server.startswith(("https://", "http://")):
         raise KubeConfigError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no "
                               "http(s) server")
+    exec_spec = user.get("exec") if allow_exec else None
+    if exec_spec is not None and not isinstance(exec_spec, Mapping):
+        raise KubeConfigError(f"kubeconfig {path}: user {ctx.get('user')!r} has a malformed "
+                              "exec entry")
     for key, what in (("exec", "exec credential plugins"),
                       ("auth-provider", "auth-provider plugins"),
                       ("username", "basic authentication")):
-        if user.get(key):
+        if user.get(key) and not (key == "exec" and exec_spec is not None):
             raise KubeConfigError(f"kubeconfig {path}: user {ctx.get('user')!r} uses {what}, "
                                   "which aggapi does not support; use a token, token file "
                                   "or client certificate")
@@ -177,7 +187,9 @@ def load_kubeconfig(path: str | None = None, context: str | None = None) -> Clus
     return ClusterConfig(server=server, ssl_context=tls,
                          token=str(user["token"]) if user.get("token") else None,
                          token_file=file(token_file) if token_file else None,
-                         tls_server_name=cluster.get("tls-server-name") or None)
+                         tls_server_name=cluster.get("tls-server-name") or None,
+                         namespace=str(ctx.get("namespace") or "") or None,
+                         exec_spec=exec_spec, base_dir=str(base))
 
 
 def load(kubeconfig: str | None = None, context: str | None = None) -> ClusterConfig:

@@ -23,9 +23,9 @@ import aiohttp
 from aiohttp import web
 
 from aggapi import pki
-from aggapi.apiserver import appkeys
-from aggapi.apiserver.app import build_app
+from aggapi.apiserver.app import new_app
 from aggapi.apiserver.config import ApiServerConfig
+from aggapi.apiserver.parts import complete
 from aggapi.tlsconfig import ServingTLS
 from tests.framework.fakekube import FakeKube
 
@@ -56,13 +56,14 @@ async def run(requests: int, concurrency: int) -> dict[str, float]:
                           tls_cert_file=str(tmp / "tls.crt"),
                           tls_private_key_file=str(tmp / "tls.key"))
     tls = ServingTLS(cfg.tls_cert_file, cfg.tls_private_key_file)
-    app = build_app(cfg, kube_api=api, tls=tls)
+    parts = complete(cfg, kube_api=api, tls=tls)
+    app = new_app(parts)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await asyncio.wait_for(app[appkeys.AUTH_SOURCE].ready.wait(), 10)
+    await asyncio.wait_for(parts.auth_source.ready.wait(), 10)
 
     ctx = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
     ctx.load_cert_chain(str(tmp / "fp.crt"), str(tmp / "fp.key"))
@@ -90,7 +91,7 @@ async def run(requests: int, concurrency: int) -> dict[str, float]:
         await runner.cleanup()
         await api.close()
         await kube.stop()
-    metrics = app[appkeys.METRICS]
+    metrics = parts.metrics
     return {
         "requests": requests,
         "concurrency": concurrency,

@@ -11,6 +11,7 @@ from pathlib import Path
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.kubeletconfig import DEFAULT_PATH as KUBELET_CONFIG
 from aggapi.certs import APISERVER_CLIENT_CN
+from aggapi.serving import DEFAULT_READ_HEADER_TIMEOUT
 
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
@@ -38,6 +39,8 @@ class AgentConfig:
     copy: CopyLimits = field(default_factory=CopyLimits)  # KEP-4582 quotas: --copy-* flags
     copy_as_root: bool = False  # copies act as root (docker cp), not the container's user
     log_level: str = "info"  # debug | info | warning | error
+    # A request head (and the TLS handshake before it) must arrive within this time.
+    read_header_timeout: float = DEFAULT_READ_HEADER_TIMEOUT
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -60,6 +63,17 @@ def byte_quantity(value: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"negative byte quantity: {value!r}")
     return int(n * mult)
+
+
+def seconds(value: str) -> float:
+    """A non-negative number of seconds."""
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not n >= 0 or n == float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds must be finite and >= 0: {value!r}")
+    return n
 
 
 def parser() -> argparse.ArgumentParser:
@@ -102,6 +116,13 @@ def parser() -> argparse.ArgumentParser:
                    help="also serve plain-HTTP /healthz on this port (0 = off)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                    help="debug, info, warning, error (default info)")
+    p.add_argument("--read-header-timeout", type=seconds, default=DEFAULT_READ_HEADER_TIMEOUT,
+                   help="seconds a client has to complete the TLS handshake and then each "
+                        f"request head; 0 = no limit (default {DEFAULT_READ_HEADER_TIMEOUT:g})")
+    p.add_argument("--body-idle-timeout", type=seconds, default=CopyLimits.body_idle_timeout,
+                   help="seconds an upload may send no bytes before it is aborted (its slot "
+                        "freed, its temp files removed); 0 = no limit "
+                        f"(default {CopyLimits.body_idle_timeout:g})")
     c = p.add_argument_group("copy quotas (KEP-4582)")
     c.add_argument("--copy-size-limit", type=byte_quantity, default=CopyLimits.size_limit,
                    help="ContainerCopySizeLimit: bytes per copy (an integer or a quantity "
@@ -156,7 +177,9 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         containerd_namespace=a.containerd_namespace, snapshotter=a.snapshotter,
         poll_interval=a.poll_interval, platform=a.platform, kubelet_config=a.kubelet_config,
         health_port=a.health_port, copy_as_root=a.copy_as_root, log_level=a.log_level,
+        read_header_timeout=a.read_header_timeout,
         copy=CopyLimits(size_limit=a.copy_size_limit, copies_per_pod=a.copies_per_pod,
                         copies_per_node=a.copies_per_node, max_entries=a.copy_max_entries,
-                        max_depth=a.copy_max_depth, state_dir=a.copy_state_dir),
+                        max_depth=a.copy_max_depth, state_dir=a.copy_state_dir,
+                        body_idle_timeout=a.body_idle_timeout),
     )

@@ -6,16 +6,33 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 from collections.abc import Sequence
 
 from aiohttp import web
 
-from aggapi import eventloop, logs
+from aggapi import eventloop, logs, serving
 from aggapi.agent.app import build_app, build_health_app, connect
 from aggapi.agent.auth import server_context
 from aggapi.agent.config import AgentConfig, from_args
 
 log = logging.getLogger(__name__)
+
+
+async def listen(app: web.Application, config: AgentConfig, port: int,
+                 tls: ssl.SSLContext | None = None) -> web.AppRunner:
+    """Serve ``app`` on ``port``; the caller cleans the runner up."""
+    # handler_cancellation: when the apiserver drops a stream (its client left),
+    # the handler is cancelled at once, which ends the poller subscription or
+    # aborts the copy (its temp file removed) instead of waiting for a write to fail.
+    runner = web.AppRunner(app, handler_cancellation=True,
+                           keepalive_timeout=serving.KEEPALIVE_TIMEOUT)
+    await runner.setup()
+    # read_header_timeout bounds the TLS handshake and each request head (Go's
+    # ReadHeaderTimeout); upload bodies are bounded by --body-idle-timeout.
+    await serving.TimeoutSite(runner, config.host, port, ssl_context=tls,
+                              read_header_timeout=config.read_header_timeout).start()
+    return runner
 
 
 async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
@@ -29,18 +46,9 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
     parts = await connect(config)
     runners: list[web.AppRunner] = []
     try:
-        # handler_cancellation: when the apiserver drops a stream (its client left),
-        # the handler is cancelled at once, which ends the poller subscription or
-        # aborts the copy (its temp file removed) instead of waiting for a write to fail.
-        runner = web.AppRunner(build_app(parts), handler_cancellation=True)
-        await runner.setup()
-        runners.append(runner)
-        await web.TCPSite(runner, config.host, config.port, ssl_context=tls).start()
+        runners.append(await listen(build_app(parts), config, config.port, tls))
         if config.health_port:
-            health = web.AppRunner(build_health_app())
-            await health.setup()
-            runners.append(health)
-            await web.TCPSite(health, config.host, config.health_port).start()
+            runners.append(await listen(build_health_app(), config, config.health_port))
         log.info("agent serving", extra={"node": config.node_name, "port": config.port,
                                          "runtime": config.runtime})
         await stop.wait()

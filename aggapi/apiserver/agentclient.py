@@ -124,6 +124,14 @@ class AgentClient:
         return resp
 
 
+def require_agent(agent: AgentClient | None) -> AgentClient:
+    """The client for node agents, or a 503 when this server was started without one."""
+    if agent is None:
+        raise StatusError(503, "aggapi is not configured to reach node agents "
+                               "(--agent-* and --token-signing-key-file)", retry_after=30)
+    return agent
+
+
 async def error_from_response(resp: aiohttp.ClientResponse, node: str) -> StatusError:
     """Turn an agent's error reply into the StatusError it describes."""
     try:

@@ -34,21 +34,28 @@ class AuthConfig:
     group_headers: tuple[str, ...] = ()
     extra_prefixes: tuple[str, ...] = ()
     resource_version: str = ""
+    # Why front-proxy authentication is off ("" when the settings are valid).
+    requestheader_error: str = ""
 
 
-def _string_list(raw: str | None) -> tuple[str, ...]:
-    """kube-apiserver writes JSON string arrays; accept a bare comma list too."""
-    if not raw or not raw.strip():
+class _Malformed(ValueError):
+    pass
+
+
+def _header_list(data: Mapping[str, str], key: str) -> tuple[str, ...]:
+    """A requestheader-* list: a JSON array of non-blank strings, as kube-apiserver
+    writes it. An absent key is the empty list; anything else raises _Malformed."""
+    raw = data.get(key)
+    if raw is None:
         return ()
     try:
         value = json.loads(raw)
     except ValueError:
-        return tuple(s.strip() for s in raw.split(",") if s.strip())
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list):
-        return ()
-    return tuple(str(v) for v in value if str(v))
+        raise _Malformed(f"{key} is not JSON: {raw[:80]!r}") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip()
+                                              for v in value):
+        raise _Malformed(f"{key} is not a JSON array of non-empty strings: {raw[:80]!r}")
+    return tuple(value)
 
 
 def parse_certs(pem: bytes, what: str) -> tuple[x509.Certificate, ...]:
@@ -62,19 +69,36 @@ def parse_certs(pem: bytes, what: str) -> tuple[x509.Certificate, ...]:
 
 
 def parse_configmap(data: Mapping[str, str], resource_version: str = "") -> AuthConfig:
+    """The ConfigMap's settings. A malformed requestheader-* list disables front-proxy
+    (request header) authentication: the front-proxy CA is dropped, so no header
+    identity is believed until the value is fixed (``requestheader_error`` says why).
+    Guessing would fail open: an unreadable allowed-names list is not "any name"."""
     client_pem = data.get("client-ca-file", "").encode()
     rh_pem = data.get("requestheader-client-ca-file", "").encode()
+    lists: dict[str, tuple[str, ...]] = {}
+    errors: list[str] = []
+    for key in ("requestheader-allowed-names", "requestheader-username-headers",
+                "requestheader-uid-headers", "requestheader-group-headers",
+                "requestheader-extra-headers-prefix"):
+        try:
+            lists[key] = _header_list(data, key)
+        except _Malformed as exc:
+            lists[key] = ()
+            errors.append(str(exc))
+    if errors:
+        rh_pem = b""
     return AuthConfig(
         client_ca_pem=client_pem,
         client_cas=parse_certs(client_pem, "client-ca-file"),
         requestheader_ca_pem=rh_pem,
         requestheader_cas=parse_certs(rh_pem, "requestheader-client-ca-file"),
-        allowed_names=_string_list(data.get("requestheader-allowed-names")),
-        username_headers=_string_list(data.get("requestheader-username-headers")),
-        uid_headers=_string_list(data.get("requestheader-uid-headers")),
-        group_headers=_string_list(data.get("requestheader-group-headers")),
-        extra_prefixes=_string_list(data.get("requestheader-extra-headers-prefix")),
+        allowed_names=lists["requestheader-allowed-names"],
+        username_headers=lists["requestheader-username-headers"],
+        uid_headers=lists["requestheader-uid-headers"],
+        group_headers=lists["requestheader-group-headers"],
+        extra_prefixes=lists["requestheader-extra-headers-prefix"],
         resource_version=resource_version,
+        requestheader_error="; ".join(errors),
     )
 
 
@@ -106,6 +130,10 @@ class AuthConfigSource:
         self.ready.set()
         if changed:
             log.info("authentication config loaded", extra={"resourceVersion": rv})
+            if cfg.requestheader_error:
+                log.error("front-proxy (request header) authentication is refused until "
+                          "%s/%s is fixed: %s", self.namespace, self.name,
+                          cfg.requestheader_error, extra={"resourceVersion": rv})
             for listener in self._listeners:
                 await listener(cfg)
 

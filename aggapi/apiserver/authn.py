@@ -25,15 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from aggapi.apiserver import appkeys
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource
 from aggapi.apiserver.cache import TTLCache
 from aggapi.apiserver.metrics import Metrics
-from aggapi.apiserver.user import UserInfo, anonymous
+from aggapi.apiserver.user import USER, UserInfo, anonymous
 from aggapi.kube import KubeClient
 from aggapi.status import Handler, StatusError
 
@@ -265,10 +265,13 @@ def _peer_der(request: web.Request) -> bytes | None:
     return sslobj.getpeercert(binary_form=True)
 
 
-@web.middleware
-async def authn_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path in UNAUTHENTICATED_PATHS:
+def authn_middleware(authenticator: Authenticator) -> Middleware:
+    """Sets ``USER`` on every request but the probes, or answers 401."""
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in UNAUTHENTICATED_PATHS:
+            request[USER] = await authenticator.authenticate(request)
         return await handler(request)
-    user = await request.app[appkeys.AUTHENTICATOR].authenticate(request)
-    request[appkeys.USER] = user
-    return await handler(request)
+
+    return authenticate

@@ -2,24 +2,29 @@
 
 Every resource request is checked with its real attributes (verb as
 kube-apiserver derives it, group, version, resource, subresource, namespace,
-name) and the caller's full identity. Discovery, OpenAPI and probes are open, as
-kube-apiserver's aggregator fetches them as itself; /metrics is a non-resource
-check unless --always-allow-metrics.
+name) and the caller's full identity. What each route needs is declared beside
+it in the route table as an :class:`Authz` (discovery, OpenAPI and probes are
+open, as kube-apiserver's aggregator fetches them as itself; pods/copy also needs
+the operation's own verb and, for uploads, ``create`` on core ``pods/exec``), and
+this layer makes every one of those decisions before the handler runs: handlers
+do no authorization of their own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
-from aggapi.apiserver import appkeys
 from aggapi.apiserver.cache import TTLCache
 from aggapi.apiserver.metrics import Metrics
-from aggapi.apiserver.requestinfo import RequestInfo
-from aggapi.apiserver.user import UserInfo
+from aggapi.apiserver.requestinfo import INFO, RequestInfo
+from aggapi.apiserver.user import USER, UserInfo
 from aggapi.kube import KubeClient
 from aggapi.status import Handler, StatusError, forbidden
 
@@ -27,9 +32,56 @@ log = logging.getLogger(__name__)
 
 SUBJECTACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
-OPEN_PREFIXES = ("/openapi/",)
-OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/apis", "/openapi/v2",
-                        "/openapi/v3"})
+# What an operation does -> the verb it needs whatever the path's verb was (a
+# /watch/ path has verb watch for every method).
+_OPERATION_VERBS = {"GET": "get", "HEAD": "get", "POST": "create"}
+
+
+@dataclass(frozen=True)
+class Also:
+    """Another permission on the same object, e.g. ``create`` on core ``pods/exec``."""
+    verb: str
+    group: str
+    version: str
+    resource: str
+    subresource: str
+    methods: frozenset[str]  # the request methods that need it
+
+    def attributes(self, info: RequestInfo) -> RequestInfo:
+        return dataclasses.replace(info, verb=self.verb, api_group=self.group,
+                                   api_version=self.version, resource=self.resource,
+                                   subresource=self.subresource)
+
+
+@dataclass(frozen=True)
+class Authz:
+    """The authorization a route needs, declared beside it in the route table."""
+    # The request's own attributes (verb from method and path, as kube-apiserver's).
+    own: bool = True
+    # Also the verb of the operation itself (get to read, create to write), so a
+    # user who may only watch cannot write through the long-running /watch/ path.
+    operation_verb: bool = False
+    also: tuple[Also, ...] = ()
+
+    def attributes(self, info: RequestInfo, method: str) -> list[RequestInfo]:
+        """Every set of attributes that must be allowed, in the order they are checked."""
+        out = [info] if self.own else []
+        if self.operation_verb:
+            verb = _OPERATION_VERBS.get(method.upper(), info.verb)
+            if verb != info.verb:
+                out.append(dataclasses.replace(info, verb=verb))
+        out.extend(a.attributes(info) for a in self.also if method.upper() in a.methods)
+        return out
+
+
+OPEN = Authz(own=False)
+OWN = Authz()
+
+
+def default_authz(info: RequestInfo) -> Authz:
+    """For paths no route declares: resource requests and non-/apis paths are
+    checked (then answer 404); other /apis paths are discovery, open."""
+    return OWN if info.is_resource_request or not info.path.startswith("/apis") else OPEN
 
 
 @dataclass(frozen=True)
@@ -103,21 +155,8 @@ def sar_body(user: UserInfo, attrs: RequestInfo) -> dict[str, Any]:
             "spec": spec}
 
 
-def needs_authorization(request: web.Request, info: RequestInfo) -> bool:
-    path = request.path
-    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
-        return False
-    if path == "/metrics":
-        return not request.app[appkeys.CONFIG].always_allow_metrics
-    # /apis/G and /apis/G/V are discovery: non-resource paths under /apis.
-    return info.is_resource_request or not path.startswith("/apis")
-
-
-async def check(request: web.Request, user: UserInfo, attrs: RequestInfo) -> None:
-    """Raise the Status kube-apiserver would answer unless ``attrs`` is allowed.
-
-    Handlers use it for additional checks (e.g. ``create`` on core pods/exec)."""
-    authorizer = request.app[appkeys.AUTHORIZER]
+async def check(authorizer: Authorizer, user: UserInfo, attrs: RequestInfo) -> None:
+    """Raise the Status kube-apiserver would answer unless ``attrs`` is allowed."""
     try:
         decision = await authorizer.authorize(user, attrs)
     except AuthorizationError as exc:
@@ -136,9 +175,19 @@ async def check(request: web.Request, user: UserInfo, attrs: RequestInfo) -> Non
     raise StatusError(403, msg)
 
 
-@web.middleware
-async def authz_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    info = request[appkeys.INFO]
-    if needs_authorization(request, info):
-        await check(request, request[appkeys.USER], info)
-    return await handler(request)
+def authz_middleware(authorizer: Authorizer,
+                     authz_of: Callable[[web.Request], Authz]) -> Middleware:
+    """Checks what the matched route declares (``authz_of``) for the request's one
+    parsed :class:`RequestInfo`."""
+
+    @web.middleware
+    async def authorize(request: web.Request, handler: Handler) -> web.StreamResponse:
+        info = request[INFO]
+        for attrs in authz_of(request).attributes(info, request.method):
+            user = request.get(USER)
+            if user is None:  # only unauthenticated paths lack a user: never allow
+                raise StatusError(401, "Unauthorized")
+            await check(authorizer, user, attrs)
+        return await handler(request)
+
+    return authorize

@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from aggapi.serving import DEFAULT_READ_HEADER_TIMEOUT
+
 
 @dataclass
 class ApiServerConfig:
@@ -46,6 +48,8 @@ class ApiServerConfig:
     stream_deadline: float = 55.0
     # Uploads through pods/copy also need `create` on core pods/exec.
     copy_require_exec: bool = True
+    # A request head (and the TLS handshake before it) must arrive within this time.
+    read_header_timeout: float = DEFAULT_READ_HEADER_TIMEOUT
 
 
 # flag name -> (type, help); the env name is AGGAPI_<FLAG_WITH_UNDERSCORES>.
@@ -81,6 +85,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "stream-deadline": (float, "seconds after which a stream on the plain path ends "
                                "cleanly (kube-apiserver cuts non-watch requests at 60 s)"),
     "copy-require-exec": (bool, "uploads also require create on core pods/exec"),
+    "read-header-timeout": (float, "seconds a client has to complete the TLS handshake "
+                                   "and then each request head; 0 = no limit"),
 }
 
 
@@ -120,4 +126,6 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Api
     cfg = ApiServerConfig(**vars(ns))
     if cfg.tls_min_version not in ("1.2", "1.3"):
         raise SystemExit("--tls-min-version must be 1.2 or 1.3")
+    if cfg.read_header_timeout < 0:
+        raise SystemExit("--read-header-timeout must not be negative")
     return cfg

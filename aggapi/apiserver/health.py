@@ -4,26 +4,34 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from aggapi.apiserver import appkeys
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.authconfig import AuthConfigSource
+from aggapi.apiserver.shutdown import Lifecycle
+from aggapi.status import Handler
 
 
 async def healthz(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-async def readyz(request: web.Request) -> web.Response:
-    app = request.app
-    checks = [
-        ("authentication-config", app[appkeys.AUTH_SOURCE].ready.is_set()),
-        ("shutdown", not app[appkeys.LIFECYCLE].draining.is_set()),
-    ]
-    agent = app[appkeys.AGENT_CLIENT]
-    if agent is not None:
-        checks.append(("agent-endpoints", agent.directory.synced))
-    ok = all(passed for _, passed in checks)
-    if "verbose" not in request.query:
-        return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
-    lines = [f"[{'+' if passed else '-'}]{name} {'ok' if passed else 'failed'}"
-             for name, passed in checks]
-    lines.append("readyz check passed" if ok else "readyz check failed")
-    return web.Response(text="\n".join(lines) + "\n", status=200 if ok else 503)
+def readyz(auth_source: AuthConfigSource, lifecycle: Lifecycle,
+           agent: AgentClient | None) -> Handler:
+    """Ready once the authentication config is loaded and the agents' endpoints are
+    known; not while draining."""
+
+    async def ready(request: web.Request) -> web.StreamResponse:
+        checks = [
+            ("authentication-config", auth_source.ready.is_set()),
+            ("shutdown", not lifecycle.draining.is_set()),
+        ]
+        if agent is not None:
+            checks.append(("agent-endpoints", agent.directory.synced))
+        ok = all(passed for _, passed in checks)
+        if "verbose" not in request.query:
+            return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
+        lines = [f"[{'+' if passed else '-'}]{name} {'ok' if passed else 'failed'}"
+                 for name, passed in checks]
+        lines.append("readyz check passed" if ok else "readyz check failed")
+        return web.Response(text="\n".join(lines) + "\n", status=200 if ok else 503)
+
+    return ready

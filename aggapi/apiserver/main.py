@@ -10,12 +10,31 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from aggapi import eventloop, kube, logs
+from aggapi import eventloop, kube, logs, serving
 from aggapi.apiserver.app import build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.tlsconfig import ServingTLS
 
 log = logging.getLogger("aggapi.apiserver")
+
+
+async def listen(app: web.Application, config: ApiServerConfig,
+                 tls: ServingTLS) -> tuple[web.AppRunner, serving.TimeoutSite]:
+    """Serve ``app`` on the configured address; the caller cleans the runner up."""
+    # handler_cancellation: a client that goes away cancels its handler, which
+    # closes the stream from the agent (the agent then drops the subscription).
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           shutdown_timeout=config.shutdown_final,
+                           handler_cancellation=True,
+                           keepalive_timeout=serving.KEEPALIVE_TIMEOUT)
+    await runner.setup()
+    # A client gets read_header_timeout for the TLS handshake and for each request
+    # head: half-sent requests cannot pile up (Go's ReadHeaderTimeout).
+    site = serving.TimeoutSite(runner, config.bind_address, config.secure_port,
+                               ssl_context=tls.context,
+                               read_header_timeout=config.read_header_timeout)
+    await site.start()
+    return runner, site
 
 
 async def serve(config: ApiServerConfig, stop: asyncio.Event | None = None) -> None:
@@ -32,16 +51,7 @@ async def serve(config: ApiServerConfig, stop: asyncio.Event | None = None) -> N
                     "(libssl callback unavailable): untrusted certs fail the handshake")
     api = await kube.load_client(config.kubeconfig or None)
     try:
-        app = build_app(config, kube_api=api, tls=tls)
-        # handler_cancellation: a client that goes away cancels its handler, which
-        # closes the stream from the agent (the agent then drops the subscription).
-        runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                               shutdown_timeout=config.shutdown_final,
-                               handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, config.bind_address, config.secure_port,
-                           ssl_context=tls.context)
-        await site.start()
+        runner, _site = await listen(build_app(config, kube_api=api, tls=tls), config, tls)
         log.info("serving", extra={"address": config.bind_address, "port": config.secure_port})
         await stop.wait()
         log.info("shutting down")

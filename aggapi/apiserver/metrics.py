@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -14,7 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from aggapi.apiserver import appkeys
+from aggapi.apiserver.requestinfo import INFO
 from aggapi.status import Handler
 
 _NS = "aggapi_apiserver"
@@ -51,30 +52,39 @@ class Metrics:
 
 
 def _label(request: web.Request) -> tuple[str, str]:
-    info = request.get(appkeys.INFO)
+    info = request.get(INFO)
     if info is None or not info.is_resource_request:
         return "", request.method.lower()
     return info.subresource or info.resource, info.verb
 
 
-@web.middleware
-async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    metrics = request.app[appkeys.METRICS]
-    start = time.monotonic()
-    code = 500
-    try:
-        resp = await handler(request)
-        code = resp.status
-        return resp
-    except web.HTTPException as exc:
-        code = exc.status
-        raise
-    finally:
-        sub, verb = _label(request)
-        metrics.requests.labels(sub, verb, str(code)).inc()
-        metrics.latency.labels(sub, verb).observe(time.monotonic() - start)
+def metrics_middleware(metrics: Metrics) -> Middleware:
+    """Counts every request and its latency by subresource, verb and final code."""
+
+    @web.middleware
+    async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.monotonic()
+        code = 500
+        try:
+            resp = await handler(request)
+            code = resp.status
+            return resp
+        except web.HTTPException as exc:
+            code = exc.status
+            raise
+        finally:
+            sub, verb = _label(request)
+            metrics.requests.labels(sub, verb, str(code)).inc()
+            metrics.latency.labels(sub, verb).observe(time.monotonic() - start)
+
+    return measure
 
 
-async def metrics_handler(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[appkeys.METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+def metrics_handler(metrics: Metrics) -> Handler:
+    """GET /metrics: this app's registry in Prometheus' text format."""
+
+    async def serve(_request: web.Request) -> web.StreamResponse:
+        return web.Response(body=generate_latest(metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return serve

@@ -3,17 +3,26 @@
 The verb matters twice: it is what SubjectAccessReview checks, and kube-apiserver
 treats verb ``watch`` (the ``/apis/G/V/watch/...`` prefix, any method) as
 long-running, so the aggregator does not cut it at --request-timeout.
+
+This is the one parse of the request path: authorization checks the
+``RequestInfo`` made here and the handlers act on the very same object (never on
+``match_info``). aiohttp routes on the raw path, so a segment like
+``web-0%2Fimagepullprogress`` would be one segment to the router and two to a
+parse of the decoded path; the parse therefore splits the raw path and refuses,
+with 400 before any authentication, every segment that could mean different
+things to different readers: an encoded ``/``, a NUL, a dot segment, or an
+empty one (``//``, which some normalizers collapse).
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from aggapi.apiserver import appkeys
-from aggapi.status import Handler
+from aggapi.status import Handler, StatusError
 
 _METHOD_VERBS = {
     "GET": "get", "HEAD": "get", "POST": "create", "PUT": "update",
@@ -39,16 +48,37 @@ def _truthy(value: str | None) -> bool:
     return value is not None and value.lower() in ("1", "true")
 
 
-def parse(method: str, path: str, query: Mapping[str, str] | None = None) -> RequestInfo:
+def _segment(raw: str) -> str:
+    seg = urllib.parse.unquote(raw, errors="strict")
+    if "/" in seg or "\x00" in seg or seg in ("", ".", ".."):
+        raise StatusError(400, f"invalid path segment {raw!r}: empty and dot segments, "
+                               "encoded '/' and NUL are not allowed")
+    return seg
+
+
+def split_path(raw_path: str) -> list[str]:
+    """The decoded segments of a raw (still percent-encoded) path; 400 for a bad one."""
+    try:
+        return [_segment(raw) for raw in raw_path.strip("/").split("/")] \
+            if raw_path.strip("/") else []
+    except UnicodeDecodeError:
+        raise StatusError(400, "invalid path: percent-encoding is not UTF-8") from None
+
+
+def parse(method: str, raw_path: str, query: Mapping[str, str] | None = None) -> RequestInfo:
+    """Attributes of a request for ``raw_path`` (its query and fragment cut off first)."""
+    raw_path = urllib.parse.urlsplit(raw_path).path if "://" in raw_path.split("?")[0] \
+        else raw_path.split("?", 1)[0].split("#", 1)[0]
     query = query or {}
     method = method.upper()
-    parts = [p for p in path.strip("/").split("/") if p] if path.strip("/") else []
+    all_parts = split_path(raw_path)
+    path = urllib.parse.unquote(raw_path)
     non_resource = RequestInfo(verb=method.lower(), path=path)
-    if not parts or parts[0] not in _API_PREFIXES:
+    if not all_parts or all_parts[0] not in _API_PREFIXES:
         return non_resource
-    parts = parts[1:]
+    parts = all_parts[1:]
     group = ""
-    if path.strip("/").split("/")[0] == "apis":
+    if all_parts[0] == "apis":
         if len(parts) < 3:  # /apis, /apis/G, /apis/G/V: discovery
             return non_resource
         group, parts = parts[0], parts[1:]
@@ -57,7 +87,7 @@ def parse(method: str, path: str, query: Mapping[str, str] | None = None) -> Req
     version, parts = parts[0], parts[1:]
 
     verb = ""
-    if parts[0] == "watch":
+    if parts and parts[0] == "watch":
         verb, parts = "watch", parts[1:]
     else:
         verb = _METHOD_VERBS.get(method, method.lower())
@@ -82,7 +112,12 @@ def parse(method: str, path: str, query: Mapping[str, str] | None = None) -> Req
                        is_resource_request=True, path=path)
 
 
+# Set by the request-info middleware; what authorization checks and handlers act on.
+INFO: web.RequestKey[RequestInfo] = web.RequestKey("info", RequestInfo)
+
+
 @web.middleware
 async def requestinfo_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request[appkeys.INFO] = parse(request.method, request.path, request.query)
+    # raw_path, not path: see the module docstring.
+    request[INFO] = parse(request.method, request.raw_path, request.query)
     return await handler(request)

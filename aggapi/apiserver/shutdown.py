@@ -15,15 +15,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from aiohttp import web
-
-from aggapi.apiserver import appkeys
+from aggapi.apiserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
 class Lifecycle:
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
         self.draining = asyncio.Event()
         self.shutdown = asyncio.Event()
         self.streams = 0
@@ -51,24 +50,16 @@ class Lifecycle:
         log.info("shutdown signalled", extra={"streamsLeft": left,
                                               "drainedSeconds": round(time.monotonic() - start, 3)})
 
-
-@contextlib.asynccontextmanager
-async def track_stream(request: web.Request) -> AsyncIterator[asyncio.Event]:
-    """Wrap a streaming response. Yields the SHUTDOWN event: when it is set, write
-    a final object and return. Counts the stream in metrics and for draining."""
-    app = request.app
-    info = request.get(appkeys.INFO)
-    label = (info.subresource or info.resource) if info is not None else ""
-    gauge = app[appkeys.METRICS].streams.labels(label)
-    lifecycle = app[appkeys.LIFECYCLE]
-    gauge.inc()
-    lifecycle.stream_started()
-    try:
-        yield lifecycle.shutdown
-    finally:
-        lifecycle.stream_ended()
-        gauge.dec()
-
-
-async def on_shutdown(app: web.Application) -> None:
-    await app[appkeys.LIFECYCLE].drain(app[appkeys.CONFIG].shutdown_grace)
+    @contextlib.asynccontextmanager
+    async def track(self, label: str) -> AsyncIterator[asyncio.Event]:
+        """Wrap a streaming response (``label``: its subresource). Yields the SHUTDOWN
+        event: when it is set, write a final object and return. Counts the stream in
+        metrics and for draining."""
+        gauge = self.metrics.streams.labels(label)
+        gauge.inc()
+        self.stream_started()
+        try:
+            yield self.shutdown
+        finally:
+            self.stream_ended()
+            gauge.dec()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from aiohttp import web
+
 ANONYMOUS = "system:anonymous"
 AUTHENTICATED = "system:authenticated"
 UNAUTHENTICATED = "system:unauthenticated"
@@ -31,6 +33,10 @@ class UserInfo:
         if AUTHENTICATED in self.groups:
             return self
         return UserInfo(self.name, self.uid, (*self.groups, AUTHENTICATED), self.extra)
+
+
+# Set by the authentication middleware on every request it lets through.
+USER: web.RequestKey[UserInfo] = web.RequestKey("user", UserInfo)
 
 
 def anonymous() -> UserInfo:

@@ -5,6 +5,7 @@ from aggapi.client.copy import RemotePath, Result, download, stat_remote, upload
 from aggapi.client.errors import (
     AggapiError,
     BadRequest,
+    ConfigError,
     Conflict,
     Forbidden,
     InsufficientStorage,
@@ -20,9 +21,9 @@ from aggapi.client.errors import (
 from aggapi.client.progress import all_present, watch_progress
 
 __all__ = [
-    "AggapiError", "BadRequest", "Conflict", "Connection", "Forbidden", "InsufficientStorage",
-    "IntegrityError", "NotFound", "RemotePath", "Result", "ServiceUnavailable", "TooLarge",
-    "TooManyRequests", "TransferError", "Unauthorized", "UnsafeArchive", "all_present",
-    "download", "stat_remote", "subresource_path", "upload_dir", "upload_file",
-    "watch_progress",
+    "AggapiError", "BadRequest", "ConfigError", "Conflict", "Connection", "Forbidden",
+    "InsufficientStorage", "IntegrityError", "NotFound", "RemotePath", "Result",
+    "ServiceUnavailable", "TooLarge", "TooManyRequests", "TransferError", "Unauthorized",
+    "UnsafeArchive", "all_present", "download", "stat_remote", "subresource_path",
+    "upload_dir", "upload_file", "watch_progress",
 ]

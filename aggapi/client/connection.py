@@ -1,30 +1,37 @@
 """An authenticated aiohttp session to kube-apiserver, configured from a kubeconfig.
 
-kubernetes-asyncio's config loader reads the kubeconfig (contexts, client
-certificates, tokens, exec credential plugins) into a ``Configuration``; this
-module turns that into an aiohttp session of its own, because aggapi's streams
-need no total timeout and raw bodies, which the generated ``ApiClient`` does not
-offer. Exec credentials are refreshed the way kubectl does it: before a request
-once their ``expirationTimestamp`` passed, and once more after a 401.
+The kubeconfig (or the pod's service account) is read by the product's own
+:mod:`aggapi.kubeconfig`, the loader the apiserver and agent use too, so neither
+the client nor the kubectl plugins need a Kubernetes client library; exec
+credential plugins are run by :mod:`aggapi.client.execcred`. Streams need no
+total timeout and raw bodies, hence an aiohttp session of our own. Exec
+credentials are refreshed the way kubectl does it: before a request once their
+``expirationTimestamp`` passed, and once more after a 401. Configuration
+problems come out as :class:`ConfigError`, never as another library's exception.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
-import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes_asyncio import config as kconfig
-from kubernetes_asyncio.client import Configuration
 
-from aggapi.client.errors import AggapiError, Unauthorized, error_from_response
+from aggapi.client.errors import AggapiError, ConfigError, Unauthorized, error_from_response
+from aggapi.client.execcred import Credential, ExecPlugin
+from aggapi.kubeconfig import (
+    ClusterConfig,
+    KubeConfigError,
+    load_chain_from_memory,
+    load_incluster,
+    load_kubeconfig,
+)
+from aggapi.wire import GROUP_VERSION_PATH
 
-GROUP = "subresources.aggapi.io"
-VERSION = "v1alpha1"
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 Params = Sequence[tuple[str, str]] | Mapping[str, str]
@@ -35,7 +42,7 @@ def subresource_path(namespace: str, pod: str, subresource: str, *, watch: bool 
     """The pod subresource's path; the ``/watch/`` form is long-running in kube-apiserver
     (no 60 s cut; RBAC checks verb ``watch`` there)."""
     w = "watch/" if watch else ""
-    return (f"/apis/{GROUP}/{VERSION}/{w}namespaces/{quote(namespace, safe='')}"
+    return (f"{GROUP_VERSION_PATH}/{w}namespaces/{quote(namespace, safe='')}"
             f"/pods/{quote(pod, safe='')}/{subresource}")
 
 
@@ -51,49 +58,75 @@ def _default_kubeconfig_exists() -> bool:
     return os.path.exists(os.path.expanduser("~/.kube/config"))
 
 
-def _ssl_context(cfg: Configuration) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-    if cfg.cert_file:
-        ctx.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
-    if not cfg.verify_ssl:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
+def _read_token(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+def pick_kubeconfig(context: str | None) -> tuple[str | None, str | None]:
+    """(file, context) to load when $KUBECONFIG lists several files, as kubectl reads
+    them: the first current-context set wins, and the first file naming that context
+    is used (each file is expected to hold its context's cluster and user); missing
+    or unreadable files are skipped. (None, context): leave it to the default."""
+    import yaml  # PyYAML, as aggapi.kubeconfig uses it
+
+    paths = [p.strip() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep)
+             if p.strip()]
+    if len(paths) < 2:
+        return None, context
+    docs: list[tuple[str, dict[str, Any]]] = []
+    for p in paths:
+        try:
+            with open(os.path.expanduser(p), encoding="utf-8") as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict):
+            docs.append((p, doc))
+    name = context or next((str(d["current-context"]) for _, d in docs
+                            if d.get("current-context")), None)
+    for p, doc in docs:
+        if any(isinstance(c, dict) and c.get("name") == name for c in doc.get("contexts") or ()):
+            return p, name
+    return (docs[0][0] if docs else paths[0]), name
+
+
+async def _config(load: Callable[[], ClusterConfig]) -> ClusterConfig:
+    try:
+        return await asyncio.to_thread(load)
+    except KubeConfigError as exc:
+        raise ConfigError.from_message(str(exc)) from exc
 
 
 class Connection:
     """One cluster endpoint with its credentials; use as an async context manager."""
 
-    def __init__(self, configuration: Configuration, *, namespace: str = "default",
-                 loader: Any = None) -> None:
-        self.configuration = configuration
-        self.namespace = namespace
-        self.loader = loader  # KubeConfigLoader, kept to re-run exec plugins
+    def __init__(self, config: ClusterConfig, *, namespace: str | None = None,
+                 exec_plugin: ExecPlugin | None = None) -> None:
+        self.config = config
+        self.namespace = namespace or config.namespace or "default"
+        self.exec_plugin = exec_plugin
+        self._ssl = config.ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._retired: list[aiohttp.ClientSession] = []  # may still carry a response
-        self._cert: tuple[str | None, str | None] = (configuration.cert_file,
-                                                     configuration.key_file)
-        if self._uses_exec():
-            configuration.refresh_api_key_hook = self._refresh_if_expired
+        self._cert: tuple[bytes | None, bytes | None] = (None, None)
 
     # --- construction ----------------------------------------------------------------
     @classmethod
     async def from_kubeconfig(cls, kubeconfig: str | None = None,
                               context: str | None = None) -> Connection:
         """Load ``kubeconfig`` (default: $KUBECONFIG, a list, or ~/.kube/config)."""
-        cfg = type.__call__(Configuration)
-        loader = await kconfig.load_kube_config(
-            config_file=kubeconfig or None, context=context, client_configuration=cfg,
-            persist_config=False)
-        ctx = loader.current_context or {}
-        ns = (ctx.get("context") or {}).get("namespace") or "default"
-        return cls(cfg, namespace=ns, loader=loader)
+        if not kubeconfig:
+            kubeconfig, context = await asyncio.to_thread(pick_kubeconfig, context)
+        cfg = await _config(lambda: load_kubeconfig(kubeconfig or None, context,
+                                                    allow_exec=True))
+        plugin = ExecPlugin(cfg.exec_spec, cfg.base_dir) if cfg.exec_spec else None
+        return cls(cfg, exec_plugin=plugin)
 
     @classmethod
     async def in_cluster(cls) -> Connection:
-        cfg = type.__call__(Configuration)
-        kconfig.load_incluster_config(client_configuration=cfg)
-        return cls(cfg, namespace=_incluster_namespace())
+        cfg = await _config(load_incluster)
+        return cls(cfg, namespace=await asyncio.to_thread(_incluster_namespace))
 
     @classmethod
     async def load(cls, kubeconfig: str | None = None, context: str | None = None,
@@ -107,11 +140,12 @@ class Connection:
     # --- session ---------------------------------------------------------------------
     @property
     def server(self) -> str:
-        return str(self.configuration.host).rstrip("/")
+        return self.config.server.rstrip("/")
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            conn = aiohttp.TCPConnector(ssl=_ssl_context(self.configuration), limit=8)
+            conn = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True,
+                                        limit=8)
             # No total timeout: progress streams and large copies last as long as they last.
             self._session = aiohttp.ClientSession(
                 connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
@@ -131,46 +165,36 @@ class Connection:
         await self.close()
 
     # --- credentials -----------------------------------------------------------------
-    def _uses_exec(self) -> bool:
-        user = getattr(self.loader, "_user", None)
-        return user is not None and "exec" in user
-
-    async def _refresh_if_expired(self, cfg: Configuration) -> None:
-        # load_from_exec_plugin is a no-op while a known expiry lies ahead; without an
-        # expiry it would run the plugin for every request, so leave that to the 401 path.
-        if hasattr(self.loader, "exec_plugin_expiry"):
-            await self.loader.load_from_exec_plugin()
-            self._take_exec_result()
-
     async def _refresh_after_401(self) -> bool:
-        if not self._uses_exec():
+        if self.exec_plugin is None:
             return False
-        with contextlib.suppress(AttributeError):
-            del self.loader.exec_plugin_expiry
-        await self.loader.load_from_exec_plugin()
-        self._take_exec_result()
+        await self._take(await self.exec_plugin.credential(force=True))
         return True
 
-    def _take_exec_result(self) -> None:
-        token = getattr(self.loader, "token", None)
-        if token:
-            self.configuration.api_key["BearerToken"] = token
-        cert = (getattr(self.loader, "cert_file", None), getattr(self.loader, "key_file", None))
-        if cert[0] and cert != self._cert:
-            # A plugin that hands out client certificates: new TLS identity, new session.
-            self.configuration.cert_file, self.configuration.key_file = cert
+    async def _take(self, cred: Credential) -> None:
+        cert = (cred.cert, cred.key)
+        if cred.cert and cred.key and cert != self._cert and self._ssl is not None:
+            # A plugin that hands out client certificates: new TLS identity, so new
+            # connections (the old session may still carry a response: retire it).
+            await asyncio.to_thread(load_chain_from_memory, self._ssl, cred.cert, cred.key)
             self._cert = cert
             if self._session is not None:
                 self._retired.append(self._session)
                 self._session = None
 
     async def headers(self) -> dict[str, str]:
-        auth = await self.configuration.auth_settings()
-        out: dict[str, str] = {}
-        tok = auth.get("BearerToken")
-        if tok and tok.get("value"):
-            out["Authorization"] = str(tok["value"])
-        return out
+        token = self.config.token
+        if self.exec_plugin is not None:
+            cred = await self.exec_plugin.credential()
+            await self._take(cred)
+            token = cred.token or token
+        elif self.config.token_file:
+            try:  # re-read every time: projected tokens rotate
+                token = await asyncio.to_thread(_read_token, self.config.token_file)
+            except OSError as exc:
+                raise ConfigError.from_message(f"token file {self.config.token_file}: "
+                                               f"{exc.strerror}") from exc
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     # --- requests --------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -185,10 +209,8 @@ class Connection:
             hdrs = {**(await self.headers()), **(headers or {})}
             data = body() if callable(body) else body
             kw: dict[str, Any] = {}
-            if self.configuration.tls_server_name:
-                kw["server_hostname"] = self.configuration.tls_server_name
-            if self.configuration.proxy:
-                kw["proxy"] = self.configuration.proxy
+            if self.config.tls_server_name:
+                kw["server_hostname"] = self.config.tls_server_name
             resp = await self.session().request(method, self.server + path, params=params,
                                                 headers=hdrs, data=data, **kw)
             try:
@@ -213,4 +235,4 @@ async def _error_body(resp: aiohttp.ClientResponse) -> bytes:
         return b""
 
 
-__all__ = ["AggapiError", "Connection", "subresource_path"]
+__all__ = ["AggapiError", "ConfigError", "Connection", "subresource_path"]

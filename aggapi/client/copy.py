@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from aggapi import wire
+from aggapi.client.confine import link_stays_inside
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.errors import (
     AggapiError,
@@ -38,6 +39,7 @@ from aggapi.client.errors import (
     LocalError,
     RangeNotSatisfiable,
     TransferError,
+    UnsafeArchive,
 )
 from aggapi.client.extract import extract_dir
 from aggapi.client.packtar import list_tree, tar_size, tar_stream
@@ -110,7 +112,8 @@ class Result:
     resumed_from: int = 0
     retries: int = 0
     entries: int = 0
-    skipped: list[Any] = field(default_factory=list)
+    skipped: list[Any] = field(default_factory=list)  # entries the server left out
+    refused: list[str] = field(default_factory=list)  # entries not created here, and why
 
 
 def decode_stat(value: str | None) -> dict[str, Any]:
@@ -254,13 +257,20 @@ async def _receive_dir(resp: aiohttp.ClientResponse, dest: Path, st: dict[str, A
                        progress: Progress) -> Result:
     progress.start(None)
     res = await extract_dir(TarReader(resp.content), dest, progress.advance)
-    return Result(res.path, "dir", res.bytes, "", entries=res.entries, skipped=res.skipped)
+    return Result(res.path, "dir", res.bytes, "", entries=res.entries, skipped=res.skipped,
+                  refused=res.refused)
 
 
 def _make_symlink(dest: Path, st: dict[str, Any]) -> Result:
     target = st.get("linkTarget")
     if not isinstance(target, str) or not target:
         raise TransferError.from_message("symlink without a target")
+    # The container names the target: a link to /root/.kube/config (or ../../x) would
+    # turn "the downloaded file" into one of the user's own files.
+    if not link_stays_inside(dest.parent, [], target):
+        raise UnsafeArchive.from_message(
+            f"refusing to create symlink {dest} -> {target!r}: it points outside "
+            f"{dest.parent}")
     tmp = dest.with_name(f".{dest.name}.ncp-link")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)

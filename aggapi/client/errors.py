@@ -127,6 +127,12 @@ class UnsafeArchive(ClientError):
     reason = "UnsafeArchive"
 
 
+class ConfigError(ClientError):
+    """The kubeconfig, the in-cluster credentials or an exec credential plugin failed."""
+
+    reason = "ConfigError"
+
+
 class LocalError(ClientError):
     """The local side of a copy failed (missing source, existing destination, ...)."""
 

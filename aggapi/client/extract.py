@@ -1,14 +1,23 @@
 """Extract a directory's PAX tar stream without trusting any entry.
 
-Entries land in a fresh temp directory beside the destination, which is
+Entries land in a fresh private temp directory beside the destination, which is
 renamed into place only once the stream ended with its ``AGGAPI.complete``
-record. Names must be relative, free of '..' and NUL; every parent is walked
-one component at a time with O_NOFOLLOW from the temp dir's fd, so neither a
-'..' nor a symlink (one the tar itself created) leads out. Symlinks must point
-inside the tree (relative, never above its root); hard links only to an earlier
-regular file of the same tar. Device nodes, FIFOs and unknown types are
-refused; setuid/setgid/sticky bits are dropped. Any violation fails the whole
-copy and removes the temp dir: a hostile stream leaves nothing behind.
+record. Every entry is placed by walking its parents one component at a time
+with O_NOFOLLOW from the temp dir's fd, so no write ever goes through a symlink.
+An entry that would not stay inside is refused on its own and reported (the copy
+goes on, like tar's "member name contains '..'"), never created:
+
+- names that are absolute, contain '..' or NUL, or cross a symlink or a file;
+- symlinks whose target, resolved against the tree as it stands on disk (see
+  :mod:`aggapi.client.confine`), leaves it; because a later entry can change
+  what an earlier link's path runs through, every link is checked again once
+  the stream ended, until none is removed;
+- hard links to anything but the very regular file an earlier entry wrote;
+- devices, FIFOs, unknown types, and directories over a non-directory.
+
+Files and directories get the user's umask and no setuid/setgid/sticky bits, as
+tar without -p does for a non-root user. A broken or truncated stream fails the
+whole copy and removes the temp dir.
 """
 
 from __future__ import annotations
@@ -26,12 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggapi.client.errors import LocalError, TransferError, UnsafeArchive
+from aggapi.client.confine import current_umask, local_mode, resolve_beneath
+from aggapi.client.errors import LocalError, TransferError
 from aggapi.client.partial import fsync_dir
-from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, TarError, TarReader
+from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
 
 CHUNK = 1 << 20
 DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+RECHECK_ROUNDS = 4
 
 
 @dataclass
@@ -39,69 +50,61 @@ class ExtractResult:
     path: str
     entries: int = 0
     bytes: int = 0
-    skipped: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # by the server
+    refused: list[str] = field(default_factory=list)  # by this extractor, one line each
+
+
+class Refused(Exception):
+    """One entry is not created; the message says why."""
 
 
 def entry_parts(name: str) -> list[str]:
     """The path components of a tar entry name; [] for the root ("./")."""
     if "\0" in name:
-        raise UnsafeArchive.from_message(f"tar entry name contains NUL: {name!r}")
+        raise Refused(f"tar entry name contains NUL: {name!r}")
     if name.startswith("/"):
-        raise UnsafeArchive.from_message(f"tar entry has an absolute path: {name!r}")
+        raise Refused(f"tar entry has an absolute path: {name!r}")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise UnsafeArchive.from_message(f"tar entry path contains '..': {name!r}")
+        raise Refused(f"tar entry path contains '..': {name!r}")
     return parts
 
 
-def link_stays_inside(parent: list[str], target: str) -> bool:
-    """Whether a symlink in directory ``parent`` pointing to ``target`` stays in the tree."""
-    if not target or target.startswith("/") or "\0" in target:
-        return False
-    depth = list(parent)
-    for p in target.split("/"):
-        if p in ("", "."):
-            continue
-        if p == "..":
-            if not depth:
-                return False
-            depth.pop()
-        else:
-            depth.append(p)
-    return True
-
-
 class Extractor:
-    """Write one tar stream into ``tmp`` (a new directory) using fds only."""
+    """Write one tar stream into ``tmp`` (a new private directory) using fds only."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, umask: int) -> None:
         self.tmp = tmp
+        self.umask = umask
         self.root = os.open(tmp, DIRFLAGS)
-        self.files: set[tuple[str, ...]] = set()
-        self.dirs: list[tuple[tuple[str, ...], int, int]] = []  # applied last (read-only dirs)
+        # Regular files this stream wrote, by path: hard links may only name these,
+        # and only while the same inode is still there.
+        self.files: dict[tuple[str, ...], tuple[int, int]] = {}
+        self.dirs: dict[tuple[str, ...], tuple[int, int | None]] = {}  # applied last
+        self.root_mode = 0o777
         self.complete = False
         self.result = ExtractResult(str(tmp))
 
     def close(self) -> None:
         os.close(self.root)
 
-    def _dir(self, parts: list[str], create: bool = True) -> int:
+    def _dir(self, parts: list[str], create: bool = True, entry: str = "") -> int:
         """An fd of the directory ``parts`` below the root; never follows a symlink."""
         fd = os.dup(self.root)
         try:
-            for p in parts:
+            for i, p in enumerate(parts):
                 try:
                     nfd = os.open(p, DIRFLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
                     os.mkdir(p, 0o700, dir_fd=fd)
+                    self.dirs.setdefault(tuple(parts[:i + 1]), (0o777, None))
                     nfd = os.open(p, DIRFLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise UnsafeArchive.from_message(
-                            f"tar entry path crosses a symlink or file: {'/'.join(parts)!r}"
-                        ) from exc
+                        raise Refused(f"tar entry {entry!r} crosses a symlink or file at "
+                                      f"{'/'.join(parts[:i + 1])!r}") from exc
                     raise
                 os.close(fd)
                 fd = nfd
@@ -110,16 +113,17 @@ class Extractor:
             os.close(fd)
             raise
 
-    @staticmethod
-    def _clear(dfd: int, name: str) -> None:
+    def _clear(self, dfd: int, parts: list[str]) -> None:
         """Make room for a later entry of the same name, as tar does; never a directory."""
+        name = parts[-1]
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
             return
         if stat.S_ISDIR(st.st_mode):
-            raise UnsafeArchive.from_message(f"tar entry {name!r} would replace a directory")
+            raise Refused(f"tar entry {'/'.join(parts)!r} would replace a directory")
         os.unlink(name, dir_fd=dfd)
+        self.files.pop(tuple(parts), None)
 
     async def entry(self, reader: TarReader, on_bytes: Callable[[int], None]) -> bool:
         ent = await reader.next()
@@ -129,87 +133,135 @@ class Extractor:
             self.complete = True
             with contextlib.suppress(ValueError, TypeError):
                 self.result.skipped = list(json.loads(ent.pax.get("AGGAPI.skipped", "[]")))
-        parts = entry_parts(ent.name)
-        mtime = ent.mtime_ns
-        if not parts:  # the root itself ("./"): nothing to create
-            if ent.typeflag != DIR:
-                raise UnsafeArchive.from_message("tar root entry is not a directory")
-            return True
-        parent, name = parts[:-1], parts[-1]
-        if ent.typeflag == DIR:
-            pfd = self._dir(parent)
-            try:
-                try:
-                    os.mkdir(name, 0o700, dir_fd=pfd)
-                except FileExistsError:
-                    os.close(os.open(name, DIRFLAGS, dir_fd=pfd))  # must be a real dir
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafeArchive.from_message(
-                        f"tar directory {ent.name!r} collides with a non-directory") from exc
-                raise
-            finally:
-                os.close(pfd)
-            self.dirs.append((tuple(parts), ent.mode & 0o777, mtime))
-        elif ent.typeflag in (REG, CONT):
-            pfd = self._dir(parent)
-            try:
-                self._clear(pfd, name)
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                             0o600, dir_fd=pfd)
-                try:
-                    while chunk := await reader.read(CHUNK):
-                        await asyncio.to_thread(_write_all, fd, chunk)
-                        self.result.bytes += len(chunk)
-                        on_bytes(len(chunk))
-                    os.fchmod(fd, ent.mode & 0o777)
-                    await asyncio.to_thread(os.fsync, fd)
-                    os.utime(fd, ns=(mtime, mtime))
-                finally:
-                    os.close(fd)
-            finally:
-                os.close(pfd)
-            self.files.add(tuple(parts))
-        elif ent.typeflag == SYM:
-            if not link_stays_inside(parent, ent.linkname):
-                raise UnsafeArchive.from_message(
-                    f"symlink {ent.name!r} -> {ent.linkname!r} points outside the destination")
-            pfd = self._dir(parent)
-            try:
-                self._clear(pfd, name)
-                os.symlink(ent.linkname, name, dir_fd=pfd)
-            finally:
-                os.close(pfd)
-        elif ent.typeflag == LNK:
-            target = tuple(entry_parts(ent.linkname))
-            if target not in self.files:
-                raise UnsafeArchive.from_message(
-                    f"hard link {ent.name!r} -> {ent.linkname!r} names no earlier file")
-            sfd = self._dir(list(target[:-1]), create=False)
-            pfd = self._dir(parent)
-            try:
-                self._clear(pfd, name)
-                os.link(target[-1], name, src_dir_fd=sfd, dst_dir_fd=pfd,
-                        follow_symlinks=False)
-            finally:
-                os.close(sfd)
-                os.close(pfd)
-            self.files.add(tuple(parts))
-        else:
-            raise UnsafeArchive.from_message(
-                f"tar entry {ent.name!r} has a refused type {ent.typeflag!r}")
-        self.result.entries += 1
+        try:
+            await self._place(ent, reader, on_bytes)
+        except Refused as exc:
+            self.result.refused.append(str(exc))  # the reader skips its data
         return True
 
+    async def _place(self, ent: TarEntry, reader: TarReader,
+                     on_bytes: Callable[[int], None]) -> None:
+        parts = entry_parts(ent.name)
+        if not parts:  # the root itself ("./"): nothing to create
+            if ent.typeflag != DIR:
+                raise Refused("tar root entry is not a directory")
+            self.root_mode = ent.mode
+            return
+        pfd = self._dir(parts[:-1], entry=ent.name)
+        try:
+            if ent.typeflag == DIR:
+                self._mkdir(pfd, parts, ent)
+            elif ent.typeflag in (REG, CONT):
+                self._clear(pfd, parts)
+                await self._write(pfd, parts, ent, reader, on_bytes)
+            elif ent.typeflag == SYM:
+                if resolve_beneath(self.root, parts[:-1], ent.linkname) is None:
+                    raise Refused(f"symlink {ent.name!r} -> {ent.linkname!r} points outside "
+                                  "the destination")
+                self._clear(pfd, parts)
+                os.symlink(ent.linkname, parts[-1], dir_fd=pfd)
+            elif ent.typeflag == LNK:
+                self._hardlink(pfd, parts, ent)
+            else:
+                raise Refused(f"tar entry {ent.name!r} has a refused type {ent.typeflag!r}")
+        finally:
+            os.close(pfd)
+        self.result.entries += 1
+
+    def _mkdir(self, pfd: int, parts: list[str], ent: TarEntry) -> None:
+        try:
+            os.mkdir(parts[-1], 0o700, dir_fd=pfd)
+        except FileExistsError:
+            try:
+                os.close(os.open(parts[-1], DIRFLAGS, dir_fd=pfd))  # must be a real dir
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Refused(f"tar directory {ent.name!r} collides with a "
+                                  "non-directory") from exc
+                raise
+        self.dirs[tuple(parts)] = (ent.mode, ent.mtime_ns)
+
+    async def _write(self, pfd: int, parts: list[str], ent: TarEntry, reader: TarReader,
+                     on_bytes: Callable[[int], None]) -> None:
+        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     0o600, dir_fd=pfd)
+        try:
+            while chunk := await reader.read(CHUNK):
+                await asyncio.to_thread(_write_all, fd, chunk)
+                self.result.bytes += len(chunk)
+                on_bytes(len(chunk))
+            os.fchmod(fd, local_mode(ent.mode, self.umask))
+            await asyncio.to_thread(os.fsync, fd)
+            os.utime(fd, ns=(ent.mtime_ns, ent.mtime_ns))
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        self.files[tuple(parts)] = (st.st_dev, st.st_ino)
+
+    def _hardlink(self, pfd: int, parts: list[str], ent: TarEntry) -> None:
+        target = entry_parts(ent.linkname)
+        known = self.files.get(tuple(target))
+        if known is None or target == parts:
+            raise Refused(f"hard link {ent.name!r} -> {ent.linkname!r} names no earlier "
+                          "regular file")
+        sfd = self._dir(target[:-1], create=False, entry=ent.linkname)
+        try:
+            # The name may since have become a symlink (or another file): link only
+            # the very inode this stream wrote there.
+            st = os.stat(target[-1], dir_fd=sfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != known:
+                raise Refused(f"hard link {ent.name!r} -> {ent.linkname!r}: the target is "
+                              "no longer the file written there")
+            self._clear(pfd, parts)
+            os.link(target[-1], parts[-1], src_dir_fd=sfd, dst_dir_fd=pfd,
+                    follow_symlinks=False)
+        finally:
+            os.close(sfd)
+        self.files[tuple(parts)] = known
+
+    def recheck_links(self) -> None:
+        """Remove every symlink that now leads outside, until none does.
+
+        A link checked when it was created can leave the tree once a later entry
+        put a link into its path (``l -> s/x/../..`` with ``s -> .`` after it), and a
+        removal can change what another link's path runs through: check again. A
+        hostile chain could make that quadratic, so after a few rounds every link
+        whose path runs through another link goes too; the rest cannot change."""
+        for rounds in range(RECHECK_ROUNDS + 1):
+            if not self._sweep(strict=rounds == RECHECK_ROUNDS):
+                return
+
+    def _sweep(self, strict: bool) -> bool:
+        removed = False
+        for cur, dirs, files in os.walk(self.tmp):
+            rel = list(Path(cur).relative_to(self.tmp).parts)
+            for name in dirs + files:
+                path = os.path.join(cur, name)
+                if not os.path.islink(path):
+                    continue
+                target = os.readlink(path)
+                found = resolve_beneath(self.root, rel, target, max_links=0 if strict else None)
+                if found is None:
+                    os.unlink(path)
+                    removed = True
+                    self.result.entries -= 1
+                    why = ("runs through another link" if strict else
+                           "points outside the destination through a later entry")
+                    self.result.refused.append(
+                        f"symlink {'/'.join([*rel, name])!r} -> {target!r} {why}; removed")
+        return removed
+
     def finish_dirs(self) -> None:
-        for parts, mode, mtime in sorted(self.dirs, key=lambda d: -len(d[0])):
+        for parts, (mode, mtime) in sorted(self.dirs.items(), key=lambda d: -len(d[0])):
             fd = self._dir(list(parts), create=False)
             try:
                 os.fsync(fd)
-                os.utime(fd, ns=(mtime, mtime))
-                os.fchmod(fd, mode)
+                if mtime is not None:
+                    os.utime(fd, ns=(mtime, mtime))
+                os.fchmod(fd, local_mode(mode, self.umask))
             finally:
                 os.close(fd)
+        os.fchmod(self.root, local_mode(self.root_mode, self.umask))
 
 
 def _exists(p: Path) -> bool:
@@ -225,7 +277,7 @@ async def extract_dir(reader: TarReader, dest: Path,
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.ncp-", dir=dest.parent))
     ok = False
     try:
-        ex = Extractor(tmp)
+        ex = Extractor(tmp, current_umask())
         try:
             try:
                 while await ex.entry(reader, on_bytes):
@@ -235,8 +287,9 @@ async def extract_dir(reader: TarReader, dest: Path,
             if not ex.complete:
                 raise TransferError.from_message(
                     "directory stream ended without its completion record (cut short)")
-            ex.finish_dirs()
-            os.chmod(tmp, 0o755)
+            # Walks of the whole tree: off the event loop.
+            await asyncio.to_thread(ex.recheck_links)
+            await asyncio.to_thread(ex.finish_dirs)
         finally:
             ex.close()
         try:
@@ -257,3 +310,4 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+

@@ -15,6 +15,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from aggapi.client.confine import current_umask, local_mode
+
 CHUNK = 1 << 20
 
 
@@ -97,7 +99,7 @@ class PartialFile:
         """fsync, then rename over the destination (atomic), then fsync the directory."""
         assert self._f is not None
         if mode is not None:
-            os.fchmod(self._f, mode & 0o777)
+            os.fchmod(self._f, local_mode(mode, current_umask()))
         os.fsync(self._f)
         self.close()
         os.replace(self.data, self.dest)

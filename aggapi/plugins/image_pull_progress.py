@@ -14,8 +14,6 @@ import json
 import sys
 from typing import Any
 
-from kubernetes_asyncio.config import ConfigException
-
 from aggapi.client.connection import Connection
 from aggapi.client.errors import AggapiError
 from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return asyncio.run(run(args))
-    except (AggapiError, ConfigException, OSError) as exc:
+    except (AggapiError, OSError) as exc:
         report(exc)
         return EXIT_FAIL
     except KeyboardInterrupt:

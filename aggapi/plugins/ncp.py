@@ -4,7 +4,8 @@ Installed as ``kubectl-ncp``. Same syntax as ``kubectl cp``: one side is
 ``[namespace/]pod:/absolute/path``, the other a local path. No ``tar`` in the
 image, sha256 verified, downloads resumable (run it again after an
 interruption), atomic at both ends, and a non-zero exit on any failure
-(exit 3 when a directory copy had to skip entries such as device files).
+(exit 3 when a directory copy had to skip entries such as device files, or
+refused entries that would lead outside the destination, one warning each).
 Like ``cp -r``: when DST is an existing directory, SRC is copied into it.
 """
 
@@ -17,8 +18,6 @@ import re
 import stat
 import sys
 from pathlib import Path, PurePosixPath
-
-from kubernetes_asyncio.config import ConfigException
 
 from aggapi.client.connection import Connection
 from aggapi.client.copy import (
@@ -175,12 +174,15 @@ def summarize(args: argparse.Namespace, res: Result) -> int:
         extra = f", resumed at {res.resumed_from} bytes" if res.resumed_from else ""
         extra += f", {res.retries} reconnects" if res.retries else ""
         print(f"copied {args.src} -> {res.path} ({what}{extra})", file=sys.stderr)
+    for s in res.skipped:
+        print(f"warning: skipped {s}", file=sys.stderr)
+    for r in res.refused:
+        print(f"warning: refused {r}", file=sys.stderr)
     if res.skipped:
-        for s in res.skipped:
-            print(f"warning: skipped {s}", file=sys.stderr)
         print(f"error: {len(res.skipped)} entries were not copied", file=sys.stderr)
-        return EXIT_SKIPPED
-    return EXIT_OK
+    if res.refused:
+        print(f"error: {len(res.refused)} entries were refused", file=sys.stderr)
+    return EXIT_SKIPPED if res.skipped or res.refused else EXIT_OK
 
 
 def _partial_hint(args: argparse.Namespace) -> None:
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (AggapiError, ConfigException, OSError) as exc:
+    except (AggapiError, OSError) as exc:
         report(exc)
         _partial_hint(args)
         return EXIT_FAIL

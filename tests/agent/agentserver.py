@@ -18,6 +18,7 @@ from aggapi import certs, wire
 from aggapi.agent.app import build_app, new_parts
 from aggapi.agent.auth import SandboxLister, server_context
 from aggapi.agent.config import AgentConfig
+from aggapi.agent.main import listen
 from aggapi.agent.progress.poller import Backend
 from aggapi.capability import CapabilitySigner, CapabilityVerifier, ContainerRef
 from aggapi.runtime.containerd import ContainerdClient
@@ -113,12 +114,8 @@ async def run_agent(pki_dir: Path, *, cri: CRIClient | Any, containerd: Containe
     verifier = CapabilityVerifier((pki_dir / "token-signing.pub").read_bytes(), NODE)
     app = build_app(new_parts(config, cri=cri, containerd=containerd, verifier=verifier,
                               backend=backend), pod_check=pod_check)
-    runner = web.AppRunner(app, handler_cancellation=True)  # as aggapi.agent.main does
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0,
-                       ssl_context=server_context(config.tls_cert, config.tls_key,
-                                                  config.client_ca))
-    await site.start()
+    runner = await listen(app, config, 0, server_context(config.tls_cert, config.tls_key,
+                                                         config.client_ca))
     port = runner.addresses[0][1]
     signer = CapabilitySigner((pki_dir / "token-signing.key").read_bytes())
     try:

@@ -9,17 +9,20 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from aggapi import pki
-from aggapi.apiserver import appkeys
-from aggapi.apiserver.app import build_app
+from aggapi.apiserver.app import new_app
 from aggapi.apiserver.config import ApiServerConfig
-from aggapi.apiserver.handlers import copy, imagepullprogress
+from aggapi.apiserver.handlers.copy import CopyHandler
+from aggapi.apiserver.imagepullprogress.handler import PodProgressHandler
+from aggapi.apiserver.imagepullprogress.nodeview import NodePullsHandler
+from aggapi.apiserver.parts import Parts, complete
+from aggapi.apiserver.routes import Route
 from aggapi.status import StatusError
 from aggapi.tlsconfig import ServingTLS
 from tests.framework.fakekube import FakeKube
@@ -29,6 +32,7 @@ GV = "/apis/subresources.aggapi.io/v1alpha1"
 PROGRESS = GV + "/namespaces/ns1/pods/web-0/imagepullprogress"
 WATCH_PROGRESS = GV + "/watch/namespaces/ns1/pods/web-0/imagepullprogress"
 FRONT_PROXY_CN = "front-proxy-client"
+H = TypeVar("H")
 
 
 @dataclass
@@ -92,6 +96,7 @@ async def kube(certs: Pki) -> AsyncIterator[FakeKube]:
 class Server:
     url: str
     app: web.Application
+    parts: Parts
     tls: ServingTLS
     certs: Pki
     kube: FakeKube
@@ -108,10 +113,15 @@ class Server:
         return s
 
     def metric(self, name: str, **labels: str) -> float:
-        return self.app[appkeys.METRICS].value(name, **labels)
+        return self.parts.metrics.value(name, **labels)
+
+    def handler(self, kind: type[H]) -> H:
+        """The app's handler object of class ``kind`` (to tune it in a test)."""
+        return next(h for r in self.app.router.routes()
+                    if isinstance(h := getattr(r.handler, "__self__", r.handler), kind))
 
 
-async def _reached(_request: web.Request) -> web.StreamResponse:
+async def _reached(_self: object, _request: web.Request) -> web.StreamResponse:
     raise StatusError(501, "reached the handler")
 
 
@@ -121,15 +131,14 @@ async def make_server(certs: Pki, kube: FakeKube,
     runners: list[tuple[web.AppRunner, Server]] = []
 
     async def factory(wait_ready: bool = True,
-                      setup: Callable[[web.Application], None] | None = None,
+                      setup: Callable[[Parts], list[Route]] | None = None,
                       stub_handlers: bool = True,
                       **overrides: Any) -> Server:
         if stub_handlers:
             # These tests are about what happens before a handler runs: a 501 from a
             # stub says authentication and authorization let the request through.
-            for mod, name in ((imagepullprogress, "pod_progress"),
-                              (imagepullprogress, "node_pulls"), (copy, "copy")):
-                monkeypatch.setattr(mod, name, _reached)
+            for kind in (PodProgressHandler, NodePullsHandler, CopyHandler):
+                monkeypatch.setattr(kind, "__call__", _reached)
         settings: dict[str, Any] = dict(
             bind_address="127.0.0.1", secure_port=0, tls_cert_file=certs.path("tls.crt"),
             tls_private_key_file=certs.path("tls.key"), tls_reload_interval=0.05,
@@ -138,20 +147,19 @@ async def make_server(certs: Pki, kube: FakeKube,
         tls = ServingTLS(cfg.tls_cert_file, cfg.tls_private_key_file,
                          poll_interval=cfg.tls_reload_interval)
         api = kube.kube_client()
-        app = build_app(cfg, kube_api=api, tls=tls)
+        parts = complete(cfg, kube_api=api, tls=tls)
+        app = new_app(parts, extra_routes=setup(parts) if setup is not None else None)
         app.on_cleanup.append(lambda _app: api.close())
-        if setup is not None:
-            setup(app)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=cfg.shutdown_final,
                                handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.context)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        server = Server(f"https://127.0.0.1:{port}", app, tls, certs, kube, runner)
+        server = Server(f"https://127.0.0.1:{port}", app, parts, tls, certs, kube, runner)
         runners.append((runner, server))
         if wait_ready:
-            await asyncio.wait_for(app[appkeys.AUTH_SOURCE].ready.wait(), 5)
+            await asyncio.wait_for(parts.auth_source.ready.wait(), 5)
         return server
 
     yield factory

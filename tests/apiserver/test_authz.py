@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
-from aggapi.apiserver import appkeys
-from aggapi.apiserver.requestinfo import RequestInfo
+from aggapi.apiserver.requestinfo import RequestInfo, parse
+from aggapi.apiserver.routes import copy_authz
 from aggapi.apiserver.user import UserInfo
 from tests.framework.fakekube import FakeKube
 from tests.framework.frontproxy import FrontProxy
@@ -50,10 +51,13 @@ async def test_sar_attributes(server: Server, kube: FakeKube, proxy: FrontProxy)
     assert attrs[0] == {"namespace": "ns1", "verb": "get", "group": "subresources.aggapi.io",
                         "version": "v1alpha1", "resource": "pods",
                         "subresource": "imagepullprogress", "name": "web-0"}
-    assert len(attrs) == 4  # HEAD is verb get: the first one was served from the cache
+    assert len(attrs) == 5  # HEAD is verb get: the first one was served from the cache
     assert (attrs[1]["verb"], attrs[1]["subresource"]) == ("create", "copy")
-    assert (attrs[2]["verb"], attrs[2]["subresource"]) == ("get", "copy")
-    assert attrs[3] == {"namespace": "", "verb": "get", "group": "subresources.aggapi.io",
+    # An upload also needs create on core pods/exec, decided before the handler runs.
+    assert (attrs[2]["verb"], attrs[2]["group"], attrs[2]["subresource"]) == (
+        "create", "", "exec")
+    assert (attrs[3]["verb"], attrs[3]["subresource"]) == ("get", "copy")
+    assert attrs[4] == {"namespace": "", "verb": "get", "group": "subresources.aggapi.io",
                         "version": "v1alpha1", "resource": "nodes",
                         "subresource": "imagepulls", "name": "node-a"}
 
@@ -65,9 +69,12 @@ async def test_watch_prefix_is_verb_watch(server: Server, kube: FakeKube,
     assert (await _get(proxy, PROGRESS))[0] == 403
     verbs = [c["spec"]["resourceAttributes"]["verb"] for c in kube.sar_calls]
     assert verbs == ["watch", "get"]
-    # copy under the prefix: any method is watch.
-    await _get(proxy, GV + "/watch/namespaces/ns1/pods/web-0/copy", "POST")
-    assert kube.sar_calls[-1]["spec"]["resourceAttributes"]["verb"] == "watch"
+    # copy under the prefix: any method is watch; the operation's own verb (create)
+    # is then checked too, and refused here.
+    before = len(kube.sar_calls)
+    assert (await _get(proxy, GV + "/watch/namespaces/ns1/pods/web-0/copy", "POST"))[0] == 403
+    assert [c["spec"]["resourceAttributes"]["verb"] for c in kube.sar_calls[before:]] == [
+        "watch", "create"]
 
 
 async def test_decisions_cached(server: Server, kube: FakeKube, proxy: FrontProxy) -> None:
@@ -164,7 +171,7 @@ async def test_metrics_always_allowed_flag(make_server: Any, kube: FakeKube) -> 
 
 async def test_handlers_can_make_extra_checks(server: Server, kube: FakeKube) -> None:
     kube.sar_policy = lambda spec: spec["resourceAttributes"]["subresource"] == "exec"
-    authorizer = server.app[appkeys.AUTHORIZER]
+    authorizer = server.parts.authorizer
     user = UserInfo("alice", groups=("system:authenticated",))
     exec_attrs = RequestInfo(verb="create", api_version="v1", namespace="ns1", resource="pods",
                              subresource="exec", name="web-0", is_resource_request=True)
@@ -173,3 +180,25 @@ async def test_handlers_can_make_extra_checks(server: Server, kube: FakeKube) ->
                             subresource="log", name="web-0", is_resource_request=True)
     assert not (await authorizer.authorize(user, log_attrs)).allowed
     assert kube.sar_calls[0]["spec"]["resourceAttributes"]["group"] == ""
+
+
+@pytest.mark.parametrize(("method", "watch", "require_exec", "expected"), [
+    ("GET", False, True, [("get", "subresources.aggapi.io", "copy")]),
+    ("HEAD", True, True, [("watch", "subresources.aggapi.io", "copy"),
+                          ("get", "subresources.aggapi.io", "copy")]),
+    ("POST", False, True, [("create", "subresources.aggapi.io", "copy"),
+                           ("create", "", "exec")]),
+    ("POST", True, True, [("watch", "subresources.aggapi.io", "copy"),
+                          ("create", "subresources.aggapi.io", "copy"),
+                          ("create", "", "exec")]),
+    ("POST", True, False, [("watch", "subresources.aggapi.io", "copy"),
+                           ("create", "subresources.aggapi.io", "copy")]),
+])
+def test_copy_route_declares_every_check(method: str, watch: bool, require_exec: bool,
+                                         expected: list[tuple[str, str, str]]) -> None:
+    path = GV + ("/watch" if watch else "") + "/namespaces/ns1/pods/web-0/copy"
+    info = parse(method, path)
+    attrs = copy_authz(require_exec).attributes(info, method)
+    assert [(a.verb, a.api_group, a.subresource) for a in attrs] == expected
+    # Every check is about the object the handler will act on.
+    assert {(a.namespace, a.resource, a.name) for a in attrs} == {("ns1", "pods", "web-0")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aggapi.apiserver.requestinfo import RequestInfo, parse
+from aggapi.status import StatusError
 
 G = "/apis/subresources.aggapi.io/v1alpha1"
 
@@ -52,3 +53,17 @@ def test_core_group_and_namespace_object() -> None:
 def test_non_resource(path: str) -> None:
     info = parse("GET", path)
     assert not info.is_resource_request and info.verb == "get" and info.path == path
+
+
+@pytest.mark.parametrize("segment", ["web-0%2Fcopy", "a%2fb", "%00", "a%00", ".", "..", "%2e",
+                                     "%2E%2e", ".%2e", "%ff", ""])
+def test_ambiguous_segments_are_refused(segment: str) -> None:
+    with pytest.raises(StatusError) as err:
+        parse("GET", f"{G}/namespaces/n/pods/{segment}/copy")
+    assert err.value.code == 400
+
+
+def test_segments_are_decoded_one_by_one() -> None:
+    info = parse("GET", f"{G}/namespaces/n%2Dx/pods/caf%C3%A9/imagepullprogress?x=%2F")
+    assert (info.namespace, info.name, info.subresource) == ("n-x", "café",
+                                                             "imagepullprogress")

@@ -9,25 +9,24 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggapi.apiserver import appkeys
-from aggapi.apiserver.shutdown import track_stream
+from aggapi.apiserver.parts import Parts
+from aggapi.apiserver.routes import Route
 
 from .conftest import Server
 
 
-async def _stream(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse()
-    async with track_stream(request) as shutdown:
-        await resp.prepare(request)
-        await resp.write(b"start\n")
-        await shutdown.wait()
-        await resp.write(b"final\n")
-    await resp.write_eof()
-    return resp
+def _add_stream_route(parts: Parts) -> list[Route]:
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        async with parts.lifecycle.track("") as shutdown:
+            await resp.prepare(request)
+            await resp.write(b"start\n")
+            await shutdown.wait()
+            await resp.write(b"final\n")
+        await resp.write_eof()
+        return resp
 
-
-def _add_stream_route(app: web.Application) -> None:
-    app.router.add_get("/test/stream", _stream)
+    return [Route(("GET",), "/test/stream", stream)]
 
 
 async def test_streams_get_the_grace_period_then_end_cleanly(make_server: Any) -> None:
@@ -43,7 +42,7 @@ async def test_streams_get_the_grace_period_then_end_cleanly(make_server: Any) -
         started = loop.time()
         stopping = asyncio.create_task(srv.runner.cleanup())
         await asyncio.sleep(0.1)
-        lifecycle = srv.app[appkeys.LIFECYCLE]
+        lifecycle = srv.parts.lifecycle
         assert lifecycle.draining.is_set() and not lifecycle.shutdown.is_set()
         # No new connections while draining.
         with pytest.raises(aiohttp.ClientConnectorError):
@@ -63,4 +62,4 @@ async def test_idle_server_stops_without_waiting_the_grace(make_server: Any) -> 
     started = loop.time()
     await srv.runner.cleanup()
     assert loop.time() - started < 5
-    assert srv.app[appkeys.SHUTDOWN].is_set()
+    assert srv.parts.lifecycle.shutdown.is_set()

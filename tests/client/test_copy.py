@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from aggapi.client.copy import RemotePath, download, upload_dir, upload_file
 from aggapi.client.retry import Backoff
 from aggapi.tarstream import BLK, DIR, LNK, PAX, REG, SYM, header, pad, pax_header
 from tests.client.fakeserver import FakeCluster
+from tests.client.test_extract import escapes
 
 PAYLOAD = os.urandom(700_000)
 
@@ -162,10 +164,44 @@ async def test_hostile_tars_are_refused(cluster: FakeCluster, tmp_path: Path,
     dest = tmp_path / "sub" / "out"
     dest.parent.mkdir()
     async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
-        with pytest.raises((errors.UnsafeArchive, errors.TransferError)):
-            await download(c, rp("/data"), dest, backoff=Backoff(attempts=0))
-    assert list(dest.parent.iterdir()) == []
+        if case == "truncated":  # the stream itself is broken: nothing is kept
+            with pytest.raises(errors.TransferError):
+                await download(c, rp("/data"), dest, backoff=Backoff(attempts=0))
+            assert list(dest.parent.iterdir()) == []
+        else:  # the hostile entry is refused and reported, the rest is kept
+            res = await download(c, rp("/data"), dest, backoff=Backoff(attempts=0))
+            assert len(res.refused) == 1, res.refused
+            assert list(dest.parent.iterdir()) == [dest]
+            assert escapes(dest) == []
     assert not (tmp_path / "owned").exists() and not (tmp_path / "sub/owned").exists()
+
+
+@pytest.mark.parametrize("target", ["/root/.kube/config", "../../etc/passwd", "../x"])
+async def test_single_symlink_download_cannot_point_outside(
+        cluster: FakeCluster, tmp_path: Path, target: str) -> None:
+    os.symlink(target, app_root(cluster) / "data/app.conf")
+    os.symlink("sub/real.conf", app_root(cluster) / "data/ok.conf")
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        with pytest.raises(errors.UnsafeArchive, match="points outside"):
+            await download(c, rp("/data/app.conf"), dl / "app.conf")
+        assert os.listdir(dl) == []
+        res = await download(c, rp("/data/ok.conf"), dl / "ok.conf")
+    assert res.kind == "symlink" and os.readlink(dl / "ok.conf") == "sub/real.conf"
+
+
+async def test_single_file_download_gets_the_umask(cluster: FakeCluster, tmp_path: Path) -> None:
+    f = app_root(cluster) / "data/tool"
+    f.write_bytes(b"#!/bin/sh\n")
+    os.chmod(f, 0o6777)
+    old = os.umask(0o077)
+    try:
+        async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+            await download(c, rp("/data/tool"), tmp_path / "tool")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "tool").st_mode) == 0o700
 
 
 async def test_directory_destination_must_be_new(cluster: FakeCluster, tmp_path: Path) -> None:

@@ -42,7 +42,14 @@ CHART = REPO / "manifests/charts/aggapi"
 GROUP = "subresources.aggapi.io"
 # The chart tests' TLS modes, plus the optional ServiceMonitor.
 TLS_MODES: dict[str, list[str]] = {**CHART_TLS_MODES,
-                                   "serviceMonitor": ["serviceMonitor.enabled=true"]}
+                                   "serviceMonitor": ["serviceMonitor.enabled=true"],
+                                   # The opt-in apiserver NetworkPolicy, every peer kind.
+                                   "apiserverNetworkPolicy": [
+                                       "networkPolicy.apiserver.enabled=true",
+                                       "networkPolicy.apiserver.from[0].ipBlock.cidr="
+                                       "10.0.0.0/28",
+                                       "networkPolicy.apiserver.metricsFrom[0]"
+                                       ".namespaceSelector.matchLabels.team=monitoring"]}
 AGG = "rbac.authorization.k8s.io/aggregate-to-"
 
 

@@ -123,7 +123,20 @@ async def test_hostile_directory_is_refused(cluster: FakeCluster, env: dict[str,
     cluster.dir_tar = HOSTILE["escaping-symlink"]
     (tmp_path / "dl").mkdir()
     r = await kubectl(env, "ncp", "-c", "app", "web:/data", str(tmp_path / "dl/d"))
-    assert r.rc == 1 and "points outside the destination" in r.err
+    assert r.rc == 3, r.err
+    assert "warning: refused symlink 'd/l' -> '../../x' points outside the destination" in r.err
+    assert "error: 1 entries were refused" in r.err
+    assert os.listdir(tmp_path / "dl") == ["d"] and os.listdir(tmp_path / "dl/d") == ["d"]
+    assert os.listdir(tmp_path / "dl/d/d") == []
+
+
+async def test_symlink_download_pointing_outside_fails(cluster: FakeCluster,
+                                                      env: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    os.symlink("/root/.kube/config", root(cluster) / "data/app.conf")
+    (tmp_path / "dl").mkdir()
+    r = await kubectl(env, "ncp", "-c", "app", "web:/data/app.conf", str(tmp_path / "dl"))
+    assert r.rc == 1 and "points outside" in r.err
     assert os.listdir(tmp_path / "dl") == []
 
 

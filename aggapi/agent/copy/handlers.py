@@ -61,6 +61,7 @@ from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.upload import upload_file, upload_tar
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.capability import Capability
+from aggapi.serving import IdleTimeoutBody
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)
@@ -297,9 +298,16 @@ class CopyHandlers:
         params = upload_params(request, cap)
         if request.content_length is not None:
             state.slots.check_size(request.content_length)
+        # A client that stops sending is cut off: the slot and the temp files go with it.
+        body = IdleTimeoutBody(request.content, state.limits.body_idle_timeout)
         with state.slots.slot(cap.pod_uid):
             async with _container(state, cap, container) as root:
                 send = upload_tar if params.tar else upload_file
-                result = await send(state, root, path, request.content,
-                                    request.content_length, params)
+                try:
+                    result = await send(state, root, path, body, request.content_length,
+                                        params)
+                except StatusError:
+                    if body.stalled is not None:  # the tar parser reports it as a short tar
+                        raise body.stalled from None
+                    raise
         return web.json_response(result)

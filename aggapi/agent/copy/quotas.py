@@ -25,6 +25,7 @@ class CopyLimits:
     max_depth: int = 64  # --copy-max-depth: directory nesting in one copy
     state_dir: str = "/var/lib/aggapi-agent/inflight"  # --copy-state-dir
     retry_after: int = 5  # seconds suggested to a client refused with 429
+    body_idle_timeout: float = 60.0  # --body-idle-timeout: a silent upload is aborted
 
 
 class CopySlots:

@@ -5,7 +5,8 @@ the target's directory (resolved in-root with openat2) in 1 MiB chunks, one
 chunk being written by a worker while the next arrives: memory does not grow
 with the file size.
 
-Tar (``format=tar``): the body is parsed as a stream (never extractall). Entry
+Tar (``format=tar``): the body is parsed as a stream (never extractall), in worker
+threads with bounded metadata (:mod:`aggapi.agent.copy.untar`). Entry
 names must be relative and free of '..' and NUL; every entry is resolved under
 the target directory with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so
 neither '..' nor a symlink (from the tar or swapped in by the container) can
@@ -32,7 +33,6 @@ from typing import Any
 from aiohttp import StreamReader
 
 from aggapi.agent.copy.atomic import (
-    SETID,
     AtomicFile,
     check_replaceable,
 )
@@ -44,13 +44,12 @@ from aggapi.agent.copy.tarextract import (
     RDIR,
     TarExtractor,
     _remove_created_target,
-    close_file,
-    entry_parts,
     open_target_dir,
 )
+from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.status import StatusError
-from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, ByteStream, TarError, TarReader
+from aggapi.tarstream import ByteStream, TarError
 
 CHUNK = 1 << 20
 
@@ -190,50 +189,35 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
     except OSError as exc:
         raise fs_status(exc, path) from exc
     ex = TarExtractor(root, record, target_fd, path, params)
-    stream = CountingStream(body, state)
-    reader = TarReader(stream)
-    entries = 0
+    # The loop only receives and counts; parsing and extraction happen in workers
+    # (untar.TarSink), a batch of about a MiB at a time.
+    sink = TarSink(ex, root, limits)
+    received = 0
+
+    async def read(n: int) -> bytes:
+        nonlocal received
+        if isinstance(body, StreamReader):
+            data, _ = await body.readchunk()
+        else:
+            data = await body.read(n)
+        received += len(data)
+        state.slots.check_size(received)
+        return data
+
     ok = False
     try:
-        while (entry := await reader.next()) is not None:
-            parts = entry_parts(entry.name)
-            if not parts:
-                continue  # "./": the target itself
-            entries += 1
-            if entries > limits.max_entries:
-                raise StatusError(413, f"tar has more than {limits.max_entries} entries")
-            if len(parts) > limits.max_depth:
-                raise StatusError(413, f"tar entry {entry.name!r} is deeper than "
-                                  f"{limits.max_depth} levels")
-            rel = "/".join(parts)
-            root.ensure_alive()
-            t = entry.typeflag
-            if t == DIR:
-                await run(ex.mkdir, rel, entry.mode & ~SETID)
-            elif t in (REG, CONT):
-                af = await run(ex.begin_file, rel)
-                try:
-                    await pump(state, root, reader.read, af.write_many)
-                except BaseException:
-                    await _settle(run(close_file, af))  # rollback unlinks the temp
-                    raise
-                await run(ex.end_file, af, rel, entry.size, entry.mode, entry.mtime_ns)
-            elif t == SYM:
-                await run(ex.symlink, rel, entry.linkname)
-            elif t == LNK:
-                await run(ex.hardlink, rel, entry.linkname)
-            else:
-                raise StatusError(400, f"tar entry {entry.name!r} has type {t.decode()!r}: "
-                                  "device nodes, FIFOs and other special files are refused")
-        while await stream.read(CHUNK):  # trailing blocks count toward size and sha256
-            pass
-        if content_length is not None and stream.size != content_length:
-            raise StatusError(400, f"received {stream.size} bytes, expected {content_length}")
-        digest = stream.hash.hexdigest()
+        try:
+            await pump(state, root, read, sink.feed_many)
+            await run(sink.finish)
+        finally:
+            await _settle(run(sink.abort))
+        if content_length is not None and sink.size != content_length:
+            raise StatusError(400, f"received {sink.size} bytes, expected {content_length}")
+        digest = sink.hash.hexdigest()
         _check_digest(params, digest, path)
         await run(ex.commit)
         ok = True
-        return {"path": path, "size": stream.size, "sha256": digest, "entries": entries}
+        return {"path": path, "size": sink.size, "sha256": digest, "entries": sink.entries}
     except TarError as exc:
         raise StatusError(400, f"invalid tar: {exc}") from exc
     except OSError as exc:

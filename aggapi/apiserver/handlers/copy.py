@@ -1,11 +1,10 @@
 """pods/copy: download (GET), stat (HEAD) and upload (POST) through the node's agent.
 
-Authorization: the request's own SubjectAccessReview has already run (verb from
-the path: get, create, or watch under the /watch/ prefix). Here we also require
-the verb of the operation itself (get to read, create to write), so a user who
-may only watch cannot upload through the long-running path, and, unless
---copy-require-exec=false, ``create`` on core ``pods/exec`` for uploads: writing
-into a container is as strong as running a command in it.
+Authorization is done before this handler runs, by the authz layer from what
+the route table declares for pods/copy (the operation's own verb, and ``create``
+on core ``pods/exec`` for uploads). The pod acted on is the one that was
+authorized: its namespace and name come from the request's one parsed
+``RequestInfo``.
 """
 
 from __future__ import annotations
@@ -14,22 +13,22 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from aggapi import GROUP
-from aggapi.apiserver import appkeys
-from aggapi.apiserver.authz import check
-from aggapi.apiserver.handlers import agent_client
+from aggapi.apiserver.agentclient import AgentClient, require_agent
 from aggapi.apiserver.pods import PodTarget, lookup
-from aggapi.apiserver.requestinfo import RequestInfo
+from aggapi.apiserver.requestinfo import INFO
+from aggapi.apiserver.user import USER
 from aggapi.capability import ContainerRef
+from aggapi.kube import KubeClient
 from aggapi.status import StatusError
-
-# Parameters the agent acts on; the apiserver vouches for them inside the token.
-UPLOAD_PARAMS = ("sha256", "mode", "uid", "gid", "overwrite", "format")
-# Response headers of the agent a client needs (stat, digest, ranges).
-RELAYED_HEADERS = ("Content-Length", "Content-Type", "Content-Range", "Accept-Ranges",
-                   "ETag", "Last-Modified", "Digest", "Repr-Digest", "X-Aggapi-Stat",
-                   "X-Aggapi-Sha256", "Retry-After")
-CHUNK = 1 << 20
+from aggapi.wire import (
+    AGENT_COPY_PATH,
+    FORWARDED_HEADERS,
+    PARAM_CONTAINER,
+    PARAM_PATH,
+    RELAYED_HEADERS,
+    UPLOAD_PARAMS,
+    copy_operation,
+)
 
 
 def _container(target: PodTarget, name: str) -> ContainerRef:
@@ -48,7 +47,7 @@ def _container(target: PodTarget, name: str) -> ContainerRef:
 
 
 def _path(request: web.Request) -> str:
-    path = request.query.get("path", "")
+    path = request.query.get(PARAM_PATH, "")
     if not path:
         raise StatusError(400, "query parameter 'path' is required")
     if "\x00" in path or not path.startswith("/"):
@@ -60,70 +59,55 @@ def _path(request: web.Request) -> str:
     return path
 
 
-async def _authorize_operation(request: web.Request, info: RequestInfo, upload: bool) -> None:
-    user = request[appkeys.USER]
-    op_verb = "create" if upload else "get"
-    if info.verb != op_verb:
-        await check(request, user, RequestInfo(
-            verb=op_verb, api_group=GROUP, api_version=info.api_version,
-            namespace=info.namespace, resource="pods", subresource="copy", name=info.name,
-            is_resource_request=True, path=info.path))
-    if upload and request.app[appkeys.CONFIG].copy_require_exec:
-        await check(request, user, RequestInfo(
-            verb="create", api_group="", api_version="v1", namespace=info.namespace,
-            resource="pods", subresource="exec", name=info.name,
-            is_resource_request=True, path=info.path))
+class CopyHandler:
+    """Relays one copy between the client and the pod's node agent."""
 
+    def __init__(self, kube_api: KubeClient, agent: AgentClient | None) -> None:
+        self.kube_api = kube_api
+        self.agent = agent
 
-async def copy(request: web.Request) -> web.StreamResponse:
-    info = request[appkeys.INFO]
-    upload = request.method == "POST"
-    if request.method not in ("GET", "HEAD", "POST"):
-        raise StatusError(405, f"method {request.method} is not allowed on pods/copy",
-                          headers={"Allow": "GET, HEAD, POST"})
-    path = _path(request)
-    await _authorize_operation(request, info, upload)
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        info = request[INFO]
+        upload = request.method == "POST"  # the route table admits GET, HEAD and POST
+        path = _path(request)
+        target = await lookup(self.kube_api, info.namespace, info.name)
+        if not target.node:
+            raise StatusError(409, f'pod "{target.name}" is not scheduled to a node yet')
+        container = _container(target, request.query.get(PARAM_CONTAINER, ""))
+        params = {k: request.query[k] for k in UPLOAD_PARAMS if k in request.query} \
+            if upload else {}
 
-    target = await lookup(request.app[appkeys.KUBE_API], info.namespace, info.name)
-    if not target.node:
-        raise StatusError(409, f'pod "{target.name}" is not scheduled to a node yet')
-    container = _container(target, request.query.get("container", ""))
-    operation = "copy.upload" if upload else (
-        "copy.stat" if request.method == "HEAD" else "copy.download")
-    params = {k: request.query[k] for k in UPLOAD_PARAMS if k in request.query} if upload \
-        else {}
+        fwd = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
+        if upload and request.content_length is not None:
+            fwd["Content-Length"] = str(request.content_length)
+        if upload:
+            fwd["Content-Type"] = "application/octet-stream"
 
-    fwd = {h: request.headers[h] for h in ("Range", "If-Range") if h in request.headers}
-    if upload and request.content_length is not None:
-        fwd["Content-Length"] = str(request.content_length)
-    if upload:
-        fwd["Content-Type"] = "application/octet-stream"
-
-    agent = agent_client(request)
-    upstream = await agent.open(
-        request.method, "/v1/copy", node=target.node, subject=request[appkeys.USER].name,
-        operation=operation, pod_namespace=target.namespace, pod_name=target.name,
-        pod_uid=target.uid, containers=(container,), copy_path=path, params=params,
-        query={"container": container.name, "path": path, **params},
-        headers=fwd, data=_body(request) if upload else None,
-    )
-    try:
-        resp = web.StreamResponse(status=upstream.status)
-        for h in RELAYED_HEADERS:
-            if h in upstream.headers:
-                resp.headers[h] = upstream.headers[h]
-        if "Content-Length" not in upstream.headers:
-            resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        if request.method != "HEAD":
-            async for chunk, _ in upstream.content.iter_chunks():
-                await resp.write(chunk)
-        await resp.write_eof()
-        return resp
-    finally:
-        # close, not release: if the client went away mid-transfer the agent must see
-        # the connection end too, so it aborts (and removes its temp file).
-        upstream.close()
+        upstream = await require_agent(self.agent).open(
+            request.method, AGENT_COPY_PATH, node=target.node, subject=request[USER].name,
+            operation=copy_operation(request.method), pod_namespace=target.namespace,
+            pod_name=target.name, pod_uid=target.uid, containers=(container,),
+            copy_path=path, params=params,
+            query={PARAM_CONTAINER: container.name, PARAM_PATH: path, **params},
+            headers=fwd, data=_body(request) if upload else None,
+        )
+        try:
+            resp = web.StreamResponse(status=upstream.status)
+            for h in RELAYED_HEADERS:
+                if h in upstream.headers:
+                    resp.headers[h] = upstream.headers[h]
+            if "Content-Length" not in upstream.headers:
+                resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            if request.method != "HEAD":
+                async for chunk, _ in upstream.content.iter_chunks():
+                    await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+        finally:
+            # close, not release: if the client went away mid-transfer the agent must
+            # see the connection end too, so it aborts (and removes its temp file).
+            upstream.close()
 
 
 async def _body(request: web.Request) -> AsyncIterator[bytes]:

@@ -298,8 +298,23 @@ async def test_symlink_swap_race_in_runc_container(
                 reads.append(i)
             statuses[r.status] = statuses.get(r.status, 0) + 1
 
-        for batch in range(25):
+        def ups(d: Path) -> set[str]:
+            try:
+                return {n for n in os.listdir(d) if n.startswith("up")}
+            except OSError:  # mid-swap: the name is briefly gone or a link elsewhere
+                return set()
+
+        def hit_both() -> bool:
+            # The real directory is at d or, mid-swap, at d.real.
+            return bool((ups(data / "d") | ups(data / "d.real")) & set(uploaded)) and bool(
+                (ups(rootfs) - rootfs_before) & set(uploaded))
+
+        # At least 25 rounds; then on until both sides of the swap were hit (which
+        # one a write lands on is up to the scheduler: a busy machine can need more).
+        for batch in range(150):
             await asyncio.gather(*(one(batch * 12 + i) for i in range(12)))
+            if batch >= 24 and hit_both():
+                break
     (data / "stop").touch()
     await wait_for((data / "stopped").exists, what="the swap loop to stop")
 

@@ -16,7 +16,7 @@ import pytest
 from aggapi.agent import app as agent_app
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.progress.model import PHASE_ORDER
-from aggapi.apiserver import appkeys as server_keys
+from aggapi.apiserver.imagepullprogress.handler import PodProgressHandler
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeCallError
 from tests.agent.agentserver import NODE, run_agent
@@ -261,7 +261,7 @@ async def test_failed_pull_ends_with_the_registry_error(
 
 async def test_plain_path_ends_cleanly_before_deadline(
         stack: Stack, busybox_image: str) -> None:
-    stack.server.app[server_keys.CONFIG].stream_deadline = 2.0
+    stack.server.handler(PodProgressHandler).stream_deadline = 2.0
     stack.kube.put("api/v1", "pods", pod_object("slow", [("app", busybox_image + "-never")]))
     t0 = time.monotonic()
     async with stack.session().get(stack.pod_path("slow", "imagepullprogress")) as resp:

@@ -192,6 +192,7 @@ container port it targets. */}}
 - --shutdown-grace={{ .Values.apiserver.shutdownGracePeriod }}
 - --copy-require-exec={{ .Values.apiserver.copyRequireExec }}
 - --always-allow-metrics={{ .Values.apiserver.metricsAlwaysAllow }}
+- --read-header-timeout={{ .Values.apiserver.readHeaderTimeout }}
 - --log-level={{ .Values.apiserver.logLevel }}
 {{- range .Values.apiserver.extraArgs }}
 - {{ . | quote }}
@@ -222,6 +223,8 @@ container port it targets. */}}
 {{- if .Values.agent.copyAsRoot }}
 - --copy-as-root
 {{- end }}
+- --read-header-timeout={{ .Values.agent.readHeaderTimeout }}
+- --body-idle-timeout={{ .Values.agent.bodyIdleTimeout }}
 - --health-port={{ .Values.agent.healthPort }}
 - --log-level={{ .Values.agent.logLevel }}
 {{- range .Values.agent.extraArgs }}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aggapi.apiserver.fanout import Broadcast, SharedStreams
+from aggapi.apiserver.imagepullprogress.fanout import Broadcast, SharedStreams
 
 
 def _bc(backlog: int = 256, linger: float = 0.0) -> Broadcast:

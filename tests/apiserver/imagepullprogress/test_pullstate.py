@@ -1,6 +1,6 @@
 from typing import Any
 
-from aggapi.apiserver.pullstate import views
+from aggapi.apiserver.imagepullprogress.pullstate import views
 from aggapi.capability import ContainerRef
 
 C = (ContainerRef("init", "reg/init:1", "init"), ContainerRef("app", "reg/app:1"))

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from aggapi.apiserver.fanout import Item
+from aggapi.apiserver.imagepullprogress.fanout import Item
 
 NDJSON = "application/json"
 SSE = "text/event-stream"

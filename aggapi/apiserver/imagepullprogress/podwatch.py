@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from aggapi.apiserver.pullstate import event_time
+from aggapi.apiserver.imagepullprogress.pullstate import event_time
 from aggapi.kube import KubeClient, path_segment
 from aggapi.kubewatch import Informer
 

@@ -1,0 +1,121 @@
+"""The parse side of a tar upload, run in worker threads, never on the event loop.
+
+The event loop only receives the body and counts it against the size limit;
+it hands batches of about a MiB to :meth:`TarSink.feed_many` in a worker,
+which hashes them, runs them through the sans-IO :class:`TarParser` and
+applies each entry through the :class:`TarExtractor`. The parser keeps no
+more than one metadata block, so memory is bounded by the batches in flight
+whatever the upload's size, and its work is linear in the bytes fed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from aggapi.agent.copy.atomic import SETID, AtomicFile
+from aggapi.agent.copy.fsroot import FsRoot
+from aggapi.agent.copy.quotas import CopyLimits
+from aggapi.agent.copy.tarextract import TarExtractor, entry_parts
+from aggapi.status import StatusError
+from aggapi.tarparse import (
+    CONT,
+    DIR,
+    ENTRY_END,
+    LNK,
+    REG,
+    SYM,
+    TarEntry,
+    TarError,
+    TarLimits,
+    TarParser,
+)
+
+
+class TarSink:
+    """Parses pushed body batches and extracts their entries (blocking; one worker at a
+    time). Refusals are StatusError (400, or 413 for a limit) or TarError (400)."""
+
+    def __init__(self, ex: TarExtractor, root: FsRoot, limits: CopyLimits,
+                 tar_limits: TarLimits | None = None) -> None:
+        self.ex = ex
+        self.root = root
+        self.limits = limits
+        self.parser = TarParser(tar_limits or TarLimits())
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self.entries = 0  # every entry, "./" included
+        self.af: AtomicFile | None = None
+        self.entry: TarEntry | None = None
+        self.rel = ""
+        self.pieces: list[bytes] = []
+
+    def feed_many(self, batch: list[bytes]) -> None:
+        for data in batch:
+            self.hash.update(data)
+            self.size += len(data)
+            for ev in self.parser.feed(data):
+                if isinstance(ev, bytes):
+                    if self.af is not None:
+                        self.pieces.append(ev)
+                elif isinstance(ev, TarEntry):
+                    self._begin(ev)
+                elif ev is ENTRY_END:
+                    self._end()
+        self._flush()
+
+    def finish(self) -> None:
+        """After the last batch: the stream must have held a whole archive."""
+        self.parser.close()
+
+    def abort(self) -> None:
+        """Close a file left open by a refusal (the extractor's rollback unlinks it)."""
+        af, self.af, self.pieces = self.af, None, []
+        if af is not None:
+            af.close()
+            os.close(af.dir_fd)
+
+    def _flush(self) -> None:
+        if self.af is not None and self.pieces:
+            self.af.write_many(self.pieces)
+        self.pieces = []
+
+    def _begin(self, entry: TarEntry) -> None:
+        lim = self.limits
+        self.entries += 1
+        if self.entries > lim.max_entries:
+            raise StatusError(413, f"tar has more than {lim.max_entries} entries")
+        parts = entry_parts(entry.name)
+        if not parts:
+            return  # "./": the target itself (its data, if any, is dropped)
+        if len(parts) > lim.max_depth:
+            raise StatusError(413, f"tar entry {entry.name!r} is deeper than "
+                              f"{lim.max_depth} levels")
+        if entry.size > lim.size_limit:
+            raise StatusError(413, f"tar entry {entry.name!r} of {entry.size} bytes exceeds "
+                              f"the size limit of {lim.size_limit} bytes")
+        rel = "/".join(parts)
+        self.root.ensure_alive()
+        t = entry.typeflag
+        if t == DIR:
+            self.ex.mkdir(rel, entry.mode & ~SETID)
+        elif t in (REG, CONT):
+            self.af, self.entry, self.rel = self.ex.begin_file(rel), entry, rel
+        elif t == SYM:
+            self.ex.symlink(rel, entry.linkname)
+        elif t == LNK:
+            self.ex.hardlink(rel, entry.linkname)
+        else:
+            raise StatusError(400, f"tar entry {entry.name!r} has type "
+                              f"{t.decode('latin-1')!r}: device nodes, FIFOs and other special "
+                              "files are refused")
+
+    def _end(self) -> None:
+        if self.af is None or self.entry is None:
+            return
+        self._flush()
+        af, e, self.af, self.entry = self.af, self.entry, None, None
+        self.ex.end_file(af, self.rel, e.size, e.mode, e.mtime_ns)
+
+
+__all__ = ["TarError", "TarSink", "entry_parts"]

@@ -1,0 +1,90 @@
+"""The apiserver's parts, built once from its configuration ("Complete" in the
+generic apiserver's ``Config -> Complete() -> New()``).
+
+Every long-lived object the server needs is made here and nowhere else; the app
+(``app.py``) then hands each middleware and handler exactly the parts it uses,
+at construction. Tests build their own ``Parts`` (fakes included) the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.agents import AgentDirectory
+from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
+from aggapi.apiserver.authn import Authenticator, TokenReviewer
+from aggapi.apiserver.authz import Authorizer
+from aggapi.apiserver.config import ApiServerConfig
+from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
+from aggapi.apiserver.imagepullprogress.objects import new_progress_streams
+from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
+from aggapi.apiserver.metrics import Metrics
+from aggapi.apiserver.shutdown import Lifecycle
+from aggapi.capability import CapabilitySigner
+from aggapi.kube import KubeClient
+from aggapi.tlsconfig import ServingTLS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Parts:
+    config: ApiServerConfig
+    kube_api: KubeClient  # the caller's to close
+    metrics: Metrics
+    auth_source: AuthConfigSource
+    authenticator: Authenticator
+    authorizer: Authorizer
+    lifecycle: Lifecycle  # draining / shutdown events and the in-flight stream count
+    tls: ServingTLS | None  # None when served without TLS (unit tests)
+    agent: AgentClient | None  # None when not configured: the subresources answer 503
+    pod_watches: PodWatchHub  # shared pod + event watches for progress streams
+    progress_streams: SharedStreams  # progress producers shared by identical requests
+
+
+def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient | None:
+    files = (config.agent_ca_file, config.agent_client_cert_file,
+             config.agent_client_key_file, config.token_signing_key_file)
+    if not all(files):
+        if any(files):
+            raise SystemExit("--agent-ca-file, --agent-client-cert-file, "
+                             "--agent-client-key-file and --token-signing-key-file go together")
+        log.warning("no agent credentials configured: the subresources will answer 503")
+        return None
+    directory = AgentDirectory(kube_api, namespace=config.agent_namespace,
+                               service=config.agent_service, port_name=config.agent_port_name)
+    signer = CapabilitySigner(Path(config.token_signing_key_file).read_bytes())
+    return AgentClient(directory, signer, ca_file=config.agent_ca_file,
+                       cert_file=config.agent_client_cert_file,
+                       key_file=config.agent_client_key_file)
+
+
+def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS | None = None,
+             auth_source: AuthConfigSource | None = None) -> Parts:
+    """Every part of the server, from its configuration."""
+    metrics = Metrics()
+    source = auth_source or AuthConfigSource(kube_api, config.auth_configmap_namespace,
+                                             config.auth_configmap_name)
+    extra_pem = Path(config.client_ca_file).read_bytes() if config.client_ca_file else b""
+    extra_cas = parse_certs(extra_pem, config.client_ca_file) if config.client_ca_file else ()
+    tokens = TokenReviewer(kube_api, metrics, ttl=config.authn_cache_ttl,
+                           maxsize=config.authn_cache_size, timeout=config.review_timeout)
+    if tls is not None:
+        async def _cas_changed(cfg: AuthConfig) -> None:
+            # Only used when the handshake itself must verify (no libssl callback).
+            await tls.set_client_cas([cfg.client_ca_pem, cfg.requestheader_ca_pem, extra_pem])
+
+        source.subscribe(_cas_changed)
+    return Parts(
+        config=config, kube_api=kube_api, metrics=metrics, auth_source=source,
+        authenticator=Authenticator(source, tokens, metrics,
+                                    anonymous_enabled=config.anonymous_auth,
+                                    extra_client_cas=extra_cas),
+        authorizer=Authorizer(kube_api, metrics, allow_ttl=config.authz_allow_ttl,
+                              deny_ttl=config.authz_deny_ttl, maxsize=config.authz_cache_size,
+                              timeout=config.review_timeout),
+        lifecycle=Lifecycle(metrics), tls=tls, agent=_agent_client(config, kube_api),
+        pod_watches=PodWatchHub(kube_api), progress_streams=new_progress_streams())

@@ -1,0 +1,309 @@
+"""A push parser for untrusted tar streams: bytes in, entries and data out, no I/O.
+
+Callers feed it the stream in pieces of any size and get back events: a
+:class:`TarEntry` when a header is complete, the entry's data as ``bytes``
+slices of what was fed, ``ENTRY_END`` after the data and ``ARCHIVE_END`` at
+the first zero block. Being sans-IO, it runs where the caller wants it (the
+agent runs it in a worker thread, never on the event loop), and its work is
+linear in the bytes fed: every header is one block plus at most ``max_meta``
+bytes of metadata, the PAX records an entry can see are bounded in count and
+bytes (per header and for the accumulated global set), and an entry looks up
+the few keys it needs instead of copying the global set.
+
+It understands ustar, PAX ``x``/``g`` extended headers and GNU ``L``/``K``
+long names. Everything else is refused with :class:`TarError`: bad
+checksums, numeric fields that are malformed, negative or out of range
+(octal, base-256 and PAX decimal alike), and sparse entries in every form
+(GNU ``S``, PAX ``GNU.sparse.*`` 0.0/0.1/1.0 and ``GNUSparseFile.`` names),
+which would otherwise be extracted as their sparse map instead of their data.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import ChainMap
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+BLOCK = 512
+MAX_META = 64 * 1024  # cap on a PAX header or GNU long name block
+
+REG, LNK, SYM, CHR, BLK, DIR, FIFO, CONT = b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"7"
+PAX, GPAX, GNU_LONGNAME, GNU_LONGLINK = b"x", b"g", b"L", b"K"
+GNU_SPARSE = b"S"
+_META = (PAX, GPAX, GNU_LONGNAME, GNU_LONGLINK)
+_NO_DATA = (LNK, SYM, DIR, CHR, BLK, FIFO)  # their size field is not data (as tarfile)
+
+SPARSE_REFUSED = "sparse tar entries are not supported"
+MAX_SIZE = (1 << 63) - 1  # off_t
+MAX_ID = (1 << 32) - 2  # uid_t/gid_t; 2**32-1 is (uid_t)-1, "no change"
+MAX_MODE = 0o7777777  # what the ustar octal field holds
+MAX_DEV = (1 << 32) - 1
+NS = 1_000_000_000
+MIN_TIME_NS, MAX_TIME_NS = -(1 << 63), (1 << 63) - 1  # what utimensat can be given
+
+_ZERO = b"\0" * BLOCK
+_HIGH = bytes(b > 127 for b in range(256))  # 1 for each byte that is negative as a char
+_SPARSE_NAME = re.compile(r"(?:^|/)GNUSparseFile\.")
+_OCTAL = re.compile(rb" *([0-7]*) *")
+_DECIMAL = re.compile(r"[0-9]{1,20}")
+_TIME = re.compile(r"(-?)([0-9]{1,20})(?:\.([0-9]{0,30}))?")
+
+
+class TarError(ValueError):
+    """The stream is not a tar we accept."""
+
+
+@dataclass(frozen=True)
+class TarLimits:
+    max_meta: int = MAX_META  # bytes in one PAX header or GNU long name
+    max_pax_records: int = 256  # records in the PAX headers of one entry
+    max_global_records: int = 64  # records in the accumulated global (g) set
+    max_global_bytes: int = 16 * 1024  # key and value bytes in that set
+    max_meta_run: int = 8  # metadata headers (x, g, L, K) in a row before an entry
+
+
+DEFAULT_LIMITS = TarLimits()
+
+
+@dataclass
+class TarEntry:
+    name: str
+    typeflag: bytes
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    linkname: str
+    pax: Mapping[str, str] = field(default_factory=dict)  # this entry's records, then g
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+ENTRY_END = _Marker("ENTRY_END")
+ARCHIVE_END = _Marker("ARCHIVE_END")
+Event = TarEntry | bytes | _Marker
+
+
+def _num(field_: bytes, what: str, top: int, bottom: int = 0) -> int:
+    """An octal or GNU base-256 header field, within [bottom, top]."""
+    if field_[:1] == b"\xff":  # base-256, negative: only times may be (before 1970)
+        val = int.from_bytes(field_, "big", signed=True)
+    elif field_[:1] == b"\x80":
+        val = int.from_bytes(field_[1:], "big")
+    elif field_ and field_[0] & 0x80:
+        raise TarError(f"bad base-256 {what} in a tar header")
+    else:
+        m = _OCTAL.fullmatch(field_.split(b"\0", 1)[0])
+        if m is None:
+            raise TarError(f"bad numeric {what} field {field_!r} in a tar header")
+        val = int(m.group(1), 8) if m.group(1) else 0
+    if not bottom <= val <= top:
+        raise TarError(f"{what} {val} in a tar header is out of range")
+    return val
+
+
+def _pax_int(value: str, what: str, top: int) -> int:
+    if _DECIMAL.fullmatch(value) is None:
+        raise TarError(f"bad PAX {what} {value[:40]!r}")
+    val = int(value)
+    if val > top:
+        raise TarError(f"PAX {what} {val} is out of range")
+    return val
+
+
+def _pax_time_ns(value: str) -> int:
+    m = _TIME.fullmatch(value)
+    if m is None:
+        raise TarError(f"bad PAX mtime {value[:40]!r}")
+    sign, sec, frac = m.groups()
+    ns = int(sec) * NS + int(((frac or "") + "000000000")[:9])
+    ns = -ns if sign else ns
+    if not MIN_TIME_NS <= ns <= MAX_TIME_NS:
+        raise TarError(f"PAX mtime {value[:40]!r} is out of range")
+    return ns
+
+
+def parse_pax(data: bytes, max_records: int) -> dict[str, str]:
+    """The records of one PAX header: ``"%d %s=%s\\n"``, the length counting itself."""
+    out: dict[str, str] = {}
+    pos, end = 0, len(data)
+    while pos < end and data[pos] != 0:
+        sp = data.find(b" ", pos, pos + 21)
+        digits = data[pos:sp]
+        if sp < 0 or not digits.isdigit():  # bytes.isdigit: ASCII digits only
+            raise TarError("bad PAX record length")
+        n = int(digits)
+        rec = data[sp + 1:pos + n]
+        if n <= sp - pos + 1 or pos + n > end or not rec.endswith(b"\n") or b"=" not in rec:
+            raise TarError("bad PAX record")
+        if len(out) >= max_records:
+            raise TarError(f"more than {max_records} PAX records for one tar entry")
+        key, _, val = rec[:-1].partition(b"=")
+        # Values may hold any byte (a NUL in a path is the caller's to refuse).
+        out[key.decode("utf-8", "surrogateescape")] = val.decode("utf-8", "surrogateescape")
+        pos += n
+    return out
+
+
+def _check_not_sparse(records: Mapping[str, str]) -> None:
+    if any(k.startswith("GNU.sparse.") for k in records):
+        raise TarError(SPARSE_REFUSED)
+
+
+def _str(field_: bytes) -> str:
+    return field_.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+class TarParser:
+    """Feed bytes with :meth:`feed`, iterate the events; :meth:`close` at the end."""
+
+    def __init__(self, limits: TarLimits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self.ended = False
+        self._buf = bytearray()  # a header or metadata block being gathered
+        self._need = BLOCK  # bytes the block being gathered takes (with padding)
+        self._meta_type: bytes | None = None  # the metadata header being gathered
+        self._meta_size = 0
+        self._left = 0  # data bytes of the current entry still to come
+        self._pad = 0  # padding after them
+        self._global: dict[str, str] = {}  # replaced, never mutated: entries share it
+        self._global_bytes = 0
+        self._pax: dict[str, str] = {}  # x records for the next entry
+        self._long: dict[bytes, str] = {}  # GNU L/K for the next entry
+        self._run = 0  # metadata headers since the last entry
+
+    def close(self) -> None:
+        if not self.ended:
+            raise TarError("tar stream ended early")
+
+    def feed(self, data: bytes) -> Iterator[Event]:
+        pos, end = 0, len(data)
+        while pos < end:
+            if self.ended:
+                return  # after the end-of-archive block the rest is padding
+            if self._left:
+                take = min(self._left, end - pos)
+                yield data[pos:pos + take]
+                pos += take
+                self._left -= take
+                if not self._left:
+                    yield ENTRY_END
+                continue
+            if self._pad:
+                take = min(self._pad, end - pos)
+                pos += take
+                self._pad -= take
+                continue
+            take = min(self._need - len(self._buf), end - pos)
+            if not self._buf and take == self._need:
+                block = data[pos:pos + take]  # the whole block is here: no gathering
+            else:
+                self._buf += data[pos:pos + take]
+                if len(self._buf) < self._need:
+                    return
+                block = bytes(self._buf)
+                self._buf.clear()
+            pos += take
+            if self._meta_type is not None:
+                self._metadata(block[:self._meta_size])
+            else:
+                yield from self._header(block)
+
+    def _header(self, blk: bytes) -> Iterator[Event]:
+        if blk == _ZERO:
+            self.ended = True
+            yield ARCHIVE_END
+            return
+        stored = _num(blk[148:156], "checksum", 1 << 24)
+        unsigned = sum(blk) - sum(blk[148:156]) + 256
+        if stored != unsigned and stored != unsigned - 256 * sum(blk.translate(_HIGH)):
+            raise TarError("tar header checksum mismatch")  # (old writers summed signed)
+        typeflag = blk[156:157]
+        size = _num(blk[124:136], "size", MAX_SIZE)
+        if typeflag == GNU_SPARSE:
+            raise TarError(SPARSE_REFUSED)
+        if typeflag in _META:
+            self._run += 1
+            if self._run > self.limits.max_meta_run:
+                raise TarError(f"more than {self.limits.max_meta_run} tar metadata headers "
+                               "in a row")
+            if size > self.limits.max_meta:
+                raise TarError(f"tar metadata block of {size} bytes is too large")
+            self._meta_type, self._meta_size = typeflag, size
+            self._need = size + (-size % BLOCK)
+            if not self._need:
+                self._metadata(b"")
+            return
+        yield self._entry(blk, typeflag, size)
+        if self._left:
+            return
+        yield ENTRY_END
+
+    def _metadata(self, data: bytes) -> None:
+        t, self._meta_type, self._need = self._meta_type, None, BLOCK
+        lim = self.limits
+        if t in (GNU_LONGNAME, GNU_LONGLINK):
+            assert t is not None
+            self._long[t] = _str(data)
+            return
+        recs = parse_pax(data, lim.max_pax_records)
+        _check_not_sparse(recs)
+        if t == PAX:
+            self._pax.update(recs)
+            if len(self._pax) > lim.max_pax_records:
+                raise TarError(f"more than {lim.max_pax_records} PAX records for one tar "
+                               "entry")
+            return
+        if not recs:
+            return
+        merged = {**self._global, **recs}  # at most max_global_records: a bounded copy
+        nbytes = self._global_bytes
+        for k, v in recs.items():
+            old = self._global.get(k)
+            nbytes += len(v) - (len(old) if old is not None else -len(k))
+        if len(merged) > lim.max_global_records or nbytes > lim.max_global_bytes:
+            raise TarError(f"global PAX headers exceed {lim.max_global_records} records or "
+                           f"{lim.max_global_bytes} bytes")
+        self._global, self._global_bytes = merged, nbytes
+
+    def _entry(self, blk: bytes, typeflag: bytes, size: int) -> TarEntry:
+        pax: Mapping[str, str] = ChainMap(self._pax, self._global) if self._global \
+            else self._pax
+        long, self._pax, self._long, self._run = self._long, {}, {}, 0
+        magic = blk[257:263]
+        raw_name = _str(blk[0:100])
+        if magic == b"ustar\0" and blk[345:500].strip(b"\0"):  # GNU keeps times there
+            raw_name = _str(blk[345:500]) + "/" + raw_name
+        name = pax.get("path", long.get(GNU_LONGNAME, raw_name))
+        if _SPARSE_NAME.search(name) or _SPARSE_NAME.search(raw_name):
+            raise TarError(SPARSE_REFUSED)
+        linkname = pax.get("linkpath", long.get(GNU_LONGLINK, _str(blk[157:257])))
+        mode = _num(blk[100:108], "mode", MAX_MODE)
+        uid = _num(blk[108:116], "uid", MAX_ID)
+        gid = _num(blk[116:124], "gid", MAX_ID)
+        mtime_ns = _num(blk[136:148], "mtime", MAX_TIME_NS // NS, -(MIN_TIME_NS // -NS)) * NS
+        if magic in (b"ustar\0", b"ustar "):
+            _num(blk[329:337], "devmajor", MAX_DEV)
+            _num(blk[337:345], "devminor", MAX_DEV)
+        if "size" in pax:
+            size = _pax_int(pax["size"], "size", MAX_SIZE)
+        if "uid" in pax:
+            uid = _pax_int(pax["uid"], "uid", MAX_ID)
+        if "gid" in pax:
+            gid = _pax_int(pax["gid"], "gid", MAX_ID)
+        if "mtime" in pax:
+            mtime_ns = _pax_time_ns(pax["mtime"])
+        if typeflag == b"\0":
+            typeflag = REG
+        if typeflag in _NO_DATA:
+            size = 0
+        self._left, self._pad = size, -size % BLOCK
+        return TarEntry(name, typeflag, size, mode, uid, gid, mtime_ns, linkname, pax)

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Build the Dockerfile's image on this machine with no Docker engine and no Docker Hub:
+#   1. a Debian bookworm root filesystem from Debian packages (mmdebstrap), made into a
+#      base image with buildah (cached, keyed by the package list and options);
+#   2. a wheelhouse of aggapi and its core dependencies, built on the host (the build
+#      container cannot verify the package index's certificate, and this keeps the image
+#      build offline; the host's CA never goes into the image);
+#   3. `buildah bud` of the unchanged Dockerfile with PYTHON_IMAGE set to that base;
+#   4. an OCI archive that carries the image name, for `ctr -n k8s.io images import`.
+# Prints the image, base and venv sizes. Skips all work when the inputs (Dockerfile,
+# .dockerignore, pyproject.toml, README.md, aggapi/, this script, the base key) are
+# unchanged since the archive was written.
+#
+# Usage: hack/build-image.sh [-o ARCHIVE] [-t IMAGE] [--force]
+#   ARCHIVE  default $AGGAPI_IMAGE_CACHE/aggapi-dev.oci.tar
+#   IMAGE    default localhost/aggapi:dev
+# Env: AGGAPI_IMAGE_CACHE (default /var/cache/aggapi-image), outside the clone so that
+# every worktree shares the base and the wheelhouse.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+CACHE="${AGGAPI_IMAGE_CACHE:-/var/cache/aggapi-image}"
+IMAGE=localhost/aggapi:dev
+OUT=""
+FORCE=0
+while (($#)); do
+  case "$1" in
+    -o) OUT="$2"; shift 2 ;;
+    -t) IMAGE="$2"; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    *) echo "usage: $0 [-o ARCHIVE] [-t IMAGE] [--force]" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$CACHE"
+OUT="${OUT:-$CACHE/aggapi-dev.oci.tar}"
+T0=$(date +%s)
+log() { echo "build-image: [$(($(date +%s) - T0))s] $*"; }
+mb() { awk -v b="$1" 'BEGIN { printf "%.1f MB", b / 1e6 }'; }
+
+# One build at a time: buildah's storage and the cache are shared.
+exec 9>"$CACHE/lock"
+flock 9
+
+# --- tools (Debian packages) -----------------------------------------------------------
+need=()
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v buildah >/dev/null || need+=(buildah)
+if ((${#need[@]})); then
+  log "apt-get install ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# --- inputs ----------------------------------------------------------------------------
+# The base: only the Essential packages plus the includes (no apt, no perl), usr merged
+# by mmdebstrap's hook instead of the usrmerge package (which pulls in perl), and no
+# docs, man pages, locales or device nodes.
+SUITE=bookworm
+BASE_OPTS=(--variant=essential --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
+           --include=python3,python3-venv,ca-certificates --skip=output/dev
+           --dpkgopt='path-exclude=/usr/share/man/*'
+           --dpkgopt='path-exclude=/usr/share/doc/*'
+           --dpkgopt='path-include=/usr/share/doc/*/copyright'
+           --dpkgopt='path-exclude=/usr/share/locale/*'
+           --dpkgopt='path-exclude=/usr/share/info/*')
+BASE_KEY=$(printf '%s\n' "$SUITE" "${BASE_OPTS[@]}" | sha256sum | cut -c1-16)
+BASE_TAR="$CACHE/base-$BASE_KEY.tar"
+BASE_IMAGE="localhost/aggapi-base:$BASE_KEY"
+
+# The context, as .dockerignore lets docker see it (pyproject.toml, README.md, aggapi/
+# without bytecode and without the test harness), as a reproducible tar stream.
+context_tar() {
+  tar -C "$REPO" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
+      --exclude=__pycache__ --exclude='*.pyc' --exclude=aggapi/testing \
+      -cf - pyproject.toml README.md aggapi
+}
+INPUTS=$( { echo "$BASE_KEY $IMAGE"
+            cat "$REPO/Dockerfile" "$REPO/.dockerignore" "$REPO/hack/build-image.sh"
+            context_tar; } | sha256sum | cut -d' ' -f1)
+STAMP="$OUT.inputs"
+
+report() {
+  cat "$OUT.sizes"
+  echo "build-image: archive $OUT ($(mb "$(stat -c %s "$OUT")") compressed), image $IMAGE"
+}
+
+if ((!FORCE)) && [[ -f "$OUT" && -f "$OUT.sizes" && "$(cat "$STAMP" 2>/dev/null)" == "$INPUTS" ]]; then
+  log "up to date (inputs $INPUTS)"
+  report
+  exit 0
+fi
+
+# --- 1. base image ---------------------------------------------------------------------
+if [[ ! -f "$BASE_TAR" ]]; then
+  log "mmdebstrap ${BASE_OPTS[*]} $SUITE"
+  # mmdebstrap picks the output format from the name: keep the .tar suffix.
+  tmp="$CACHE/base-$BASE_KEY.tmp.tar"
+  if ! mmdebstrap "${BASE_OPTS[@]}" "$SUITE" "$tmp" >"$CACHE/mmdebstrap.log" 2>&1; then
+    tail -30 "$CACHE/mmdebstrap.log" >&2
+    exit 1
+  fi
+  mv "$tmp" "$BASE_TAR"
+else
+  log "base root filesystem cached: $BASE_TAR"
+fi
+if ! buildah inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
+  log "base image $BASE_IMAGE"
+  c=$(buildah from scratch)
+  buildah add --quiet "$c" "$BASE_TAR" / >/dev/null
+  buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env LANG=C.UTF-8 --cmd python3 "$c"
+  buildah commit --quiet --rm "$c" "$BASE_IMAGE" >/dev/null
+fi
+
+# --- 2. context and wheelhouse ---------------------------------------------------------
+CTX=$(mktemp -d "$CACHE/ctx.XXXXXX")
+trap 'rm -rf "$CTX"' EXIT
+cp "$REPO/Dockerfile" "$REPO/.dockerignore" "$CTX/"
+context_tar | tar -C "$CTX" -xf -
+mkdir "$CTX/wheels"
+# The wheels are for the base's Python (bookworm: 3.11); the host's pip builds them.
+WHEEL_PY="${AGGAPI_WHEEL_PYTHON:-python3}"
+"$WHEEL_PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || {
+  echo "build-image: $WHEEL_PY is not Python 3.11 (the base's); set AGGAPI_WHEEL_PYTHON" >&2
+  exit 1; }
+DEPS="$CACHE/wheels-$(sha256sum "$REPO/pyproject.toml" | cut -c1-16)"
+if [[ ! -d "$DEPS" ]]; then
+  log "pip wheel: aggapi and its dependencies"
+  rm -rf "$DEPS.tmp"
+  "$WHEEL_PY" -m pip wheel -q --disable-pip-version-check -w "$DEPS.tmp" "$CTX"
+  mv "$DEPS.tmp"/aggapi-*.whl "$CTX/wheels/"
+  mv "$DEPS.tmp" "$DEPS"
+else
+  log "pip wheel: aggapi (dependencies cached in $DEPS)"
+  "$WHEEL_PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$CTX/wheels" "$CTX"
+fi
+cp "$DEPS"/*.whl "$CTX/wheels/"
+rm -rf "$CTX/build" "$CTX"/*.egg-info "$CTX"/aggapi.egg-info
+
+# --- 3. build --------------------------------------------------------------------------
+log "buildah bud (PYTHON_IMAGE=$BASE_IMAGE)"
+buildah bud --quiet --isolation chroot --pull=never --build-arg "PYTHON_IMAGE=$BASE_IMAGE" \
+  -t "$IMAGE" -f "$CTX/Dockerfile" "$CTX" >/dev/null
+buildah rmi --prune >/dev/null 2>&1 || true  # the image this one replaced
+
+# --- 4. archive and sizes --------------------------------------------------------------
+log "buildah push oci-archive:$OUT"
+rm -f "$OUT.tmp" "$STAMP"
+buildah push --quiet "$IMAGE" "oci-archive:$OUT.tmp:$IMAGE"
+mv "$OUT.tmp" "$OUT"
+
+rootfs_bytes() {  # bytes in an image's regular files [under a path], hard links once
+  local c m n
+  c=$(buildah from --pull=never "$1")
+  m=$(buildah mount "$c")
+  n=$(find "$m${2:-}" -type f -printf '%i %s\n' | sort -u | awk '{ n += $2 } END { print n }')
+  buildah umount "$c" >/dev/null
+  buildah rm "$c" >/dev/null
+  echo "$n"
+}
+image=$(rootfs_bytes "$IMAGE")
+base=$(rootfs_bytes "$BASE_IMAGE")
+venv=$(rootfs_bytes "$IMAGE" /opt/aggapi)
+{
+  echo "build-image: image size $(mb "$image") uncompressed" \
+       "(base $(mb "$base"), venv /opt/aggapi $(mb "$venv"))"
+} >"$OUT.sizes"
+echo "$INPUTS" >"$STAMP"
+log "done"
+report

@@ -1,0 +1,38 @@
+"""Both plugins start without a cluster: --help works, and a broken kubeconfig is one
+clean error line (a ConfigError from aggapi.client), not another library's traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from aggapi.plugins import image_pull_progress, ncp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("module", ["aggapi.plugins.ncp", "aggapi.plugins.image_pull_progress"])
+def test_help(module: str) -> None:
+    r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: kubectl ") and "--kubeconfig" in r.stdout
+
+
+@pytest.mark.parametrize(("main", "args"), [
+    (ncp.main, ["web:/data/x", "{tmp}/x"]),
+    (image_pull_progress.main, ["web"]),
+])
+def test_unreadable_kubeconfig_is_one_error_line(
+        main: Callable[[list[str]], int], args: list[str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing"
+    rc = main(["--kubeconfig", str(missing), *[a.format(tmp=tmp_path) for a in args]])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.startswith(f"error: cannot read kubeconfig {missing}"), err
+    assert "Traceback" not in err
