@@ -9,11 +9,10 @@ import dataclasses
 import io
 import tarfile
 
-from aggapi.testing.pods import RunningPod
-
 from aggapi.agent import appkeys
 from aggapi.agent.copy.state import CopyState
 from tests.agent.copy.conftest import HeldBody
+from tests.framework.pods import RunningPod
 
 from .conftest import Stack
 from .test_copy import box  # noqa: F401  (fixture)
