@@ -10,11 +10,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aggapi.testing.fakekube import FakeKube
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggapi.apiserver.authconfig import parse_configmap
+from tests.framework.fakekube import FakeKube
 
 from .conftest import FRONT_PROXY_CN, PROGRESS, Pki, Server, auth_configmap, until
 

@@ -7,12 +7,12 @@ import asyncio
 import ssl
 
 import aiohttp
-from aggapi.testing.fakekube import FakeKube
 
 from aggapi.apiserver.app import build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.apiserver.main import listen
 from aggapi.tlsconfig import ServingTLS
+from tests.framework.fakekube import FakeKube
 from tests.test_serving import closed_by_server
 
 from .conftest import Pki

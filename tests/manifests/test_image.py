@@ -85,8 +85,9 @@ def test_multistage_pinned_non_root() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     lines = (REPO / ".dockerignore").read_text().split()
     assert lines[lines.index("*")] == "*"
-    assert {"!pyproject.toml", "!README.md", "!aggapi/", "!wheels/"} <= set(lines)
-    assert "aggapi/testing" in lines, "the test harness is not shipped"
+    # Everything is ignored, then only these come back: tests/ (the harness) never does.
+    assert {x for x in lines if x.startswith("!")} == {
+        "!pyproject.toml", "!README.md", "!aggapi/", "!wheels/"}
 
 
 
