@@ -44,7 +44,7 @@ import logging
 import os
 import re
 import stat as st_
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from aiohttp import web
@@ -178,11 +178,7 @@ def _abort(request: web.Request, why: str) -> ConnectionResetError:
 async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
                      t: dl.Target) -> web.StreamResponse:
     run = state.workers.run
-    try:
-        fd = await run(dl.open_regular, t)
-    except OSError as exc:
-        raise fs_status(exc, t.path) from exc
-    try:
+    async with _opened(state, t, dl.open_regular) as fd:
         state.slots.check_size(t.st.st_size)
         digest = await run(state.digests.digest, fd)
         size = t.st.st_size
@@ -203,12 +199,24 @@ async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
         await _stream_range(request, state, root, resp, fd, first, last + 1)
         await resp.write_eof()
         return resp
-    finally:
-        await state.workers.run(_close_fd, fd)
 
 
 def _close_fd(fd: int) -> None:
     os.close(fd)
+
+
+@asynccontextmanager
+async def _opened(state: CopyState, t: dl.Target,
+                  opener: Callable[[dl.Target], int]) -> AsyncIterator[int]:
+    """The fd ``opener`` makes for ``t`` (in a worker); closed in a worker on exit."""
+    try:
+        fd = await state.workers.run(opener, t)
+    except OSError as exc:
+        raise fs_status(exc, t.path) from exc
+    try:
+        yield fd
+    finally:
+        await state.workers.run(_close_fd, fd)
 
 
 async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
@@ -237,11 +245,7 @@ async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
 async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
                     t: dl.Target) -> web.StreamResponse:
     run = state.workers.run
-    try:
-        dfd = await run(dl.open_dir, t)
-    except OSError as exc:
-        raise fs_status(exc, t.path) from exc
-    try:
+    async with _opened(state, t, dl.open_dir) as dfd:
         await run(dl.measure, dfd, state.limits)
         walker = dl.TarWalker(root, dfd, state.limits)
         gen = walker.chunks()
@@ -261,8 +265,6 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
             await resp.write(chunk)
         await resp.write_eof()
         return resp
-    finally:
-        await run(_close_fd, dfd)
 
 
 class CopyHandlers:
