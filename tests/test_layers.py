@@ -16,11 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "aggapi"
 EXCLUDED = ("aggapi.proto",)  # generated protobuf code
 
-# Loops another change is removing; each entry names the modules of one loop. Keep
-# it empty: an entry here is a known defect, not a permission.
-KNOWN_LOOPS: list[frozenset[str]] = [
-    frozenset({"aggapi.agent.config", "aggapi.agent.copy.quotas"}),
-]
 
 
 def _modules() -> dict[str, Path]:
@@ -139,7 +134,7 @@ def test_finder_sees_a_loop() -> None:
 
 def test_no_import_loops() -> None:
     graph = import_graph()
-    loops = [c for c in strongly_connected(graph) if frozenset(c) not in KNOWN_LOOPS]
+    loops = strongly_connected(graph)
     assert not loops, "import loops: " + "; ".join(
         " -> ".join(_cycle_in(graph, c)) for c in loops)
 
