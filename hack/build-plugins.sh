@@ -122,6 +122,9 @@ for platform in "${PLATFORMS[@]}"; do
   "$TOOLS/bin/pip" install "${PIP[@]}" --no-index --no-deps --no-compile --target "$site" \
     "$WORK"/aggapi-wheel/aggapi-*.whl
   rm -rf "$site/bin"
+  # pip records the wheel's temp path: drop it, or no two builds would be identical.
+  rm "$site"/aggapi-*.dist-info/direct_url.json
+  sed -i '/direct_url\.json,/d' "$site"/aggapi-*.dist-info/RECORD
   for plugin in ncp image-pull-progress; do
     exe="$WORK/${platform/\//-}/${EXE[$plugin]}"
     "$TOOLS/bin/shiv" --site-packages "$site" -e "${MODULE[$plugin]}:main" \

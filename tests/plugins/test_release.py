@@ -130,3 +130,15 @@ def test_linux_amd64_zipapp_runs_on_an_isolated_interpreter(plugin_release: Path
     assert seen["grpc"] is False
     outside = [p for p in seen["path"] if "-packages" in p and not p.startswith(shiv_root)]
     assert outside == []
+
+
+def test_a_second_build_gives_the_same_archives(plugin_release: Path, tmp_path: Path) -> None:
+    """Same tree, same bytes: the manifests' sha256 values do not move between builds."""
+    again = release.build(tmp_path / "again")
+    names = sorted(p.name for p in plugin_release.glob("*.tar.gz"))
+    assert len(names) == len(release.PLATFORMS) * len(release.EXES)
+    assert sorted(p.name for p in again.glob("*.tar.gz")) == names
+    for name in names:
+        assert (again / name).read_bytes() == (plugin_release / name).read_bytes(), name
+    for name in ("ncp.yaml", "image-pull-progress.yaml"):
+        assert (again / "krew" / name).read_text() == (plugin_release / "krew" / name).read_text()
