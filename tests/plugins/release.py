@@ -33,16 +33,17 @@ def build(out: Path) -> Path:
     return out
 
 
-def install_zipapps(out: Path, bin_dir: Path) -> None:
+def install_zipapps(out: Path, bin_dir: Path, python: Path | None = None) -> None:
     """Unpack the linux-amd64 archives into ``bin_dir``, plus a ``python3`` there that is
-    this interpreter run with -I -S: no PYTHONPATH, no user or system site-packages (where
-    aggapi is installed), so the zipapp runs on what it carries."""
+    ``python`` (default: this interpreter) run with -I -S: no PYTHONPATH, no user or
+    system site-packages (where aggapi is installed), so the zipapp runs on what it
+    carries."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     for plugin in EXES:
         with tarfile.open(archive(out, plugin, "linux/amd64")) as tar:
             tar.extract(EXES[plugin], bin_dir, filter="data")
     py = bin_dir / "python3"
-    py.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    py.write_text(f'#!/bin/sh\nexec {python or sys.executable} -I -S "$@"\n')
     py.chmod(0o755)
 
 

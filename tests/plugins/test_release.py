@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 import subprocess
 import tarfile
 import zipfile
@@ -142,3 +144,41 @@ def test_a_second_build_gives_the_same_archives(plugin_release: Path, tmp_path: 
         assert (again / name).read_bytes() == (plugin_release / name).read_bytes(), name
     for name in ("ncp.yaml", "image-pull-progress.yaml"):
         assert (again / "krew" / name).read_text() == (plugin_release / "krew" / name).read_text()
+
+
+def newer_pythons() -> list[Path]:
+    """CPython 3.12+ interpreters on this machine (PATH or pyenv), if any."""
+    found: dict[str, Path] = {}
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = [*(shutil.which(f"python3.{m}") for m in range(12, 16)),
+                  *map(str, sorted(pyenv.glob("3.1[2-9]*/bin/python3")))]
+    for c in candidates:
+        if not c:
+            continue
+        r = subprocess.run([c, "-c", "import sys; print(sys.version_info[:2] >= (3, 12), "
+                            "sys.implementation.name, sys.version_info[:2])"],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode == 0 and r.stdout.startswith("True cpython"):
+            found.setdefault(r.stdout, Path(c))
+    return list(found.values())
+
+
+def test_zipapp_runs_on_newer_pythons_without_its_cp311_extensions(plugin_release: Path,
+                                                                   tmp_path: Path) -> None:
+    """The wheels are CPython 3.11's; on 3.12+ aiohttp, multidict, yarl and PyYAML load
+    their pure-Python fallbacks, so the zipapp still runs (the manifests say >= 3.11)."""
+    pythons = newer_pythons()
+    if not pythons:
+        pytest.skip("no CPython 3.12+ on this machine")
+    for py in pythons:
+        bin_dir = tmp_path / py.parent.parent.name / "bin"
+        release.install_zipapps(plugin_release, bin_dir, python=py)
+        env = release.isolated_env(bin_dir, tmp_path / "home" / py.parent.parent.name)
+        r = subprocess.run([str(bin_dir / "kubectl-ncp"), "-c", PROBE],
+                           env={**env, "SHIV_INTERPRETER": "1"}, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, (py, r.stderr)
+        assert json.loads(r.stdout.splitlines()[-1])["grpc"] is False
+        r = subprocess.run([str(bin_dir / "kubectl-image_pull_progress"), "--help"], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "usage: kubectl image-pull-progress" in r.stdout, r.stderr
