@@ -42,6 +42,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
+def plugin_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plugin archives and krew manifests from hack/build-plugins.sh (built once)."""
+    from tests.plugins import release
+
+    return release.build(tmp_path_factory.mktemp("plugin-release"))
+
+
+@pytest.fixture(scope="session")
 def runtime_deps() -> None:
     """Install the Debian packages if a binary is missing (hack/install-deps.sh)."""
     if all(Path(b).exists() for b in NEEDED):

@@ -24,7 +24,8 @@ from tests.framework.repo import REPO
 pytestmark = pytest.mark.slow
 
 PACKAGE = "aggapi"
-DIST_INFO = re.compile(rf"^{PACKAGE}-[^/]+\.dist-info/[^/]+$")
+# The dist-info: metadata files and the LICENSE setuptools copies from the root.
+DIST_INFO = re.compile(rf"^{PACKAGE}-[^/]+\.dist-info/([^/]+|licenses/LICENSE)$")
 # Path parts that mark test or harness code, wherever they sit.
 NOT_PRODUCT = {"tests", "test", "testing", "framework", "benchmarks", "hack", "conftest.py"}
 TEST_MODULE = re.compile(r"^(test_.*|.*_test)\.py$")
