@@ -2,7 +2,7 @@
 # One image, two entry points:
 #   aggapi apiserver   Deployment: runs as 65532 (the image default), read-only root filesystem
 #   aggapi agent       DaemonSet: the pod spec runs it as root, privileged, hostPID
-# It holds the server only: aggapi and its core dependencies (no test harness, no
+# It holds the server only: aggapi with its "server" extra (no test harness, no
 # aggapi[plugins] extra, no compilers).
 #
 # Two ways to build it:
@@ -35,9 +35,10 @@ WORKDIR /src
 # from hack/build-image.sh, wheels/); the gRPC stubs are committed.
 COPY . ./
 RUN python3 -m venv "$VENV"
-# Core dependencies only (no extras). pip byte-compiles while installing: the read-only
-# root filesystem gets its .pyc files.
-RUN if [ -d wheels ]; then set -- --no-index --find-links wheels aggapi; else set -- .; fi \
+# The servers' dependencies only (the "server" extra, not "plugins"). pip byte-compiles
+# while installing: the read-only root filesystem gets its .pyc files.
+RUN if [ -d wheels ]; then set -- --no-index --find-links wheels "aggapi[server]"; \
+    else set -- ".[server]"; fi \
  && "$VENV/bin/pip" install "$@" \
  && "$VENV/bin/aggapi" --help
 RUN "$VENV/bin/pip" uninstall -y pip setuptools \

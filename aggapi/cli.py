@@ -36,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     if entry is None:
         print(f"aggapi: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(entry[0])
+    try:
+        module = importlib.import_module(entry[0])
+    except ModuleNotFoundError as exc:
+        # The servers' libraries are an extra: say which, not a bare traceback.
+        print(f"aggapi: {args[0]} needs {exc.name!r}: pip install 'aggapi[server]'",
+              file=sys.stderr)
+        return 1
     rc: int = module.main(args[1:])
     return rc

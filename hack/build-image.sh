@@ -2,7 +2,7 @@
 # Build the Dockerfile's image on this machine with no Docker engine and no Docker Hub:
 #   1. a Debian bookworm root filesystem from Debian packages (mmdebstrap), made into a
 #      base image with buildah (cached, keyed by the package list and options);
-#   2. a wheelhouse of aggapi and its core dependencies, built on the host (the build
+#   2. a wheelhouse of aggapi with its "server" extra, built on the host (the build
 #      container cannot verify the package index's certificate, and this keeps the image
 #      build offline; the host's CA never goes into the image);
 #   3. `buildah bud` of the unchanged Dockerfile with PYTHON_IMAGE set to that base;
@@ -126,7 +126,7 @@ DEPS="$CACHE/wheels-$(sha256sum "$REPO/pyproject.toml" | cut -c1-16)"
 if [[ ! -d "$DEPS" ]]; then
   log "pip wheel: aggapi and its dependencies"
   rm -rf "$DEPS.tmp"
-  "$WHEEL_PY" -m pip wheel -q --disable-pip-version-check -w "$DEPS.tmp" "$CTX"
+  "$WHEEL_PY" -m pip wheel -q --disable-pip-version-check -w "$DEPS.tmp" "$CTX[server]"
   mv "$DEPS.tmp"/aggapi-*.whl "$CTX/wheels/"
   mv "$DEPS.tmp" "$DEPS"
 else

@@ -1,9 +1,9 @@
 """The servers install with only what they import; the plugins' extras stay out of them.
 
-The apiserver and agent images install ``aggapi`` without extras, so no module the
-server entry points import may come from outside the core dependencies (and their
-own requirements); rich and kubernetes-asyncio belong to the ``plugins`` and
-``test`` extras only.
+The image installs ``aggapi[server]``, so no module the server entry points import
+may come from outside the core dependencies and the ``server`` extra (and their own
+requirements); rich belongs to the ``plugins`` extra only, and the core dependencies
+(what a plugin install gets) hold none of the servers' stack.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ def core_dependencies() -> set[str]:
     return {dist_name(r) for r in project["dependencies"]}
 
 
+def extra(name: str) -> set[str]:
+    extras = pyproject()["project"]["optional-dependencies"]  # type: ignore[index]
+    return {dist_name(r) for r in extras[name]}
+
+
 def closure(names: set[str]) -> set[str]:
     """``names`` and everything they require (without extras), as installed here."""
     seen: set[str] = set()
@@ -71,10 +76,16 @@ def server_modules() -> set[str]:
 
 
 def test_core_dependencies_leave_out_the_plugins_libraries() -> None:
-    assert not core_dependencies() & PLUGIN_ONLY
+    assert not (core_dependencies() | extra("server")) & PLUGIN_ONLY
+    assert extra("plugins") >= {"rich"}
     extras = pyproject()["project"]["optional-dependencies"]  # type: ignore[index]
-    assert {dist_name(r) for r in extras["plugins"]} >= {"rich"}
-    assert "aggapi[plugins]" in extras["test"]
+    assert "aggapi[plugins,server]" in extras["test"]
+
+
+def test_core_dependencies_leave_out_the_server_stack() -> None:
+    # The plugins install core + "plugins": none of the servers' libraries.
+    assert not core_dependencies() & extra("server")
+    assert extra("server") >= {"grpcio", "protobuf", "cryptography", "uvloop"}
 
 
 def test_server_entry_points_import_no_plugin_library() -> None:
@@ -83,9 +94,9 @@ def test_server_entry_points_import_no_plugin_library() -> None:
     assert not mods & {"rich", "kubernetes_asyncio", "kubernetes"}
 
 
-def test_server_imports_come_from_core_dependencies() -> None:
+def test_server_imports_come_from_core_and_server_dependencies() -> None:
     mods = server_modules()
-    allowed = closure(core_dependencies())
+    allowed = closure(core_dependencies() | extra("server"))
     by_module = metadata.packages_distributions()
     outside = {}
     for mod in mods - {"aggapi"} - OPTIONAL_IMPORTS:
