@@ -176,11 +176,15 @@ def _digest_headers(digest: str) -> dict[str, str]:
 
 async def _file_digest_headers(state: CopyState, t: dl.Target) -> dict[str, str]:
     """For HEAD on a regular file: the same digest headers GET sends (cached per file
-    version, so a HEAD then GET reads the file once)."""
+    version, so a HEAD then GET reads the file once). A file GET would refuse (a
+    pseudo file, no read permission) gets none: HEAD still answers the stat."""
     if not st_.S_ISREG(t.st.st_mode):
         return {}
-    async with _opened(state, t, dl.open_regular) as fd:
-        return _digest_headers(await state.workers.run(state.digests.digest, fd))
+    try:
+        async with _opened(state, t, dl.open_regular) as fd:
+            return _digest_headers(await state.workers.run(state.digests.digest, fd))
+    except StatusError:
+        return {}
 
 
 def _abort(request: web.Request, why: str) -> ConnectionResetError:
