@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
                                           all_namespaces=args.all_namespaces)
     except ClientError as exc:
         p.error(str(exc))  # exit 2, like kubectl's usage errors
+    single_only = [f for f, on in (("-c", args.container), ("-o", args.output),
+                                   ("--no-follow", args.no_follow)) if on]
+    if not args.parsed_target.single and single_only:
+        p.error(f"{', '.join(single_only)}: only with a single pod")
     try:
         return asyncio.run(run(args))
     except (AggapiError, OSError) as exc:

@@ -194,3 +194,14 @@ def test_plain_and_table_views_show_stuck_rows_first() -> None:
     out = io.StringIO()
     PlainSetView(ps.rows, lambda: t[0], out).redraw()
     assert out.getvalue().splitlines()[0].startswith(f"ns/b  c  {IMG}  BackOff")
+
+
+def test_single_pod_flags_are_refused_for_many_pods(capsys: pytest.CaptureFixture[str]) -> None:
+    from aggapi.plugins.image_pull_progress import main
+
+    for argv in (["deployment/web", "-o", "json"], ["-l", "a=b", "--no-follow"],
+                 ["--node", "n1", "-c", "app"], ["web", "-l", "a=b"], []):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2, argv
+        assert "error:" in capsys.readouterr().err
