@@ -1,9 +1,11 @@
-"""kubectl image-pull-progress POD [-c CONTAINER]... [--granularity layer|image|pod] [-o json]
+"""kubectl image-pull-progress (POD | TYPE/NAME | -l SELECTOR | --node NODE | -A)
 
-Installed as ``kubectl-image_pull_progress``. Follows the pod's image pulls
-until every image is present (exit 0) or a pull fails (exit 1, with the error).
-On a terminal it draws rich bars; otherwise it prints plain lines, and with
-``-o json`` it passes the NDJSON objects through unchanged.
+Installed as ``kubectl-image_pull_progress``. For one pod it follows the pod's
+image pulls until every image is present (exit 0) or a pull fails (exit 1, with
+the error); on a terminal it draws rich bars, otherwise plain lines, and with
+``-o json`` it passes the NDJSON objects through unchanged. For a workload, a
+selector or a node it follows every selected pod (and pods that appear) on one
+screen, stuck pulls first (aggapi.plugins.pullset).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from typing import Any
 
 from aggapi.client.connection import Connection
-from aggapi.client.errors import AggapiError
+from aggapi.client.errors import AggapiError, ClientError
 from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
 from aggapi.plugins.common import (
     EXIT_FAIL,
@@ -24,14 +26,50 @@ from aggapi.plugins.common import (
     add_connection_flags,
     report,
 )
-from aggapi.plugins.render import PlainPullView, PullView, RichPullView
+from aggapi.plugins.pullset import MAX_STREAMS, STALL_SECONDS, Runner
+from aggapi.plugins.render import (
+    PlainPullView,
+    PlainSetView,
+    PullView,
+    RichPullView,
+    RichSetView,
+)
+from aggapi.plugins.targets import Target, parse_target, resolve
+
+EPILOG = f"""targets:
+  POD | pod/NAME        one pod (-c, --granularity, -o json and --no-follow apply)
+  deployment/NAME       the workload's pods, now and as they appear (also statefulset/,
+                        daemonset/, replicaset/, job/); like kubectl rollout status
+  -l SELECTOR           pods matching a label selector
+  --node NODE           pods scheduled to NODE
+  -A                    with -l or --node: in every namespace; alone: every pod
+
+For many pods: one row per pod, container and image, sorted so stuck pulls come
+first (Failed, BackOff, Waiting, Stalled = no new bytes for {STALL_SECONDS:.0f} s), then
+pulls in progress, then finished ones. At most {MAX_STREAMS} pods are followed at once;
+the others show as Queued until a slot frees.
+
+exit codes:
+  0    every selected image is present
+  1    a pull failed (with --fail-fast: the first failure), or an error
+  2    usage error
+  130  interrupted
+"""
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kubectl image-pull-progress",
-        description="Show the image pull progress of a pod (KEP-5334).")
-    p.add_argument("pod")
+        description="Show the image pull progress of pods (KEP-5334).", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", nargs="?", metavar="POD|TYPE/NAME",
+                   help="a pod, or deployment/NAME, statefulset/, daemonset/, replicaset/, job/")
+    p.add_argument("-l", "--selector", help="label selector of the pods to follow")
+    p.add_argument("-A", "--all-namespaces", action="store_true",
+                   help="select pods in every namespace")
+    p.add_argument("--node", help="follow the pods scheduled to this node")
+    p.add_argument("--fail-fast", action="store_true",
+                   help="stop at the first failed pull (exit 1)")
     p.add_argument("-c", "--container", action="append", default=[],
                    help="only this container's image (repeatable)")
     p.add_argument("--granularity", choices=("layer", "image", "pod"), default="layer")
@@ -58,7 +96,37 @@ def choose_view(args: argparse.Namespace) -> PullView:
     return PlainPullView(args.granularity)
 
 
+async def run_set(args: argparse.Namespace, target: Target) -> int:
+    conn = await Connection.load(args.kubeconfig, args.context)
+    try:
+        ns = args.namespace or conn.namespace
+        target = await resolve(conn, target, ns)
+        runner: Runner | None = None
+
+        def rows() -> list[object]:
+            return list(runner.set.rows()) if runner is not None else []
+
+        def now() -> float:
+            return runner.set.clock() if runner is not None else 0.0
+
+        view = RichSetView(rows, now) if sys.stdout.isatty() else PlainSetView(rows, now)
+        runner = Runner(conn, target, ns, fail_fast=args.fail_fast, redraw=view.redraw)
+        try:
+            failures = await runner.run()
+        finally:
+            view.close()
+    finally:
+        await conn.close()
+    for f in failures:
+        print(f"error: {f}", file=sys.stderr)
+    return EXIT_FAIL if failures else EXIT_OK
+
+
 async def run(args: argparse.Namespace) -> int:
+    target: Target = args.parsed_target
+    if not target.single:
+        return await run_set(args, target)
+    args.pod = target.pod
     conn = await Connection.load(args.kubeconfig, args.context)
     view: PullView | None = None
     final: dict[str, Any] | None = None
@@ -95,7 +163,17 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        args.parsed_target = parse_target(args.target, selector=args.selector, node=args.node,
+                                          all_namespaces=args.all_namespaces)
+    except ClientError as exc:
+        p.error(str(exc))  # exit 2, like kubectl's usage errors
+    single_only = [f for f, on in (("-c", args.container), ("-o", args.output),
+                                   ("--no-follow", args.no_follow)) if on]
+    if not args.parsed_target.single and single_only:
+        p.error(f"{', '.join(single_only)}: only with a single pod")
     try:
         return asyncio.run(run(args))
     except (AggapiError, OSError) as exc:

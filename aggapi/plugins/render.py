@@ -251,3 +251,71 @@ class TransferBar:
         if ok and task.total is None:  # a directory: its size is known only at the end
             self.progress.update(self.task, total=task.completed)
         self.progress.stop()
+
+
+# --- many pods -----------------------------------------------------------------------
+
+def set_table(rows: list[Any], now: float) -> Any:
+    """One table row per (pod, container, image) of a pullset, stuck ones first."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("POD", "CONTAINER", "IMAGE", "", "BYTES", "SPEED", "ETA", "PHASE"):
+        table.add_column(col, no_wrap=col != "PHASE")
+    for r in rows:
+        state = r.state(now)
+        total = r.total if r.total > 0 else None
+        done = state in DONE_PHASES
+        bar = ProgressBar(total=float(total or 1), completed=float(
+            (total or 1) if done else r.progress if total else 0), width=20)
+        size = f"{human_bytes(r.progress)}/{human_bytes(r.total)}" if r.total >= 0 else "-"
+        why = r.backoff if state == "BackOff" else r.error if state == "Failed" else ""
+        phase = f"{state}: {why}" if why else state
+        table.add_row(r.pod, r.container, r.image, bar, size,
+                      f"{human_bytes(r.rate)}/s" if r.rate else "-",
+                      human_eta(r.eta) if not done else "-",
+                      Text(phase, style=PHASE_STYLE.get(state, "yellow")))
+    return table
+
+
+class RichSetView:
+    """A live screen redrawn from the pullset's sorted rows."""
+
+    def __init__(self, rows: Any, now: Any, console: Console | None = None) -> None:
+        from rich.live import Live
+
+        self._rows, self._now = rows, now
+        self.live = Live(set_table([], 0.0), console=console or Console(),
+                         refresh_per_second=4, auto_refresh=True)
+        self.live.start()
+
+    def redraw(self) -> None:
+        self.live.update(set_table(self._rows(), self._now()))
+
+    def close(self) -> None:
+        self.redraw()
+        self.live.stop()
+
+
+class PlainSetView:
+    """For pipes: a line whenever a row's phase or percentage changes."""
+
+    def __init__(self, rows: Any, now: Any, out: TextIO | None = None) -> None:
+        self._rows, self._now = rows, now
+        self.out = out or sys.stdout
+        self.last: dict[tuple[str, str, str], str] = {}
+
+    def redraw(self) -> None:
+        for r in self._rows():
+            pct = f"{100 * r.progress // r.total}%" if r.total > 0 else "-"
+            line = f"{r.pod}  {r.container}  {r.image}  {r.state(self._now())}  {pct}"
+            if r.backoff or r.error:
+                line += f"  {r.backoff or r.error}"
+            k = (r.pod, r.container, r.image)
+            if self.last.get(k) != line:
+                self.last[k] = line
+                print(line, file=self.out, flush=True)
+
+    def close(self) -> None:
+        self.redraw()

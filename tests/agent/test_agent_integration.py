@@ -185,3 +185,52 @@ async def test_node_view_lists_in_flight_pull_and_kubelet_limits(
     pull = body["pulls"][0]
     assert pull["phase"] == "Downloading"
     assert pull["repositories"] == ["127.0.0.1/aggapi-test/big"]
+
+
+async def test_parallel_layers_report_their_own_rate_and_eta(
+        agent: Agent, cri: CRIClient, throttle: ThrottleProxy, big_image: Any,
+        busybox_image: str) -> None:
+    """Three layers downloading at once, each throttled to its own rate (the proxy
+    paces each blob's answer separately): the agent's per-layer rate follows each
+    layer's throttle, and the ETA a layer shows halfway predicts when it really
+    finished (within 2x), where the image's rate would have said far too soon for
+    the slow layer."""
+    await cri.pull_image(busybox_image)  # the base layer is busybox's: AlreadyPresent
+    layers = [la.blob for la in big_image.image.layers[1:]]
+    # Sized so that each layer takes 8-12 s alone: the slowest is the smallest.
+    seconds = {layers[0].digest: 8.0, layers[1].digest: 10.0, layers[2].digest: 12.0}
+    rates = {la.digest: la.size / seconds[la.digest] for la in layers}
+    throttle.set_blob_rates(dict(rates))
+    try:
+        ref = big_image.ref(throttle.host)
+        t0 = time.monotonic()
+        stamped: list[tuple[float, dict[str, Any]]] = []
+        task: asyncio.Task[Any] | None = None
+        async for obj in agent.stream(agent.token(images=[ref])):
+            stamped.append((time.monotonic() - t0, obj))
+            if task is None:
+                task = asyncio.create_task(cri.pull_image(ref))
+        assert task is not None
+        await task
+    finally:
+        throttle.set_blob_rates({})
+    assert stamped[-1][1]["kind"] == "Summary", stamped[-1]
+    reported: dict[str, float] = {}
+    for la in layers:
+        seq = [(t, o) for t, o in stamped if o["kind"] == "Progress" and o["layer"] == la.digest]
+        finished = next(t for t, o in seq if o["progress"] >= la.size)
+        mid = [(t, o) for t, o in seq if o["phase"] == "Downloading" and o["etaSeconds"]
+               and 0.4 * la.size <= o["progress"] <= 0.6 * la.size]
+        assert mid, (la.digest, seq)
+        t_mid, o_mid = mid[len(mid) // 2]
+        actual_left = finished - t_mid
+        print(f"layer {la.digest[:19]} throttle {rates[la.digest]:.0f} B/s: said "
+              f"{o_mid['bytesPerSecond']:.0f} B/s, ETA {o_mid['etaSeconds']:.1f} s at "
+              f"{o_mid['progress'] / la.size:.0%}; finished {actual_left:.1f} s later")
+        assert actual_left / 2 <= o_mid["etaSeconds"] <= actual_left * 2 + 1, \
+            (o_mid, actual_left)
+        reported[la.digest] = statistics.median(o["bytesPerSecond"] for _, o in mid)
+        assert 0.5 * rates[la.digest] <= reported[la.digest] <= 1.5 * rates[la.digest], \
+            (reported[la.digest], rates[la.digest])
+    by_throttle = sorted(rates, key=rates.__getitem__)
+    assert sorted(reported, key=reported.__getitem__) == by_throttle, (reported, rates)

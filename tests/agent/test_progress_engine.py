@@ -267,3 +267,27 @@ async def test_slow_subscriber_gets_latest_state_only() -> None:
     fast.close()
     slow.close()
     await poller.close()
+
+
+async def test_parallel_layers_each_get_their_own_rate_and_eta() -> None:
+    """Three layers downloading at once at different rates: each layer's bytesPerSecond
+    and ETA come from its own byte history, not the image's (issue 14: a layer once
+    showed the whole pull's rate and an ETA three times too short)."""
+    fake = FakeContainerd()
+    sizes = [120_000, 120_000, 120_000]
+    rates = [1_000, 3_000, 9_000]  # bytes per (fake) second
+    img = make_image(REF, sizes, "par")
+    be = backend(fake)
+    fake.start_pull(img, "L1")
+    fake.fetch_manifest(img, "L1")
+    for step in range(6):
+        for (digest, size), r in zip(img.layers, rates, strict=True):
+            fake.download(digest, step * r, size, "L1")
+        st = (await be.observe([REF])).images[REF]
+        fake.now += 1
+    assert [la.progress for la in st.layers] == [5 * r for r in rates]
+    assert [la.bytes_per_second for la in st.layers] == [float(r) for r in rates]
+    assert [la.eta_seconds for la in st.layers] == [
+        round((s - 5 * r) / r, 1) for s, r in zip(sizes, rates, strict=True)]
+    # The image's rate is the sum, and it is no layer's rate.
+    assert st.bytes_per_second == float(sum(rates))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Coroutine
@@ -18,6 +19,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 CHUNK = 64 * 1024
+# A registry blob request: which blob the answer on this connection carries.
+BLOB_REQUEST = re.compile(rb"(?:GET|HEAD) /v2/\S+/blobs/(sha256:[0-9a-f]{64})")
 
 
 class TokenBucket:
@@ -74,6 +77,7 @@ class ThrottleProxy:
         self._bucket: TokenBucket | None = None
         self._flowing: asyncio.Event | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self._blob_buckets: dict[str, TokenBucket] = {}
 
     @property
     def host(self) -> str:
@@ -113,6 +117,15 @@ class ThrottleProxy:
         async def apply() -> None:
             assert self._bucket is not None
             self._bucket.set_rate(rate)
+
+        self._run(apply())
+
+    def set_blob_rates(self, rates: dict[str, float | None]) -> None:
+        """Give blobs (by digest) their own limits, each independent of the shared one:
+        an answer carrying such a blob is paced by that blob's bucket alone. Parallel
+        layer downloads then move at different, known rates. Empty: all shared again."""
+        async def apply() -> None:
+            self._blob_buckets = {d: TokenBucket(r) for d, r in rates.items()}
 
         self._run(apply())
 
@@ -172,8 +185,10 @@ class ThrottleProxy:
         uw: asyncio.StreamWriter | None = None
         try:
             ur, uw = await asyncio.open_connection(*self.upstream)
-            up = asyncio.ensure_future(self._pump(cr, uw, throttle=False))
-            down = asyncio.ensure_future(self._pump(ur, cw, throttle=True))
+            # The bucket pacing this connection's answers: per blob if one is set.
+            current: list[TokenBucket | None] = [None]
+            up = asyncio.ensure_future(self._pump(cr, uw, throttle=False, current=current))
+            down = asyncio.ensure_future(self._pump(ur, cw, throttle=True, current=current))
             try:
                 await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
                 # Client finished sending: keep relaying the answer until upstream closes.
@@ -192,24 +207,31 @@ class ThrottleProxy:
                     w.transport.abort()
 
     async def _pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, *,
-                    throttle: bool) -> None:
+                    throttle: bool, current: list[TokenBucket | None]) -> None:
         assert self._bucket is not None and self._flowing is not None
         while True:
-            data = await r.read(CHUNK if not throttle else min(CHUNK, self._chunk()))
+            bucket = current[0] or self._bucket
+            data = await r.read(CHUNK if not throttle else min(CHUNK, self._chunk(bucket)))
             if not data:
                 if w.can_write_eof():
                     w.write_eof()
                 return
+            if not throttle and self._blob_buckets:
+                # Requests on a connection are sequential (no pipelining from Go's client).
+                m = BLOB_REQUEST.search(data)
+                if m is not None:
+                    current[0] = self._blob_buckets.get(m.group(1).decode())
             await self._flowing.wait()
             if throttle:
-                await self._bucket.take(len(data))
+                # Looked up again: a new request may have been sent while we read.
+                await (current[0] or self._bucket).take(len(data))
                 self.bytes_down += len(data)
             w.write(data)
             await w.drain()
 
-    def _chunk(self) -> int:
+    def _chunk(self, bucket: TokenBucket | None) -> int:
         # ~20 slices per second at the current rate: smooth progress, not bursts.
-        rate = self._bucket.rate if self._bucket else None
+        rate = bucket.rate if bucket else None
         return max(4096, int(rate / 20)) if rate else CHUNK
 
     def __enter__(self) -> ThrottleProxy:

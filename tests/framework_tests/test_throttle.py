@@ -81,3 +81,19 @@ def test_kill_and_revive(registry: Registry, blob: tuple[str, oci.Blob]) -> None
         proxy.revive()
         proxy.set_rate(None)
         assert len(_fetch(proxy.host, path)) == b.size
+
+
+def test_per_blob_rate(registry: Registry, blob: tuple[str, oci.Blob]) -> None:
+    """A blob with its own rate is paced by it, even with no shared limit; clearing the
+    per-blob rates makes it unlimited again."""
+    path, b = blob
+    with ThrottleProxy(registry.host) as proxy:
+        proxy.set_blob_rates({b.digest: 4 * MiB, "sha256:" + "0" * 64: 1.0})
+        t = time.monotonic()
+        assert len(_fetch(proxy.host, path)) == b.size
+        slow = time.monotonic() - t
+        assert slow >= 0.4, f"2 MiB at 4 MiB/s took {slow:.2f} s"  # lower bound only
+        proxy.set_blob_rates({b.digest: None})
+        t = time.monotonic()
+        assert len(_fetch(proxy.host, path)) == b.size
+        assert time.monotonic() - t < slow

@@ -167,6 +167,26 @@ def _stat_header(root: FsRoot, t: dl.Target) -> dict[str, str]:
     return {wire.HEADER_STAT: _b64(doc)}
 
 
+def _digest_headers(digest: str) -> dict[str, str]:
+    """The whole file's sha256 in our header and the two standard ones (GET and HEAD)."""
+    raw = bytes.fromhex(digest)
+    return {wire.HEADER_SHA256: digest, wire.HEADER_DIGEST: f"sha-256={_b64(raw)}",
+            wire.HEADER_REPR_DIGEST: f"sha-256=:{_b64(raw)}:"}
+
+
+async def _file_digest_headers(state: CopyState, t: dl.Target) -> dict[str, str]:
+    """For HEAD on a regular file: the same digest headers GET sends (cached per file
+    version, so a HEAD then GET reads the file once). A file GET would refuse (a
+    pseudo file, no read permission) gets none: HEAD still answers the stat."""
+    if not st_.S_ISREG(t.st.st_mode):
+        return {}
+    try:
+        async with _opened(state, t, dl.open_regular) as fd:
+            return _digest_headers(await state.workers.run(state.digests.digest, fd))
+    except StatusError:
+        return {}
+
+
 def _abort(request: web.Request, why: str) -> ConnectionResetError:
     """Cut the connection: a truncated body must not look like a complete one."""
     log.warning("copy %s aborted: %s", request.path_qs, why)
@@ -186,11 +206,8 @@ async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
         rng = parse_range(request.headers.get("Range"), size,
                           if_range=request.headers.get("If-Range"), current_etag=tag)
         first, last = rng if rng is not None else (0, size - 1)
-        raw = bytes.fromhex(digest)
         headers = {**_stat_header(root, t), "Accept-Ranges": "bytes", "ETag": tag,
-                   wire.HEADER_SHA256: digest, wire.HEADER_DIGEST: f"sha-256={_b64(raw)}",
-                   wire.HEADER_REPR_DIGEST: f"sha-256=:{_b64(raw)}:",
-                   "Content-Type": "application/octet-stream"}
+                   **_digest_headers(digest), "Content-Type": "application/octet-stream"}
         if rng is not None:
             headers["Content-Range"] = f"bytes {first}-{last}/{size}"
         resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
@@ -278,7 +295,8 @@ class CopyHandlers:
         container, path = _target(request, cap)
         async with (_container(self.state, cap, container) as root,
                     _lookup(self.state, root, path) as t):
-            return web.Response(status=200, headers=_stat_header(root, t))
+            return web.Response(status=200, headers={
+                **_stat_header(root, t), **await _file_digest_headers(self.state, t)})
 
     async def download(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_DOWNLOAD)

@@ -62,6 +62,33 @@ async def test_head_returns_stat_only(cc: Any, plain: tuple[Path, Path]) -> None
     assert st["type"] == "symlink" and st["linkTarget"] == "/etc/shadow"
     r = await cc.head("/d")
     assert stat_of(r)["type"] == "dir"
+    # Only a regular file has a content digest.
+    for path in ("/d/ln", "/d"):
+        r = await cc.head(path)
+        assert not {"X-Aggapi-Sha256", "Digest", "Repr-Digest"} & set(r.headers)
+
+
+DIGEST_HEADERS = ("X-Aggapi-Sha256", "Digest", "Repr-Digest")
+
+
+async def test_head_sends_the_digest_headers_get_sends(cc: Any, plain: tuple[Path, Path]) -> None:
+    root, _ = plain
+    data = os.urandom(300_000)
+    (root / "f").write_bytes(data)
+    head = await cc.head("/f")
+    assert head.status == 200
+    got = await cc.get("/f")
+    assert await got.read() == data
+    raw = hashlib.sha256(data).digest()
+    assert {h: head.headers[h] for h in DIGEST_HEADERS} == \
+        {h: got.headers[h] for h in DIGEST_HEADERS} == {
+            "X-Aggapi-Sha256": raw.hex(),
+            "Digest": "sha-256=" + base64.b64encode(raw).decode(),
+            "Repr-Digest": "sha-256=:" + base64.b64encode(raw).decode() + ":"}
+    # A changed file gets a new digest on HEAD (the cache is keyed by file version).
+    (root / "f").write_bytes(b"other")
+    head = await cc.head("/f")
+    assert head.headers["X-Aggapi-Sha256"] == hashlib.sha256(b"other").hexdigest()
 
 
 async def test_range_resume_and_if_range(cc: Any, plain: tuple[Path, Path]) -> None:

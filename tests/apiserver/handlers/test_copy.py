@@ -19,6 +19,7 @@ from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 from .conftest import Stack, pod_object
 
 GiB = 1 << 30
+DIGEST_HEADERS = ("X-Aggapi-Sha256", "Digest", "Repr-Digest")
 
 
 async def _run(stack: Stack, pods: PodRunner, image: str, name: str = "box",
@@ -56,9 +57,12 @@ async def test_file_round_trip_with_stat_and_digest(stack: Stack, box: RunningPo
         assert int(resp.headers["Content-Length"]) == len(data)
         assert resp.headers["X-Aggapi-Sha256"] == digest
         assert await resp.read() == data
+        got_digests = {h: resp.headers[h] for h in DIGEST_HEADERS}
     async with s.head(path, params={"container": "app", "path": "/tmp/blob"}) as resp:
         assert resp.status == 200
         st = _stat(resp.headers)
+        # HEAD relays the same digests as GET, so a client can check before fetching.
+        assert {h: resp.headers.get(h) for h in DIGEST_HEADERS} == got_digests
     assert st["size"] == len(data) and st["type"] == "file" and st["mode"] & 0o777 == 0o640
 
 
