@@ -38,6 +38,7 @@ from typing import Any
 from aggapi.client.confine import current_umask, local_mode, resolve_beneath
 from aggapi.client.errors import LocalError, TransferError
 from aggapi.client.partial import fsync_dir
+from aggapi.dirfd import descend
 from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
 
 CHUNK = 1 << 20
@@ -90,28 +91,24 @@ class Extractor:
 
     def _dir(self, parts: list[str], create: bool = True, entry: str = "") -> int:
         """An fd of the directory ``parts`` below the root; never follows a symlink."""
-        fd = os.dup(self.root)
-        try:
-            for i, p in enumerate(parts):
-                try:
-                    nfd = os.open(p, DIRFLAGS, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    os.mkdir(p, 0o700, dir_fd=fd)
-                    self.dirs.setdefault(tuple(parts[:i + 1]), (0o777, None))
-                    nfd = os.open(p, DIRFLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise Refused(f"tar entry {entry!r} crosses a symlink or file at "
-                                      f"{'/'.join(parts[:i + 1])!r}") from exc
+
+        def step(fd: int, i: int) -> int:
+            p = parts[i]
+            try:
+                return os.open(p, DIRFLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
                     raise
-                os.close(fd)
-                fd = nfd
-            return fd
-        except BaseException:
-            os.close(fd)
-            raise
+                os.mkdir(p, 0o700, dir_fd=fd)
+                self.dirs.setdefault(tuple(parts[:i + 1]), (0o777, None))
+                return os.open(p, DIRFLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Refused(f"tar entry {entry!r} crosses a symlink or file at "
+                                  f"{'/'.join(parts[:i + 1])!r}") from exc
+                raise
+
+        return descend(self.root, len(parts), step)
 
     def _clear(self, dfd: int, parts: list[str]) -> None:
         """Make room for a later entry of the same name, as tar does; never a directory."""

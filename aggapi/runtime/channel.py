@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 
@@ -36,6 +36,24 @@ def open_channel(address: str) -> grpc.aio.Channel:
             ("grpc.max_reconnect_backoff_ms", 1000),
         ],
     )
+
+
+class ChannelClient:
+    """Owns one channel to a runtime socket; closing it (or leaving ``async with``)
+    closes the channel. The CRI and containerd clients build their stubs on it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = open_channel(address)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 async def call(method: str, fn: Callable[..., Awaitable[T]], request: Any, *,

@@ -21,7 +21,7 @@ from aggapi.proto import (
     ctd_snapshots_pb2_grpc,
     ctd_version_pb2_grpc,
 )
-from aggapi.runtime.channel import call, open_channel
+from aggapi.runtime.channel import ChannelClient, call
 from aggapi.runtime.errors import RuntimeNotFound, RuntimeUnavailable, from_rpc_error
 
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
@@ -109,31 +109,21 @@ class SnapshotInfo:
     updated_at: float
 
 
-class ContainerdClient:
+class ContainerdClient(ChannelClient):
     """Async client of one containerd namespace (``k8s.io`` is where CRI works)."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, namespace: str = "k8s.io", *,
                  timeout: float = 10.0) -> None:
-        self.address = address
+        super().__init__(address)
         self.namespace = namespace
         self.timeout = timeout
         self.rpc_count = 0
-        self._channel = open_channel(address)
         self._md = ((NAMESPACE_HEADER, namespace),)
         self._content = ctd_content_pb2_grpc.ContentStub(self._channel)
         self._images = ctd_images_pb2_grpc.ImagesStub(self._channel)
         self._leases = ctd_leases_pb2_grpc.LeasesStub(self._channel)
         self._snapshots = ctd_snapshots_pb2_grpc.SnapshotsStub(self._channel)
         self._version = ctd_version_pb2_grpc.VersionStub(self._channel)
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> ContainerdClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def version(self) -> str:
         self.rpc_count += 1

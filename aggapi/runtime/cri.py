@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aggapi.proto import cri_pb2, cri_pb2_grpc
-from aggapi.runtime.channel import call, open_channel
+from aggapi.runtime.channel import ChannelClient, call
 from aggapi.runtime.errors import RuntimeNotFound
 
 log = logging.getLogger(__name__)
@@ -97,26 +97,16 @@ def _decode_info(info: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-class CRIClient:
+class CRIClient(ChannelClient):
     """Async CRI v1 client on a unix socket (containerd's or CRI-O's)."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float = 30.0,
                  pull_timeout: float | None = None) -> None:
-        self.address = address
+        super().__init__(address)
         self.timeout = timeout
         self.pull_timeout = pull_timeout  # None: a pull may take as long as it takes
-        self._channel = open_channel(address)
         self._rt = cri_pb2_grpc.RuntimeServiceStub(self._channel)
         self._img = cri_pb2_grpc.ImageServiceStub(self._channel)
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> CRIClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # --- runtime ---------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from aggapi.agent.copy.atomic import (
 from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
 from aggapi.agent.copy.uploadparams import UploadParams
+from aggapi.dirfd import descend
 from aggapi.status import StatusError
 
 RDIR = os.O_RDONLY | os.O_DIRECTORY
@@ -87,19 +88,13 @@ class TarExtractor:
             return o2.openat2(self.target_fd, rel or ".", RDIR, o2.UNDER_TARGET)
         except FileNotFoundError:
             pass
-        fd = os.dup(self.target_fd)
-        done: list[str] = []
-        try:
-            for comp in rel.split("/"):
-                done.append(comp)
-                self._mkdir(fd, comp, "/".join(done), 0o755)
-                nfd = o2.openat2(fd, comp, RDIR, o2.UNDER_TARGET)
-                os.close(fd)
-                fd = nfd
-            return fd
-        except BaseException:
-            os.close(fd)
-            raise
+        comps = rel.split("/")
+
+        def step(fd: int, i: int) -> int:
+            self._mkdir(fd, comps[i], "/".join(comps[:i + 1]), 0o755)
+            return o2.openat2(fd, comps[i], RDIR, o2.UNDER_TARGET)
+
+        return descend(self.target_fd, len(comps), step)
 
     def _mkdir(self, parent_fd: int, name: str, rel: str, mode: int) -> None:
         if rel in self.pending:

@@ -12,20 +12,8 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from aggapi.agent.progress.model import (
-    ALREADY_PRESENT,
-    DONE,
-    DOWNLOADING,
-    EXTRACTING,
-    FAILED,
-    RESOLVING,
-    TERMINAL,
-    UNKNOWN,
-    WAITING,
-    ImageState,
-    NodeState,
-    eta,
-)
+from aggapi.agent.progress import model as phase
+from aggapi.agent.progress.model import ImageState, NodeState, eta
 from aggapi.capability import ContainerRef
 
 GRANULARITIES = ("layer", "image", "pod")
@@ -45,20 +33,21 @@ def _obj(*, image: str, layer: str, progress: int, total: int, error: str, conta
 
 
 def _image_of(state: NodeState, c: ContainerRef) -> ImageState:
-    return state.images.get(c.image) or ImageState(c.image, UNKNOWN)
+    return state.images.get(c.image) or ImageState(c.image, phase.UNKNOWN)
 
 
 def pod_phase(phases: Sequence[str]) -> str:
     if not phases:
-        return UNKNOWN
-    if FAILED in phases:
-        return FAILED
-    if all(p in TERMINAL for p in phases):
-        return ALREADY_PRESENT if all(p == ALREADY_PRESENT for p in phases) else DONE
-    for p in (DOWNLOADING, EXTRACTING, RESOLVING, WAITING):
+        return phase.UNKNOWN
+    if phase.FAILED in phases:
+        return phase.FAILED
+    if all(p in phase.TERMINAL for p in phases):
+        present = all(p == phase.ALREADY_PRESENT for p in phases)
+        return phase.ALREADY_PRESENT if present else phase.DONE
+    for p in (phase.DOWNLOADING, phase.EXTRACTING, phase.RESOLVING, phase.WAITING):
         if p in phases:
             return p
-    return UNKNOWN
+    return phase.UNKNOWN
 
 
 def objects(containers: Sequence[ContainerRef], state: NodeState, granularity: str) -> list[Obj]:
@@ -69,7 +58,7 @@ def objects(containers: Sequence[ContainerRef], state: NodeState, granularity: s
         for c in containers:
             st = _image_of(state, c)
             imgs.setdefault(st.root_digest or st.ref, st)
-        need = [s for s in imgs.values() if s.phase != ALREADY_PRESENT]
+        need = [s for s in imgs.values() if s.phase != phase.ALREADY_PRESENT]
         known = all(s.total >= 0 for s in need)
         prog = sum(s.progress for s in need) if known else -1
         total = sum(s.total for s in need) if known else -1
@@ -89,7 +78,7 @@ def objects(containers: Sequence[ContainerRef], state: NodeState, granularity: s
             continue
         for la in st.layers:
             out.append(_obj(image=c.image, layer=la.digest, progress=la.progress,
-                            total=la.total, error=st.error if la.phase == FAILED else "",
+                            total=la.total, error=st.error if la.phase == phase.FAILED else "",
                             container=c.name, phase=la.phase, rate=la.bytes_per_second,
                             eta_s=la.eta_seconds, t=t))
     return out
@@ -104,19 +93,19 @@ def without_time(o: Obj) -> Obj:
 
 
 def finished(containers: Sequence[ContainerRef], state: NodeState) -> bool:
-    return all(_image_of(state, c).phase in TERMINAL for c in containers)
+    return all(_image_of(state, c).phase in phase.TERMINAL for c in containers)
 
 
 def failure(containers: Sequence[ContainerRef], state: NodeState) -> Obj | None:
     """The Error object that ends a stream, if the pod's pulls cannot be followed on."""
     if state.error:
-        return {"kind": "Error", "image": "", "error": state.error, "phase": UNKNOWN,
+        return {"kind": "Error", "image": "", "error": state.error, "phase": phase.UNKNOWN,
                 "time": rfc3339(state.time)}
     for c in containers:
         st = _image_of(state, c)
-        if st.phase == FAILED:
+        if st.phase == phase.FAILED:
             return {"kind": "Error", "image": c.image, "container": c.name,
-                    "error": st.error, "phase": FAILED, "time": rfc3339(state.time)}
+                    "error": st.error, "phase": phase.FAILED, "time": rfc3339(state.time)}
     return None
 
 
