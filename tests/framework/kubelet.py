@@ -276,15 +276,8 @@ class Kubelet:
         return True
 
     def rbac(self) -> list[dict[str, Any]]:
-        ns_objs = []
-        ca = (self.cp.pki_dir / "ca.crt").read_text()
-        # kube-controller-manager's root-CA publisher does not run: the projected
-        # service-account volume of every pod needs this ConfigMap.
-        for ns in ("default", "aggapi"):
-            ns_objs.append({"apiVersion": "v1", "kind": "ConfigMap",
-                            "metadata": {"name": "kube-root-ca.crt", "namespace": ns},
-                            "data": {"ca.crt": ca}})
-
+        # kube-root-ca.crt (every pod's projected service-account volume reads it) is
+        # published by kube-controller-manager (tests.framework.controllers).
         def crb(name: str, role: str, user: str) -> dict[str, Any]:
             return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                     "metadata": {"name": name, "labels": {HARNESS_LABEL: "kubelet"}},
@@ -294,7 +287,6 @@ class Kubelet:
                                   "name": user}]}
 
         return [
-            *ns_objs,
             # kube-apiserver -> kubelet: nodes/proxy, nodes/log, ... (kubelet's SAR).
             crb("aggapi-harness:apiserver-kubelet-client", "system:kubelet-api-admin",
                 APISERVER_KUBELET_CLIENT_CN),
