@@ -3,7 +3,8 @@
 It runs as root in the host's network and mount namespaces, like a kubelet on a real
 host, against the node's containerd (tests.framework.node: CRI v1, runc, cgroupfs on
 this cgroup v1 machine) and registers the control plane's Node object
-(``ControlPlane.node_name``). Pods set ``spec.nodeName``: no scheduler runs.
+(``ControlPlane.node_name``). kube-scheduler (tests.framework.controllers) places pods
+without ``spec.nodeName``; :func:`pod_manifest` binds them itself.
 
     kubelet      https://10.251.N.1:10250 (the host bridge address: kube-apiserver,
                  on the same bridge, reaches it; node InternalIP = that address)
@@ -468,7 +469,7 @@ def pod_manifest(name: str, containers: Sequence[Mapping[str, Any]], *, node: st
                  namespace: str = "default", init_containers: Sequence[Mapping[str, Any]] = (),
                  host_network: bool = False, pull_policy: str = "IfNotPresent",
                  labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A pod bound to ``node`` (no scheduler), quick to delete, no service-account token."""
+    """A pod bound to ``node`` (kube-scheduler not asked), quick to delete, no token."""
 
     def fill(c: Mapping[str, Any]) -> dict[str, Any]:
         return {"imagePullPolicy": pull_policy, **c}
