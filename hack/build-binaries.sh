@@ -3,8 +3,9 @@
 # hack/tools/versions.env:
 #   kube-apiserver  from the k8s.io/kubernetes Go module (hack/tools/kube/go.mod replaces
 #                   every k8s.io/<staging> v0.0.0 requirement with the published v0.x.y)
-#   kubelet         from the same module, go.mod and go.sum as kube-apiserver (tools.go
-#                   imports both commands: one module graph pins both)
+#   kubelet, kube-controller-manager, kube-scheduler, kube-proxy
+#                   from the same module, go.mod and go.sum as kube-apiserver (tools.go
+#                   imports every command: one module graph pins them all)
 #   helm            from the helm.sh/helm/v3 Go module (hack/tools/helm/go.mod)
 #   helm-docs       from the github.com/norwoodj/helm-docs Go module (hack/tools/helm-docs),
 #                   for the chart README (tests/manifests/test_readme.py)
@@ -14,7 +15,8 @@
 # /var/cache/aggapi-bin) as <name>-<version>, so a rebuild on the same machine, or a
 # fresh clone on it (CI), is instant. Links to the binaries in use go to .local/bin/.
 #
-# Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|helm|helm-docs|kubectl|etcd]...
+# Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|kube-controller-manager|
+#                                kube-scheduler|kube-proxy|helm|helm-docs|kubectl|etcd]...
 #        (default: all)
 #        hack/build-binaries.sh --regen-gomod kube helm helm-docs   rewrite those go.mod/go.sum
 # Idempotent. Go's module and build caches stay at their defaults (outside the clone).
@@ -107,8 +109,10 @@ go_build() {
   ln -sfn "$out" "$LINK_DIR/$name"
 }
 
-# Both Kubernetes commands share hack/tools/kube (one go.mod, one go.sum, one release).
-KUBE_PKGS="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubelet"
+# The Kubernetes commands share hack/tools/kube (one go.mod, one go.sum, one release).
+KUBE_CMDS="kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy"
+KUBE_PKGS=""
+for c in $KUBE_CMDS; do KUBE_PKGS+="${KUBE_PKGS:+ }k8s.io/kubernetes/cmd/$c"; done
 
 # -X flags that give a Kubernetes command its version (as upstream's hack/lib/version.sh).
 kube_version_ldflags() {
@@ -129,21 +133,14 @@ kube_gomod() {
   gen_gomod hack/tools/kube k8s.io/kubernetes "$KUBE_VERSION" "$KUBE_PKGS"
 }
 
-build_kube_apiserver() {
-  local t0=$SECONDS
-  [[ -x $BIN_CACHE/kube-apiserver-$KUBE_VERSION ]] || kube_gomod
-  go_build kube-apiserver hack/tools/kube k8s.io/kubernetes/cmd/kube-apiserver "$KUBE_VERSION" \
+# Every Kubernetes command is static (CGO_ENABLED=0, as upstream builds them) and comes
+# from the one module graph in hack/tools/kube.
+build_kube_cmd() {
+  local name=$1 t0=$SECONDS
+  [[ -x $BIN_CACHE/$name-$KUBE_VERSION ]] || kube_gomod
+  go_build "$name" hack/tools/kube "k8s.io/kubernetes/cmd/$name" "$KUBE_VERSION" \
     "$(kube_version_ldflags)"
-  log "kube-apiserver ready in $((SECONDS - t0))s"
-}
-
-# kubelet: static (CGO_ENABLED=0, as upstream builds it), same module graph as kube-apiserver.
-build_kubelet() {
-  local t0=$SECONDS
-  [[ -x $BIN_CACHE/kubelet-$KUBE_VERSION ]] || kube_gomod
-  go_build kubelet hack/tools/kube k8s.io/kubernetes/cmd/kubelet "$KUBE_VERSION" \
-    "$(kube_version_ldflags)"
-  log "kubelet ready in $((SECONDS - t0))s"
+  log "$name ready in $((SECONDS - t0))s"
 }
 
 build_helm() {
@@ -224,9 +221,11 @@ targets=("$@")
 T0=$SECONDS
 for t in "${targets[@]}"; do
   case $t in
-    all) setup_etcd; setup_kubectl; build_kube_apiserver; build_kubelet; build_helm; build_helm_docs ;;
-    kube-apiserver) build_kube_apiserver ;;
-    kubelet) build_kubelet ;;
+    all) setup_etcd; setup_kubectl
+         for c in $KUBE_CMDS; do build_kube_cmd "$c"; done
+         build_helm; build_helm_docs ;;
+    kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
+         build_kube_cmd "$t" ;;
     helm) build_helm ;;
     helm-docs) build_helm_docs ;;
     kubectl) setup_kubectl ;;

@@ -1,4 +1,5 @@
-"""e2e fixtures: a real control plane (etcd + kube-apiserver) from tests.framework.controlplane.
+"""e2e fixtures: a real control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler) from tests.framework.controlplane, once per session.
 
 Needs root (network namespaces) and the binaries of hack/build-binaries.sh, which the
 ``control_plane`` fixture builds on first use (cached in /var/cache/aggapi-bin afterwards).
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.kubelet import Kubelet
 from tests.framework.node import Node
 from tests.framework.pods import ContainerSpec
 from tests.framework.procs import Proc
@@ -52,7 +54,7 @@ def control_plane() -> Iterator[ControlPlane]:
         pytest.skip(reason)
     t0 = time.monotonic()
     subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), "etcd", "kubectl",
-                    "kube-apiserver"], check=True)
+                    "kube-apiserver", "kube-controller-manager", "kube-scheduler"], check=True)
     built = time.monotonic() - t0
     # AGGAPI_E2E_INSTANCE=parallel runs beside another e2e session (own subnet and state).
     cp = ControlPlane(instance=os.environ.get("AGGAPI_E2E_INSTANCE", "e2e"))
@@ -129,6 +131,25 @@ def node_agent(node: Node, aggapi_apiserver: Proc) -> Iterator[Proc]:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def kubelet(control_plane: ControlPlane, node: Node) -> Iterator[Kubelet]:
+    """A real kubelet for this module (serializeImagePulls: true, kubelet's default).
+
+    Module-scoped: the CRI stand-in's pods (other modules) carry kubelet's labels, and
+    a running kubelet would take them over."""
+    t0 = time.monotonic()
+    subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), "kubelet"], check=True)
+    k = Kubelet(control_plane, node)
+    try:
+        took = k.start()
+        print(f"\nkubelet: built/cached {time.monotonic() - t0 - took:.1f}s, Ready in {took:.1f}s")
+        yield k
+    finally:
+        if k.proc().alive():
+            k.delete_pods()
+        k.stop()
 
 
 @pytest.fixture(scope="session")

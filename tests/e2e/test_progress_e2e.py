@@ -185,6 +185,10 @@ async def test_no_agent_on_the_node_is_503(control_plane: ControlPlane, node: No
         return await k.create("agentless", [ContainerSpec("app", node.images.busybox)],
                               node_name="node-without-agent")
 
+    # The node exists (with no agent): kube-controller-manager's pod garbage collector
+    # deletes pods bound to a node that does not.
+    control_plane.apply([{"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": "node-without-agent"}}])
     pod = await asyncio.to_thread(standin.call, create)
     p = E2EPod("default", "agentless", "app", node.images.busybox, pod)
     try:
@@ -197,6 +201,7 @@ async def test_no_agent_on_the_node_is_503(control_plane: ControlPlane, node: No
             await k.delete(pod)
 
         await asyncio.to_thread(standin.call, delete)
+        control_plane.kubectl("delete", "node", "node-without-agent", "--ignore-not-found")
     for r in (progress_r, copy_r):
         assert r.rc == 1, r.err
         assert "Error from server (ServiceUnavailable)" in r.err, r.err

@@ -19,15 +19,20 @@ range"), hence the network namespaces (see tests/framework/netns.py).
 
 Identity of the local aggapi apiserver: a client certificate (cluster CA) for user
 ``system:serviceaccount:aggapi:aggapi-apiserver`` with the service-account groups. RBAC
-ServiceAccount subjects match that user name, so the shipped bindings apply unchanged
-and no token controller (kube-controller-manager) is needed.
+ServiceAccount subjects match that user name, so the shipped bindings apply unchanged.
+Pods get real ServiceAccount tokens (kubelet's projected volume, TokenRequest).
 
 RBAC: the shipped manifests/base/{serviceaccounts,rbac-apiserver,rbac-aggregated}.yaml,
 then hack/local/rbac.yaml (e2e users alice and mallory, kubeconfigs in users/).
 Authentication: client certs of the cluster CA; anonymous only for /livez, /readyz and
 /healthz (AuthenticationConfiguration), so any other unauthenticated request is a 401.
-No kube-controller-manager, scheduler, kubelet or kube-proxy runs: the harness creates the
-ServiceAccounts ``default``, the Node (status Ready) and the EndpointSlices itself.
+kube-controller-manager and kube-scheduler run (tests.framework.controllers): the
+``default`` ServiceAccounts, ``kube-root-ca.crt``, ReplicaSets, pods of Deployments,
+EndpointSlices of Services with a selector and the aggregated view/edit/admin ClusterRoles
+are theirs. The harness still creates the Node (status Ready: often only the kubelet
+stand-in serves it) and the EndpointSlices of aggapi's two Services, whose backends run as
+host processes outside any pod (a Service without a selector is how Kubernetes points at
+such backends). kubelet and kube-proxy belong to the node (tests.framework.kubelet).
 containerd, the registry and the demo are not started here (tests.framework.* fixtures).
 
 Every process is started in its own session with a pidfile (pid + start time) and is
@@ -57,6 +62,11 @@ from typing import Any
 
 from aggapi import certs, pki
 from tests.framework import nodestate
+from tests.framework.controllers import KCM, Controllers
+from tests.framework.controllers import PROCS as CONTROLLER_PROCS
+
+# Re-exported: the harness's users import these from here.
+from tests.framework.kubetools import binary, kubeconfig, versions  # noqa: F401
 from tests.framework.netns import Host, Network
 from tests.framework.procs import HarnessError, Proc, free_port, spawn, wait_ready
 from tests.framework.repo import REPO, python_env
@@ -91,52 +101,12 @@ def log(msg: str) -> None:
     print(f"controlplane: {msg}", file=sys.stderr, flush=True)
 
 
-# --- binaries ------------------------------------------------------------------------
-
-def versions() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in (REPO / "hack/tools/versions.env").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            k, v = line.split("=", 1)
-            out[k] = v
-    return out
-
-
-def binary(name: str, *, build: bool = True) -> str:
-    """Path of a tool from hack/build-binaries.sh; runs it if the link is missing."""
-    env = os.environ.get(f"AGGAPI_{name.upper().replace('-', '_')}_BIN")
-    if env:
-        return env
-    link = REPO / ".local/bin" / name
-    if not link.exists() and build:
-        subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), name], check=True)
-    if not link.exists():
-        raise HarnessError(f"{name} not found: run hack/build-binaries.sh")
-    return str(link)
-
-
 @functools.cache
 def supported_flags(command: str) -> frozenset[str]:
     """The ``--flags`` that ``aggapi <command> --help`` lists."""
     cp = subprocess.run([sys.executable, "-m", "aggapi", command, "--help"], text=True,
                         capture_output=True, cwd=REPO)
     return frozenset(re.findall(r"(--[a-z][a-z0-9-]*)", cp.stdout))
-
-
-# --- kubeconfig ----------------------------------------------------------------------
-
-def kubeconfig(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, user: str) -> str:
-    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "aggapi-local", "cluster": {
-            "server": server, "certificate-authority-data": b64(ca_pem)}}],
-        "users": [{"name": user, "user": {
-            "client-certificate-data": b64(cert_pem), "client-key-data": b64(key_pem)}}],
-        "contexts": [{"name": user, "context": {"cluster": "aggapi-local", "user": user}}],
-        "current-context": user,
-    }, indent=2)
 
 
 # --- the control plane ---------------------------------------------------------------
@@ -197,6 +167,10 @@ class ControlPlane:
             "AGGAPI_NODE_NAME": self.node_name,
             "AGGAPI_KUBECTL": binary("kubectl", build=False),
         }
+
+    @property
+    def controllers(self) -> Controllers:
+        return Controllers(self.state, self.pki_dir, self.server)
 
     # --- PKI ---------------------------------------------------------------------------
     def generate_pki(self, users: Mapping[str, Sequence[str]] = DEFAULT_USERS) -> None:
@@ -378,8 +352,10 @@ class ControlPlane:
             return [
                 {"apiVersion": "v1", "kind": "Service",
                  "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
-                 # No selector: nothing runs as a pod, the harness owns the endpoints.
-                 # The agent Service is headless, as in the shipped manifests.
+                 # No selector: aggapi runs as host processes in network namespaces,
+                 # outside any pod, so these EndpointSlices are the harness's (the
+                 # pattern for out-of-cluster backends), not an endpointslice
+                 # controller's stand-in. The agent Service is headless, as shipped.
                  "spec": {**({"clusterIP": "None"} if node else {}),
                           "ports": [{"name": "https", "port": port, "targetPort": target,
                                      "protocol": "TCP"}]}},
@@ -393,9 +369,6 @@ class ControlPlane:
 
         return [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-            # No kube-controller-manager runs: create the ServiceAccounts it would.
-            *({"apiVersion": "v1", "kind": "ServiceAccount",
-               "metadata": {"name": "default", "namespace": ns}} for ns in ("default", NAMESPACE)),
             {"apiVersion": "v1", "kind": "Node",
              "metadata": {"name": self.node_name, "labels": {
                  "kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux"}}},
@@ -436,6 +409,12 @@ class ControlPlane:
         self.kubectl("apply", *(a for f in self.rbac_files() for a in ("-f", str(f))))
         self.kubectl("patch", "node", self.node_name, "--subresource=status", "--type=merge",
                      "-p", json.dumps(self.node_status()))
+        # The serviceaccount controller creates them; pods are refused until it has.
+        for ns in ("default", NAMESPACE):
+            self._wait(lambda ns=ns: self.get(
+                f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200, 60,
+                f"ServiceAccount {ns}/default (kube-controller-manager)",
+                self.proc(KCM))
 
     # --- aggapi processes -----------------------------------------------------------------
     def apiserver_args(self, extra: Sequence[str] = ()) -> list[str]:
@@ -529,13 +508,15 @@ class ControlPlane:
         self.generate_pki()
         self.start_etcd()
         self.start_kube_apiserver()
+        self.controllers.start()
         self.bootstrap()
         took = time.monotonic() - t0
         (self.state / "info.json").write_text(json.dumps(
             {**self.env(), "up_seconds": round(took, 2)}, indent=2) + "\n")
         return took
 
-    PROCS = (nodestate.AGENT_PROC, "aggapi-apiserver", "kube-apiserver", "etcd")
+    PROCS = (nodestate.AGENT_PROC, "aggapi-apiserver", *CONTROLLER_PROCS, "kube-apiserver",
+             "etcd")
 
     def stop_aggapi(self) -> None:
         for name in (nodestate.AGENT_PROC, "aggapi-apiserver"):

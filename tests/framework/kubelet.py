@@ -3,7 +3,8 @@
 It runs as root in the host's network and mount namespaces, like a kubelet on a real
 host, against the node's containerd (tests.framework.node: CRI v1, runc, cgroupfs on
 this cgroup v1 machine) and registers the control plane's Node object
-(``ControlPlane.node_name``). Pods set ``spec.nodeName``: no scheduler runs.
+(``ControlPlane.node_name``). kube-scheduler (tests.framework.controllers) places pods
+without ``spec.nodeName``; :func:`pod_manifest` binds them itself.
 
     kubelet      https://10.251.N.1:10250 (the host bridge address: kube-apiserver,
                  on the same bridge, reaches it; node InternalIP = that address)
@@ -276,15 +277,8 @@ class Kubelet:
         return True
 
     def rbac(self) -> list[dict[str, Any]]:
-        ns_objs = []
-        ca = (self.cp.pki_dir / "ca.crt").read_text()
-        # kube-controller-manager's root-CA publisher does not run: the projected
-        # service-account volume of every pod needs this ConfigMap.
-        for ns in ("default", "aggapi"):
-            ns_objs.append({"apiVersion": "v1", "kind": "ConfigMap",
-                            "metadata": {"name": "kube-root-ca.crt", "namespace": ns},
-                            "data": {"ca.crt": ca}})
-
+        # kube-root-ca.crt (every pod's projected service-account volume reads it) is
+        # published by kube-controller-manager (tests.framework.controllers).
         def crb(name: str, role: str, user: str) -> dict[str, Any]:
             return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                     "metadata": {"name": name, "labels": {HARNESS_LABEL: "kubelet"}},
@@ -294,7 +288,6 @@ class Kubelet:
                                   "name": user}]}
 
         return [
-            *ns_objs,
             # kube-apiserver -> kubelet: nodes/proxy, nodes/log, ... (kubelet's SAR).
             crb("aggapi-harness:apiserver-kubelet-client", "system:kubelet-api-admin",
                 APISERVER_KUBELET_CLIENT_CN),
@@ -476,7 +469,7 @@ def pod_manifest(name: str, containers: Sequence[Mapping[str, Any]], *, node: st
                  namespace: str = "default", init_containers: Sequence[Mapping[str, Any]] = (),
                  host_network: bool = False, pull_policy: str = "IfNotPresent",
                  labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A pod bound to ``node`` (no scheduler), quick to delete, no service-account token."""
+    """A pod bound to ``node`` (kube-scheduler not asked), quick to delete, no token."""
 
     def fill(c: Mapping[str, Any]) -> dict[str, Any]:
         return {"imagePullPolicy": pull_policy, **c}

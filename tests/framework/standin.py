@@ -3,7 +3,8 @@
 It does what kubelet would for a pod bound to the node, against the real kube-apiserver
 and the node's real containerd:
 
-- creates the Pod object with ``spec.nodeName`` = the harness node (no scheduler runs);
+- creates the Pod object with ``spec.nodeName`` = the harness node (kube-scheduler
+  is not asked);
 - pulls each container's image through CRI when missing (``IfNotPresent``), posting
   kubelet's events with kubelet's reasons, messages and names (``<pod>.<unixnano hex>``,
   ``involvedObject.uid``, ``fieldPath: spec.containers{name}``): ``Pulling``,

@@ -26,7 +26,6 @@ from tests.framework.kubelet import Kubelet, pod_manifest
 from tests.framework.kubelet import forget_images as forget_images_async
 from tests.framework.node import OCI_CACHE, Node
 from tests.framework.procs import Proc
-from tests.framework.repo import REPO
 
 GV = "/apis/subresources.aggapi.io/v1alpha1"
 MiB = 1 << 20
@@ -74,22 +73,6 @@ def kimages(node: Node) -> KImages:
              for a in ("tar", "sha256sum", "ls", "cat", "rm", "mkdir")]
     push(im.tar, [base, cache.files_layer(links)])
     return im
-
-
-@pytest.fixture(scope="module")
-def kubelet(control_plane: ControlPlane, node: Node) -> Iterator[Kubelet]:
-    """A real kubelet for this module (serializeImagePulls: true, kubelet's default)."""
-    t0 = time.monotonic()
-    subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), "kubelet"], check=True)
-    k = Kubelet(control_plane, node)
-    try:
-        took = k.start()
-        print(f"\nkubelet: built/cached {time.monotonic() - t0 - took:.1f}s, Ready in {took:.1f}s")
-        yield k
-    finally:
-        if k.proc().alive():
-            k.delete_pods()
-        k.stop()
 
 
 @pytest.fixture(scope="module")
