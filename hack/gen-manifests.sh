@@ -30,7 +30,7 @@ HELM=$(find_helm)
 if [[ ${1:-} == --print-helm ]]; then echo "$HELM"; exit 0; fi
 
 # The rendered files, in apply order (a template that renders nothing is skipped).
-FILES=(namespace serviceaccounts rbac-apiserver rbac-aggregated apiserver apiservice agent)
+FILES=(namespace serviceaccounts rbac-apiserver rbac-aggregated rbac-agent apiserver apiservice agent)
 
 render() {  # render into $1
   local dest=$1 tmp

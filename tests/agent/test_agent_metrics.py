@@ -4,6 +4,7 @@ and copy bytes/durations and poll times that follow what happened."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -164,6 +165,13 @@ async def test_copy_bytes_and_durations_by_direction_and_result(agent: Agent) ->
         assert r.status == 404
     async with agent.copy("HEAD", "/f.bin", uid="uid-1", images=["img"]) as r:
         assert r.status == 200
+    # A download's handler ends (and is measured) just after its last byte reached the
+    # client: wait for the three copies' handlers to have ended.
+    for _ in range(500):
+        if sum(m.value("aggapi_agent_copy_duration_seconds_count", direction=d, result=r)
+               for d in ("upload", "download") for r in ("success", "error")) == 3:
+            break
+        await asyncio.sleep(0.01)
     assert m.value("aggapi_agent_copy_bytes_total", direction="upload",
                    result="success") == len(data)
     assert m.value("aggapi_agent_copy_bytes_total", direction="download",

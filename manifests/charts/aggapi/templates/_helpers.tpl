@@ -226,8 +226,18 @@ container port it targets. */}}
 - --read-header-timeout={{ .Values.agent.readHeaderTimeout }}
 - --body-idle-timeout={{ .Values.agent.bodyIdleTimeout }}
 - --health-port={{ .Values.agent.healthPort }}
+{{- with include "aggapi.agentMetricsPort" . | int }}
+- --metrics-port={{ . }}
+- --metrics-auth=delegated
+{{- end }}
 - --log-level={{ .Values.agent.logLevel }}
 {{- range .Values.agent.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+
+{{/* The agent's Prometheus port (0 = off); agent.metrics.port, 10445 if unset. */}}
+{{- define "aggapi.agentMetricsPort" -}}
+{{- dig "metrics" "port" 10445 .Values.agent -}}
 {{- end -}}
