@@ -9,6 +9,7 @@ data is pulled in bounded chunks. All parsing is in :mod:`aggapi.tarparse`
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
@@ -155,7 +156,8 @@ class TarReader:
             if not data:
                 self.parser.close()  # raises: the stream ended before the archive did
                 return ARCHIVE_END
-            self.events.extend(self.parser.feed(data))
+            # Parsing is bounded per read but still CPU: off the event loop, as everywhere.
+            self.events.extend(await asyncio.to_thread(self.parser.feed, data))
         return self.events.popleft()
 
     async def next(self) -> TarEntry | None:

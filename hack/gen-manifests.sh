@@ -2,12 +2,15 @@
 # Render the plain manifests (manifests/base/*.yaml) from the helm chart, so the two cannot
 # drift: the chart is the one source. Values: chart defaults + manifests/plain-values.yaml
 # (TLS material from Secrets that manifests/install/ generates with kustomize).
+# Also renders the chart README (manifests/charts/aggapi/README.md) with helm-docs from
+# README.md.gotmpl and the `# --` comments in values.yaml.
 #
-# Usage: hack/gen-manifests.sh            rewrite manifests/base/*.yaml
-#        hack/gen-manifests.sh --check    exit 1 (with a diff) if they are stale
-#        hack/gen-manifests.sh --print-helm   print the helm binary used
+# Usage: hack/gen-manifests.sh                 rewrite manifests/base/*.yaml and the README
+#        hack/gen-manifests.sh --check         exit 1 (with a diff) if base/ is stale
+#        hack/gen-manifests.sh --check-readme  exit 1 (with a diff) if the README is stale
+#        hack/gen-manifests.sh --print-helm    print the helm binary used
 # helm: $AGGAPI_HELM_BIN, else .local/bin/helm, else the newest /var/cache/aggapi-bin/helm-*,
-# else built with hack/build-binaries.sh helm.
+# else built with hack/build-binaries.sh helm. helm-docs: the same, with $AGGAPI_HELM_DOCS_BIN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -16,21 +19,40 @@ OUT=manifests/base
 RELEASE=aggapi
 NAMESPACE=aggapi
 
-find_helm() {
-  if [[ -n ${AGGAPI_HELM_BIN:-} ]]; then echo "$AGGAPI_HELM_BIN"; return; fi
-  if [[ -x .local/bin/helm ]]; then echo "$ROOT/.local/bin/helm"; return; fi
+find_tool() {  # $1: helm or helm-docs; $2: the override from the environment
+  if [[ -n $2 ]]; then echo "$2"; return; fi
+  if [[ -x .local/bin/$1 ]]; then echo "$ROOT/.local/bin/$1"; return; fi
   local cached
-  cached=$(ls -1 "${AGGAPI_BIN_CACHE:-/var/cache/aggapi-bin}"/helm-v* 2>/dev/null | sort -V | tail -1 || true)
+  cached=$(ls -1 "${AGGAPI_BIN_CACHE:-/var/cache/aggapi-bin}/$1"-v* 2>/dev/null | sort -V | tail -1 || true)
   if [[ -n $cached && -x $cached ]]; then echo "$cached"; return; fi
-  bash hack/build-binaries.sh helm >&2
-  echo "$ROOT/.local/bin/helm"
+  bash hack/build-binaries.sh "$1" >&2
+  echo "$ROOT/.local/bin/$1"
 }
 
-HELM=$(find_helm)
+# helm-docs over a copy of the chart in $1 (a chart directory): README.md appears there.
+readme() {
+  "$(find_tool helm-docs "${AGGAPI_HELM_DOCS_BIN:-}")" --chart-search-root "$1" \
+    --sort-values-order file --log-level warning >&2
+}
+
+if [[ ${1:-} == --check-readme ]]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  cp -r "$CHART" "$tmp/aggapi"
+  rm -f "$tmp/aggapi/README.md"
+  readme "$tmp/aggapi"
+  if ! diff -u "$CHART/README.md" "$tmp/aggapi/README.md"; then
+    echo "gen-manifests: $CHART/README.md is stale: run hack/gen-manifests.sh" >&2
+    exit 1
+  fi
+  exit 0
+fi
+
+HELM=$(find_tool helm "${AGGAPI_HELM_BIN:-}")
 if [[ ${1:-} == --print-helm ]]; then echo "$HELM"; exit 0; fi
 
 # The rendered files, in apply order (a template that renders nothing is skipped).
-FILES=(namespace serviceaccounts rbac-apiserver rbac-aggregated rbac-agent apiserver apiservice agent)
+FILES=(namespace quota serviceaccounts rbac-apiserver rbac-aggregated rbac-agent apiserver apiservice agent)
 
 render() {  # render into $1
   local dest=$1 tmp
@@ -66,4 +88,6 @@ if [[ ${1:-} == --check ]]; then
 fi
 
 render "$OUT"
+readme "$CHART"
+echo "gen-manifests: wrote $CHART/README.md with $("$(find_tool helm-docs "${AGGAPI_HELM_DOCS_BIN:-}")" --version)" >&2
 echo "gen-manifests: wrote ${FILES[*]/%/.yaml} into $OUT with $("$HELM" version --short)" >&2

@@ -1,4 +1,4 @@
-"""The agent package's layer rule (docs/architecture-agent.md), read from the source.
+"""The agent package's layer rule (docs/architecture.md), read from the source.
 
 main -> app (the composition root) -> the HTTP handlers of each engine -> the
 engines (progress, copy), which never import each other; config, auth, metrics

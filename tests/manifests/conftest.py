@@ -34,23 +34,29 @@ TLS_MODES: dict[str, list[str]] = {
 
 
 @functools.cache
-def helm_binary() -> str | None:
-    env = os.environ.get("AGGAPI_HELM_BIN")
+def tool_binary(name: str, env_var: str) -> str | None:
+    """helm or helm-docs: $env_var, the .local/bin link, the newest cached build, or a
+    build now (hack/build-binaries.sh NAME) when Go is available."""
+    env = os.environ.get(env_var)
     if env:
         return env
-    link = REPO / ".local/bin/helm"
+    link = REPO / ".local/bin" / name
     if link.exists():
         return str(link)
     cache = Path(os.environ.get("AGGAPI_BIN_CACHE", "/var/cache/aggapi-bin"))
-    built = sorted(cache.glob("helm-v*")) if cache.is_dir() else []
+    built = sorted(cache.glob(f"{name}-v*")) if cache.is_dir() else []
     if built:
         return str(built[-1])
     if shutil.which("go") and not os.environ.get("AGGAPI_NO_BUILD"):
-        r = subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), "helm"],
+        r = subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), name],
                            capture_output=True, text=True)
         if r.returncode == 0 and link.exists():
             return str(link)
     return None
+
+
+def helm_binary() -> str | None:
+    return tool_binary("helm", "AGGAPI_HELM_BIN")
 
 
 @pytest.fixture(scope="session")

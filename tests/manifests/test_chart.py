@@ -166,9 +166,11 @@ def test_workload_security(render: Render) -> None:
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     host = {v["name"]: v["hostPath"] for v in ag["volumes"] if "hostPath" in v}
     assert host["cri-socket-dir"] == {"path": "/run/containerd", "type": "Directory"}
-    assert host["kubelet-config"]["path"] == "/var/lib/kubelet/config.yaml"
+    # The kubelet config is read through the host's root (hostPID), never mounted: a node
+    # without the file must still run the agent (kubelet defaults).
+    assert "kubelet-config" not in host and "kubelet-config" not in mounts
+    assert "--kubelet-config=/proc/1/root/var/lib/kubelet/config.yaml" in c["args"]
     assert mounts["cri-socket-dir"]["readOnly"] is True
-    assert mounts["kubelet-config"]["readOnly"] is True
     assert "readOnly" not in mounts["copy-state"]  # the one writable host path
 
     svc = find(docs, "Service", "aggapi-agent")
@@ -186,8 +188,44 @@ def test_servicemonitor_only_with_the_crd(render: Render) -> None:
                 if d["kind"] == "ServiceMonitor"]
     docs = render(["serviceMonitor.enabled=true"],
                   extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"])
-    sm = find(docs, "ServiceMonitor")
-    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {"aggapi", "aggapi-agent"}
+    for sm in monitors.values():
+        ep = sm["spec"]["endpoints"][0]
+        assert ep["path"] == "/metrics" and ep["scheme"] == "https"
+        assert "bearerTokenFile" not in ep
+        assert ep["authorization"] == {"type": "Bearer", "credentials": {
+            "name": "aggapi-metrics-reader-token", "key": "token"}}
+    # Each ServiceMonitor selects exactly one of the chart's Services, on a port it has.
+    services = [d for d in docs if d["kind"] == "Service"]
+    for sm in monitors.values():
+        sel = sm["spec"]["selector"]["matchLabels"]
+        hits = [s for s in services
+                if sel.items() <= s["metadata"]["labels"].items()]
+        assert len(hits) == 1, sm["metadata"]["name"]
+        port = sm["spec"]["endpoints"][0]["port"]
+        assert port in {p["name"] for p in hits[0]["spec"]["ports"]}
+    agent_svc = find(docs, "Service", "aggapi-agent-metrics")
+    assert agent_svc["spec"]["ports"] == [{"name": "metrics", "port": 10445,
+                                           "targetPort": 10445, "protocol": "TCP"}]
+    # The token's ServiceAccount may get /metrics and nothing else.
+    token = find(docs, "Secret", "aggapi-metrics-reader-token")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "aggapi-metrics-reader"}
+    role = find(docs, "ClusterRole", "aggapi-metrics-reader")
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = find(docs, "ClusterRoleBinding", "aggapi-metrics-reader")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "aggapi-metrics-reader",
+                                    "namespace": "aggapi"}]
+    # Credentials of the user's own: no reader objects are made.
+    own = render(["serviceMonitor.enabled=true", "serviceMonitor.authorization.type=Bearer",
+                  "serviceMonitor.authorization.credentials.name=prom",
+                  "serviceMonitor.authorization.credentials.key=t"],
+                 extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"])
+    assert not [d for d in own if "metrics-reader" in d["metadata"]["name"]]
+    assert {d["spec"]["endpoints"][0]["authorization"]["credentials"]["name"]
+            for d in own if d["kind"] == "ServiceMonitor"} == {"prom"}
 
 
 def test_helm_mode_pki_is_consistent(render: Render) -> None:
@@ -263,9 +301,8 @@ def test_copy_as_root_is_opt_in_and_parses(render: Render) -> None:
 
 
 def test_agent_metrics_port_and_its_credentials(render: Render) -> None:
-    """The metrics port is on by default: its flag, container port and the explicit
-    ServiceAccount token mount go together; with it off, the agent has no token and no
-    binding."""
+    """The metrics port (always on): its flag, container port and the explicit
+    ServiceAccount token mount go together."""
     from aggapi.agent.config import parser
 
     docs = render()
@@ -280,16 +317,3 @@ def test_agent_metrics_port_and_its_credentials(render: Render) -> None:
     assert sources["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
     assert find(docs, "ClusterRoleBinding", "aggapi-agent:system:auth-delegator")
 
-
-def test_agent_without_metrics_port_has_no_credentials(render: Render) -> None:
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    if "metrics" not in schema["properties"]["agent"]["properties"]:
-        pytest.skip("agent.metrics values are not in this chart's schema yet")
-    from aggapi.agent.config import parser
-
-    off = render(["agent.metrics.port=0"])
-    ag = _pod_spec(off, "DaemonSet")
-    c = ag["containers"][0]
-    assert parser().parse_args(c["args"][1:]).metrics_port == 0
-    assert "kube-api-access" not in json.dumps(ag)
-    assert not [d for d in off if d["metadata"]["name"] == "aggapi-agent:system:auth-delegator"]

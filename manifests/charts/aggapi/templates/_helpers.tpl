@@ -98,6 +98,16 @@ agentClientKey, tokenKey, tokenCrt (PEM strings; absent when the mode is not hel
 {{- if not (hasKey .Values "aggapiGeneratedPKI") -}}
 {{- $ns := .Release.Namespace -}}
 {{- $out := dict -}}
+{{- if not .Values.tls.helm.lookup -}}
+{{- /* Without lookup every render would mint new keys (a GitOps sync loop that also
+breaks the running pods' trust): refuse, and say what works instead. */ -}}
+{{- if or (eq .Values.tls.mode "helm") (eq .Values.tokenSigning.mode "helm") -}}
+{{- fail "tls.helm.lookup=false: the chart cannot keep keys it generates without lookup, so tls.mode=helm and tokenSigning.mode=helm would change on every render. Use tls.mode=certManager (tokenSigning.mode=existingSecret), or tls.mode=existingSecret and tokenSigning.mode=existingSecret with Secrets made once (aggapi certs) and tls.existingSecret.caBundle; see the chart README." -}}
+{{- end -}}
+{{- if and (eq .Values.tls.mode "existingSecret") (not .Values.tls.existingSecret.caBundle) -}}
+{{- fail "tls.helm.lookup=false with tls.mode=existingSecret: set tls.existingSecret.caBundle (the CA PEM), the chart cannot read it from the Secret without lookup." -}}
+{{- end -}}
+{{- end -}}
 {{- if eq .Values.tls.mode "helm" -}}
   {{- $names := list (include "aggapi.secret.apiserver" .) (include "aggapi.secret.agent" .) (include "aggapi.secret.agentClient" .) -}}
   {{- $found := list -}}
@@ -167,6 +177,68 @@ agentClientKey, tokenKey, tokenCrt (PEM strings; absent when the mode is not hel
 {{- end -}}
 {{- end -}}
 
+{{/* ---- pod fields shared by the apiserver and the agent ------------------------- */}}
+
+{{/* Pod labels: the selector labels (.sel, YAML) win over .extra (podLabels). */}}
+{{- define "aggapi.podLabels" -}}
+{{- toYaml (merge (.sel | fromYaml) (deepCopy (.extra | default dict))) -}}
+{{- end -}}
+
+{{/* Scheduling, identity and network fields of a pod spec. .v: the component's values;
+.affinity: the affinity to render; .sel: its selector labels (YAML), given to topology
+spread constraints that name no labelSelector. */}}
+{{- define "aggapi.podScheduling" -}}
+{{- with .v.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- if .v.hostNetwork }}
+hostNetwork: true
+# Keeps cluster DNS for the pod while it uses the node's network.
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- with .v.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $sel := .sel | fromYaml }}
+{{- $spread := list }}
+{{- range .v.topologySpreadConstraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" $sel) }}
+{{- end }}
+{{- $spread = append $spread $c }}
+{{- end }}
+{{- with $spread }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* apiserver.antiAffinity: replicas on different nodes, preferred (soft) or required. */}}
+{{- define "aggapi.apiserverAntiAffinity" -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "aggapi.selectorLabels.apiserver" . | fromYaml)) -}}
+{{- if eq .Values.apiserver.antiAffinity "hard" -}}
+requiredDuringSchedulingIgnoredDuringExecution:
+  {{- toYaml (list $term) | nindent 2 }}
+{{- else -}}
+preferredDuringSchedulingIgnoredDuringExecution:
+  {{- toYaml (list (dict "weight" 100 "podAffinityTerm" $term)) | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
 {{/* ---- process flags (one place, so renames are one edit) ------------------------- */}}
 
 {{/* The name of the agent's HTTPS port: the agent Service's port (hence the port name in
@@ -213,8 +285,13 @@ container port it targets. */}}
 - --token-public-key-file=/etc/aggapi/token-public/token-public.pem
 - --cri-address={{ .Values.agent.criSocketDir }}/{{ .Values.agent.criSocketName }}
 - --containerd-address={{ .Values.agent.criSocketDir }}/{{ .Values.agent.criSocketName }}
-{{- if .Values.agent.kubeletConfig }}
-- --kubelet-config={{ .Values.agent.kubeletConfig }}
+{{- /* Through the host's root as PID 1 sees it (hostPID), not a hostPath mount: a
+missing file is no mount error (the agent falls back to kubelet defaults and says why),
+and a file replaced by rename is read anew, which a single-file bind mount never shows.
+Mounting the parent instead would copy /var/lib/kubelet's pod volume mounts into the
+agent. Empty: no flag; the image holds no kubelet config, so kubelet defaults. */}}
+{{- with .Values.agent.kubeletConfig }}
+- --kubelet-config=/proc/1/root{{ . }}
 {{- end }}
 - --copy-size-limit={{ .Values.agent.copySizeLimit }}
 - --copies-per-pod={{ .Values.agent.copiesPerPod }}
@@ -226,18 +303,10 @@ container port it targets. */}}
 - --read-header-timeout={{ .Values.agent.readHeaderTimeout }}
 - --body-idle-timeout={{ .Values.agent.bodyIdleTimeout }}
 - --health-port={{ .Values.agent.healthPort }}
-{{- with include "aggapi.agentMetricsPort" . | int }}
-- --metrics-port={{ . }}
+- --metrics-port={{ .Values.agent.metrics.port }}
 - --metrics-auth=delegated
-{{- end }}
 - --log-level={{ .Values.agent.logLevel }}
 {{- range .Values.agent.extraArgs }}
 - {{ . | quote }}
 {{- end }}
-{{- end -}}
-
-
-{{/* The agent's Prometheus port (0 = off); agent.metrics.port, 10445 if unset. */}}
-{{- define "aggapi.agentMetricsPort" -}}
-{{- dig "metrics" "port" 10445 .Values.agent -}}
 {{- end -}}
