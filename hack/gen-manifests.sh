@@ -52,7 +52,7 @@ HELM=$(find_tool helm "${AGGAPI_HELM_BIN:-}")
 if [[ ${1:-} == --print-helm ]]; then echo "$HELM"; exit 0; fi
 
 # The rendered files, in apply order (a template that renders nothing is skipped).
-FILES=(namespace quota serviceaccounts rbac-apiserver rbac-aggregated apiserver apiservice agent)
+FILES=(namespace quota serviceaccounts rbac-apiserver rbac-aggregated rbac-agent apiserver apiservice agent)
 
 render() {  # render into $1
   local dest=$1 tmp

@@ -144,7 +144,7 @@ def test_no_import_loops() -> None:
 # package for this purpose: small parts that build on each other).
 AP = "aggapi.apiserver."
 LAYERS: list[set[str]] = [
-    {"user", "requestinfo", "cache", "config", "metrics", "shutdown", "pods", "agents",
+    {"user", "requestinfo", "config", "metrics", "shutdown", "pods", "agents",
      "agentclient", "authconfig", "discovery", "openapi", "health"},  # foundation
     {"authn", "authz"},                      # the authentication and authorization layer
     {"handlers", "imagepullprogress"},       # the subresources: never authorize

@@ -8,7 +8,10 @@ wires routes, middlewares and lifecycle hooks, handing each handler object the
 parts it uses. No module below this one looks its dependencies up in the app.
 
 Middlewares, outermost first: Status errors, metrics, auth (mTLS CN +
-capability token, see aggapi.agent.auth).
+capability token, see aggapi.agent.auth). Besides that mTLS app, the agent
+serves probes (plain HTTP, :func:`build_health_app`) and Prometheus
+(:func:`build_metrics_app`: HTTPS, a bearer token checked by TokenReview and
+SubjectAccessReview, see aggapi.delegated).
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from aggapi import wire
 from aggapi.agent.auth import SandboxLister, auth_middleware
 from aggapi.agent.config import AgentConfig
 from aggapi.agent.copy import engine as copy_engine
-from aggapi.agent.copy.handlers import CopyHandlers
+from aggapi.agent.copy.handlers import CopyHandlers, bytes_sent
 from aggapi.agent.copy.state import CopyState, Resolver
+from aggapi.agent.health import Check, ReadinessChecks, livez, readyz
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
@@ -33,6 +38,8 @@ from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import Backend, ProgressPoller
 from aggapi.capability import CapabilityVerifier
+from aggapi.delegated import AccessReviewer, TokenReviewer, nonresource_guard
+from aggapi.kube import KubeClient, load_client
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.status import status_middleware
@@ -51,12 +58,18 @@ class AgentParts:
     pull_limits: KubeletConfigReader
     copy: CopyState
     metrics: AgentMetrics
+    readiness: ReadinessChecks
+    # The metrics port's TokenReviews and SubjectAccessReviews go here (the agent's
+    # ServiceAccount, system:auth-delegator only); None without delegated metrics auth.
+    kube: KubeClient | None = None
 
     async def close_clients(self) -> None:
-        """Close the runtime connections (after the app is cleaned up)."""
+        """Close the runtime and API connections (after the apps are cleaned up)."""
         await self.cri.close()
         if self.containerd is not None:
             await self.containerd.close()
+        if self.kube is not None:
+            await self.kube.close()
 
 
 # The parts of a built app, for tests and benchmarks that look inside a running
@@ -72,22 +85,32 @@ def make_backend(config: AgentConfig, cri: CRIClient,
     return ContainerdBackend(containerd, platform, snapshotter=config.snapshotter)
 
 
+def runtime_checks(cri: CRIClient, containerd: ContainerdClient | None) -> ReadinessChecks:
+    """/readyz asks CRI's Version and, unless CRI-only, containerd's Version service."""
+    # Looked up per call: test fakes of the clients need not answer probes.
+    checks: list[tuple[str, Check]] = [("cri", lambda: cri.version())]
+    if containerd is not None:
+        checks.append(("containerd", lambda: containerd.version()))
+    return ReadinessChecks(checks)
+
+
 def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClient | None,
               verifier: CapabilityVerifier, backend: Backend | None = None,
-              copy_resolver: Resolver | None = None) -> AgentParts:
+              copy_resolver: Resolver | None = None, kube: KubeClient | None = None,
+              ) -> AgentParts:
     """The engines over given runtime clients. ``backend`` replaces the progress
-    backend and ``copy_resolver`` the CRI container lookup (tests and benchmarks)."""
-    poller = ProgressPoller(backend or make_backend(config, cri, containerd),
-                            config.poll_interval)
+    backend and ``copy_resolver`` the CRI container lookup (tests and benchmarks);
+    ``kube`` answers the metrics port's reviews."""
     metrics = AgentMetrics()
-    metrics.bind(subscribers=lambda: poller.subscribers, polls=lambda: poller.polls,
-                 poll_seconds=lambda: poller.last_poll_seconds,
-                 runtime_calls=lambda: getattr(containerd, "rpc_count", 0))
+    poller = ProgressPoller(backend or make_backend(config, cri, containerd),
+                            config.poll_interval, on_poll=metrics.observe_poll)
+    metrics.bind(subscribers=lambda: poller.subscribers,
+                 runtime_calls=lambda: getattr(containerd, "rpc_count", 0), sent=bytes_sent)
     return AgentParts(config=config, cri=cri, containerd=containerd, verifier=verifier,
                       poller=poller, pull_limits=KubeletConfigReader(config.kubelet_config),
                       copy=copy_engine.new_state(config.copy, cri, copy_resolver,
                                                 as_root=config.copy_as_root),
-                      metrics=metrics)
+                      metrics=metrics, readiness=runtime_checks(cri, containerd), kube=kube)
 
 
 async def connect(config: AgentConfig) -> AgentParts:
@@ -97,7 +120,10 @@ async def connect(config: AgentConfig) -> AgentParts:
     cri = CRIClient(config.cri_address)
     containerd = (ContainerdClient(config.containerd_address, config.containerd_namespace)
                   if config.runtime == "containerd" else None)
-    return new_parts(config, cri=cri, containerd=containerd, verifier=verifier)
+    kube = None
+    if config.metrics_port and config.metrics_auth == "delegated":
+        kube = await load_client(config.kubeconfig or None)
+    return new_parts(config, cri=cri, containerd=containerd, verifier=verifier, kube=kube)
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -114,7 +140,7 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
         status_middleware,
         parts.metrics.middleware,
         auth_middleware(parts.verifier, config.allowed_client_cns, wire.AGENT_OPERATIONS,
-                        cri=lister),
+                        cri=lister, tls_only=("/healthz", "/livez", "/readyz", "/metrics")),
     ])
     app[PARTS] = parts
     progress = ProgressHandlers(parts.poller, parts.pull_limits, config.node_name)
@@ -126,7 +152,7 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
     app.router.add_route("HEAD", wire.AGENT_COPY_PATH, copy_api.stat)
     app.router.add_get(wire.AGENT_COPY_PATH, copy_api.download, allow_head=False)
     app.router.add_post(wire.AGENT_COPY_PATH, copy_api.upload)
-    app.router.add_get("/healthz", healthz, allow_head=False)
+    add_probes(app, parts)
     app.router.add_get("/metrics", parts.metrics.handler, allow_head=False)
 
     async def start(_app: web.Application) -> None:
@@ -141,8 +167,28 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
     return app
 
 
-def build_health_app() -> web.Application:
-    """Plain-HTTP /healthz for kubelet probes (they present no client certificate)."""
+def add_probes(app: web.Application, parts: AgentParts) -> None:
+    app.router.add_get("/healthz", healthz, allow_head=False)
+    app.router.add_get("/livez", livez, allow_head=False)
+    app.router.add_get("/readyz", readyz(parts.readiness), allow_head=False)
+
+
+def build_health_app(parts: AgentParts) -> web.Application:
+    """Plain-HTTP probes for the kubelet (it presents no client certificate)."""
     app = web.Application()
-    app.router.add_get("/healthz", healthz)
+    add_probes(app, parts)
+    return app
+
+
+def build_metrics_app(parts: AgentParts) -> web.Application:
+    """/metrics for Prometheus: with ``--metrics-auth=delegated`` a bearer token the
+    TokenReview accepts, then a SubjectAccessReview for ``get`` on ``/metrics``."""
+    middlewares: list[Middleware] = [status_middleware]
+    if parts.config.metrics_auth == "delegated":
+        if parts.kube is None:
+            raise ValueError("delegated metrics authentication needs a Kubernetes client")
+        middlewares.append(nonresource_guard(TokenReviewer(parts.kube, parts.metrics),
+                                             AccessReviewer(parts.kube, parts.metrics)))
+    app = web.Application(middlewares=middlewares)
+    app.router.add_get("/metrics", parts.metrics.handler, allow_head=False)
     return app

@@ -31,11 +31,17 @@ class SandboxLister(Protocol):
                                  ) -> list[Sandbox]: ...
 
 
-def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
-    """HTTPS that refuses any client without a certificate from ``client_ca``."""
+def serving_context(cert: str, key: str) -> ssl.SSLContext:
+    """HTTPS with the agent's serving certificate, asking no client certificate."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
+    """HTTPS that refuses any client without a certificate from ``client_ca``."""
+    ctx = serving_context(cert, key)
     ctx.load_verify_locations(cafile=client_ca)
     ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx

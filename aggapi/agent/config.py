@@ -35,7 +35,11 @@ class AgentConfig:
     poll_interval: float = 0.25
     platform: str = ""  # os/arch[/variant]; "" = this host's
     kubelet_config: str = KUBELET_CONFIG
-    health_port: int = 0  # plain-HTTP /healthz for kubelet probes; 0 = off
+    health_port: int = 0  # plain-HTTP /healthz, /livez, /readyz for kubelet probes; 0 = off
+    # HTTPS /metrics (the serving cert, no client cert) for Prometheus; 0 = off.
+    metrics_port: int = 0
+    metrics_auth: str = "delegated"  # "delegated" (TokenReview + SAR) | "none"
+    kubeconfig: str = ""  # for delegated metrics auth; "" = in-cluster ServiceAccount
     copy: CopyLimits = field(default_factory=CopyLimits)  # KEP-4582 quotas: --copy-* flags
     copy_as_root: bool = False  # copies act as root (docker cp), not the container's user
     log_level: str = "info"  # debug | info | warning | error
@@ -44,6 +48,7 @@ class AgentConfig:
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+METRICS_AUTH = ("delegated", "none")
 _SUFFIXES = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
              "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
@@ -113,7 +118,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kubelet-config", default=KUBELET_CONFIG,
                    help="kubelet config file (YAML or JSON) for its image-pull limits")
     p.add_argument("--health-port", type=int, default=0,
-                   help="also serve plain-HTTP /healthz on this port (0 = off)")
+                   help="also serve plain-HTTP /healthz, /livez and /readyz on this port "
+                        "(0 = off)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve /metrics over HTTPS (the serving certificate, no client "
+                        "certificate) on this port, for Prometheus (0 = off)")
+    p.add_argument("--metrics-auth", choices=METRICS_AUTH, default="delegated",
+                   help="'delegated': a bearer token checked by TokenReview, then a "
+                        "SubjectAccessReview for get on the non-resource URL /metrics "
+                        "(needs system:auth-delegator); 'none': anyone who reaches the "
+                        "port (local runs)")
+    p.add_argument("--kubeconfig", default="",
+                   help="credentials for --metrics-auth=delegated (default: the pod's "
+                        "ServiceAccount)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                    help="debug, info, warning, error (default info)")
     p.add_argument("--read-header-timeout", type=seconds, default=DEFAULT_READ_HEADER_TIMEOUT,
@@ -163,6 +180,8 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         p.error("--secure-port must be in 1..65535")
     if not 0 <= a.health_port < 65536:
         p.error("--health-port must be in 0..65535")
+    if not 0 <= a.metrics_port < 65536:
+        p.error("--metrics-port must be in 0..65535")
     return AgentConfig(
         node_name=a.node_name,
         tls_cert=pick(a.tls_cert_file, "tls-cert-file", "agent.crt"),
@@ -176,7 +195,9 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         containerd_address=a.containerd_address,
         containerd_namespace=a.containerd_namespace, snapshotter=a.snapshotter,
         poll_interval=a.poll_interval, platform=a.platform, kubelet_config=a.kubelet_config,
-        health_port=a.health_port, copy_as_root=a.copy_as_root, log_level=a.log_level,
+        health_port=a.health_port, metrics_port=a.metrics_port,
+        metrics_auth=a.metrics_auth, kubeconfig=a.kubeconfig, copy_as_root=a.copy_as_root,
+        log_level=a.log_level,
         read_header_timeout=a.read_header_timeout,
         copy=CopyLimits(size_limit=a.copy_size_limit, copies_per_pod=a.copies_per_pod,
                         copies_per_node=a.copies_per_node, max_entries=a.copy_max_entries,

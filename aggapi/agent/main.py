@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from aggapi import eventloop, logs, serving
-from aggapi.agent.app import build_app, build_health_app, connect
-from aggapi.agent.auth import server_context
+from aggapi.agent.app import build_app, build_health_app, build_metrics_app, connect
+from aggapi.agent.auth import server_context, serving_context
 from aggapi.agent.config import AgentConfig, from_args
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,16 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
     try:
         runners.append(await listen(build_app(parts), config, config.port, tls))
         if config.health_port:
-            runners.append(await listen(build_health_app(), config, config.health_port))
+            runners.append(await listen(build_health_app(parts), config, config.health_port))
+        if config.metrics_port:
+            # Prometheus has no client certificate from aggapi's CA: server TLS only,
+            # each scrape authorized by its bearer token (see build_metrics_app).
+            plain_tls = await asyncio.to_thread(serving_context, config.tls_cert,
+                                                config.tls_key)
+            runners.append(await listen(build_metrics_app(parts), config,
+                                        config.metrics_port, plain_tls))
         log.info("agent serving", extra={"node": config.node_name, "port": config.port,
+                                         "metrics_port": config.metrics_port,
                                          "runtime": config.runtime})
         await stop.wait()
     finally:

@@ -1,8 +1,15 @@
-"""Prometheus metrics of the agent, in a registry of its own (one per app)."""
+"""Prometheus metrics of the agent, in a registry of its own (one per app).
+
+docs/kep-aggapi.md's metrics table lists these names, types and labels: change both
+together. The process and Python collectors are registered here too, so the one
+registry is all a scrape needs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import (
@@ -10,47 +17,122 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
+from aggapi import wire
 from aggapi.status import StatusError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_NS = "aggapi_agent"
+_COPY_METHODS = {"GET": "download", "POST": "upload"}  # HEAD (stat) moves no bytes
+_COPY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+_POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+def add_runtime_collectors(registry: CollectorRegistry) -> None:
+    """process_* (CPU, memory, fds) and python_* (version, gc): both binaries use it."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+
+
+class _CallCounter(Collector):
+    """A counter whose value another object keeps (the containerd client's RPC count)."""
+
+    def __init__(self, name: str, doc: str, value: Callable[[], float]) -> None:
+        self.name, self.doc, self.value = name, doc, value
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.doc, value=self.value())
 
 
 class AgentMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("aggapi_agent_requests", "Agent requests by route and code",
-                                ["route", "code"], registry=self.registry)
-        self.subscribers = Gauge("aggapi_agent_progress_subscribers",
-                                 "Open image-pull-progress streams", registry=self.registry)
-        self.polls = Gauge("aggapi_agent_progress_polls",
-                           "Progress polls since start", registry=self.registry)
-        self.poll_seconds = Gauge("aggapi_agent_progress_poll_seconds",
-                                  "Duration of the last progress poll", registry=self.registry)
-        self.runtime_calls = Gauge("aggapi_agent_containerd_calls",
-                                   "containerd RPCs made since start", registry=self.registry)
+        self.registry = r = CollectorRegistry()
+        add_runtime_collectors(r)
+        self.requests = Counter(f"{_NS}_requests", "Agent requests by route and code.",
+                                ["route", "code"], registry=r)
+        self.subscribers = Gauge(f"{_NS}_progress_subscribers",
+                                 "Open image-pull-progress streams.", registry=r)
+        self.polls = Counter(f"{_NS}_progress_polls", "Progress polls of the runtime.",
+                             registry=r)
+        self.poll_seconds = Histogram(f"{_NS}_progress_poll_duration_seconds",
+                                      "Time one progress poll of the runtime took.",
+                                      registry=r, buckets=_POLL_BUCKETS)
+        self.copy_bytes = Counter(f"{_NS}_copy_bytes",
+                                  "Body bytes of copies by direction and result.",
+                                  ["direction", "result"], registry=r)
+        self.copy_seconds = Histogram(f"{_NS}_copy_duration_seconds",
+                                      "Time a copy took, by direction and result.",
+                                      ["direction", "result"], registry=r,
+                                      buckets=_COPY_BUCKETS)
+        # The metrics port's delegated authentication and authorization (aggapi.delegated).
+        self.tokenreview = Counter(f"{_NS}_tokenreviews", "TokenReviews sent, by result.",
+                                   ["result"], registry=r)
+        self.token_cache = Counter(f"{_NS}_token_cache",
+                                   "Token authentication cache lookups.", ["result"],
+                                   registry=r)
+        self.sar = Counter(f"{_NS}_subjectaccessreviews",
+                           "SubjectAccessReviews sent, by result.", ["result"], registry=r)
+        self.sar_cache = Counter(f"{_NS}_authorization_cache",
+                                 "Authorization cache lookups.", ["result"], registry=r)
+        # Set in bind(): how many bytes a download handler wrote for a request.
+        self._sent: Callable[[web.Request], int] = lambda _r: 0
 
-    def bind(self, *, subscribers: Callable[[], float], polls: Callable[[], float],
-             poll_seconds: Callable[[], float], runtime_calls: Callable[[], float]) -> None:
+    def bind(self, *, subscribers: Callable[[], float], runtime_calls: Callable[[], float],
+             sent: Callable[[web.Request], int]) -> None:
+        """``sent``: the body bytes a download handler wrote for a request."""
         self.subscribers.set_function(subscribers)
-        self.polls.set_function(polls)
-        self.poll_seconds.set_function(poll_seconds)
-        self.runtime_calls.set_function(runtime_calls)
+        self.registry.register(_CallCounter(
+            f"{_NS}_containerd_calls", "containerd RPCs made.", runtime_calls))
+        self._sent = sent
+
+    def observe_poll(self, seconds: float) -> None:
+        self.polls.inc()
+        self.poll_seconds.observe(seconds)
+
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's current value (0 if absent): for tests and benchmarks."""
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def _copied(self, request: web.Request, direction: str, result: str,
+                started: float) -> None:
+        moved = request.content.total_bytes if direction == "upload" else self._sent(request)
+        self.copy_bytes.labels(direction, result).inc(moved)
+        self.copy_seconds.labels(direction, result).observe(time.monotonic() - started)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Inside status_middleware's view: counts what handlers and auth answered."""
+        """Inside status_middleware's view: counts what handlers and auth answered;
+        for copies also the bytes moved and the time taken. ``result`` is success
+        (2xx), error (an error status) or aborted (the connection was cut)."""
         route = request.match_info.route.resource
         name = route.canonical if route is not None else "unmatched"
+        direction = _COPY_METHODS.get(request.method) if name == wire.AGENT_COPY_PATH else None
+        started = time.monotonic()
+        result = "error"
         try:
             resp = await handler(request)
         except StatusError as err:
             self.requests.labels(name, str(err.code)).inc()
             raise
-        self.requests.labels(name, str(resp.status)).inc()
-        return resp
+        except (asyncio.CancelledError, ConnectionResetError):
+            result = "aborted"
+            raise
+        else:
+            self.requests.labels(name, str(resp.status)).inc()
+            result = "success" if resp.status < 400 else "error"
+            return resp
+        finally:
+            if direction is not None:
+                self._copied(request, direction, result, started)
 
     async def handler(self, _request: web.Request) -> web.Response:
         resp = web.Response(body=generate_latest(self.registry))

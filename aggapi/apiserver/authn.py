@@ -16,7 +16,6 @@ anything. ``system:authenticated`` is added to every authenticated user.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import ssl
 import urllib.parse
@@ -31,24 +30,15 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource
-from aggapi.apiserver.cache import TTLCache
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.user import USER, UserInfo, anonymous
-from aggapi.kube import KubeClient
+from aggapi.delegated import AuthenticationFailed, TokenReviewer, bearer_token
 from aggapi.status import Handler, StatusError
 
 log = logging.getLogger(__name__)
 
-TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
-
 # Paths served to anyone: probes must not depend on the control plane.
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
-
-
-class AuthenticationFailed(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def _cn(cert: x509.Certificate) -> str:
@@ -91,45 +81,6 @@ class _PeerCheck:
     requestheader_ca: x509.Certificate | None
     client_ca: x509.Certificate | None
     client_auth: bool = field(default=True)
-
-
-class TokenReviewer:
-    def __init__(self, api: KubeClient, metrics: Metrics, *, ttl: float = 10.0,
-                 maxsize: int = 10000, timeout: float = 5.0) -> None:
-        self.api = api
-        self.metrics = metrics
-        self.ttl = ttl
-        self.timeout = timeout
-        # Keyed by the token's digest: the cache never holds credentials.
-        self.cache: TTLCache[UserInfo | str] = TTLCache(maxsize)
-
-    async def review(self, token: str) -> UserInfo:
-        key = hashlib.sha256(token.encode()).digest()
-        result, cached = await self.cache.get_or_load(key, lambda: self._review(token),
-                                                      lambda _v: self.ttl)
-        self.metrics.token_cache.labels("hit" if cached else "miss").inc()
-        if isinstance(result, str):
-            raise AuthenticationFailed("token_invalid", result)
-        return result
-
-    async def _review(self, token: str) -> UserInfo | str:
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                "spec": {"token": token}}
-        try:
-            resp = await self.api.post(TOKENREVIEWS, body, timeout=self.timeout)
-        except Exception as exc:
-            self.metrics.tokenreview.labels("error").inc()
-            log.warning("TokenReview failed: %s", exc)
-            raise AuthenticationFailed("tokenreview_error", "token review failed") from exc
-        status = resp.get("status") or {}
-        u = status.get("user")
-        if not status.get("authenticated") or not u:
-            self.metrics.tokenreview.labels("unauthenticated").inc()
-            return str(status.get("error") or "invalid bearer token")
-        self.metrics.tokenreview.labels("authenticated").inc()
-        return UserInfo(str(u.get("username") or ""), str(u.get("uid") or ""),
-                        tuple(u.get("groups") or ()),
-                        {k: tuple(v or ()) for k, v in (u.get("extra") or {}).items()})
 
 
 class Authenticator:
@@ -233,10 +184,8 @@ class Authenticator:
                 failures.append(AuthenticationFailed(
                     "requestheader_missing_user", "front-proxy request without a user header"))
         # 3. bearer token
-        auth = request.headers.get("Authorization", "")
-        scheme, _, token = auth.partition(" ")
-        token = token.strip()
-        if scheme.lower() == "bearer" and token:
+        token = bearer_token(request)
+        if token:
             try:
                 user = await self.tokens.review(token)
             except AuthenticationFailed as exc:

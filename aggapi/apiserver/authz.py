@@ -21,16 +21,17 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from aggapi.apiserver.cache import TTLCache
-from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.requestinfo import INFO, RequestInfo
 from aggapi.apiserver.user import USER, UserInfo
-from aggapi.kube import KubeClient
+from aggapi.delegated import (
+    AccessReviewer,
+    AuthorizationError,
+    Decision,
+    path_forbidden,
+)
 from aggapi.status import Handler, StatusError, forbidden
 
 log = logging.getLogger(__name__)
-
-SUBJECTACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 # What an operation does -> the verb it needs whatever the path's verb was (a
 # /watch/ path has verb watch for every method).
@@ -84,48 +85,12 @@ def default_authz(info: RequestInfo) -> Authz:
     return OWN if info.is_resource_request or not info.path.startswith("/apis") else OPEN
 
 
-@dataclass(frozen=True)
-class Decision:
-    allowed: bool
-    reason: str = ""
-
-
-class AuthorizationError(Exception):
-    """The authorizer could not decide (SAR failed): never an allow."""
-
-
-class Authorizer:
-    def __init__(self, api: KubeClient, metrics: Metrics, *, allow_ttl: float = 10.0,
-                 deny_ttl: float = 10.0, maxsize: int = 10000, timeout: float = 5.0) -> None:
-        self.api = api
-        self.metrics = metrics
-        self.allow_ttl = allow_ttl
-        self.deny_ttl = deny_ttl
-        self.timeout = timeout
-        self.cache: TTLCache[Decision] = TTLCache(maxsize)
+class Authorizer(AccessReviewer):
+    """SubjectAccessReviews of a request's parsed attributes (resource or path)."""
 
     async def authorize(self, user: UserInfo, attrs: RequestInfo) -> Decision:
         """Raises AuthorizationError when no decision could be had."""
-        key = (user.key(), _attrs_key(attrs))
-        decision, cached = await self.cache.get_or_load(
-            key, lambda: self._review(user, attrs),
-            lambda d: self.allow_ttl if d.allowed else self.deny_ttl)
-        self.metrics.sar_cache.labels("hit" if cached else "miss").inc()
-        return decision
-
-    async def _review(self, user: UserInfo, attrs: RequestInfo) -> Decision:
-        body = sar_body(user, attrs)
-        try:
-            resp = await self.api.post(SUBJECTACCESSREVIEWS, body, timeout=self.timeout)
-        except Exception as exc:
-            self.metrics.sar.labels("error").inc()
-            log.warning("SubjectAccessReview failed: %s", exc)
-            raise AuthorizationError(str(exc)) from exc
-        status = resp.get("status") or {}
-        allowed = bool(status.get("allowed") and not status.get("denied"))
-        reason = str(status.get("reason") or status.get("evaluationError") or "")
-        self.metrics.sar.labels("allowed" if allowed else "denied").inc()
-        return Decision(allowed, reason)
+        return await self.decide(user, _attrs_key(attrs), sar_attributes(attrs))
 
 
 def _attrs_key(a: RequestInfo) -> tuple[object, ...]:
@@ -135,24 +100,14 @@ def _attrs_key(a: RequestInfo) -> tuple[object, ...]:
     return ("nonresource", a.verb, a.path)
 
 
-def sar_body(user: UserInfo, attrs: RequestInfo) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "user": user.name,
-        "groups": list(user.groups),
-        "extra": {k: list(v) for k, v in user.extra.items()},
-    }
-    if user.uid:
-        spec["uid"] = user.uid
+def sar_attributes(attrs: RequestInfo) -> dict[str, Any]:
+    """The SubjectAccessReview spec's attributes member for ``attrs``."""
     if attrs.is_resource_request:
-        spec["resourceAttributes"] = {
+        return {"resourceAttributes": {
             "namespace": attrs.namespace, "verb": attrs.verb, "group": attrs.api_group,
             "version": attrs.api_version, "resource": attrs.resource,
-            "subresource": attrs.subresource, "name": attrs.name,
-        }
-    else:
-        spec["nonResourceAttributes"] = {"path": attrs.path, "verb": attrs.verb}
-    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-            "spec": spec}
+            "subresource": attrs.subresource, "name": attrs.name}}
+    return {"nonResourceAttributes": {"path": attrs.path, "verb": attrs.verb}}
 
 
 async def check(authorizer: Authorizer, user: UserInfo, attrs: RequestInfo) -> None:
@@ -169,10 +124,7 @@ async def check(authorizer: Authorizer, user: UserInfo, attrs: RequestInfo) -> N
             else attrs.resource
         raise forbidden(user.name, attrs.verb, resource, group=attrs.api_group,
                         namespace=attrs.namespace, name=attrs.name, reason=decision.reason)
-    msg = f'forbidden: User "{user.name}" cannot {attrs.verb} path "{attrs.path}"'
-    if decision.reason:
-        msg += f": {decision.reason}"
-    raise StatusError(403, msg)
+    raise path_forbidden(user, attrs.verb, attrs.path, decision.reason)
 
 
 def authz_middleware(authorizer: Authorizer,

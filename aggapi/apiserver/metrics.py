@@ -11,7 +11,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -25,6 +28,10 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # process_* and python_*: CPU, memory, fds, gc, as every Go component exports.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.requests = Counter(f"{_NS}_requests", "Requests by subresource, verb and code.",
                                 ["subresource", "verb", "code"], registry=r)
         self.latency = Histogram(

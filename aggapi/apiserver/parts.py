@@ -15,7 +15,7 @@ from pathlib import Path
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
-from aggapi.apiserver.authn import Authenticator, TokenReviewer
+from aggapi.apiserver.authn import Authenticator
 from aggapi.apiserver.authz import Authorizer
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
@@ -24,6 +24,7 @@ from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.capability import CapabilitySigner
+from aggapi.delegated import TokenReviewer
 from aggapi.kube import KubeClient
 from aggapi.tlsconfig import ServingTLS
 

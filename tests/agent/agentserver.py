@@ -15,12 +15,14 @@ import aiohttp
 from aiohttp import web
 
 from aggapi import certs, wire
-from aggapi.agent.app import build_app, new_parts
-from aggapi.agent.auth import SandboxLister, server_context
+from aggapi.agent.app import build_app, build_health_app, build_metrics_app, new_parts
+from aggapi.agent.auth import SandboxLister, server_context, serving_context
 from aggapi.agent.config import AgentConfig
+from aggapi.agent.copy.state import Resolver
 from aggapi.agent.main import listen
 from aggapi.agent.progress.poller import Backend
 from aggapi.capability import CapabilitySigner, CapabilityVerifier, ContainerRef
+from aggapi.kube import KubeClient
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 
@@ -45,6 +47,8 @@ class Agent:
     pki: Path
     signer: CapabilitySigner
     app: web.Application
+    health_url: str = ""  # plain-HTTP probes
+    metrics_url: str = ""  # HTTPS /metrics (server TLS only); "" without a metrics app
 
     def token(self, operation: str = "imagepullprogress", *, images: Sequence[str] = (),
               node: str = NODE, uid: str = "uid-1", **kw: Any) -> str:
@@ -104,7 +108,10 @@ class Agent:
 async def run_agent(pki_dir: Path, *, cri: CRIClient | Any, containerd: ContainerdClient | Any,
                     backend: Backend | None = None, pod_check: SandboxLister | bool | None = True,
                     poll_interval: float = 0.25, kubelet_config: str = "/nonexistent",
-                    snapshotter: str = "overlayfs", **overrides: Any) -> AsyncIterator[Agent]:
+                    snapshotter: str = "overlayfs", copy_resolver: Resolver | None = None,
+                    kube: KubeClient | None = None, **overrides: Any) -> AsyncIterator[Agent]:
+    """The agent's three apps: mTLS API, plain-HTTP probes and, with ``kube`` or
+    ``metrics_auth="none"``, the metrics port."""
     config = AgentConfig(node_name=NODE, tls_cert=str(pki_dir / "agent.crt"),
                          tls_key=str(pki_dir / "agent.key"), client_ca=str(pki_dir / "ca.crt"),
                          token_public_key=str(pki_dir / "token-signing.pub"),
@@ -112,13 +119,23 @@ async def run_agent(pki_dir: Path, *, cri: CRIClient | Any, containerd: Containe
                          platform="linux/amd64", kubelet_config=kubelet_config,
                          snapshotter=snapshotter, **overrides)
     verifier = CapabilityVerifier((pki_dir / "token-signing.pub").read_bytes(), NODE)
-    app = build_app(new_parts(config, cri=cri, containerd=containerd, verifier=verifier,
-                              backend=backend), pod_check=pod_check)
-    runner = await listen(app, config, 0, server_context(config.tls_cert, config.tls_key,
-                                                         config.client_ca))
-    port = runner.addresses[0][1]
+    parts = new_parts(config, cri=cri, containerd=containerd, verifier=verifier,
+                      backend=backend, copy_resolver=copy_resolver, kube=kube)
+    app = build_app(parts, pod_check=pod_check)
+    runners = [await listen(app, config, 0, server_context(config.tls_cert, config.tls_key,
+                                                           config.client_ca))]
+    runners.append(await listen(build_health_app(parts), config, 0))
+    if kube is not None or config.metrics_auth == "none":
+        runners.append(await listen(build_metrics_app(parts), config, 0,
+                                    serving_context(config.tls_cert, config.tls_key)))
+    port, health = (r.addresses[0][1] for r in runners[:2])
     signer = CapabilitySigner((pki_dir / "token-signing.key").read_bytes())
+    agent = Agent(f"https://127.0.0.1:{port}", pki_dir, signer, app,
+                  health_url=f"http://127.0.0.1:{health}")
+    if len(runners) > 2:
+        agent.metrics_url = f"https://127.0.0.1:{runners[2].addresses[0][1]}"
     try:
-        yield Agent(f"https://127.0.0.1:{port}", pki_dir, signer, app)
+        yield agent
     finally:
-        await runner.cleanup()
+        for r in reversed(runners):
+            await r.cleanup()

@@ -89,6 +89,10 @@ class FakeContainerd:
         self.calls.append(name)
 
     # -- client API ----------------------------------------------------------------
+    async def version(self) -> str:
+        self._count("Version")
+        return "fake"
+
     async def list_statuses(self, filters: Sequence[str] = ()) -> list[IngestStatus]:
         self._count("ListStatuses")
         return list(self.statuses.values())

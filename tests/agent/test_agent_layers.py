@@ -16,13 +16,15 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "aggapi"
 AGENT = "aggapi.agent"
-LEAVES = ("aggapi.agent.auth", "aggapi.agent.metrics", "aggapi.agent.kubeletconfig")
+LEAVES = ("aggapi.agent.auth", "aggapi.agent.metrics", "aggapi.agent.kubeletconfig",
+          "aggapi.agent.health")
 
 # module (or package prefix ending in '.') -> agent modules it may import
 # (prefixes ending in '.' allow a whole package).
 RULES: dict[str, tuple[str, ...]] = {
     "aggapi.agent.main": ("aggapi.agent.app", "aggapi.agent.auth", "aggapi.agent.config"),
     "aggapi.agent.app": ("aggapi.agent.auth", "aggapi.agent.config", "aggapi.agent.metrics",
+                         "aggapi.agent.health",
                          "aggapi.agent.kubeletconfig", "aggapi.agent.progress.",
                          "aggapi.agent.copy."),
     "aggapi.agent.config": ("aggapi.agent.copy.quotas", "aggapi.agent.kubeletconfig"),

@@ -21,10 +21,10 @@ from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory, AgentEndpoint
 from aggapi.apiserver.app import new_app
 from aggapi.apiserver.authconfig import AuthConfigSource, parse_configmap
-from aggapi.apiserver.authz import SUBJECTACCESSREVIEWS
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch, PodWatchHub
 from aggapi.apiserver.parts import complete
+from aggapi.delegated import SUBJECTACCESSREVIEWS
 from aggapi.kube import KubeClient
 from aggapi.status import StatusError
 

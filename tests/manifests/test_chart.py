@@ -74,7 +74,8 @@ def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
                                                    ("discovery.k8s.io", "endpointslices")]
                             for v in ("get", "list", "watch")}
     sa = {"kind": "ServiceAccount", "name": "aggapi-apiserver", "namespace": "aggapi"}
-    crbs = {d["roleRef"]["name"]: d for d in docs if d["kind"] == "ClusterRoleBinding"}
+    crbs = {d["roleRef"]["name"]: d for d in docs if d["kind"] == "ClusterRoleBinding"
+            and d["metadata"]["name"].startswith("aggapi-apiserver")}
     assert set(crbs) == {"aggapi-apiserver", "system:auth-delegator"}
     for b in crbs.values():
         assert b["subjects"] == [sa]
@@ -83,11 +84,17 @@ def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
     assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                              "name": "extension-apiserver-authentication-reader"}
     assert rb["subjects"] == [sa]
-    # No Role/ClusterRole besides ours; the agent is bound to nothing.
+    # No Role/ClusterRole besides ours; the agent is bound to system:auth-delegator
+    # only (its metrics port's TokenReviews and SubjectAccessReviews).
     roles = {d["metadata"]["name"] for d in docs if d["kind"] in ("Role", "ClusterRole")}
     assert roles == {"aggapi-apiserver", "aggapi-view", "aggapi-edit"}
     agent_sa = find(docs, "ServiceAccount", "aggapi-agent")
     assert agent_sa["automountServiceAccountToken"] is False
+    agent_sa_ref = {"kind": "ServiceAccount", "name": "aggapi-agent", "namespace": "aggapi"}
+    agent_bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                      and agent_sa_ref in d["subjects"]]
+    assert [(b["kind"], b["roleRef"]["name"]) for b in agent_bindings] == [
+        ("ClusterRoleBinding", "system:auth-delegator")]
 
 
 def test_aggregated_roles(render: Render) -> None:
@@ -151,6 +158,8 @@ def test_workload_security(render: Render) -> None:
     ag = _pod_spec(docs, "DaemonSet")
     c = ag["containers"][0]
     assert ag["hostPID"] is True and ag["automountServiceAccountToken"] is False
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert c["securityContext"]["privileged"] is True
     assert c["securityContext"]["runAsUser"] == 0
     assert ag["tolerations"] == [{"operator": "Exists"}]
@@ -289,3 +298,22 @@ def test_copy_as_root_is_opt_in_and_parses(render: Render) -> None:
         assert ("--copy-as-root" in args) is want
         ns = parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in args[1:]])
         assert ns.copy_as_root is want
+
+
+def test_agent_metrics_port_and_its_credentials(render: Render) -> None:
+    """The metrics port (always on): its flag, container port and the explicit
+    ServiceAccount token mount go together."""
+    from aggapi.agent.config import parser
+
+    docs = render()
+    ag = _pod_spec(docs, "DaemonSet")
+    c = ag["containers"][0]
+    ns = parser().parse_args(c["args"][1:])
+    assert (ns.metrics_port, ns.metrics_auth) == (10445, "delegated")
+    assert {"name": "metrics", "containerPort": 10445, "protocol": "TCP"} in c["ports"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "kube-api-access")
+    assert mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    sources = next(v for v in ag["volumes"] if v["name"] == "kube-api-access")
+    assert sources["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
+    assert find(docs, "ClusterRoleBinding", "aggapi-agent:system:auth-delegator")
+

@@ -187,6 +187,19 @@ async def _file_digest_headers(state: CopyState, t: dl.Target) -> dict[str, str]
         return {}
 
 
+# Body bytes a download has written so far, for the agent's copy metrics.
+SENT: web.RequestKey[int] = web.RequestKey("copy_bytes_sent", int)
+
+
+def bytes_sent(request: web.Request) -> int:
+    return request.get(SENT, 0)
+
+
+async def _write(request: web.Request, resp: web.StreamResponse, chunk: bytes) -> None:
+    await resp.write(chunk)
+    request[SENT] = request.get(SENT, 0) + len(chunk)
+
+
 def _abort(request: web.Request, why: str) -> ConnectionResetError:
     """Cut the connection: a truncated body must not look like a complete one."""
     log.warning("copy %s aborted: %s", request.path_qs, why)
@@ -253,7 +266,7 @@ async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
                 nxt = state.workers.submit(os.pread, fd, min(CHUNK, end - off), off)
             if not root.alive():
                 raise _abort(request, "container exited during the download")
-            await resp.write(cur)
+            await _write(request, resp, cur)
     finally:
         if nxt is not None and not nxt.done():
             await asyncio.wait([nxt])
@@ -279,7 +292,7 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
                 break
             if not root.alive():
                 raise _abort(request, "container exited during the download")
-            await resp.write(chunk)
+            await _write(request, resp, chunk)
         await resp.write_eof()
         return resp
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from aggapi.agent.progress.model import NodeState
@@ -72,8 +72,10 @@ class Subscription:
 
 class ProgressPoller:
     def __init__(self, backend: Backend, interval: float = 0.25, *,
-                 failures_before_error: int = 4) -> None:
+                 failures_before_error: int = 4,
+                 on_poll: Callable[[float], None] | None = None) -> None:
         self.backend = backend
+        self.on_poll = on_poll  # gets each poll's duration in seconds (metrics)
         self.interval = interval
         self.failures_before_error = failures_before_error
         self.state: NodeState | None = None
@@ -170,6 +172,8 @@ class ProgressPoller:
                                             time=time.time()))
             self.polls += 1
             self.last_poll_seconds = time.perf_counter() - started
+            if self.on_poll is not None:
+                self.on_poll(self.last_poll_seconds)
             # Fixed cadence, but never two polls back to back if one ran long.
             next_at = max(next_at + self.interval, loop.time() + self.interval / 4)
             await asyncio.sleep(next_at - loop.time())

@@ -303,6 +303,8 @@ agent. Empty: no flag; the image holds no kubelet config, so kubelet defaults. *
 - --read-header-timeout={{ .Values.agent.readHeaderTimeout }}
 - --body-idle-timeout={{ .Values.agent.bodyIdleTimeout }}
 - --health-port={{ .Values.agent.healthPort }}
+- --metrics-port={{ .Values.agent.metrics.port }}
+- --metrics-auth=delegated
 - --log-level={{ .Values.agent.logLevel }}
 {{- range .Values.agent.extraArgs }}
 - {{ . | quote }}

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from aggapi.apiserver.cache import TTLCache
+from aggapi.ttlcache import TTLCache
 
 
 class Clock:

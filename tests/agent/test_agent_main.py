@@ -1,0 +1,76 @@
+"""`aggapi agent` as a whole (aggapi.agent.main.serve): the three listeners on their
+ports, a CRI socket that does not exist making /readyz fail, and the metrics port
+checking scrapers through the kubeconfig's API server (FakeKube)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from pathlib import Path
+
+import aiohttp
+
+from aggapi.agent.config import from_args
+from aggapi.agent.main import serve
+from tests.agent.agentserver import pki
+from tests.framework.fakekube import FakeKube
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def wait_up(url: str, ctx: ssl.SSLContext | bool) -> None:
+    async with aiohttp.ClientSession() as s:
+        for _ in range(200):
+            try:
+                async with s.get(url, ssl=ctx):
+                    return
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} never answered")
+
+
+async def test_serve_probes_and_delegated_metrics(tmp_path: Path) -> None:
+    certs = pki(tmp_path / "pki")
+    kube = FakeKube()
+    url = await kube.start()
+    kube.tokens = {"prom": {"username": "prometheus"}}
+    kube.sar_policy = lambda spec: spec["user"] == "prometheus"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{url}'}}}}]\n"
+        "users: [{name: u, user: {}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    health, metrics, api = free_port(), free_port(), free_port()
+    config = from_args([
+        "--node-name", "n1", "--certs-dir", str(certs), "--bind-address", "127.0.0.1",
+        "--secure-port", str(api), "--health-port", str(health),
+        "--metrics-port", str(metrics), "--kubeconfig", str(kubeconfig),
+        "--runtime", "cri", "--cri-address", str(tmp_path / "no-such.sock")])
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(config, stop))
+    scraper = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    try:
+        await wait_up(f"http://127.0.0.1:{health}/livez", False)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{health}/readyz?verbose") as r:
+                body = await r.text()
+                assert r.status == 500, body
+                assert body.splitlines()[0].startswith("[-]cri failed: ")
+            base = f"https://127.0.0.1:{metrics}/metrics"
+            async with s.get(base, ssl=scraper) as r:
+                assert r.status == 401
+            async with s.get(base, ssl=scraper, headers={"Authorization": "Bearer prom"}) as r:
+                assert r.status == 200
+                assert "aggapi_agent_requests_total" in await r.text()
+        assert kube.token_calls == ["prom"]
+    finally:
+        stop.set()
+        await task
+        await kube.stop()
