@@ -9,28 +9,21 @@ On a terminal it draws rich bars; otherwise it prints plain lines, and with
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aggapi.client.connection import Connection
-from aggapi.client.errors import AggapiError
-from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
-from aggapi.plugins.common import (
-    EXIT_FAIL,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    add_connection_flags,
-    report,
-)
-from aggapi.plugins.render import PlainPullView, PullView, RichPullView
+# Only argparse and common up front: --help must not import aiohttp or rich.
+from aggapi.plugins.common import EXIT_FAIL, EXIT_OK, connect, new_parser, run_plugin
+
+if TYPE_CHECKING:
+    from aggapi.plugins.render import PullView
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kubectl image-pull-progress",
-        description="Show the image pull progress of a pod (KEP-5334).")
+    p = new_parser(
+        "kubectl image-pull-progress",
+        "Show the image pull progress of a pod (KEP-5334).")
     p.add_argument("pod")
     p.add_argument("-c", "--container", action="append", default=[],
                    help="only this container's image (repeatable)")
@@ -38,11 +31,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("json",), help="print the objects as NDJSON")
     p.add_argument("--no-follow", action="store_true",
                    help="print the current state once instead of following the pulls")
-    add_connection_flags(p)
     return p
 
 
-class JsonView(PullView):
+class JsonView:
+    """The PullView interface, printing NDJSON (no rich needed)."""
+
+    def close(self) -> None:
+        pass
+
     def update(self, o: dict[str, Any]) -> None:
         print(json.dumps(o, separators=(",", ":")), flush=True)
 
@@ -50,7 +47,9 @@ class JsonView(PullView):
         print(f"stream interrupted ({exc}); reconnecting in {delay:.1f}s", file=sys.stderr)
 
 
-def choose_view(args: argparse.Namespace) -> PullView:
+def choose_view(args: argparse.Namespace) -> PullView | JsonView:
+    from aggapi.plugins.render import PlainPullView, RichPullView
+
     if args.output == "json":
         return JsonView()
     if sys.stdout.isatty():
@@ -59,13 +58,15 @@ def choose_view(args: argparse.Namespace) -> PullView:
 
 
 async def run(args: argparse.Namespace) -> int:
-    conn = await Connection.load(args.kubeconfig, args.context)
-    view: PullView | None = None
+    from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
+
+    conn = await connect(args)
+    view: PullView | JsonView | None = None
     final: dict[str, Any] | None = None
     rows: dict[tuple[str, str, str], str] = {}
     try:
         view = choose_view(args)
-        async for obj in watch_progress(conn, args.pod, namespace=args.namespace,
+        async for obj in watch_progress(conn, args.pod, namespace=conn.namespace,
                                         containers=args.container,
                                         granularity=args.granularity,
                                         follow=not args.no_follow, on_retry=view.retrying):
@@ -95,14 +96,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        return asyncio.run(run(args))
-    except (AggapiError, OSError) as exc:
-        report(exc)
-        return EXIT_FAIL
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    return run_plugin(parser(), argv, run)
 
 
 if __name__ == "__main__":
