@@ -172,7 +172,8 @@ class FakeCluster:
             user = self.tokens.get(authz[7:])
         self.requests.append({"method": request.method, "path": request.path,
                               "query": list(request.query.items()), "user": user,
-                              "headers": dict(request.headers)})
+                              "headers": dict(request.headers),
+                              "header_items": list(request.headers.items())})
         if user is None:
             raise StatusError(401, "Unauthorized")
         ns, pod = request.match_info.get("ns", ""), request.match_info.get("pod", "")
