@@ -144,9 +144,8 @@ def report(err: BaseException) -> None:
 
     if isinstance(err, AggapiError) and not isinstance(err, ClientError):
         print(f"Error from server ({err.reason}): {err.message}", file=sys.stderr)
-    elif isinstance(err, OSError) and err.strerror:
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror.lower()}", file=sys.stderr)
+    elif isinstance(err, OSError) and err.filename and err.strerror:  # a local file
+        print(f"error: {err.filename}: {err.strerror.lower()}", file=sys.stderr)
     else:
         print(f"error: {err}", file=sys.stderr)
 
