@@ -121,9 +121,16 @@ def _b64(value: Any, what: str) -> bytes:
 
 
 def load_kubeconfig(path: str | None = None, context: str | None = None, *,
-                    allow_exec: bool = False) -> ClusterConfig:
+                    allow_exec: bool = False, cluster_name: str | None = None,
+                    user_name: str | None = None,
+                    cluster_overrides: Mapping[str, Any] | None = None,
+                    user_overrides: Mapping[str, Any] | None = None) -> ClusterConfig:
     """The cluster and credentials of ``context`` (default: current-context); with
-    ``allow_exec`` an exec-plugin user comes back with its ``exec_spec`` to run."""
+    ``allow_exec`` an exec-plugin user comes back with its ``exec_spec`` to run.
+
+    ``cluster_name``/``user_name`` replace the context's (kubectl's --cluster and
+    --user); the overrides are kubeconfig fields laid over the chosen entries
+    (kubectl's --server, --token, ...); file paths in them should be absolute."""
     import yaml  # only kubeconfig users pay for it; in-cluster never does
 
     path = path or default_kubeconfig_path()
@@ -139,8 +146,11 @@ def load_kubeconfig(path: str | None = None, context: str | None = None, *,
     if not ctx_name:
         raise KubeConfigError(f"kubeconfig {path}: no context given and no current-context")
     ctx = _named(doc, "contexts", ctx_name, "context")
-    cluster = _named(doc, "clusters", ctx.get("cluster") or "", "cluster")
-    user = _named(doc, "users", ctx["user"], "user") if ctx.get("user") else {}
+    ctx = {**ctx, **{k: v for k, v in (("cluster", cluster_name), ("user", user_name)) if v}}
+    cluster = {**_named(doc, "clusters", ctx.get("cluster") or "", "cluster"),
+               **(cluster_overrides or {})}
+    user = {**(_named(doc, "users", ctx["user"], "user") if ctx.get("user") else {}),
+            **(user_overrides or {})}
     # Relative file references are relative to the kubeconfig's directory.
     base = Path(path).resolve().parent
 

@@ -8,18 +8,30 @@ total timeout and raw bodies, hence an aiohttp session of our own. Exec
 credentials are refreshed the way kubectl does it: before a request once their
 ``expirationTimestamp`` passed, and once more after a 401. Configuration
 problems come out as :class:`ConfigError`, never as another library's exception.
+
+kubectl's global connection flags arrive as :class:`ConnectionFlags`: --cluster,
+--user and the --server/--token/--certificate-authority/--insecure-skip-tls-verify
+overrides are laid over the kubeconfig (or make one up when there is none),
+--as/--as-group become Impersonate-* headers, --request-timeout a per-request
+total timeout. Each request is logged to ``aggapi.client.http`` (INFO: method, URL,
+status and time as kubectl -v=6 prints them; DEBUG: headers, as -v=7).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import ssl
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from multidict import CIMultiDict
 
 from aggapi.client.errors import AggapiError, ConfigError, Unauthorized, error_from_response
 from aggapi.client.execcred import Credential, ExecPlugin
@@ -29,8 +41,11 @@ from aggapi.kubeconfig import (
     load_chain_from_memory,
     load_incluster,
     load_kubeconfig,
+    ssl_context,
 )
 from aggapi.wire import GROUP_VERSION_PATH
+
+http_log = logging.getLogger("aggapi.client.http")
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -91,6 +106,83 @@ def pick_kubeconfig(context: str | None) -> tuple[str | None, str | None]:
     return (docs[0][0] if docs else paths[0]), name
 
 
+@dataclass(frozen=True)
+class ConnectionFlags:
+    """kubectl's global connection flags; None, empty or False: the kubeconfig's."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    cluster: str | None = None
+    user: str | None = None
+    namespace: str | None = None
+    server: str | None = None
+    token: str | None = None
+    certificate_authority: str | None = None
+    insecure_skip_tls_verify: bool = False
+    impersonate: str | None = None  # --as
+    impersonate_groups: tuple[str, ...] = ()  # --as-group, repeatable
+    request_timeout: float | None = None  # seconds; None or 0: no limit
+
+    def cluster_overrides(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.server:
+            out["server"] = self.server
+        if self.certificate_authority:  # a file given here replaces inline data too
+            out["certificate-authority"] = os.path.abspath(self.certificate_authority)
+            out["certificate-authority-data"] = None
+        if self.insecure_skip_tls_verify:
+            out.update({"insecure-skip-tls-verify": True, "certificate-authority": None,
+                        "certificate-authority-data": None})
+        return out
+
+    def user_overrides(self) -> dict[str, Any]:
+        # A token on the command line is the credential: no exec plugin, no token file.
+        return {"token": self.token, "tokenFile": None, "exec": None} if self.token else {}
+
+    def impersonation(self) -> list[tuple[str, str]]:
+        """The headers of --as and --as-group (one header per group, as client-go)."""
+        if not self.impersonate:
+            if self.impersonate_groups:
+                raise ConfigError.from_message("requesting groups (--as-group) without "
+                                               "impersonating a user (--as)")
+            return []
+        return [("Impersonate-User", self.impersonate),
+                *(("Impersonate-Group", g) for g in self.impersonate_groups)]
+
+
+def _from_flags_only(flags: ConnectionFlags) -> ClusterConfig:
+    """No kubeconfig at all, but --server: kubectl connects with the flags alone."""
+    server = str(flags.server).rstrip("/")
+    if not server.startswith(("https://", "http://")):
+        server = "https://" + server
+    tls = None
+    if server.startswith("https://"):
+        try:
+            tls = ssl_context(ca_file=flags.certificate_authority,
+                              verify=not flags.insecure_skip_tls_verify)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError.from_message(f"--certificate-authority: {exc}") from exc
+    return ClusterConfig(server=server, ssl_context=tls, token=flags.token)
+
+
+def _missing_kubeconfig(flags: ConnectionFlags) -> str | None:
+    """Why no kubeconfig can be read (kubectl's places, in its order), or None."""
+    if flags.kubeconfig:
+        if not os.path.exists(flags.kubeconfig):
+            return f"cannot read kubeconfig {flags.kubeconfig}: no such file (--kubeconfig)"
+        return None
+    env = [p.strip() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p.strip()]
+    if env:
+        if not any(os.path.exists(os.path.expanduser(p)) for p in env):
+            return ("cannot read kubeconfig: no file of $KUBECONFIG exists "
+                    f"({', '.join(env)})")
+        return None
+    if not _default_kubeconfig_exists():
+        return ("no configuration has been provided: ~/.kube/config does not exist and "
+                "neither --kubeconfig, $KUBECONFIG nor --server was given")
+    return None
+
+
 async def _config(load: Callable[[], ClusterConfig]) -> ClusterConfig:
     try:
         return await asyncio.to_thread(load)
@@ -102,10 +194,13 @@ class Connection:
     """One cluster endpoint with its credentials; use as an async context manager."""
 
     def __init__(self, config: ClusterConfig, *, namespace: str | None = None,
-                 exec_plugin: ExecPlugin | None = None) -> None:
+                 exec_plugin: ExecPlugin | None = None,
+                 flags: ConnectionFlags | None = None) -> None:
         self.config = config
-        self.namespace = namespace or config.namespace or "default"
+        self.flags = flags or ConnectionFlags()
+        self.namespace = (self.flags.namespace or namespace or config.namespace or "default")
         self.exec_plugin = exec_plugin
+        self._impersonation = self.flags.impersonation()
         self._ssl = config.ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._retired: list[aiohttp.ClientSession] = []  # may still carry a response
@@ -114,28 +209,39 @@ class Connection:
     # --- construction ----------------------------------------------------------------
     @classmethod
     async def from_kubeconfig(cls, kubeconfig: str | None = None,
-                              context: str | None = None) -> Connection:
+                              context: str | None = None, *,
+                              flags: ConnectionFlags | None = None) -> Connection:
         """Load ``kubeconfig`` (default: $KUBECONFIG, a list, or ~/.kube/config)."""
+        f = flags or ConnectionFlags()
         if not kubeconfig:
             kubeconfig, context = await asyncio.to_thread(pick_kubeconfig, context)
-        cfg = await _config(lambda: load_kubeconfig(kubeconfig or None, context,
-                                                    allow_exec=True))
+        cfg = await _config(lambda: load_kubeconfig(
+            kubeconfig or None, context, allow_exec=True, cluster_name=f.cluster,
+            user_name=f.user, cluster_overrides=f.cluster_overrides(),
+            user_overrides=f.user_overrides()))
         plugin = ExecPlugin(cfg.exec_spec, cfg.base_dir) if cfg.exec_spec else None
-        return cls(cfg, exec_plugin=plugin)
+        return cls(cfg, exec_plugin=plugin, flags=f)
 
     @classmethod
-    async def in_cluster(cls) -> Connection:
+    async def in_cluster(cls, flags: ConnectionFlags | None = None) -> Connection:
         cfg = await _config(load_incluster)
-        return cls(cfg, namespace=await asyncio.to_thread(_incluster_namespace))
+        return cls(cfg, namespace=await asyncio.to_thread(_incluster_namespace), flags=flags)
 
     @classmethod
-    async def load(cls, kubeconfig: str | None = None, context: str | None = None,
-                   ) -> Connection:
-        """kubectl's order: an explicit or $KUBECONFIG file, ~/.kube/config, in-cluster."""
-        if (kubeconfig or os.environ.get("KUBECONFIG") or _default_kubeconfig_exists()
-                or not os.environ.get("KUBERNETES_SERVICE_HOST")):
-            return await cls.from_kubeconfig(kubeconfig, context)
-        return await cls.in_cluster()
+    async def load(cls, kubeconfig: str | None = None, context: str | None = None, *,
+                   flags: ConnectionFlags | None = None) -> Connection:
+        """kubectl's order: an explicit or $KUBECONFIG file, ~/.kube/config, in-cluster;
+        --server with no kubeconfig at all connects with the flags alone."""
+        f = flags or ConnectionFlags(kubeconfig=kubeconfig, context=context)
+        missing = await asyncio.to_thread(_missing_kubeconfig, f)
+        if missing is None:
+            return await cls.from_kubeconfig(f.kubeconfig, f.context, flags=f)
+        if f.server and not f.kubeconfig:
+            return cls(_from_flags_only(f), flags=f)
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and not (
+                f.kubeconfig or os.environ.get("KUBECONFIG")):
+            return await cls.in_cluster(f)
+        raise ConfigError.from_message(missing)
 
     # --- session ---------------------------------------------------------------------
     @property
@@ -206,13 +312,16 @@ class Connection:
         ``body`` is bytes or a zero-argument callable returning a fresh body (an
         async iterator for streaming uploads), so a 401 can be retried."""
         for attempt in (0, 1):
-            hdrs = {**(await self.headers()), **(headers or {})}
+            hdrs: CIMultiDict[str] = CIMultiDict(await self.headers())
+            hdrs.extend(self._impersonation)
+            hdrs.update(headers or {})
             data = body() if callable(body) else body
             kw: dict[str, Any] = {}
             if self.config.tls_server_name:
                 kw["server_hostname"] = self.config.tls_server_name
-            resp = await self.session().request(method, self.server + path, params=params,
-                                                headers=hdrs, data=data, **kw)
+            if self.flags.request_timeout:
+                kw["timeout"] = aiohttp.ClientTimeout(total=self.flags.request_timeout)
+            resp = await self._send(method, path, params, hdrs, data, kw)
             try:
                 if resp.status >= 400:
                     err = error_from_response(resp.status, await _error_body(resp),
@@ -227,6 +336,35 @@ class Connection:
                 resp.release()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def _send(self, method: str, path: str, params: Params | None,
+                    hdrs: CIMultiDict[str], data: Any, kw: dict[str, Any],
+                    ) -> aiohttp.ClientResponse:
+        t0 = time.monotonic()
+        url = self.server + path
+        if http_log.isEnabledFor(logging.DEBUG):
+            http_log.debug("Request Headers: %s", _shown(hdrs))
+        try:
+            resp = await self.session().request(method, url, params=params, headers=hdrs,
+                                                data=data, **kw)
+        except BaseException:
+            http_log.info("%s %s  in %d milliseconds", method, url, _ms(t0))
+            raise
+        http_log.info("%s %s %d %s in %d milliseconds", method, resp.url, resp.status,
+                      resp.reason or "", _ms(t0))
+        if http_log.isEnabledFor(logging.DEBUG):
+            http_log.debug("Response Headers: %s", _shown(resp.headers))
+        return resp
+
+
+def _ms(t0: float) -> int:
+    return round((time.monotonic() - t0) * 1000)
+
+
+def _shown(headers: Mapping[str, str]) -> str:
+    # As kubectl -v=7: the bearer token never reaches a log.
+    return ", ".join(f"{k}: {'Bearer <masked>' if k.lower() == 'authorization' else v}"
+                     for k, v in headers.items())
+
 
 async def _error_body(resp: aiohttp.ClientResponse) -> bytes:
     try:
@@ -235,4 +373,5 @@ async def _error_body(resp: aiohttp.ClientResponse) -> bytes:
         return b""
 
 
-__all__ = ["AggapiError", "ConfigError", "Connection", "subresource_path"]
+__all__ = ["AggapiError", "ConfigError", "Connection", "ConnectionFlags",
+           "subresource_path"]

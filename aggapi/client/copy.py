@@ -171,8 +171,9 @@ async def _retry_wait(backoff: Backoff, exc: BaseException) -> bool:
 
 async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                    progress: Progress | None = None, backoff: Backoff | None = None,
-                   rate_limit: float | None = None) -> Result:
-    """Copy ``rp`` to the local ``dest`` (a file, a directory tree or a symlink)."""
+                   rate_limit: float | None = None, preserve: bool = True) -> Result:
+    """Copy ``rp`` to the local ``dest`` (a file, a directory tree or a symlink);
+    ``preserve=False``: a file keeps the local default mode, not the container's."""
     progress = progress or NoProgress()
     backoff = backoff or Backoff()
     partial = PartialFile(dest)
@@ -212,7 +213,9 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                     raise IntegrityError.from_message(
                         f"sha256 mismatch for {rp.path}: got {got}, server says {origin.sha256}"
                         "; nothing was written")
-                partial.commit(st.get("mode") if isinstance(st.get("mode"), int) else None)
+                mode = st.get("mode") if isinstance(st.get("mode"), int) else None
+                # Not preserved: what a newly created file gets (0666 minus the umask).
+                partial.commit(mode if preserve else 0o666)
                 return Result(str(dest), "file", origin.size, got, resumed_from, retries)
             except RangeNotSatisfiable:
                 # The partial file is longer than the file now is: start over.

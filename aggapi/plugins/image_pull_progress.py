@@ -11,32 +11,20 @@ screen, stuck pulls first (aggapi.plugins.pullset).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aggapi.client.connection import Connection
-from aggapi.client.errors import AggapiError, ClientError
-from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
-from aggapi.plugins.common import (
-    EXIT_FAIL,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    add_connection_flags,
-    report,
-)
-from aggapi.plugins.pullset import MAX_STREAMS, STALL_SECONDS, Runner
-from aggapi.plugins.render import (
-    PlainPullView,
-    PlainSetView,
-    PullView,
-    RichPullView,
-    RichSetView,
-)
-from aggapi.plugins.targets import Target, parse_target, resolve
+# Only argparse and common up front: --help must not import aiohttp or rich.
+from aggapi.plugins.common import EXIT_FAIL, EXIT_OK, UsageError, connect, new_parser, run_plugin
+from aggapi.plugins.pacing import MAX_STREAMS, STALL_SECONDS
 
-EPILOG = f"""targets:
+if TYPE_CHECKING:
+    from aggapi.client.connection import Connection
+    from aggapi.plugins.render import PullView
+    from aggapi.plugins.targets import Target
+
+EXAMPLES = f"""targets:
   POD | pod/NAME        one pod (-c, --granularity, -o json and --no-follow apply)
   deployment/NAME       the workload's pods, now and as they appear (also statefulset/,
                         daemonset/, replicaset/, job/); like kubectl rollout status
@@ -47,21 +35,14 @@ EPILOG = f"""targets:
 For many pods: one row per pod, container and image, sorted so stuck pulls come
 first (Failed, BackOff, Waiting, Stalled = no new bytes for {STALL_SECONDS:.0f} s), then
 pulls in progress, then finished ones. At most {MAX_STREAMS} pods are followed at once;
-the others show as Queued until a slot frees.
-
-exit codes:
-  0    every selected image is present
-  1    a pull failed (with --fail-fast: the first failure), or an error
-  2    usage error
-  130  interrupted
-"""
+the others show as Queued until a slot frees. Exit status 1 also means that a
+followed pull failed (with --fail-fast: at the first failure)."""
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kubectl image-pull-progress",
-        description="Show the image pull progress of pods (KEP-5334).", epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = new_parser(
+        "kubectl image-pull-progress",
+        "Show the image pull progress of pods (KEP-5334).", examples=EXAMPLES)
     p.add_argument("target", nargs="?", metavar="POD|TYPE/NAME",
                    help="a pod, or deployment/NAME, statefulset/, daemonset/, replicaset/, job/")
     p.add_argument("-l", "--selector", help="label selector of the pods to follow")
@@ -76,11 +57,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("json",), help="print the objects as NDJSON")
     p.add_argument("--no-follow", action="store_true",
                    help="print the current state once instead of following the pulls")
-    add_connection_flags(p)
     return p
 
 
-class JsonView(PullView):
+class JsonView:
+    """The PullView interface, printing NDJSON (no rich needed)."""
+
+    def close(self) -> None:
+        pass
+
     def update(self, o: dict[str, Any]) -> None:
         print(json.dumps(o, separators=(",", ":")), flush=True)
 
@@ -88,7 +73,9 @@ class JsonView(PullView):
         print(f"stream interrupted ({exc}); reconnecting in {delay:.1f}s", file=sys.stderr)
 
 
-def choose_view(args: argparse.Namespace) -> PullView:
+def choose_view(args: argparse.Namespace) -> PullView | JsonView:
+    from aggapi.plugins.render import PlainPullView, RichPullView
+
     if args.output == "json":
         return JsonView()
     if sys.stdout.isatty():
@@ -96,8 +83,11 @@ def choose_view(args: argparse.Namespace) -> PullView:
     return PlainPullView(args.granularity)
 
 
-async def run_set(args: argparse.Namespace, target: Target) -> int:
-    conn = await Connection.load(args.kubeconfig, args.context)
+async def run_set(args: argparse.Namespace, conn: Connection, target: Target) -> int:
+    from aggapi.plugins.pullset import Runner
+    from aggapi.plugins.render import PlainSetView, RichSetView
+    from aggapi.plugins.targets import resolve
+
     try:
         ns = args.namespace or conn.namespace
         target = await resolve(conn, target, ns)
@@ -123,17 +113,29 @@ async def run_set(args: argparse.Namespace, target: Target) -> int:
 
 
 async def run(args: argparse.Namespace) -> int:
-    target: Target = args.parsed_target
+    from aggapi.client.errors import ClientError
+    from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
+    from aggapi.plugins.targets import parse_target
+
+    try:
+        target = parse_target(args.target, selector=args.selector, node=args.node,
+                              all_namespaces=args.all_namespaces)
+    except ClientError as exc:
+        raise UsageError(str(exc)) from exc
+    single_only = [f for f, on in (("-c", args.container), ("-o", args.output),
+                                   ("--no-follow", args.no_follow)) if on]
+    if not target.single and single_only:
+        raise UsageError(f"{', '.join(single_only)}: only with a single pod")
+    conn = await connect(args)
     if not target.single:
-        return await run_set(args, target)
+        return await run_set(args, conn, target)
     args.pod = target.pod
-    conn = await Connection.load(args.kubeconfig, args.context)
-    view: PullView | None = None
+    view: PullView | JsonView | None = None
     final: dict[str, Any] | None = None
     rows: dict[tuple[str, str, str], str] = {}
     try:
         view = choose_view(args)
-        async for obj in watch_progress(conn, args.pod, namespace=args.namespace,
+        async for obj in watch_progress(conn, args.pod, namespace=conn.namespace,
                                         containers=args.container,
                                         granularity=args.granularity,
                                         follow=not args.no_follow, on_retry=view.retrying):
@@ -163,24 +165,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
-    try:
-        args.parsed_target = parse_target(args.target, selector=args.selector, node=args.node,
-                                          all_namespaces=args.all_namespaces)
-    except ClientError as exc:
-        p.error(str(exc))  # exit 2, like kubectl's usage errors
-    single_only = [f for f, on in (("-c", args.container), ("-o", args.output),
-                                   ("--no-follow", args.no_follow)) if on]
-    if not args.parsed_target.single and single_only:
-        p.error(f"{', '.join(single_only)}: only with a single pod")
-    try:
-        return asyncio.run(run(args))
-    except (AggapiError, OSError) as exc:
-        report(exc)
-        return EXIT_FAIL
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    return run_plugin(parser(), argv, run)
 
 
 if __name__ == "__main__":

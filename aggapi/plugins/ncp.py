@@ -1,63 +1,57 @@
 """kubectl ncp [-c CONTAINER] SRC DST — native copy through pods/copy (KEP-4582).
 
 Installed as ``kubectl-ncp``. Same syntax as ``kubectl cp``: one side is
-``[namespace/]pod:/absolute/path``, the other a local path. No ``tar`` in the
-image, sha256 verified, downloads resumable (run it again after an
-interruption), atomic at both ends, and a non-zero exit on any failure
-(exit 3 when a directory copy had to skip entries such as device files, or
-refused entries that would lead outside the destination, one warning each).
-Like ``cp -r``: when DST is an existing directory, SRC is copied into it.
+``[namespace/]pod:path``, the other a local path; a relative container path is
+relative to the container's working directory. No ``tar`` in the image, sha256
+verified, downloads resumable (run it again after an interruption), atomic at
+both ends, and a non-zero exit on any failure (exit 3 when a directory copy had
+to skip entries such as device files, or refused entries that would lead outside
+the destination, one warning each). Like ``cp -r``: when DST is an existing
+directory, SRC is copied into it.
+
+Only argparse and :mod:`aggapi.plugins.common` are imported up front, so
+``--help`` stays fast; the client (aiohttp) and rich come in :func:`run`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import stat
 import sys
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
-from aggapi.client.connection import Connection
-from aggapi.client.copy import (
-    NoProgress,
-    Progress,
-    RemotePath,
-    Result,
-    download,
-    stat_remote,
-    upload_dir,
-    upload_file,
-)
-from aggapi.client.errors import AggapiError, LocalError, NotFound
 from aggapi.plugins.common import (
-    EXIT_FAIL,
-    EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_USAGE,
-    add_connection_flags,
-    report,
+    EXIT_PARTIAL,
+    UsageError,
+    connect,
+    new_parser,
+    run_plugin,
 )
-from aggapi.plugins.render import TransferBar, human_bytes
 
-EXIT_SKIPPED = 3
+if TYPE_CHECKING:
+    from aggapi.client.connection import Connection
+    from aggapi.client.copy import RemotePath, Result
+
+EXIT_SKIPPED = EXIT_PARTIAL
 DNS = r"[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?"
 REMOTE = re.compile(rf"^(?:(?P<ns>{DNS})/)?(?P<pod>{DNS}):(?P<path>.*)$")
-
-
-class UsageError(ValueError):
-    pass
+DEFAULT_RETRIES = 8
+DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 
 
 def parse_remote(spec: str) -> tuple[str | None, str, str] | None:
-    """(namespace, pod, path) of ``[ns/]pod:/path``; None for a local path."""
+    """(namespace, pod, path) of ``[ns/]pod:path``; None for a local path. An empty
+    path is the container's working directory, as ``kubectl cp`` takes it."""
     m = REMOTE.match(spec)
     if m is None:
         return None
-    path = m.group("path")
-    if not path.startswith("/"):
-        raise UsageError(f"{spec}: the container path must be absolute")
+    path = m.group("path") or "."
+    if "\0" in path:
+        raise UsageError(f"{spec}: the container path contains a NUL byte")
     return m.group("ns"), m.group("pod"), path
 
 
@@ -68,31 +62,54 @@ def rate(text: str) -> float:
     return float(m.group(1)) * 1024 ** " KMG".index(m.group(2) or " ")
 
 
+EXAMPLES = """examples:
+  kubectl ncp web:/etc/app.conf ./app.conf          # download a file
+  kubectl ncp web:logs ./logs                       # relative: the container's working dir
+  kubectl ncp -c app ./site prod/web:/srv/site      # upload a directory
+  kubectl ncp --retries=-1 web:/data/big.img .      # resume until it is complete
+
+Like kubectl cp: -c picks the container; without it the pod's
+kubectl.kubernetes.io/default-container annotation does, else its first container
+(with a "Defaulted container" notice when the pod has several). A relative
+container path resolves against the container's working directory. --retries N
+retries a failed transfer N times in a row without progress, resuming a download
+where it stopped (0: never, negative: forever). --no-preserve does not carry the
+local file's permissions into the container (nor the container file's onto a
+downloaded file): the new file gets the defaults."""
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kubectl ncp",
-        description="Copy files and directories to and from containers without tar in the "
-                    "image; verified, resumable and atomic.",
-        epilog="examples: kubectl ncp web:/etc/app.conf ./app.conf ; "
-               "kubectl ncp -c app ./site prod/web:/srv/site")
-    p.add_argument("src")
-    p.add_argument("dst")
-    p.add_argument("-c", "--container", help="container (default: the pod's only one)")
+    p = new_parser(
+        "kubectl ncp",
+        "Copy files and directories to and from containers without tar in the image; "
+        "verified, resumable and atomic.", examples=EXAMPLES,
+        exit_codes="  3    a directory copy skipped or refused entries (one warning each)\n")
+    p.add_argument("src", help="local path or [namespace/]pod:path")
+    p.add_argument("dst", help="local path or [namespace/]pod:path")
+    p.add_argument("-c", "--container",
+                   help="container (default: the default-container annotation, else the "
+                        "first)")
+    p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, metavar="N",
+                   help=f"retries of a failed transfer, resuming (default {DEFAULT_RETRIES}; "
+                        "0: none; negative: forever)")
+    p.add_argument("--no-preserve", action="store_true",
+                   help="do not keep permissions (and ownership) of the copied file")
     p.add_argument("--no-overwrite", action="store_true",
                    help="fail instead of replacing an existing file in the container")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--limit-rate", type=rate, metavar="RATE",
                    help="at most RATE bytes/s; suffixes K, M, G (powers of 1024)")
-    add_connection_flags(p)
     return p
 
 
 def _local_target(dst: Path, remote_path: str) -> Path:
+    from aggapi.client.errors import LocalError
+
     if dst.is_dir():
         name = PurePosixPath(remote_path).name
-        if not name:
-            raise LocalError.from_message("cannot copy the container's / into a directory; "
-                                          "name a new destination")
+        if not name or name == "..":
+            raise LocalError.from_message(f"cannot copy the container's {remote_path} into a "
+                                          "directory; name a new destination")
         return dst / name
     if not dst.parent.is_dir():
         raise LocalError.from_message(f"{dst.parent}: no such directory")
@@ -100,6 +117,8 @@ def _local_target(dst: Path, remote_path: str) -> Path:
 
 
 def _local_source(src: Path) -> os.stat_result:
+    from aggapi.client.errors import LocalError
+
     try:
         st = os.stat(src)  # a symlink given on the command line is followed, as cp does
     except OSError as exc:
@@ -109,12 +128,15 @@ def _local_source(src: Path) -> os.stat_result:
     return st
 
 
-def _pod_missing(exc: NotFound) -> bool:
+def _pod_missing(exc: Any) -> bool:
     det = exc.status.get("details") or {}
     return det.get("kind") == "pods" or exc.message.startswith('pods "')
 
 
 async def _remote_target(conn: Connection, rp: RemotePath, src: Path) -> RemotePath:
+    from aggapi.client.copy import RemotePath, stat_remote
+    from aggapi.client.errors import NotFound
+
     try:
         st = await stat_remote(conn, rp)
     except NotFound as exc:
@@ -127,36 +149,87 @@ async def _remote_target(conn: Connection, rp: RemotePath, src: Path) -> RemoteP
     return rp
 
 
+def pick_container(pod: dict[str, Any]) -> tuple[str | None, str | None]:
+    """kubectl's choice without -c: (container, notice). The default-container
+    annotation, else the first container; a notice when there was a choice."""
+    spec = pod.get("spec") or {}
+    names = [str(c.get("name")) for c in spec.get("containers") or () if isinstance(c, dict)]
+    ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        DEFAULT_CONTAINER_ANNOTATION)
+    chosen = ann if isinstance(ann, str) and ann else (names[0] if names else None)
+    if chosen is None or (len(names) < 2 and chosen in names):
+        return chosen, None
+    return chosen, f'Defaulted container "{chosen}" out of: {", ".join(names)}'
+
+
+async def default_container(conn: Connection, namespace: str, pod: str) -> str | None:
+    """The container kubectl would pick, or None to leave it to the server (the pod
+    cannot be read here, e.g. RBAC allows pods/copy but not get pods)."""
+    import asyncio
+    import json
+
+    from aggapi.client.errors import AggapiError
+
+    try:
+        async with conn.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}") as resp:
+            raw = await resp.read()
+        doc = await asyncio.to_thread(json.loads, raw)
+    except (AggapiError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    chosen, notice = pick_container(doc)
+    if notice:
+        print(notice, file=sys.stderr)
+    return chosen
+
+
 async def run(args: argparse.Namespace) -> int:
+    from aggapi.client.copy import (
+        NoProgress,
+        Progress,
+        RemotePath,
+        download,
+        upload_dir,
+        upload_file,
+    )
+    from aggapi.client.retry import Backoff
+
     src_r, dst_r = parse_remote(args.src), parse_remote(args.dst)
     if (src_r is None) == (dst_r is None):
-        raise UsageError("exactly one of SRC and DST must be [namespace/]pod:/path")
-    conn = await Connection.load(args.kubeconfig, args.context)
-    bar: TransferBar | None = None
+        raise UsageError("exactly one of SRC and DST must be [namespace/]pod:path")
+    conn = await connect(args)
+    bar: Any = None
     ok = False
     try:
-        ns_default = args.namespace or conn.namespace
         remote = src_r or dst_r
         assert remote is not None
-        rp = RemotePath(remote[0] or ns_default, remote[1], remote[2], args.container)
+        ns = remote[0] or conn.namespace
+        container = args.container or await default_container(conn, ns, remote[1])
+        rp = RemotePath(ns, remote[1], remote[2], container)
         progress: Progress = NoProgress()
         if not args.quiet and sys.stderr.isatty():
+            from aggapi.plugins.render import TransferBar
+
             bar = TransferBar(f"{args.src} → {args.dst}")
             progress = bar
+        # kubectl cp's --retries: negative is forever.
+        backoff = Backoff(attempts=args.retries if args.retries >= 0 else sys.maxsize)
         if src_r is not None:
             dest = _local_target(Path(args.dst), rp.path)
-            res = await download(conn, rp, dest, progress=progress,
-                                 rate_limit=args.limit_rate)
+            res = await download(conn, rp, dest, progress=progress, backoff=backoff,
+                                 rate_limit=args.limit_rate, preserve=not args.no_preserve)
         else:
             src = Path(args.src)
             st = _local_source(src)
             rp = await _remote_target(conn, rp, src)
             if stat.S_ISDIR(st.st_mode):
-                res = await upload_dir(conn, src, rp, progress=progress,
+                res = await upload_dir(conn, src, rp, progress=progress, backoff=backoff,
                                        rate_limit=args.limit_rate)
             else:
                 res = await upload_file(conn, src, rp, overwrite=not args.no_overwrite,
-                                        mode=st.st_mode & 0o777, progress=progress,
+                                        mode=None if args.no_preserve else st.st_mode & 0o777,
+                                        progress=progress, backoff=backoff,
                                         rate_limit=args.limit_rate)
         ok = True
     finally:
@@ -167,6 +240,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def summarize(args: argparse.Namespace, res: Result) -> int:
+    from aggapi.plugins.render import human_bytes
+
     if not args.quiet:
         what = {"file": f"{human_bytes(res.size)}, sha256 {res.sha256[:16]}…",
                 "dir": f"{res.entries} entries, {human_bytes(res.size)}",
@@ -186,12 +261,14 @@ def summarize(args: argparse.Namespace, res: Result) -> int:
 
 
 def _partial_hint(args: argparse.Namespace) -> None:
-    if parse_remote(args.src) is None:
-        return
-    dst = Path(args.dst)
+    from aggapi.client.errors import AggapiError
+
     try:
-        base = _local_target(dst, parse_remote(args.src)[2])  # type: ignore[index]
-    except (AggapiError, OSError):
+        remote = parse_remote(args.src)
+        if remote is None:
+            return
+        base = _local_target(Path(args.dst), remote[2])
+    except (AggapiError, OSError, UsageError):
         return
     partial = base.with_name(f".{base.name}.ncp-partial")
     if partial.exists():
@@ -200,19 +277,7 @@ def _partial_hint(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        return asyncio.run(run(args))
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (AggapiError, OSError) as exc:
-        report(exc)
-        _partial_hint(args)
-        return EXIT_FAIL
-    except KeyboardInterrupt:
-        _partial_hint(args)
-        return EXIT_INTERRUPTED
+    return run_plugin(parser(), argv, run, on_failure=_partial_hint)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,9 @@ from typing import Any
 from aggapi.client.connection import Connection
 from aggapi.client.errors import AggapiError
 from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
+from aggapi.plugins.pacing import MAX_STREAMS, STALL_SECONDS
 from aggapi.plugins.targets import Target, follow_pods
 
-MAX_STREAMS = 50
-STALL_SECONDS = 30.0
 # kubelet's waiting reasons for an image that cannot be pulled.
 BACKOFF_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull",
                    "RegistryUnavailable")

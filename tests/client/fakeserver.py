@@ -43,6 +43,15 @@ class Session:
 @dataclass
 class Pod:
     containers: dict[str, Path]
+    cwd: str = "/"  # the containers' working directory: relative copy paths start there
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    def manifest(self, ns: str, name: str) -> dict[str, Any]:
+        """The core v1 Pod object (GET /api/v1/.../pods/NAME) for completion and
+        container defaulting."""
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "annotations": self.annotations},
+                "spec": {"containers": [{"name": c} for c in self.containers]}}
 
 
 @dataclass
@@ -56,6 +65,7 @@ class FakeCluster:
     download_delay: float = 0.0  # per 64 KiB chunk, to let a test interrupt a transfer
     corrupt_sha: bool = False
     dir_tar: bytes | None = None  # served instead of a real directory tar
+    workloads: dict[str, list[str]] = field(default_factory=dict)  # "deployments": names
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -79,6 +89,9 @@ class FakeCluster:
         base = PREFIX
         app.router.add_get(base + "/imagepullprogress", self.progress)
         app.router.add_route("*", base + "/copy", self.copy)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods", self.list_pods)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{pod}", self.get_pod)
+        app.router.add_get("/apis/apps/v1/namespaces/{ns}/{kind}", self.list_workloads)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ctx)
@@ -159,7 +172,8 @@ class FakeCluster:
             user = self.tokens.get(authz[7:])
         self.requests.append({"method": request.method, "path": request.path,
                               "query": list(request.query.items()), "user": user,
-                              "headers": dict(request.headers)})
+                              "headers": dict(request.headers),
+                              "header_items": list(request.headers.items())})
         if user is None:
             raise StatusError(401, "Unauthorized")
         ns, pod = request.match_info.get("ns", ""), request.match_info.get("pod", "")
@@ -168,9 +182,24 @@ class FakeCluster:
             raise StatusError(403, f'pods "{pod}" is forbidden: User "{user}" cannot watch '
                                    f'resource "pods/{sub}" in API group '
                                    f'"subresources.aggapi.io" in the namespace "{ns}"')
-        if (ns, pod) not in self.pods:
+        if pod and (ns, pod) not in self.pods:
             raise StatusError(404, f'pods "{pod}" not found')
         return await handler(request)
+
+    # --- core API (what completion and container defaulting read) ---------------------
+    async def list_pods(self, request: web.Request) -> web.Response:
+        ns = request.match_info["ns"]
+        return web.json_response({"kind": "PodList", "apiVersion": "v1", "items": [
+            p.manifest(n, name) for (n, name), p in sorted(self.pods.items()) if n == ns]})
+
+    async def get_pod(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["pod"]
+        return web.json_response(self.pods[(ns, name)].manifest(ns, name))
+
+    async def list_workloads(self, request: web.Request) -> web.Response:
+        names = self.workloads.get(request.match_info["kind"], [])
+        return web.json_response({"kind": "List", "apiVersion": "v1", "items": [
+            {"metadata": {"name": n, "namespace": request.match_info["ns"]}} for n in names]})
 
     # --- imagepullprogress ------------------------------------------------------------
     async def progress(self, request: web.Request) -> web.StreamResponse:
@@ -210,8 +239,13 @@ class FakeCluster:
             raise StatusError(404, f'container "{c}" not found in pod '
                                    f'"{request.match_info["pod"]}"')
         path = request.query.get("path", "")
-        if not path.startswith("/") or ".." in path.split("/"):
-            raise StatusError(400, f"path must be absolute: {path!r}")
+        if not path or "\0" in path:
+            raise StatusError(400, f"bad path: {path!r}")
+        if not path.startswith("/"):  # as the agent: against the cwd, '..' stops at /
+            path = os.path.normpath("/" + os.path.join(pod.cwd, path).lstrip("/"))
+            path = "/" + path.lstrip("/")
+        elif ".." in path.split("/"):
+            raise StatusError(400, f"path must not contain '..': {path!r}")
         return pod.containers[c], path
 
     @staticmethod

@@ -90,6 +90,35 @@ async def test_missing_pod_gives_servers_message(control_plane: ControlPlane,
     assert r.rc == 1 and 'pods "no-such-pod" not found' in r.err, r.err
 
 
+async def test_completion_and_impersonation_against_kube_apiserver(
+        control_plane: ControlPlane, aggapi_apiserver: Proc, plugin_bin: Path) -> None:
+    """kubectl's plugin completion lists pods and containers from the real API (alice may
+    list pods), and --as makes kube-apiserver judge the impersonated user."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "e2e-complete", "namespace": "default",
+                        "annotations": {"kubectl.kubernetes.io/default-container": "side"}},
+           "spec": {"nodeName": "no-such-node",  # never runs: only listed
+                    "containers": [{"name": "app", "image": "busybox"},
+                                   {"name": "side", "image": "busybox"}]}}
+    control_plane.apply([pod])
+    env = env_for(control_plane, plugin_bin, "alice")
+    r = await kubectl(env, "__complete", "ncp", "-n", "default", "e2e-com")
+    assert r.rc == 0 and r.out.splitlines() == ["e2e-complete:", ":2"], (r.out, r.err)
+    r = await kubectl(env, "__complete", "image-pull-progress", "e2e-complete", "-c", "")
+    assert r.out.splitlines() == ["app", "side", ":4"], (r.out, r.err)
+    r = await kubectl(env, "__complete", "image-pull-progress", "--as", "mallory", "e2e")
+    assert r.out.splitlines() == [":4"], r.out  # alice may not impersonate: nothing offered
+    admin = plugin_env(plugin_bin, control_plane.admin_kubeconfig)
+    r = await kubectl(admin, "image-pull-progress", "--as", "mallory", "-n", "default",
+                      "e2e-complete")
+    assert r.rc == 1 and 'User "mallory" cannot watch resource "pods/imagepullprogress"' \
+        in r.err, r.err
+    r = await kubectl(admin, "image-pull-progress", "-v=6", "--as", "mallory",
+                      "--request-timeout=20s", "-n", "default", "e2e-complete")
+    assert re.search(r"\] GET https://\S+/imagepullprogress\S* 403 Forbidden in \d+ "
+                     r"milliseconds", r.err), r.err
+
+
 # --- needs a running pod ------------------------------------------------------------------
 
 def make_tree(root: Path) -> None:
@@ -125,6 +154,21 @@ async def test_directory_copy_both_ways(control_plane: ControlPlane, aggapi_apis
                       str(back))
     assert r.rc == 0, r.err
     assert digest_tree(back) == digest_tree(src)
+
+
+async def test_relative_path_starts_at_the_containers_cwd(
+        control_plane: ControlPlane, aggapi_apiserver: Proc, plugin_bin: Path, workload: Any,
+        tmp_path: Path) -> None:
+    """busybox's working directory is /: "tmp/x" is /tmp/x, and '..' stops at the root."""
+    env = env_for(control_plane, plugin_bin, "alice")
+    (tmp_path / "rel").write_bytes(b"relative upload")
+    r = await kubectl(env, "ncp", "-c", workload.container, str(tmp_path / "rel"),
+                      remote(workload, "tmp/e2e-rel"))
+    assert r.rc == 0, r.err
+    r = await kubectl(env, "ncp", "-c", workload.container,
+                      remote(workload, "../../../tmp/e2e-rel"), str(tmp_path / "back"))
+    assert r.rc == 0, r.err
+    assert (tmp_path / "back").read_bytes() == b"relative upload"
 
 
 async def test_interrupted_download_is_resumed(control_plane: ControlPlane,

@@ -16,18 +16,21 @@ from pathlib import Path
 from tests.framework.repo import REPO
 
 KUBECTL = os.environ.get("AGGAPI_KUBECTL", "/usr/bin/kubectl")
-ENTRY_POINTS = {"kubectl-ncp": "aggapi.plugins.ncp",
-                "kubectl-image_pull_progress": "aggapi.plugins.image_pull_progress"}
+ENTRY_POINTS = {"kubectl-ncp": ("aggapi.plugins.ncp", "main"),
+                "kubectl-image_pull_progress": ("aggapi.plugins.image_pull_progress", "main"),
+                "kubectl_complete-ncp": ("aggapi.plugins.complete", "ncp_main"),
+                "kubectl_complete-image_pull_progress": ("aggapi.plugins.complete",
+                                                         "image_pull_progress_main")}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
 
 
 def install_plugins(bin_dir: Path) -> None:
-    """What ``pip install`` puts on PATH for the two console scripts."""
+    """What ``pip install`` puts on PATH for the plugins' console scripts."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name, module in ENTRY_POINTS.items():
+    for name, (module, func) in ENTRY_POINTS.items():
         p = bin_dir / name
-        p.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import main\n"
-                     "sys.exit(main())\n")
+        p.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {func}\n"
+                     f"sys.exit({func}())\n")
         p.chmod(0o755)
 
 

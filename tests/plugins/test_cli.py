@@ -21,6 +21,23 @@ def test_help(module: str) -> None:
                        text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("usage: kubectl ") and "--kubeconfig" in r.stdout
+    for flag in ("--as-group", "--token", "--server", "--certificate-authority",
+                 "--insecure-skip-tls-verify", "--cluster", "--user", "--request-timeout",
+                 "--v", "exit status:"):
+        assert flag in r.stdout, flag
+
+
+@pytest.mark.parametrize("module", ["aggapi.plugins.ncp", "aggapi.plugins.image_pull_progress"])
+def test_help_imports_no_client_library(module: str) -> None:
+    """--help stays fast by importing neither aiohttp, yaml nor rich (lazy imports)."""
+    code = (f"import sys; sys.argv = ['k', '--help']\nfrom {module} import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('aiohttp', 'rich', 'yaml', 'aggapi.client') "
+            "if m in sys.modules), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and "usage: kubectl" in r.stdout, r.stderr
+    assert r.stderr.strip() == "[]"
 
 
 @pytest.mark.parametrize(("main", "args"), [

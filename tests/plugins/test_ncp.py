@@ -88,7 +88,9 @@ async def test_interrupted_download_resumes(cluster: FakeCluster, env: dict[str,
     (["-c", "zzz", "web:/data", "out"], 'container "zzz" not found in pod "web"'),
     (["-c", "app", "web:/nope/file", "out"], 'path "/nope/file" not found'),
     (["-c", "app", "{tmp}/up", "ghost:/data/x"], 'pods "ghost" not found'),
-    (["web:/data/x", "out"], "container is required"),
+    (["web:/data/x", "out"],  # no -c: the first container, as kubectl cp picks it
+     'Defaulted container "app" out of: app, side\nError from server (NotFound): '
+     'path "/data/x" not found'),
 ])
 async def test_failures_exit_non_zero_with_server_message(
         cluster: FakeCluster, env: dict[str, str], tmp_path: Path, args: list[str],
@@ -143,8 +145,9 @@ async def test_symlink_download_pointing_outside_fails(cluster: FakeCluster,
 async def test_usage_errors(env: dict[str, str], tmp_path: Path) -> None:
     r = await kubectl(env, "ncp", str(tmp_path), str(tmp_path / "b"))
     assert r.rc == 2 and "exactly one of SRC and DST" in r.err
-    r = await kubectl(env, "ncp", "web:relative", str(tmp_path))
-    assert r.rc == 2 and "must be absolute" in r.err
+    assert r.err.endswith("See 'kubectl ncp --help' for usage.\n"), r.err
+    r = await kubectl(env, "ncp", "--retries=x", "web:/a", str(tmp_path))
+    assert r.rc == 2 and r.err.startswith("error: argument --retries: invalid int"), r.err
 
 
 async def test_progress_bar_on_a_terminal(cluster: FakeCluster, env: dict[str, str],

@@ -7,6 +7,11 @@ RESOLVE_NO_MAGICLINKS) on the dirfd: '/', '..' and absolute symlinks stop at
 the container root and /proc magic links are refused. Methods block; callers
 run them in worker threads.
 
+A relative path (``kubectl cp pod:dir/file``) is resolved by
+:meth:`FsRoot.absolute` against the process's working directory as the
+container sees it, then goes through :func:`clean_path` like any other: its
+'..' stop at the container root and openat2 still confines every lookup.
+
 ``creds`` is the identity copies act as (see aggapi.agent.copy.creds): the
 container process's, or None to act as the agent (root; ``--copy-as-root``).
 """
@@ -14,6 +19,7 @@ container process's, or None to act as the agent (root; ``--copy-as-root``).
 from __future__ import annotations
 
 import os
+import posixpath
 import select
 from dataclasses import dataclass, field
 
@@ -45,6 +51,31 @@ def clean_path(path: str | None) -> str:
     if any(len(p.encode("utf-8", "surrogateescape")) > MAX_NAME for p in parts):
         raise StatusError(400, "path component too long")
     return "/" + "/".join(parts)
+
+
+def request_path(path: str | None) -> str:
+    """A requested path as the capability names it: absolute ones cleaned, relative
+    ones (resolved later against the container's cwd) only checked."""
+    if path and not path.startswith("/"):
+        if "\0" in path:
+            raise StatusError(400, "path contains a NUL byte")
+        if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH:
+            raise StatusError(400, "path too long")
+        return path
+    return clean_path(path)
+
+
+def in_root(link: str, root: str) -> str | None:
+    """``link`` (a /proc/<pid>/cwd target) as a path below ``root`` (the process's
+    /proc/<pid>/root target), both read from the agent's side; None if outside."""
+    link = link.removeprefix("(unreachable)")
+    if not link.startswith("/") or link.endswith(" (deleted)"):
+        return None
+    if root == "/":  # another mount namespace: the kernel already shows its view
+        return link
+    if link == root:
+        return "/"
+    return link[len(root):] if link.startswith(root.rstrip("/") + "/") else None
 
 
 def split_parent(path: str) -> tuple[str, str]:
@@ -107,6 +138,31 @@ class FsRoot:
         if not self.alive():
             raise StatusError(409, f"container {self.container_name or self.container_id} "
                               "exited during the copy; nothing was committed")
+
+    def cwd(self, proc: str = "/proc") -> str:
+        """Blocking: the process's working directory as the container sees it ("/"
+        for a plain directory root). readlink shows a process of another mount
+        namespace its own view, a chrooted one (tests) the host path: strip its root."""
+        if self.pid is None:
+            return "/"
+        try:
+            cwd = in_root(os.readlink(f"{proc}/{self.pid}/cwd"),
+                          os.readlink(f"{proc}/{self.pid}/root"))
+        except OSError as exc:
+            raise StatusError(409, f"container {self.container_name or self.container_id}: "
+                              f"cannot read its working directory: {exc.strerror}") from exc
+        self.ensure_alive()  # the pid was still this container's when it was read
+        if cwd is None:
+            raise StatusError(409, f"container {self.container_name or self.container_id}: "
+                              "its working directory is outside its root")
+        return cwd
+
+    def absolute(self, path: str) -> str:
+        """Blocking: the clean absolute container path of a requested one; a relative
+        path starts at the process's cwd and its '..' stop at the root."""
+        if path.startswith("/"):
+            return clean_path(path)
+        return clean_path(posixpath.normpath(posixpath.join(self.cwd(), path)))
 
     def open(self, path: str, flags: int, mode: int = 0) -> int:
         """Open a clean container path; callers add O_NOFOLLOW for the last component."""

@@ -55,7 +55,7 @@ from aggapi.agent.copy import creds
 from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
 from aggapi.agent.copy.fserrors import fs_status
-from aggapi.agent.copy.fsroot import FsRoot, clean_path
+from aggapi.agent.copy.fsroot import FsRoot, request_path
 from aggapi.agent.copy.ranges import etag, parse_range
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.upload import upload_file, upload_tar
@@ -90,10 +90,10 @@ def _target(request: web.Request, cap: Capability) -> tuple[str, str]:
         raise StatusError(400, "container is required")
     if container not in names:
         raise StatusError(403, f'capability does not cover container "{container}"')
-    path = clean_path(request.query.get(wire.PARAM_PATH))
-    if cap.path is None or clean_path(cap.path) != path:
+    path = request_path(request.query.get(wire.PARAM_PATH))
+    if cap.path is None or request_path(cap.path) != path:
         raise StatusError(403, f"capability does not cover path {path!r}")
-    return container, path
+    return container, path  # relative: resolved once the container is open
 
 
 def _param(request: web.Request, cap: Capability, key: str) -> str | None:
@@ -306,23 +306,25 @@ class CopyHandlers:
     async def stat(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_STAT, wire.OP_COPY_DOWNLOAD)
         container, path = _target(request, cap)
-        async with (_container(self.state, cap, container) as root,
-                    _lookup(self.state, root, path) as t):
-            return web.Response(status=200, headers={
-                **_stat_header(root, t), **await _file_digest_headers(self.state, t)})
+        async with _container(self.state, cap, container) as root:
+            path = await self.state.workers.run(root.absolute, path)
+            async with _lookup(self.state, root, path) as t:
+                return web.Response(status=200, headers={
+                    **_stat_header(root, t), **await _file_digest_headers(self.state, t)})
 
     async def download(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_DOWNLOAD)
         state = self.state
         container, path = _target(request, cap)
         with state.slots.slot(cap.pod_uid):
-            async with (_container(state, cap, container) as root,
-                        _lookup(state, root, path) as t):
-                if st_.S_ISDIR(t.st.st_mode):
-                    return await _send_dir(request, state, root, t)
-                if st_.S_ISLNK(t.st.st_mode):
-                    return web.Response(status=200, headers=_stat_header(root, t))
-                return await _send_file(request, state, root, t)
+            async with _container(state, cap, container) as root:
+                path = await state.workers.run(root.absolute, path)
+                async with _lookup(state, root, path) as t:
+                    if st_.S_ISDIR(t.st.st_mode):
+                        return await _send_dir(request, state, root, t)
+                    if st_.S_ISLNK(t.st.st_mode):
+                        return web.Response(status=200, headers=_stat_header(root, t))
+                    return await _send_file(request, state, root, t)
 
     async def upload(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_UPLOAD)
@@ -335,6 +337,7 @@ class CopyHandlers:
         body = IdleTimeoutBody(request.content, state.limits.body_idle_timeout)
         with state.slots.slot(cap.pod_uid):
             async with _container(state, cap, container) as root:
+                path = await state.workers.run(root.absolute, path)
                 send = upload_tar if params.tar else upload_file
                 try:
                     result = await send(state, root, path, body, request.content_length,

@@ -50,12 +50,14 @@ def _path(request: web.Request) -> str:
     path = request.query.get(PARAM_PATH, "")
     if not path:
         raise StatusError(400, "query parameter 'path' is required")
-    if "\x00" in path or not path.startswith("/"):
-        raise StatusError(400, f"path must be absolute, got {path!r}")
+    if "\x00" in path:
+        raise StatusError(400, "path contains a NUL byte")
     if len(path) > 4096:
         raise StatusError(400, "path too long")
-    # Passed on as given: the agent resolves it inside the container's root (a lexical
-    # normpath here would disagree with the container's own symlinks).
+    # Passed on as given, also when relative (kubectl cp's "pod:dir/file"): the agent
+    # resolves it inside the container's root, a relative one against the container's
+    # working directory, which only the node knows. A lexical normpath here would
+    # disagree with the container's own symlinks.
     return path
 
 

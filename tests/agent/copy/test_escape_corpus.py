@@ -88,10 +88,17 @@ def C(id: str, method: str, path: str, *expect: int, body: Any = None,
 
 NOT_FOUND = (404,)
 CORPUS: list[Case] = [
-    # Path syntax: relative, '..', NUL, empty, over-long.
-    C("rel-get", "GET", "etc/passwd"),
-    C("rel-post", "POST", "tmp/x"),
-    C("rel-dotdot-get", "GET", "../../etc/passwd"),
+    # Relative paths start at the process's cwd (here "/"), and their '..' stop at the
+    # container root: the container's own /etc/passwd at most, never the host's.
+    C("rel-get", "GET", "etc/passwd", 200, 404),
+    C("rel-post", "POST", "tmp/x", 200),
+    C("rel-dotdot-get", "GET", "../../etc/passwd", 200, 404),
+    C("rel-dotdot-shadow", "GET", "../../../../../../../../etc/shadow", 404),
+    C("rel-dotdot-post", "POST", "../../../../tmp/../../x", 200),
+    C("rel-abs-link-get", "GET", "abs_link/victim", 404),
+    C("rel-link-dotdot-get", "GET", "up/pre2/../abs_link/victim", 404),
+    C("rel-nul-get", "GET", "etc\0/passwd"),
+    # Path syntax: '..', NUL, empty, over-long.
     C("dotdot-get", "GET", "/../../../etc/passwd"),
     C("dotdot-post", "POST", "/tmp/../../x"),
     C("dotdot-middle", "POST", "/etc/../../../../tmp/x"),

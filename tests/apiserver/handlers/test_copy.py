@@ -197,7 +197,7 @@ async def test_errors_are_relayed_as_status(stack: Stack, box: RunningPod) -> No
     path = stack.pod_path("box", "copy")
     s = stack.session()
     cases = [({"container": "app", "path": "/no/such/file"}, 404),
-             ({"container": "app", "path": "relative/path"}, 400),
+             ({"container": "app", "path": "relative/path"}, 404),  # from the cwd
              ({"container": "ghost", "path": "/etc/passwd"}, 400),
              ({"container": "app"}, 400)]
     for params, code in cases:
