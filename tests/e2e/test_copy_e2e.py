@@ -184,7 +184,9 @@ async def test_errors(control_plane: ControlPlane, workload_pod: E2EPod,
     assert 'pods "ghost" not found' in r.err
     c = workload_pod.container
     cases = [({"container": c, "path": "/no/such/file"}, "NotFound", "/no/such/file"),
-             ({"container": c, "path": "relative/path"}, "BadRequest", "absolute"),
+             # Relative paths start at the container's working directory (here "/").
+             ({"container": c, "path": "relative/path"}, "NotFound", "/relative/path"),
+             ({"container": c, "path": "/etc%00x"}, "BadRequest", "NUL"),
              ({"container": "nope", "path": "/etc/passwd"}, "BadRequest", "nope"),
              ({"container": c}, "BadRequest", "path")]
     for query, reason, needle in cases:
@@ -194,7 +196,8 @@ async def test_errors(control_plane: ControlPlane, workload_pod: E2EPod,
     src = tmp_path / "x"
     src.write_bytes(b"x")
     r = await kubectl(control_plane, "create", "--raw",
-                      workload_pod.path("copy", container=c, path="rel"), "-f", str(src))
+                      workload_pod.path("copy", container=c, path="/tmp/x", mode="9z"),
+                      "-f", str(src))
     assert r.rc == 1 and "Error from server (BadRequest)" in r.err, r.err
 
 
