@@ -3,8 +3,10 @@ and archives GNU tar made (sparse ones included) from small truncate'd files."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -123,3 +125,20 @@ def gnu_sparse_tar(tmp: Path, fmt: str, size: int = 3 << 20) -> bytes:
     subprocess.run(["tar", "--sparse", *SPARSE_FORMATS[fmt], "-cf", str(out), "-C", str(work),
                     "disk.img"], check=True)
     return out.read_bytes()
+
+
+def pax_tar(files: Mapping[str, bytes], links: Mapping[str, str] | None = None) -> bytes:
+    """A PAX archive made by tarfile: regular ``files``, then hard ``links`` (name ->
+    target), for tests that need a well-formed upload rather than crafted blocks."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.LNKTYPE
+            info.linkname = target
+            tf.addfile(info)
+    return buf.getvalue()

@@ -25,6 +25,7 @@ from aggapi.agent.copy.creds import Creds
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from tests.agent.copy.conftest import POD_UID, temp_leftovers
+from tests.tarcraft import pax_tar
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as the agent")
 
@@ -76,20 +77,6 @@ async def as_root(croot: Path, serve: Any, limits: CopyLimits) -> Any:
     return await serve(UserDirResolver(croot, None), limits)
 
 
-def tar_of(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        for name, target in (links or {}).items():
-            info = tarfile.TarInfo(name)
-            info.type = tarfile.LNKTYPE
-            info.linkname = target
-            tf.addfile(info)
-    return buf.getvalue()
-
 
 async def test_reading_a_root_only_file_is_403(as_user: Any) -> None:
     r = await as_user.get("/etc/shadow")
@@ -109,7 +96,7 @@ async def test_writing_into_a_root_dir_is_403(as_user: Any, croot: Path) -> None
     r = await as_user.post("/etc/motd", b"replaced")
     assert r.status == 403, await r.text()
     assert (croot / "etc" / "motd").read_bytes() == b"hello\n"
-    r = await as_user.post("/etc/sub", tar_of({"a": b"a"}), format="tar")
+    r = await as_user.post("/etc/sub", pax_tar({"a": b"a"}), format="tar")
     assert r.status == 403, await r.text()
     assert not (croot / "etc" / "sub").exists()
     assert temp_leftovers(croot) == []
@@ -121,7 +108,7 @@ async def test_writing_into_the_home_works_and_belongs_to_the_user(
     assert r.status == 200, await r.text()
     st = (croot / "home" / "notes.txt").stat()
     assert (st.st_uid, st.st_gid) == (1000, 1000)
-    r = await as_user.post("/home/tree", tar_of({"a/b": b"b", "c": b"c"}, {"d": "c"}),
+    r = await as_user.post("/home/tree", pax_tar({"a/b": b"b", "c": b"c"}, {"d": "c"}),
                            format="tar")
     assert r.status == 200, await r.text()
     for p in ("tree", "tree/a", "tree/a/b", "tree/c", "tree/d"):

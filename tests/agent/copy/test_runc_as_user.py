@@ -20,8 +20,9 @@ import pytest_asyncio
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.runtime.cri import CRIClient
 from tests.agent.agentserver import pki, run_agent
-from tests.agent.copy.test_runc_containers import POD, container_pid, tar_bytes
+from tests.agent.copy.test_runc_containers import POD, container_pid
 from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
+from tests.tarcraft import pax_tar
 
 
 @dataclass
@@ -74,7 +75,7 @@ async def test_run_as_user_1000_container(user_pod: UserPod, cri: CRIClient,
                                   "/rootdir/new", b"x")
         assert status == 403, body
         status, body = await send(agent, session, up.pod, busybox_image, "POST",
-                                  "/rootdir/t", tar_bytes({"a": b"a"}), {"format": "tar"})
+                                  "/rootdir/t", pax_tar({"a": b"a"}), {"format": "tar"})
         assert status == 403, body
         assert os.listdir(fs / "rootdir") == []
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -31,7 +30,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -52,6 +50,7 @@ from tests.agent.copy.test_escape_corpus import CORPUS, VICTIM, Case, build_tree
 from tests.framework.containerd import Containerd
 from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 from tests.framework.repo import REPO
+from tests.tarcraft import pax_tar
 
 POD = "p"  # the pod name Agent.token puts in its capabilities
 BB = "/bin/busybox"
@@ -100,15 +99,6 @@ async def wait_for(cond: Any, timeout: float = 10.0, what: str = "") -> None:
             pytest.fail(f"timed out waiting for {what or cond}")
         await asyncio.sleep(0.02)
 
-
-def tar_bytes(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w|", format=tarfile.PAX_FORMAT) as tf:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 # --- one long-lived pod for the corpus and the read-only checks -----------------------------
@@ -228,8 +218,8 @@ async def test_read_only_bind_mount(corpus_pod: CorpusPod) -> None:
         ("/ro/new", b"x", None, "new file"),
         ("/ro/existing", b"replaced", None, "existing file"),
         ("/ro/dir/new", b"x", None, "file in a subdirectory"),
-        ("/ro/dir", tar_bytes({"a": b"a", "b/c": b"c"}), {"format": "tar"}, "tar into a dir"),
-        ("/ro/newdir", tar_bytes({"a": b"a"}), {"format": "tar"}, "tar creating its dir"),
+        ("/ro/dir", pax_tar({"a": b"a", "b/c": b"c"}), {"format": "tar"}, "tar into a dir"),
+        ("/ro/newdir", pax_tar({"a": b"a"}), {"format": "tar"}, "tar creating its dir"),
     ]:
         status, body = await cp.send("POST", path, data, params)
         assert status == 409, f"{what}: {status} {body!r}"
