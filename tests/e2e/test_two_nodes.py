@@ -77,11 +77,14 @@ def exec_out(cp: ControlPlane, pod: str, *argv: str) -> str:
     return cp.kubectl("exec", "-n", NS, pod, "--", *argv).stdout
 
 
-def fetch(cp: ControlPlane, pod: str, url: str) -> str:
-    """wget ``url`` from inside ``pod`` (empty on failure)."""
-    r = cp.kubectl("exec", "-n", NS, pod, "--", "/bin/busybox", "wget", "-qO-", "-T", "3",
-                   url, check=False)
-    return r.stdout.strip() if r.returncode == 0 else ""
+def fetch(cp: ControlPlane, pod: str, host: str, port: int) -> str:
+    """GET / on ``host:port`` from inside ``pod``: the body ("" on failure). busybox nc,
+    as this busybox's wget crashes (static glibc)."""
+    req = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 3 {host} {port}"
+    r = cp.kubectl("exec", "-n", NS, pod, "--", "/bin/busybox", "sh", "-c", req, check=False)
+    # kubectl's output was read as text: universal newlines already turned CRLF into LF.
+    head, sep, body = r.stdout.replace("\r\n", "\n").partition("\n\n")
+    return body.strip() if r.returncode == 0 and sep and " 200 " in head else ""
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +164,8 @@ def test_pod_reaches_pod_on_the_other_node(two_node_cluster: Cluster,
     n1, n2 = (n.name for n in two_node_cluster.nodes)
     for src, dst in ((n1, n2), (n2, n1)):
         src_pod, dst_pod = web[src]["metadata"]["name"], web[dst]
-        url = f"http://{dst_pod['status']['podIP']}:{PORT}/"
-        assert fetch(cp, src_pod, url) == dst_pod["metadata"]["name"], (src, dst)
+        got = fetch(cp, src_pod, dst_pod["status"]["podIP"], PORT)
+        assert got == dst_pod["metadata"]["name"], (src, dst)
 
 
 def test_clusterip_service_backend_on_the_other_node(two_node_cluster: Cluster,
@@ -175,7 +178,7 @@ def test_clusterip_service_backend_on_the_other_node(two_node_cluster: Cluster,
     assert pinned["spec"]["nodeName"] == two_node_cluster.nodes[1].name
     src = web[n1]["metadata"]["name"]
     # kube-proxy of node 1 syncs once the endpointslice controller lists the pod.
-    got = wait_for(lambda: fetch(cp, src, f"http://{ip}/"), 60,
+    got = wait_for(lambda: fetch(cp, src, ip, 80), 60,
                    f"{src} -> Service {PINNED} ({ip})")
     assert got == PINNED
 
