@@ -2,8 +2,10 @@
 # Build the kubectl plugins as self-contained archives, one per plugin and platform
 # (linux amd64/arm64, darwin amd64/arm64), and render their krew manifests.
 #
-# Each archive (krew-style tar.gz) holds LICENSE and one executable, kubectl-ncp or
-# kubectl-image_pull_progress: a zipapp with aggapi (installed --no-deps) plus exactly
+# Each archive (krew-style tar.gz) holds LICENSE, the plugin's completion executable
+# (kubectl_complete-<plugin>: a short Python launcher that runs the zipapp beside it
+# with shiv's SHIV_ENTRY_POINT set to aggapi.plugins.complete) and one executable,
+# kubectl-ncp or kubectl-image_pull_progress: a zipapp with aggapi (--no-deps) plus exactly
 # the plugins' dependencies (aiohttp and PyYAML from the core, the "plugins" extra), as
 # binary wheels fetched for the target platform and CPython 3.11. It runs with the
 # user's python3; none of the server's gRPC, protobuf, prometheus, crypto or uvloop
@@ -45,6 +47,8 @@ declare -A WHEEL_TAG=(
 declare -A MODULE=(
   [ncp]=aggapi.plugins.ncp [image-pull-progress]=aggapi.plugins.image_pull_progress)
 declare -A EXE=([ncp]=kubectl-ncp [image-pull-progress]=kubectl-image_pull_progress)
+declare -A COMPLETER=(
+  [ncp]=kubectl_complete-ncp [image-pull-progress]=kubectl_complete-image_pull_progress)
 
 VERSION="v$("$PY" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' "$REPO/pyproject.toml")"
 BASE_URL=""
@@ -129,8 +133,10 @@ for platform in "${PLATFORMS[@]}"; do
     exe="$WORK/${platform/\//-}/${EXE[$plugin]}"
     "$TOOLS/bin/shiv" --site-packages "$site" -e "${MODULE[$plugin]}:main" \
       -p '/usr/bin/env python3' --reproducible -o "$exe" >/dev/null
+    completer="$WORK/${platform/\//-}/${COMPLETER[$plugin]}"
+    release completer "$plugin" "$completer"
     release archive "$OUT/$(release archive-name "$plugin" "$VERSION" "$platform")" \
-      "$exe" "$WORK/LICENSE"
+      "$exe" "$completer" "$WORK/LICENSE"
   done
   log "archives for $platform"
 done

@@ -3,6 +3,7 @@ krew manifests rendered from the templates in plugins/krew/.
 
     plugin_release.py requirements                  the pip requirements of the zipapps
     plugin_release.py archive OUT.tar.gz FILE...    a deterministic tar.gz of FILEs
+    plugin_release.py completer PLUGIN OUT          the kubectl_complete-<plugin> launcher
     plugin_release.py manifest TEMPLATE OUT VERSION BASE_URL ARCHIVE_DIR PLATFORM...
 
 Standard library only, apart from PyYAML for the manifests (as the project uses).
@@ -27,6 +28,28 @@ PLUGIN_CORE_DEPS = {"aiohttp", "pyyaml"}
 # The executable in each plugin's archive: kubectl finds kubectl-<name> on PATH, with
 # "-" in a plugin name written "_" in the file name.
 PLUGINS = {"ncp": "kubectl-ncp", "image-pull-progress": "kubectl-image_pull_progress"}
+# kubectl's plugin-completion hook for each (kubectl_complete-<file name's plugin part>)
+# and the function of aggapi.plugins.complete it runs.
+COMPLETERS = {"ncp": ("kubectl_complete-ncp", "aggapi.plugins.complete:ncp_main"),
+              "image-pull-progress": ("kubectl_complete-image_pull_progress",
+                                      "aggapi.plugins.complete:image_pull_progress_main")}
+# The completion executable: a few lines of Python that run the plugin's zipapp (found
+# beside the real file, through any symlink on PATH) with shiv's entry point switched to
+# the completer, so the archive carries its dependencies once.
+COMPLETER = """#!/usr/bin/env python3
+# kubectl_complete-{name}: shell completion for `kubectl {name}` (kubectl 1.26+ runs
+# it on TAB). Put it on PATH next to {exe}, e.g. ln -s "$PWD/{completer}" ~/.local/bin/
+import os
+import sys
+
+here = os.path.dirname(os.path.realpath(__file__))
+exe = os.path.join(here, "{exe}")
+env = dict(os.environ, SHIV_ENTRY_POINT="{entry}")
+try:
+    os.execve(exe, [exe, *sys.argv[1:]], env)
+except OSError:  # no plugin beside it: offer nothing, as a failing API would
+    print(":4")
+"""
 
 
 def dist_name(requirement: str) -> str:
@@ -45,6 +68,13 @@ def requirements() -> list[str]:
 def archive_name(plugin: str, version: str, platform: str) -> str:
     os_, arch = platform.split("/")
     return f"{PLUGINS[plugin]}-{version}-{os_}-{arch}.tar.gz"
+
+
+def write_completer(plugin: str, out: Path) -> None:
+    completer, entry = COMPLETERS[plugin]
+    out.write_text(COMPLETER.format(name=plugin, exe=PLUGINS[plugin], completer=completer,
+                                    entry=entry))
+    out.chmod(0o755)
 
 
 def write_archive(out: Path, files: list[Path]) -> None:
@@ -93,7 +123,10 @@ def render_manifest(template: Path, out: Path, version: str, base_url: str,
             "selector": {"matchLabels": {"os": os_, "arch": arch}},
             "uri": f"{base_url.rstrip('/')}/{name}",
             "sha256": sha256(archive_dir / name),
-            "files": [{"from": exe, "to": "."}, {"from": "LICENSE", "to": "."}],
+            # krew links only ``bin`` onto PATH; the completer is installed beside it
+            # (the caveats say how to link it too).
+            "files": [{"from": exe, "to": "."}, {"from": COMPLETERS[plugin][0], "to": "."},
+                      {"from": "LICENSE", "to": "."}],
             "bin": exe,
         })
     doc["spec"]["version"] = version
@@ -109,6 +142,8 @@ def main(argv: list[str]) -> int:
         print("\n".join(requirements()))
     elif cmd == "archive":
         write_archive(Path(args[0]), [Path(a) for a in args[1:]])
+    elif cmd == "completer":
+        write_completer(args[0], Path(args[1]))
     elif cmd == "archive-name":
         print(archive_name(*args))
     elif cmd == "manifest":

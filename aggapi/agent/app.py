@@ -9,9 +9,9 @@ parts it uses. No module below this one looks its dependencies up in the app.
 
 Middlewares, outermost first: Status errors, metrics, auth (mTLS CN +
 capability token, see aggapi.agent.auth). Besides that mTLS app, the agent
-serves probes (plain HTTP, :func:`build_health_app`) and Prometheus
-(:func:`build_metrics_app`: HTTPS, a bearer token checked by TokenReview and
-SubjectAccessReview, see aggapi.delegated).
+serves probes (plain HTTP, :func:`build_health_app`) and Prometheus, only on
+its own port (:func:`build_metrics_app`: HTTPS, a bearer token checked by
+TokenReview and SubjectAccessReview, see aggapi.delegated).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
         status_middleware,
         parts.metrics.middleware,
         auth_middleware(parts.verifier, config.allowed_client_cns, wire.AGENT_OPERATIONS,
-                        cri=lister, tls_only=("/healthz", "/livez", "/readyz", "/metrics")),
+                        cri=lister, tls_only=("/healthz", "/livez", "/readyz")),
     ])
     app[PARTS] = parts
     progress = ProgressHandlers(parts.poller, parts.pull_limits, config.node_name)
@@ -153,7 +153,8 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
     app.router.add_get(wire.AGENT_COPY_PATH, copy_api.download, allow_head=False)
     app.router.add_post(wire.AGENT_COPY_PATH, copy_api.upload)
     add_probes(app, parts)
-    app.router.add_get("/metrics", parts.metrics.handler, allow_head=False)
+    # No /metrics here: only the apiserver's client certificate reaches this port, and
+    # Prometheus has none; metrics are on the metrics port (build_metrics_app) alone.
 
     async def start(_app: web.Application) -> None:
         await copy_engine.startup(parts.copy)

@@ -85,7 +85,7 @@ async def check_pod(cri: SandboxLister, cap: Capability) -> None:
 
 def auth_middleware(verifier: CapabilityVerifier, allowed_cns: Collection[str],
                     operations: Mapping[tuple[str, str], str], *,
-                    tls_only: Collection[str] = ("/healthz", "/metrics"),
+                    tls_only: Collection[str] = ("/healthz",),
                     cri: SandboxLister | None = None) -> Any:
     """``operations`` maps (method, path) to the capability operation it requires."""
     allowed = frozenset(allowed_cns)

@@ -352,8 +352,9 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
 
 async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
                      progress: Progress | None = None, backoff: Backoff | None = None,
-                     rate_limit: float | None = None) -> Result:
-    """Send the tree under ``src`` as a tar extracted into the directory ``rp.path``."""
+                     rate_limit: float | None = None, preserve: bool = True) -> Result:
+    """Send the tree under ``src`` as a tar extracted into the directory ``rp.path``;
+    ``preserve=False``: entries get the container's default modes, not the local ones."""
     progress = progress or NoProgress()
     try:
         listing = list_tree(src)
@@ -363,14 +364,14 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
     # A first pass hashes the (deterministic) tar, so the server can refuse to commit
     # anything but exactly these bytes; a file changing in between is caught there.
     h = hashlib.sha256()
-    async for chunk in tar_stream(src, listing):
+    async for chunk in tar_stream(src, listing, preserve=preserve):
         h.update(chunk)
     sha = h.hexdigest()
 
     async def body() -> AsyncIterator[bytes]:
         progress.start(size)
         limit = RateLimit(rate_limit)
-        async for chunk in tar_stream(src, listing):
+        async for chunk in tar_stream(src, listing, preserve=preserve):
             progress.advance(len(chunk))
             yield chunk
             await limit.pace(len(chunk))

@@ -3,6 +3,10 @@
 Nothing is followed: symlinks are sent as symlinks, every file is opened with
 O_NOFOLLOW and must still be the regular file that was listed. Devices, FIFOs
 and sockets are skipped and reported. Names are relative to the directory.
+Without ``preserve`` (``ncp --no-preserve``, like ``kubectl cp --no-preserve``) the
+local permissions stay home: files go as 0644 and directories as 0755, what a new
+entry gets in the container. Owners never travel (uid/gid 0 in the headers; the agent
+sets the copy's own user).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from aggapi.client.errors import LocalError
 from aggapi.tarstream import DIR, END, REG, SYM, header, pad
 
 CHUNK = 1 << 20
+# What the agent gives a new file or directory when no mode is asked for.
+DEFAULT_FILE_MODE, DEFAULT_DIR_MODE = 0o644, 0o755
 
 
 @dataclass
@@ -51,13 +57,21 @@ def list_tree(root: Path) -> Listing:
     return out
 
 
-async def tar_stream(root: Path, listing: Listing) -> AsyncIterator[bytes]:
+def entry_mode(st: os.stat_result, preserve: bool) -> int:
+    """The mode an entry is sent with: its own, or the container's default."""
+    if preserve:
+        return stat.S_IMODE(st.st_mode)
+    return DEFAULT_DIR_MODE if stat.S_ISDIR(st.st_mode) else DEFAULT_FILE_MODE
+
+
+async def tar_stream(root: Path, listing: Listing, *,
+                     preserve: bool = True) -> AsyncIterator[bytes]:
     """The tar of ``listing``; fails if a file changed between listing and reading."""
     for rel, st in listing.entries:
         full = root / rel
         mtime = st.st_mtime_ns
         if stat.S_ISDIR(st.st_mode):
-            yield header(rel + "/", DIR, mode=st.st_mode, mtime_ns=mtime)
+            yield header(rel + "/", DIR, mode=entry_mode(st, preserve), mtime_ns=mtime)
         elif stat.S_ISLNK(st.st_mode):
             yield header(rel, SYM, mode=0o777, mtime_ns=mtime, linkname=os.readlink(full))
         else:
@@ -69,7 +83,8 @@ async def tar_stream(root: Path, listing: Listing) -> AsyncIterator[bytes]:
                 now = os.fstat(fd)
                 if not stat.S_ISREG(now.st_mode) or now.st_ino != st.st_ino:
                     raise LocalError.from_message(f"{full} changed while being copied")
-                yield header(rel, REG, size=st.st_size, mode=st.st_mode, mtime_ns=mtime)
+                yield header(rel, REG, size=st.st_size, mode=entry_mode(st, preserve),
+                             mtime_ns=mtime)
                 left = st.st_size
                 while left:
                     chunk = await asyncio.to_thread(os.read, fd, min(CHUNK, left))
@@ -84,7 +99,8 @@ async def tar_stream(root: Path, listing: Listing) -> AsyncIterator[bytes]:
 
 
 def tar_size(root: Path, listing: Listing) -> int:
-    """The exact length :func:`tar_stream` will produce (for progress and Content-Length)."""
+    """The exact length :func:`tar_stream` will produce (for progress and Content-Length;
+    the mode is a fixed-width field, so ``preserve`` does not change it)."""
     n = len(END)
     for rel, st in listing.entries:
         if stat.S_ISDIR(st.st_mode):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -147,11 +148,19 @@ def complete(plugin: str, argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _forget_launcher() -> None:
+    # The release's kubectl_complete-* select this entry point of the plugin's zipapp
+    # with SHIV_ENTRY_POINT: not for the processes we start (exec credential plugins).
+    os.environ.pop("SHIV_ENTRY_POINT", None)
+
+
 def ncp_main() -> int:
     """``kubectl_complete-ncp``."""
+    _forget_launcher()
     return complete("ncp")
 
 
 def image_pull_progress_main() -> int:
     """``kubectl_complete-image_pull_progress``."""
+    _forget_launcher()
     return complete("image_pull_progress")

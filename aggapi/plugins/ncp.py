@@ -74,8 +74,9 @@ kubectl.kubernetes.io/default-container annotation does, else its first containe
 container path resolves against the container's working directory. --retries N
 retries a failed transfer N times in a row without progress, resuming a download
 where it stopped (0: never, negative: forever). --no-preserve does not carry the
-local file's permissions into the container (nor the container file's onto a
-downloaded file): the new file gets the defaults."""
+local permissions into the container, for a file or a directory's entries (nor
+the container file's onto a downloaded file): new entries get the defaults (0644,
+directories 0755); owners are never copied."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -225,7 +226,8 @@ async def run(args: argparse.Namespace) -> int:
             rp = await _remote_target(conn, rp, src)
             if stat.S_ISDIR(st.st_mode):
                 res = await upload_dir(conn, src, rp, progress=progress, backoff=backoff,
-                                       rate_limit=args.limit_rate)
+                                       rate_limit=args.limit_rate,
+                                       preserve=not args.no_preserve)
             else:
                 res = await upload_file(conn, src, rp, overwrite=not args.no_overwrite,
                                         mode=None if args.no_preserve else st.st_mode & 0o777,

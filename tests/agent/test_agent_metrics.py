@@ -152,6 +152,16 @@ async def test_metrics_port_is_not_the_capability_api(agent: Agent) -> None:
         assert resp.status in (403, 404)
 
 
+async def test_the_mtls_port_serves_no_metrics(agent: Agent) -> None:
+    """Not even to the apiserver's client certificate: /metrics is on the metrics port
+    only (the route is gone, not just guarded)."""
+    async with agent.get("/metrics", None) as resp:
+        assert resp.status == 404, await resp.text()
+        assert "no such agent endpoint" in (await resp.json())["message"]
+    m = agent.app[PARTS].metrics
+    assert m.value("aggapi_agent_requests_total", route="unmatched", code="404") == 1
+
+
 async def test_copy_bytes_and_durations_by_direction_and_result(agent: Agent) -> None:
     m = agent.app[PARTS].metrics
     data = os.urandom(100_000)

@@ -156,6 +156,32 @@ async def test_directory_copy_both_ways(control_plane: ControlPlane, aggapi_apis
     assert digest_tree(back) == digest_tree(src)
 
 
+async def test_directory_upload_no_preserve(control_plane: ControlPlane,
+                                            aggapi_apiserver: Proc, plugin_bin: Path,
+                                            workload: Any, tmp_path: Path) -> None:
+    """Like kubectl cp: the local modes go into the container by default, and with
+    --no-preserve the entries get the container's defaults (0644, 0755). Read back
+    with a (mode-preserving) download."""
+    env = env_for(control_plane, plugin_bin, "alice")
+    src = tmp_path / "modes"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub/run.sh").write_bytes(b"#!/bin/sh\n")
+    (src / "sub/run.sh").chmod(0o700)
+    (src / "sub").chmod(0o750)
+    modes = {}
+    for flags, name in (((), "kept"), (("--no-preserve",), "plain")):
+        r = await kubectl(env, "ncp", *flags, "-c", workload.container, str(src),
+                          remote(workload, f"/tmp/e2e-modes-{name}"))
+        assert r.rc == 0, r.err
+        back = tmp_path / f"back-{name}"
+        r = await kubectl(env, "ncp", "-c", workload.container,
+                          remote(workload, f"/tmp/e2e-modes-{name}"), str(back))
+        assert r.rc == 0, r.err
+        modes[name] = ((back / "sub").stat().st_mode & 0o777,
+                       (back / "sub/run.sh").stat().st_mode & 0o777)
+    assert modes == {"kept": (0o750, 0o700), "plain": (0o755, 0o644)}, modes
+
+
 async def test_relative_path_starts_at_the_containers_cwd(
         control_plane: ControlPlane, aggapi_apiserver: Proc, plugin_bin: Path, workload: Any,
         tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ async def test_deployment_pods_are_followed_as_they_appear(
     The Deployment has 0 replicas, so its controller makes no pod: the pods are created
     by hand with the template's labels and bound to the stand-in kubelet's node, which
     runs only what the test starts. The variant where kube-controller-manager makes 3
-    replicas for the real kubelet is still to be written (tests/e2e/kubelet)."""
+    replicas for the real kubelet is tests/e2e/kubelet/test_rollout_kubelet.py."""
     r = await kubectl_admin(control_plane, "apply", "-f", "-", user=None,
                             stdin=json.dumps(deployment()).encode())
     assert r.rc == 0, r.err

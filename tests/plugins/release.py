@@ -15,6 +15,8 @@ VERSION = "v9.8.7"
 BASE_URL = f"https://releases.example.com/aggapi/{VERSION}"
 PLATFORMS = ("linux/amd64", "linux/arm64", "darwin/amd64", "darwin/arm64")
 EXES = {"ncp": "kubectl-ncp", "image-pull-progress": "kubectl-image_pull_progress"}
+COMPLETERS = {"ncp": "kubectl_complete-ncp",
+              "image-pull-progress": "kubectl_complete-image_pull_progress"}
 # The server's stack, which the plugins must not carry (distribution import names).
 SERVER_ONLY = ("grpc", "google", "prometheus_client", "jwt", "uvloop", "cryptography",
                "cffi", "kubernetes_asyncio")
@@ -33,8 +35,10 @@ def build(out: Path) -> Path:
     return out
 
 
-def install_zipapps(out: Path, bin_dir: Path, python: Path | None = None) -> None:
-    """Unpack the linux-amd64 archives into ``bin_dir``, plus a ``python3`` there that is
+def install_zipapps(out: Path, bin_dir: Path, python: Path | None = None, *,
+                    completers: bool = False) -> None:
+    """Unpack the linux-amd64 archives' zipapps (and, with ``completers``, their
+    completion executables) into ``bin_dir``, plus a ``python3`` there that is
     ``python`` (default: this interpreter) run with -I -S: no PYTHONPATH, no user or
     system site-packages (where aggapi is installed), so the zipapp runs on what it
     carries."""
@@ -42,6 +46,8 @@ def install_zipapps(out: Path, bin_dir: Path, python: Path | None = None) -> Non
     for plugin in EXES:
         with tarfile.open(archive(out, plugin, "linux/amd64")) as tar:
             tar.extract(EXES[plugin], bin_dir, filter="data")
+            if completers:
+                tar.extract(COMPLETERS[plugin], bin_dir, filter="data")
     py = bin_dir / "python3"
     py.write_text(f'#!/bin/sh\nexec {python or sys.executable} -I -S "$@"\n')
     py.chmod(0o755)

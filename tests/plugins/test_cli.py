@@ -27,6 +27,26 @@ def test_help(module: str) -> None:
         assert flag in r.stdout, flag
 
 
+@pytest.mark.parametrize(("module", "says"), [
+    ("aggapi.plugins.ncp", ("-c CONTAINER", "--retries N", "--no-preserve",
+                            "kubectl.kubernetes.io/default-container",
+                            "working directory", "Defaulted container")),
+    ("aggapi.plugins.image_pull_progress", ("deployment/NAME", "statefulset/",
+                                            "daemonset/", "job/", "-l SELECTOR", "-A",
+                                            "--node NODE", "--fail-fast",
+                                            "stuck pulls come")),
+])
+def test_help_documents_kubectls_behaviour(module: str, says: tuple[str, ...]) -> None:
+    """What issue 14 asks the help to say: ncp's kubectl cp flags and default container,
+    image-pull-progress's targets, ordering and --fail-fast."""
+    r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT, env={"COLUMNS": "100", "PATH": ""})
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    missing = [s for s in says if " ".join(s.split()) not in flat]
+    assert missing == [], r.stdout
+
+
 @pytest.mark.parametrize("module", ["aggapi.plugins.ncp", "aggapi.plugins.image_pull_progress"])
 def test_help_imports_no_client_library(module: str) -> None:
     """--help stays fast by importing neither aiohttp, yaml nor rich (lazy imports)."""

@@ -5,6 +5,7 @@ an isolated interpreter that sees no site-packages."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -17,8 +18,10 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+from tests.client.fakeserver import FakeCluster
 from tests.framework.repo import REPO
 from tests.plugins import release
+from tests.plugins.helpers import KUBECTL, kubectl
 from tests.plugins.krew_rules import validate
 
 pytestmark = pytest.mark.slow
@@ -46,6 +49,10 @@ def test_manifest_follows_krew_rules(plugin_release: Path, plugin: str) -> None:
            for p in doc["spec"]["platforms"]}
     assert got == set(release.PLATFORMS)
     assert {p["bin"] for p in doc["spec"]["platforms"]} == {release.EXES[plugin]}
+    # krew puts only ``bin`` on PATH; the completer is installed beside it.
+    for p in doc["spec"]["platforms"]:
+        assert {f["from"] for f in p["files"]} == {release.EXES[plugin],
+                                                    release.COMPLETERS[plugin], "LICENSE"}
     # The committed file is the template: all but version and platforms carried over.
     template = yaml.safe_load((REPO / "plugins/krew" / f"{plugin}.yaml").read_text())
     for key in ("shortDescription", "homepage", "description", "caveats"):
@@ -72,8 +79,10 @@ def test_archive_holds_license_and_a_zipapp_for_its_platform(plugin_release: Pat
     exe = release.EXES[plugin]
     with tarfile.open(archive) as tar:
         members = {m.name: m for m in tar.getmembers()}
-        assert set(members) == {exe, "LICENSE"}
+        completer = release.COMPLETERS[plugin]
+        assert set(members) == {exe, completer, "LICENSE"}
         assert members[exe].mode == 0o755 and members["LICENSE"].mode == 0o644
+        assert members[completer].mode == 0o755
         lic = tar.extractfile("LICENSE")
         assert lic is not None and lic.read() == (REPO / "LICENSE").read_bytes()
     env, names, head = zipapp_names(archive, exe)
@@ -132,6 +141,35 @@ def test_linux_amd64_zipapp_runs_on_an_isolated_interpreter(plugin_release: Path
     assert seen["grpc"] is False
     outside = [p for p in seen["path"] if "-packages" in p and not p.startswith(shiv_root)]
     assert outside == []
+
+
+async def test_linux_amd64_completers_print_completions(plugin_release: Path,
+                                                        tmp_path: Path,
+                                                        cluster: FakeCluster) -> None:
+    """The archive's kubectl_complete-* run the zipapp beside them (here through a
+    symlink on PATH, as the README says to install them) and print cobra's format with
+    candidates from the API; real kubectl relays them for ``kubectl __complete``."""
+    unpacked, bin_dir = tmp_path / "unpacked", tmp_path / "bin"
+    release.install_zipapps(plugin_release, unpacked, completers=True)
+    bin_dir.mkdir()
+    for name in (*release.EXES.values(), *release.COMPLETERS.values(), "python3"):
+        (bin_dir / name).symlink_to(unpacked / name)
+    cluster.workloads["deployments"] = ["web-deploy"]
+    env = release.isolated_env(bin_dir, tmp_path / "home",
+                               KUBECONFIG=str(cluster.kubeconfig()))
+    r = await asyncio.to_thread(
+        subprocess.run, [str(bin_dir / "kubectl_complete-ncp"), "w"], env=env,
+        capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["web:", ":2"], r.stdout
+    r = await asyncio.to_thread(
+        subprocess.run, [str(bin_dir / "kubectl_complete-image_pull_progress"),
+                         "deployment/"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["deployment/web-deploy", ":4"], r.stdout
+    if os.access(KUBECTL, os.X_OK):
+        res = await kubectl(env, "__complete", "ncp", "w")
+        assert res.rc == 0 and res.out.splitlines()[0] == "web:", (res.out, res.err)
 
 
 def test_a_second_build_gives_the_same_archives(plugin_release: Path, tmp_path: Path) -> None:
