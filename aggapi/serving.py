@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 KEEPALIVE_TIMEOUT = 120.0
 DEFAULT_READ_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_IDLE_TIMEOUT = 60.0
+# aiohttp buffers a body up to twice this before it stops reading the socket (64 KiB by
+# default): at 64 KiB a copy's reader and the socket take turns, pausing and resuming
+# reading every 128 KiB, and every wake-up carries only a few small pieces.
+READ_BUFSIZE = 1 << 20
 
 
 class HeaderTimeoutHandler(RequestHandler):
