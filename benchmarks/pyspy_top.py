@@ -1,4 +1,5 @@
-"""Summarise py-spy raw (collapsed) stack files: the top frames by self and total share.
+"""Summarise py-spy raw (collapsed) stack files: the top leaf frames by share, and by the
+innermost Python frame above each leaf (which Python code pays for which native work).
 
 Run: ``python3 -m benchmarks.pyspy_top FILE... [--top 12]``. Frames are aggregated by
 function and file (line numbers dropped); native frames count like Python ones.
@@ -30,7 +31,7 @@ def frame_name(frame: str) -> str:
 
 def summarise(path: Path, top: int) -> str:
     own: Counter[str] = Counter()
-    total: Counter[str] = Counter()
+    by_py: Counter[str] = Counter()
     samples = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -41,14 +42,18 @@ def summarise(path: Path, top: int) -> str:
             continue
         frames = [frame_name(f) for f in stack.split(";")]
         samples += n
-        own[frames[-1]] += n
-        for f in set(frames):
-            total[f] += n
+        leaf = frames[-1]
+        if leaf.startswith("0x"):  # an unnamed symbol: its library is what we know
+            leaf = "?" + leaf.partition(" ")[2]
+        own[leaf] += n
+        # The innermost Python function and the native leaf below it: who pays for what.
+        py = [f for f in frames if ".py)" in f]
+        by_py[(py[-1] if py else "-") + " > " + leaf] += n
     out = [f"{path.name}: {samples} samples"]
     out.append("  self:  " + "; ".join(f"{f} {100 * n / samples:.0f}%"
                                        for f, n in own.most_common(top)))
-    out.append("  total: " + "; ".join(f"{f} {100 * n / samples:.0f}%"
-                                       for f, n in total.most_common(top)))
+    out.append("  by innermost Python frame > leaf:")
+    out += [f"    {100 * n / samples:4.1f}% {f}" for f, n in by_py.most_common(top)]
     return "\n".join(out)
 
 
