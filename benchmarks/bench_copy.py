@@ -40,7 +40,7 @@ import aiohttp
 from aiohttp import web
 
 from aggapi import certs as aggapi_certs
-from aggapi import eventloop, pki
+from aggapi import eventloop, pki, serving
 from aggapi.capability import CapabilitySigner, ContainerRef
 from benchmarks._procstats import cpu_seconds, peak_rss_mib, rss_mib
 from tests.framework.procs import free_port
@@ -289,7 +289,8 @@ async def _agent_main(pki_dir: str, root: str, state_dir: str, pod_uid: str) -> 
     parts = new_parts(config, cri=None, containerd=None,  # type: ignore[arg-type]
                       verifier=verifier, copy_resolver=_DirResolver(root, pod_uid))
     app = build_app(parts, pod_check=False)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           read_bufsize=serving.READ_BUFSIZE)  # as aggapi.agent.main
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context(
         config.tls_cert, config.tls_key, config.client_ca))

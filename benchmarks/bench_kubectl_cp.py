@@ -1,39 +1,60 @@
-"""kubectl cp (kube-apiserver -> kubelet exec streaming -> tar in the container) against
-our copy (kubectl ncp: kube-apiserver -> aggregator -> aggapi -> agent), same file, same
-kube-apiserver, same container, side by side in one run; integrity checked on both.
+"""kubectl cp (kube-apiserver -> kubelet -> containerd's exec stream -> tar in the
+container) against our copy (kubectl ncp: kube-apiserver -> aggregator -> aggapi -> agent),
+same file, same kube-apiserver, same container, both ways, side by side in one run;
+integrity checked on both (sha256 in the container after an upload, of the local file
+after a download).
+
+Beside MiB/s it prints the CPU-seconds per GiB of every process on either path, measured
+over each transfer: kube-apiserver, kubelet, containerd, the pod's containerd-shims, the
+container's cgroup (tar), aggapi apiserver, the agent, and the client (kubectl or the ncp
+plugin, from the rusage of the waited child). On a machine whose cores are all busy,
+throughput is set by the sum; the ratio of sums is an efficiency ratio that holds on any
+machine.
 
 Needs a running stack with a real kubelet on the instance (hack/local-up.sh, or):
 
     python3 -m tests.framework.controlplane up && python3 -m tests.framework.node up
     python3 -m tests.framework.kubelet up && python3 -m tests.framework.controlplane start-apiserver
 
+or ``--up``: bring that stack up first and take it down at the end (wrap in
+``flock /tmp/aggapi-e2e.lock`` where others share the machine).
+
 Run: ``python3 -m benchmarks.bench_kubectl_cp [--instance local] [--size-mib 1024]
-[--rounds 1]``. The container image is busybox with tar and sha256sum on PATH (kubectl cp
-needs tar); the pod is deleted at the end. Prints MiB/s of each, the ratio, and JSON.
+[--rounds 1] [--up]``. The container image is busybox with tar and sha256sum on PATH
+(kubectl cp needs tar); the pod is deleted at the end. Goal (issue 15): ncp at least
+2.0x kubectl cp, upload and download each.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.framework import oci
+from benchmarks._procstats import cpu_seconds
+from tests.framework import nodestate, oci
 from tests.framework.controlplane import INSTANCES, ControlPlane, binary
-from tests.framework.kubelet import pod_manifest
+from tests.framework.kubelet import Kubelet, pod_manifest
 from tests.framework.node import OCI_CACHE, Node
 from tests.framework.repo import REPO
 
 POD = "bench-kubectl-cp"
 IMAGE_REPO = "aggapi-test/busybox-tar"
 MiB = 1 << 20
+GOAL = 2.0
+TOOLS = ("kubectl cp", "kubectl ncp")
 
 
 def push_tar_image(node: Node) -> str:
@@ -59,9 +80,129 @@ def make_file(path: Path, size: int) -> str:
     return h.hexdigest()
 
 
+def file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(8 * MiB):
+            h.update(block)
+    return h.hexdigest()
+
+
 def remote_sha(cp: ControlPlane, path: str) -> str:
     out = cp.kubectl("exec", POD, "--", "sha256sum", path).stdout
     return out.split()[0]
+
+
+# --- who is on the path, and what each one spends ------------------------------------
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _pids() -> Iterator[int]:
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            yield int(d)
+
+
+def _cpu_cgroup(pid: int) -> Path | None:
+    """The cgroup directory that accounts ``pid``'s CPU: cgroup v1's cpuacct, else v2."""
+    v2 = None
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpuacct" in controllers.split(","):
+            return Path("/sys/fs/cgroup/cpuacct" + path)
+        if controllers == "":
+            v2 = Path("/sys/fs/cgroup" + path)
+    return v2
+
+
+def container_cgroup(pod_uid: str) -> Path | None:
+    """The CPU cgroup of the pod's container (its `sleep`; an exec'd tar joins it)."""
+    want = (pod_uid, pod_uid.replace("-", "_"))
+    for pid in _pids():
+        if _cmdline(pid)[:2] != ["/bin/busybox", "sleep"]:
+            continue
+        try:
+            cg = _cpu_cgroup(pid)
+        except OSError:
+            continue
+        if cg is not None and any(w in str(cg) for w in want):
+            return cg
+    return None
+
+
+def shim_pids(containerd_dir: str) -> list[int]:
+    return [pid for pid in _pids()
+            if (argv := _cmdline(pid)) and "containerd-shim" in argv[0]
+            and any(containerd_dir in a for a in argv)]
+
+
+def cgroup_cpu(path: Path) -> float:
+    if (path / "cpuacct.usage").exists():
+        return int((path / "cpuacct.usage").read_text()) / 1e9
+    for line in (path / "cpu.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            return int(value) / 1e6
+    return 0.0
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+class Meter:
+    """CPU seconds of every process of both paths over one transfer."""
+
+    def __init__(self, cp: ControlPlane, node: Node, kubelet: Kubelet, pod_uid: str) -> None:
+        self.sources: dict[str, Callable[[], float]] = {}
+        for name, pid in (("kube-apiserver", cp.proc("kube-apiserver").pid()),
+                          ("kubelet", kubelet.proc().pid()),
+                          ("containerd", node.proc("containerd").pid()),
+                          ("aggapi apiserver", cp.proc("aggapi-apiserver").pid()),
+                          ("agent", cp.proc(nodestate.AGENT_PROC).pid())):
+            if pid is None:
+                raise SystemExit(f"{name} is not running")
+            self.sources[name] = functools.partial(cpu_seconds, pid)
+        shims = shim_pids(node.info.containerd_dir)
+        self.sources["containerd-shims"] = lambda: sum(cpu_seconds(p) for p in shims)
+        cg = container_cgroup(pod_uid)
+        if cg is not None:
+            self.sources["container (tar)"] = lambda: cgroup_cpu(cg)
+        self.sources["client"] = children_cpu  # kubectl or ncp: waited children
+
+    @contextmanager
+    def window(self, into: dict[str, float]) -> Iterator[None]:
+        before = {k: f() for k, f in self.sources.items()}
+        yield
+        for k, f in self.sources.items():
+            into[k] = into.get(k, 0.0) + f() - before[k]
+
+
+@contextmanager
+def profiled(out: Path | None, key: str, pids: dict[str, int | None]) -> Iterator[None]:
+    """py-spy (raw collapsed stacks, native frames) on ``pids`` while the block runs."""
+    if out is None:
+        yield
+        return
+    spies = [subprocess.Popen(
+        ["py-spy", "record", "-p", str(pid), "-r", "97", "-n", "-f", "raw",
+         "-o", str(out / f"{key.replace(' ', '_')}-{name.replace(' ', '_')}.txt")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for name, pid in pids.items() if pid is not None]
+    time.sleep(1)  # attached before the transfer starts
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
+            spy.wait()
 
 
 def timed(argv: list[str]) -> float:
@@ -73,41 +214,108 @@ def timed(argv: list[str]) -> float:
     return took
 
 
-def run(cp: ControlPlane, size: int, rounds: int, workdir: Path) -> dict[str, Any]:
+def run(cp: ControlPlane, size: int, rounds: int, workdir: Path,
+        spy: Path | None = None, tools: tuple[str, ...] = TOOLS) -> dict[str, Any]:
     node = Node.load(cp)
+    kubelet = Kubelet(cp, node)
     image = push_tar_image(node)
     cp.kubectl("delete", "pod", POD, "--grace-period=0", "--force", "--ignore-not-found",
                check=False)
     cp.kubectl("create", "-f", "-", input=json.dumps(pod_manifest(
         POD, [{"name": "c", "image": image}], node=cp.node_name)))
     cp.kubectl("wait", "--for=condition=Ready", f"pod/{POD}", "--timeout=120s")
+    pod_uid = cp.kubectl("get", "pod", POD, "-o", "jsonpath={.metadata.uid}").stdout.strip()
+    meter = Meter(cp, node, kubelet, pod_uid)
     src = workdir / "payload.bin"
+    back = workdir / "back.bin"
     sha = make_file(src, size)
     kc = [binary("kubectl"), f"--kubeconfig={cp.admin_kubeconfig}"]
-    results: dict[str, list[float]] = {"kubectl cp": [], "kubectl ncp": []}
+    ncp = [sys.executable, "-m", "aggapi.plugins.ncp", "-q", f"--kubeconfig={cp.admin_kubeconfig}"]
+    spied = {"aggapi apiserver": cp.proc("aggapi-apiserver").pid(),
+             "agent": cp.proc(nodestate.AGENT_PROC).pid()}
+
+    def client(tool: str, key: str, argv: list[str]) -> list[str]:
+        if spy is None or tool != "kubectl ncp":
+            return argv
+        return ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o",
+                str(spy / f"{key.replace(' ', '_')}-client.txt"), "--", *argv]
+    up_argv = {"kubectl cp": lambda r: [*kc, "cp", str(src), f"default/{POD}:{r}"],
+               "kubectl ncp": lambda r: [*ncp, str(src), f"default/{POD}:{r}"]}
+    down_argv = {"kubectl cp": lambda r: [*kc, "cp", f"default/{POD}:{r}", str(back)],
+                 "kubectl ncp": lambda r: [*ncp, f"default/{POD}:{r}", str(back)]}
+    remote = {"kubectl cp": "/tmp/kcp.bin", "kubectl ncp": "/tmp/ncp.bin"}
+    secs: dict[str, list[float]] = {}
+    cpu: dict[str, dict[str, float]] = {}
     try:
         for _ in range(rounds):
-            t = timed([*kc, "cp", str(src), f"default/{POD}:/tmp/kcp.bin"])
-            assert remote_sha(cp, "/tmp/kcp.bin") == sha, "kubectl cp: sha256 mismatch"
-            results["kubectl cp"].append(t)
-            cp.kubectl("exec", POD, "--", "rm", "-f", "/tmp/kcp.bin")
-            # ncp checks the server's sha256 itself; check it again from inside.
-            t = timed([sys.executable, "-m", "aggapi.plugins.ncp", "-q",
-                       f"--kubeconfig={cp.admin_kubeconfig}", str(src),
-                       f"default/{POD}:/tmp/ncp.bin"])
-            assert remote_sha(cp, "/tmp/ncp.bin") == sha, "ncp: sha256 mismatch"
-            results["kubectl ncp"].append(t)
-            cp.kubectl("exec", POD, "--", "rm", "-f", "/tmp/ncp.bin")
+            for tool in tools:  # uploads, each checked from inside the container
+                key = f"{tool} upload"
+                with profiled(spy if tool == "kubectl ncp" else None, key, spied), \
+                        meter.window(cpu.setdefault(key, {})):
+                    t = timed(client(tool, key, up_argv[tool](remote[tool])))
+                assert remote_sha(cp, remote[tool]) == sha, f"{key}: sha256 mismatch"
+                secs.setdefault(key, []).append(t)
+            for tool in tools:  # downloads of the same file, checked here
+                key = f"{tool} download"
+                back.unlink(missing_ok=True)
+                with profiled(spy if tool == "kubectl ncp" else None, key, spied), \
+                        meter.window(cpu.setdefault(key, {})):
+                    t = timed(client(tool, key, down_argv[tool](remote[tool])))
+                assert file_sha(back) == sha, f"{key}: sha256 mismatch"
+                secs.setdefault(key, []).append(t)
+            cp.kubectl("exec", POD, "--", "rm", "-f", *remote.values())
     finally:
         cp.kubectl("delete", "pod", POD, "--grace-period=0", "--force", "--wait=false",
                    check=False)
-    best = {k: min(v) for k, v in results.items()}
+    gib = size * rounds / (1 << 30)
+    best = {k: min(v) for k, v in secs.items()}
     mibs = {k: size / MiB / t for k, t in best.items()}
-    return {"size_bytes": size, "rounds": rounds, "sha256": sha,
-            "seconds": results, "best_seconds": best,
-            "MiB_per_s": {k: round(v, 1) for k, v in mibs.items()},
-            "ratio_ncp_over_kubectl_cp": round(mibs["kubectl ncp"] / mibs["kubectl cp"], 2),
-            "integrity": "sha256 verified in the container for both"}
+    ratios = {d: mibs[f"kubectl ncp {d}"] / mibs[f"kubectl cp {d}"]
+              for d in ("upload", "download") if len(tools) == len(TOOLS)}
+    per_gib = {k: {p: round(s / gib, 3) for p, s in v.items()} for k, v in cpu.items()}
+    return {"size_bytes": size, "rounds": rounds, "sha256": sha, "seconds": secs,
+            "best_seconds": best, "MiB_per_s": {k: round(v, 1) for k, v in mibs.items()},
+            "ratio_ncp_over_kubectl_cp": {k: round(v, 2) for k, v in ratios.items()},
+            "cpu_s_per_gib": per_gib,
+            "integrity": "sha256 verified in the container (uploads) and here (downloads)"}
+
+
+def report(r: dict[str, Any], size_mib: int) -> None:
+    print(f"{size_mib} MiB, best of {r['rounds']} round(s), {os.cpu_count()} CPUs (shared)")
+    for k, v in r["MiB_per_s"].items():
+        print(f"  {k:22s} {v:8.1f} MiB/s  ({r['best_seconds'][k]:.1f} s)")
+    procs: list[str] = []
+    for used in r["cpu_s_per_gib"].values():
+        procs += [p for p in used if p not in procs]
+    print("CPU-seconds per GiB (mean of rounds), every process on either path:")
+    print(f"  {'':22s}" + "".join(f"{p[:16]:>17s}" for p in procs) + f"{'total':>8s}")
+    totals = {}
+    for k, used in r["cpu_s_per_gib"].items():
+        totals[k] = sum(used.values())
+        print(f"  {k:22s}" + "".join(f"{used.get(p, 0.0):17.2f}" for p in procs)
+              + f"{totals[k]:8.2f}")
+    for d, ratio in r["ratio_ncp_over_kubectl_cp"].items():
+        eff = totals[f"kubectl cp {d}"] / totals[f"kubectl ncp {d}"]
+        print(f"goal ncp >= {GOAL}x kubectl cp, {d}: {ratio:.2f}x throughput, "
+              f"{eff:.2f}x CPU efficiency -> {'met' if ratio >= GOAL else 'NOT met'}")
+    print(f"integrity: {r['integrity']}")
+
+
+def stack_up(cp: ControlPlane) -> None:
+    from tests.framework.node import ensure_node
+
+    cp.up()
+    cp.start_apiserver()
+    node = ensure_node(cp)
+    Kubelet(cp, node).start()
+
+
+def stack_down(cp: ControlPlane) -> None:
+    node = Node.load(cp) if nodestate.has_node(cp.state) else None
+    if node is not None:
+        Kubelet(cp, node).stop(all_sandboxes=True)
+        node.stop()
+    cp.down()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,16 +325,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instance", default=os.environ.get("AGGAPI_INSTANCE", "local"))
     p.add_argument("--size-mib", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--py-spy", type=Path, metavar="DIR",
+                   help="profile aggapi apiserver, agent and the ncp client into DIR "
+                   "(raw collapsed stacks; the CPU figures then include py-spy's cost)")
+    p.add_argument("--ncp-only", action="store_true",
+                   help="skip kubectl cp (while iterating on ncp's CPU figures)")
+    p.add_argument("--up", action="store_true",
+                   help="bring the stack up first, take it down at the end")
     a = p.parse_args(argv)
     if a.instance not in INSTANCES:  # a private instance (tests, development)
         INSTANCES[a.instance] = max(INSTANCES.values()) + 1
     cp = ControlPlane(instance=a.instance)
-    with tempfile.TemporaryDirectory(prefix="bench-kcp-", dir=REPO / ".local") as d:
-        r = run(cp, a.size_mib * MiB, a.rounds, Path(d))
-    for k in ("kubectl cp", "kubectl ncp"):
-        print(f"{k:12s} {r['MiB_per_s'][k]:8.1f} MiB/s  ({r['best_seconds'][k]:.1f} s for "
-              f"{a.size_mib} MiB)")
-    print(f"ratio ncp / kubectl cp: {r['ratio_ncp_over_kubectl_cp']}x  ({r['integrity']})")
+    try:
+        if a.up:
+            stack_up(cp)
+        with tempfile.TemporaryDirectory(prefix="bench-kcp-", dir=REPO / ".local") as d:
+            if a.py_spy:
+                a.py_spy.mkdir(parents=True, exist_ok=True)
+            r = run(cp, a.size_mib * MiB, a.rounds, Path(d), a.py_spy,
+                    TOOLS if a.ncp_only is False else ("kubectl ncp",))
+    finally:
+        if a.up:
+            stack_down(cp)
+    report(r, a.size_mib)
     print(json.dumps(r))
     return 0
 

@@ -26,7 +26,8 @@ async def listen(app: web.Application, config: AgentConfig, port: int,
     # the handler is cancelled at once, which ends the poller subscription or
     # aborts the copy (its temp file removed) instead of waiting for a write to fail.
     runner = web.AppRunner(app, handler_cancellation=True,
-                           keepalive_timeout=serving.KEEPALIVE_TIMEOUT)
+                           keepalive_timeout=serving.KEEPALIVE_TIMEOUT,
+                           read_bufsize=serving.READ_BUFSIZE)
     await runner.setup()
     # read_header_timeout bounds the TLS handshake and each request head (Go's
     # ReadHeaderTimeout); upload bodies are bounded by --body-idle-timeout.

@@ -18,6 +18,7 @@ import aiohttp
 
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.capability import CapabilitySigner, ContainerRef
+from aggapi.serving import READ_BUFSIZE
 from aggapi.status import StatusError
 
 AGENT_SERVER_NAME = "aggapi-agent"
@@ -74,6 +75,7 @@ class AgentClient:
                 connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
                 auto_decompress=False,
+                read_bufsize=READ_BUFSIZE,  # see aggapi.serving: fewer, larger pieces
             )
         return self._session
 

@@ -26,7 +26,8 @@ async def listen(app: web.Application, config: ApiServerConfig,
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=config.shutdown_final,
                            handler_cancellation=True,
-                           keepalive_timeout=serving.KEEPALIVE_TIMEOUT)
+                           keepalive_timeout=serving.KEEPALIVE_TIMEOUT,
+                           read_bufsize=serving.READ_BUFSIZE)
     await runner.setup()
     # A client gets read_header_timeout for the TLS handshake and for each request
     # head: half-sent requests cannot pile up (Go's ReadHeaderTimeout).
