@@ -51,6 +51,33 @@ async def test_upload_then_download_with_matching_sha256(
     assert len(r.out) == len(data) and sha256(r.out) == digest
 
 
+async def test_head_carries_the_digests_get_carries(
+        control_plane: ControlPlane, workload_pod: E2EPod, tmp_path: Path) -> None:
+    """Through kube-apiserver's aggregation proxy, HEAD on pods/copy relays the same
+    X-Aggapi-Sha256, Digest and Repr-Digest as GET: a client can verify before fetching."""
+    from aggapi import wire
+    from aggapi.client.connection import Connection
+
+    data = os.urandom(MiB + 7)
+    src = tmp_path / "head.bin"
+    src.write_bytes(data)
+    q = {"container": workload_pod.container, "path": "/tmp/e2e-head.bin"}
+    r = await kubectl(control_plane, "create", "--raw", workload_pod.path("copy", q),
+                      "-f", str(src))
+    assert r.rc == 0, r.err
+    names = (wire.HEADER_SHA256, wire.HEADER_DIGEST, wire.HEADER_REPR_DIGEST)
+    got: dict[str, dict[str, str | None]] = {}
+    async with await Connection.from_kubeconfig(str(control_plane.admin_kubeconfig)) as c:
+        for method in ("HEAD", "GET"):
+            async with c.request(method, workload_pod.path("copy", q)) as resp:
+                assert resp.status == 200, method
+                got[method] = {h: resp.headers.get(h) for h in names}
+                if method == "GET":
+                    assert await resp.read() == data
+    assert got["HEAD"] == got["GET"], got
+    assert got["GET"][wire.HEADER_SHA256] == sha256(data)
+
+
 async def test_wrong_sha256_is_refused_and_target_kept(
         control_plane: ControlPlane, workload_pod: E2EPod, tmp_path: Path) -> None:
     q = {"container": workload_pod.container, "path": "/tmp/e2e-keep"}
