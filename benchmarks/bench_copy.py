@@ -7,13 +7,17 @@
              (a user certificate of the ConfigMap's client CA), TLS end to end
   proxy      the aggregator stand-in (tests.framework.frontproxy) in front of the
              apiserver: plain HTTP client -> proxy, TLS + front-proxy cert -> apiserver
+  ncp        (--ncp) the ncp plugin (``python3 -m aggapi.plugins.ncp``, a process per
+             transfer, its CPU from rusage) straight at the apiserver, a file on disk
+             both ways: the client's own CPU per GiB, without a kube-apiserver
 
 Every server is its own process (peak RSS = its VmHWM); the client (aiohttp, 1 MiB
 chunks) is the same for all legs. The agent's "container" is a temp directory (a
 resolver returning its dirfd, no CRI), so the figures are the copy path, not overlayfs.
 The fake kube-apiserver (pod, EndpointSlice, allow-all SARs) runs in this process.
 
-Legs run interleaved, ``--rounds`` times (default 2); each reports its best round, as
+``BENCH_NCP_PYSPY=DIR`` runs the ncp client under py-spy (its CPU figures then include
+py-spy's). Legs run interleaved, ``--rounds`` times (default 2); each reports its best round, as
 the CPUs are shared. Run: ``python3 -m benchmarks.bench_copy [--size-mib 1024]
 [--rounds 2] [--no-proxy]`` (root: the handlers chown).
 Goals: through the apiserver >= 0.5x the baseline; every process's peak RSS < 100 MB.
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import ssl
 import sys
@@ -383,7 +388,39 @@ async def _timed_download(leg: Leg, size: int, file: str) -> float:
     return time.perf_counter() - t
 
 
-async def run(size: int, work: Path, with_proxy: bool, rounds: int) -> dict[str, Any]:
+def ncp_kubeconfig(p: Pki, work: Path, server: str) -> str:
+    """The user's client certificate straight at the apiserver (no kube-apiserver)."""
+    path = work / "ncp.kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+        "clusters": [{"name": "bench", "cluster": {
+            "server": server, "certificate-authority": p.path("ca.crt")}}],
+        "users": [{"name": USER, "user": {"client-certificate": p.path("user.crt"),
+                                           "client-key": p.path("user.key")}}],
+        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": USER}}]}))
+    return str(path)
+
+
+async def _ncp(kubeconfig: str, src: str, dst: str, spy: str | None = None) -> float:
+    """One ncp run; ``spy``: under ``py-spy record`` into that file (raw stacks)."""
+    argv = [sys.executable, "-m", "aggapi.plugins.ncp", "-q", f"--kubeconfig={kubeconfig}",
+            src, dst]
+    if spy:
+        argv = ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o", spy, "--", *argv]
+    t = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return time.perf_counter() - t
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def run(size: int, work: Path, with_proxy: bool, rounds: int,
+              with_ncp: bool = False) -> dict[str, Any]:
     p = Pki.create(work / "pki")
     root = work / "root"
     root.mkdir()
@@ -414,16 +451,34 @@ async def run(size: int, work: Path, with_proxy: bool, rounds: int) -> dict[str,
     async def cpu_of(leg: Leg, direction: str, transfer: Coroutine[Any, Any, float]) -> float:
         procs = {**pids, "client": os.getpid()}
         before = {k: cpu_seconds(v) for k, v in procs.items()}
+        ncp0 = _children_cpu()
         took = await transfer
         used = cpu.setdefault((leg.name, direction), {})
         for k, v in procs.items():
             used[k] = used.get(k, 0.0) + (cpu_seconds(v) - before[k]) / rounds
+        if leg.name == "ncp":  # the client is the ncp process, not this one
+            used["client"] = used.get("client", 0.0) + (_children_cpu() - ncp0) / rounds
         return took
+
+    local = work / "payload.bin"
+    if with_ncp:
+        with local.open("wb") as f:
+            for _ in range(size // CHUNK):
+                f.write(os.urandom(CHUNK))
 
     async def measure(leg: Leg) -> None:
         file = f"/big-{leg.name}"
-        up = await cpu_of(leg, "upload", _timed_upload(leg, size, file))
-        down = await cpu_of(leg, "download", _timed_download(leg, size, file))
+        if leg.name == "ncp":
+            remote = f"default/box:{file}"
+            spy = os.environ.get("BENCH_NCP_PYSPY")  # a directory: profile the ncp client
+            up = await cpu_of(leg, "upload", _ncp(leg.path, str(local), remote,
+                                                  spy and f"{spy}/ncp-upload.txt"))
+            down = await cpu_of(leg, "download", _ncp(leg.path, remote, str(work / "back"),
+                                                      spy and f"{spy}/ncp-download.txt"))
+            os.unlink(work / "back")
+        else:
+            up = await cpu_of(leg, "upload", _timed_upload(leg, size, file))
+            down = await cpu_of(leg, "download", _timed_download(leg, size, file))
         mib = size / (1 << 20)
         best = results.setdefault(leg.name, {"upload_MiB_s": 0.0, "download_MiB_s": 0.0})
         best["upload_MiB_s"] = max(best["upload_MiB_s"], mib / up)
@@ -452,6 +507,8 @@ async def run(size: int, work: Path, with_proxy: bool, rounds: int) -> dict[str,
                     front_proxy_process(p, url))
                 legs.append(Leg("proxy", session(purl, None), path,
                                 {"Authorization": f"Bearer {PROXY_TOKEN}"}))
+            if with_ncp:  # path: the kubeconfig
+                legs.append(Leg("ncp", legs[0].session, ncp_kubeconfig(p, work, url), {}))
             idle = {k: rss_mib(v) for k, v in pids.items()}
             # Legs interleaved, rounds repeated: on shared CPUs each leg keeps its best.
             for _ in range(rounds):
@@ -516,6 +573,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--no-proxy", action="store_true", help="skip the front-proxy leg")
+    ap.add_argument("--ncp", action="store_true",
+                    help="add the ncp plugin (client CPU per GiB) straight at the apiserver")
     ap.add_argument("--rounds", type=int, default=2,
                     help="all legs again, interleaved; each leg reports its best round")
     ap.add_argument("--serve", nargs="+", metavar=("KIND", "ARG"),
@@ -526,7 +585,8 @@ def main() -> None:
         return
     work = Path(tempfile.mkdtemp(prefix="bench-copy-"))
     try:
-        res = eventloop.run(run(args.size_mib << 20, work, not args.no_proxy, args.rounds))
+        res = eventloop.run(run(args.size_mib << 20, work, not args.no_proxy, args.rounds,
+                                args.ncp))
         report(args.size_mib, args.rounds, res)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -156,12 +156,12 @@ def run_plugin(parser: argparse.ArgumentParser, argv: list[str] | None,
     """A plugin's main: parse, run, and turn every failure into ``error: ...`` + a code."""
     args = parser.parse_args(argv)
     setup_logging(args.verbosity)
-    import asyncio
-
+    from aggapi import eventloop
     from aggapi.client.errors import AggapiError
 
     try:
-        return asyncio.run(run(args))
+        # uvloop: its TLS and socket reads cost about half of asyncio's per byte.
+        return eventloop.run(run(args))
     except UsageError as exc:
         print(f"error: {exc}\nSee '{parser.prog} --help' for usage.", file=sys.stderr)
         return EXIT_USAGE
