@@ -108,7 +108,8 @@ class ClusterNode:
         self.info.snapshotter = ctd.snapshotter
         cfg = ctd.write_config()
         p = spawn(self.proc("containerd").name,
-                  [*self.ns.exec_prefix(), ctd.binary, "--config", str(cfg)], self.cp.state)
+                  [*self.ns.exec_prefix(), ctd.binary, "--config", str(cfg)], self.cp.state,
+                  env=ctd.env())
         wait_ready(ctd.socket_ready, timeout, f"{self.name}: containerd", p, poll=0.02)
 
     def start_kubelet(self) -> float:

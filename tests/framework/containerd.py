@@ -1,5 +1,8 @@
 """A real containerd (+ runc) for tests, with a config of our own under a temp dir.
 
+Debian's containerd 1.6 or containerd 2.x (``AGGAPI_CONTAINERD``): which one, its
+binaries and its config file are tests.framework.containerdconfig's.
+
 Nothing touches the system daemon's /run/containerd/containerd.sock or
 /var/lib/containerd: socket, root, state, runc state and opt dir all live under
 ``workdir``. containerd 1.6 hard-codes its shims' sockets to /run/containerd/s/;
@@ -25,10 +28,12 @@ from types import TracebackType
 
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
+from tests.framework import containerdconfig
+from tests.framework.containerdconfig import Flavor
 from tests.framework.procs import start_logged
 
-BINARY = "/usr/bin/containerd"
-RUNC = "/usr/sbin/runc"
+BINARY = containerdconfig.DEBIAN_CONTAINERD
+RUNC = containerdconfig.DEBIAN_RUNC
 SHIM_SOCKET_DIR = Path("/run/containerd/s")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -78,7 +83,8 @@ class Containerd:
 
     def __init__(self, workdir: str | os.PathLike[str] | None = None, *,
                  sandbox_image: str = "", snapshotter: str | None = None,
-                 binary: str = BINARY, runc: str = RUNC) -> None:
+                 flavor: Flavor | None = None, binary: str | None = None,
+                 runc: str | None = None) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="aggapi-ctd-"))
         self.root = self.workdir / "root"
@@ -92,8 +98,10 @@ class Containerd:
         self.sandbox_image = sandbox_image
         self.snapshotter = snapshotter or ("overlayfs" if overlay_works(self.workdir)
                                            else "native")
-        self.binary = binary
-        self.runc = runc
+        # The flavour's binaries are looked up at start(): stop() needs none of them.
+        self.flavor = flavor or Flavor.from_env()
+        self._binary = binary
+        self.runc = runc or containerdconfig.DEBIAN_RUNC
         # Pods created through tests.framework.pods go under this cgroup, so stop()
         # can remove every cgroup our containers made.
         self.cgroup_parent = f"/aggapi-test-{uuid.uuid4().hex[:8]}"
@@ -102,43 +110,10 @@ class Containerd:
     # --- config ----------------------------------------------------------------------
 
     def config_text(self) -> str:
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        return f"""version = 2
-root = "{self.root}"
-state = "{self.state}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-
-[grpc]
-  address = "{self.listen_address}"
-[ttrpc]
-  address = "{self.listen_address}.ttrpc"
-[debug]
-  level = "info"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{self.root}/opt"
-[{cri}]
-  sandbox_image = "{self.sandbox_image}"
-  # This VM lacks CAP_SYS_RESOURCE: never lower oom_score_adj below ours.
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-[{cri}.containerd]
-  snapshotter = "{self.snapshotter}"
-  default_runtime_name = "runc"
-[{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[{cri}.containerd.runtimes.runc.options]
-  BinaryName = "{self.runc}"
-  Root = "{self.state}/runc"
-[{cri}.cni]
-  bin_dir = "/usr/lib/cni"
-  conf_dir = "{self.workdir}/cni/net.d"
-[{cri}.registry]
-  config_path = "{self.hosts_dir}"
-"""
+        return containerdconfig.config_text(self.flavor, containerdconfig.Settings(
+            root=self.root, state=self.state, address=self.listen_address, hosts_dir=self.hosts_dir,
+            cni_conf_dir=self.workdir / "cni/net.d", sandbox_image=self.sandbox_image,
+            snapshotter=self.snapshotter, runc=self.runc))
 
     def add_registry(self, host: str) -> None:
         """Let containerd pull from ``host`` (127.0.0.1:PORT) over plain HTTP.
@@ -154,6 +129,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     # --- lifecycle -------------------------------------------------------------------
 
+    @property
+    def binary(self) -> str:
+        return self._binary or containerdconfig.binaries(self.flavor).containerd
+
+    def env(self) -> dict[str, str]:
+        """containerd finds its runc shim on PATH: put the one of its own release first
+        (Debian's 1.6 shim is in /usr/bin for the other flavour)."""
+        shim = containerdconfig.binaries(self.flavor).shim
+        bindir = self.workdir / "bin"
+        bindir.mkdir(parents=True, exist_ok=True)
+        link = bindir / containerdconfig.SHIM
+        link.unlink(missing_ok=True)
+        link.symlink_to(shim)
+        return {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
     def write_config(self) -> Path:
         """Its directories and config.toml; returns the config's path."""
         if not Path(self.binary).exists():
@@ -168,9 +158,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         cfg = self.write_config()
         try:
             self.proc = start_logged(
-                [self.binary, "--config", str(cfg)], self.log_path, what="containerd",
+                [self.binary, "--config", str(cfg)], self.log_path, what=self.flavor.label,
                 ready=lambda: self.socket_ready() and "serving..." in self.log_tail(100_000),
-                log_tail=self.log_tail, timeout=timeout)
+                log_tail=self.log_tail, timeout=timeout, env=self.env())
         except (RuntimeError, TimeoutError):
             self.stop()  # its shims, mounts and cgroups, if it got that far
             raise
@@ -204,7 +194,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         return out
 
     def _shim_socket(self, task_id: str, namespace: str = "k8s.io") -> Path:
-        # As containerd 1.6's shim.SocketAddress computes it.
+        # As containerd's shim.SocketAddress computes it (1.6 and 2.x alike).
         digest = hashlib.sha256(os.path.join(self.address, namespace, task_id).encode())
         return SHIM_SOCKET_DIR / digest.hexdigest()
 

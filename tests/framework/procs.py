@@ -31,8 +31,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def start_logged(argv: Sequence[str], log_path: Path, *, ready: Callable[[], bool],
-                 log_tail: Callable[[], str], what: str,
-                 timeout: float) -> subprocess.Popen[bytes]:
+                 log_tail: Callable[[], str], what: str, timeout: float,
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Spawn ``argv`` in its own session (so it can be stopped by its process group),
     appending its output to ``log_path``; return once ``ready()`` holds.
 
@@ -41,7 +41,8 @@ def start_logged(argv: Sequence[str], log_path: Path, *, ready: Callable[[], boo
     """
     with log_path.open("ab") as log:
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=None if env is None else dict(env))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -6,6 +6,7 @@ import asyncio
 import os
 
 from aggapi.runtime.cri import CRIClient
+from tests.framework.containerd import Containerd
 from tests.framework.pods import CONTAINER_NAME, POD_UID, ContainerSpec, PodRunner
 
 
@@ -13,11 +14,11 @@ async def exists(path: str) -> bool:
     return await asyncio.to_thread(os.path.exists, path)
 
 
-async def test_version(cri: CRIClient) -> None:
+async def test_version(cri: CRIClient, containerd: Containerd) -> None:
     v = await cri.version()
     assert v.runtime_name == "containerd"
     assert v.runtime_api_version == "v1"
-    assert v.runtime_version.startswith("1.")
+    assert v.runtime_version.startswith(containerd.flavor.version_prefix())
 
 
 async def test_pull_status_list_remove(cri: CRIClient, busybox_image: str) -> None:
