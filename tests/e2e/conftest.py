@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.framework.cluster import Cluster
 from tests.framework.controlplane import ControlPlane, binary
 from tests.framework.kubelet import Kubelet
 from tests.framework.node import Node
@@ -150,6 +151,26 @@ def kubelet(control_plane: ControlPlane, node: Node) -> Iterator[Kubelet]:
         if k.proc().alive():
             k.delete_pods()
         k.stop()
+
+
+@pytest.fixture(scope="session")
+def two_node_cluster(control_plane: ControlPlane, node: Node) -> Iterator[Cluster]:
+    """Two real nodes (tests.framework.cluster): each its own PID, mount and network
+    namespaces with containerd, kubelet and kube-proxy; pulls from ``node``'s registry.
+
+    Session-scoped. While it is up the control plane's own Node is tainted NoSchedule
+    (the stand-in's pods, bound by name, still run there)."""
+    t0 = time.monotonic()
+    subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), "kubelet", "kube-proxy"],
+                   check=True)
+    built = time.monotonic() - t0
+    cluster = Cluster(control_plane, node)
+    try:
+        took = cluster.up()
+        print(f"\ntwo-node cluster: binaries {built:.1f}s, up {took:.1f}s")
+        yield cluster
+    finally:
+        cluster.down()
 
 
 @pytest.fixture(scope="session")

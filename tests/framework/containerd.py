@@ -84,6 +84,9 @@ class Containerd:
         self.root = self.workdir / "root"
         self.state = self.workdir / "state"
         self.address = str(self.workdir / "containerd.sock")
+        # The socket path containerd binds, as its own mount namespace sees it (a cluster
+        # node binds /run/containerd/containerd.sock there; clients here use ``address``).
+        self.listen_address = self.address
         self.hosts_dir = self.workdir / "certs.d"
         self.log_path = self.workdir / "containerd.log"
         self.sandbox_image = sandbox_image
@@ -108,9 +111,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
 
 [grpc]
-  address = "{self.address}"
+  address = "{self.listen_address}"
 [ttrpc]
-  address = "{self.address}.ttrpc"
+  address = "{self.listen_address}.ttrpc"
 [debug]
   level = "info"
 [plugins."io.containerd.internal.v1.opt"]
@@ -151,23 +154,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     # --- lifecycle -------------------------------------------------------------------
 
-    def start(self, timeout: float = 20.0) -> None:
+    def write_config(self) -> Path:
+        """Its directories and config.toml; returns the config's path."""
         if not Path(self.binary).exists():
             raise FileNotFoundError(f"{self.binary} missing: run hack/install-deps.sh")
         for d in (self.root, self.state, self.hosts_dir, self.workdir / "cni/net.d"):
             d.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "config.toml"
         cfg.write_text(self.config_text())
+        return cfg
+
+    def start(self, timeout: float = 20.0) -> None:
+        cfg = self.write_config()
         try:
             self.proc = start_logged(
                 [self.binary, "--config", str(cfg)], self.log_path, what="containerd",
-                ready=lambda: self._socket_ready() and "serving..." in self.log_tail(100_000),
+                ready=lambda: self.socket_ready() and "serving..." in self.log_tail(100_000),
                 log_tail=self.log_tail, timeout=timeout)
         except (RuntimeError, TimeoutError):
             self.stop()  # its shims, mounts and cgroups, if it got that far
             raise
 
-    def _socket_ready(self) -> bool:
+    def socket_ready(self) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             try:
                 s.connect(self.address)

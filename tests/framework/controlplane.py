@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from aggapi import certs, pki
-from tests.framework import nodestate
+from tests.framework import nodens, nodestate
 from tests.framework.controllers import KCM, Controllers
 from tests.framework.controllers import PROCS as CONTROLLER_PROCS
 
@@ -529,6 +529,8 @@ class ControlPlane:
                 nodestate.teardown(self.state)
             except Exception as err:  # the processes below are stopped regardless
                 log(f"node cleanup: {err}")
+        # The nodes of a multi-node cluster (tests.framework.cluster), by their inits' PIDs.
+        nodens.teardown_all(self.state, self.net)
         pids = self.state / "pids"
         names = [*self.PROCS]
         if pids.is_dir():  # plus anything else started through spawn() in this state dir

@@ -41,7 +41,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -51,6 +51,7 @@ from tests.framework import nodestate
 from tests.framework.containerd import CGROUP_ROOT
 from tests.framework.controlplane import INSTANCES, ControlPlane, binary, kubeconfig
 from tests.framework.node import Node, ensure_node
+from tests.framework.nodestate import NodeInfo
 from tests.framework.procs import HarnessError, Proc, spawn
 
 KUBELET_PORT = 10250
@@ -105,19 +106,36 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-class Kubelet:
-    """Start/stop one kubelet for ``cp``'s node; ``restart`` with other pull settings."""
+class KubeletHost(Protocol):
+    """What a kubelet needs of its node: tests.framework.node.Node, or a node of a
+    multi-node cluster (tests.framework.clusternode)."""
 
-    def __init__(self, cp: ControlPlane, node: Node, *, serialize_image_pulls: bool = True,
+    dir: Path
+    info: NodeInfo
+
+    @property
+    def cri_address(self) -> str: ...
+
+
+class Kubelet:
+    """Start/stop one kubelet for ``cp``'s node; ``restart`` with other pull settings.
+
+    ``node_name`` and ``workdir`` default to the control plane's node and
+    ``<state>/kubelet``; a cluster node passes its own (tests.framework.clusternode)."""
+
+    def __init__(self, cp: ControlPlane, node: KubeletHost, *,
+                 serialize_image_pulls: bool = True,
                  max_parallel_image_pulls: int | None = None,
-                 extra_config: Mapping[str, Any] | None = None, verbosity: int = 2) -> None:
+                 extra_config: Mapping[str, Any] | None = None, verbosity: int = 2,
+                 node_name: str | None = None, workdir: Path | None = None) -> None:
         self.cp = cp
         self.node = node
+        self.node_name = node_name or cp.node_name
         self.serialize_image_pulls = serialize_image_pulls
         self.max_parallel_image_pulls = max_parallel_image_pulls
         self.extra_config = dict(extra_config or {})
         self.verbosity = verbosity
-        self.dir = cp.state / "kubelet"
+        self.dir = workdir or cp.state / "kubelet"
         self._sysctls: dict[str, str] = {}
         self._prev_config: str | None = None  # the node's kubelet.yaml before ours
 
@@ -151,6 +169,10 @@ class Kubelet:
     def cni_conf(self) -> Path:
         return Path(self.node.info.containerd_dir) / "cni/net.d/10-aggapi.conflist"
 
+    @property
+    def pod_subnet(self) -> str:
+        return pod_subnet(self.cp)
+
     def proc(self) -> Proc:
         return self.cp.proc("kubelet")
 
@@ -160,9 +182,9 @@ class Kubelet:
         d.mkdir(parents=True, exist_ok=True)
         ca = pki.load_pair(self.cp.pki_dir / "ca.crt", self.cp.pki_dir / "ca.key")
         if not (d / "kubelet.crt").exists():
-            pki.issue(ca, self.cp.node_name, server=True, dns=[self.cp.node_name, "localhost"],
+            pki.issue(ca, self.node_name, server=True, dns=[self.node_name, "localhost"],
                       ips=[self.address, "127.0.0.1"]).write(d / "kubelet.crt", d / "kubelet.key")
-        user = f"system:node:{self.cp.node_name}"
+        user = f"system:node:{self.node_name}"
         if not (d / "client.crt").exists():
             pki.issue(ca, user, orgs=["system:nodes"], client=True).write(
                 d / "client.crt", d / "client.key")
@@ -224,18 +246,21 @@ class Kubelet:
         tmp.write_text(yaml.safe_dump(self.config(), sort_keys=False))
         tmp.replace(self.config_path)  # the agent re-reads it on change
 
-    def write_cni(self) -> None:
-        conf = {
+    def cni_config(self) -> dict[str, Any]:
+        return {
             "cniVersion": "1.0.0", "name": f"aggapi-{self.cp.instance}",
             "plugins": [{
                 "type": "bridge", "bridge": self.cni_bridge,
                 # No address on the host and no default route: pods talk to each other only.
                 "isGateway": False, "isDefaultGateway": False, "ipMasq": False,
                 "hairpinMode": True,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_subnet(self.cp)}]],
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_subnet}]],
                          "dataDir": str(self.dir / "cni-ipam")},
             }],
         }
+
+    def write_cni(self) -> None:
+        conf = self.cni_config()
         self.cni_conf.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.cni_conf.with_suffix(".tmp")
         tmp.write_text(json.dumps(conf, indent=2))
@@ -293,7 +318,7 @@ class Kubelet:
                 APISERVER_KUBELET_CLIENT_CN),
             # kubelet's authentication/authorization webhooks: TokenReview + SAR.
             crb("aggapi-harness:kubelet-auth-delegator", "system:auth-delegator",
-                f"system:node:{self.cp.node_name}"),
+                f"system:node:{self.node_name}"),
         ]
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -311,24 +336,29 @@ class Kubelet:
         self.write_cni()
         self.write_config()
         self.make_cgroup_root()
-        self._record_sysctls()
-        if not Path("/var/lib/kubelet").exists():
-            (self.dir / "made-var-lib-kubelet").touch()
+        self.prepare_host()
         started = time.time()
-        spawn("kubelet", [
-            kubelet_bin, f"--config={self.config_path}",
-            f"--kubeconfig={self.kubeconfig_path}", f"--root-dir={self.root_dir}",
-            f"--hostname-override={self.cp.node_name}", f"--node-ip={self.address}",
-            f"--v={self.verbosity}",
-        ], self.cp.state)
+        spawn(self.proc().name, self.argv(kubelet_bin), self.proc().pidfile.parent.parent)
         if wait:
             self.cp._wait(lambda: self.node_ready(since=started), wait, "kubelet: Node Ready",
                           self.proc())
         return time.monotonic() - t0
 
+    def prepare_host(self) -> None:
+        """Record what kubelet changes on this host (sysctls, /var/lib/kubelet)."""
+        self._record_sysctls()
+        if not Path("/var/lib/kubelet").exists():
+            (self.dir / "made-var-lib-kubelet").touch()
+
+    def argv(self, kubelet_bin: str) -> list[str]:
+        return [kubelet_bin, f"--config={self.config_path}",
+                f"--kubeconfig={self.kubeconfig_path}", f"--root-dir={self.root_dir}",
+                f"--hostname-override={self.node_name}", f"--node-ip={self.address}",
+                f"--v={self.verbosity}"]
+
     def node_ready(self, *, since: float = 0.0) -> bool:
         """The Node is Ready per kubelet (its version in nodeInfo, a fresh heartbeat)."""
-        code, body = self.cp.get(f"/api/v1/nodes/{self.cp.node_name}")
+        code, body = self.cp.get(f"/api/v1/nodes/{self.node_name}")
         if code != 200:
             return False
         st = json.loads(body).get("status") or {}

@@ -12,16 +12,19 @@ Every process is started in its own session with a pidfile in the control plane'
 ``<control plane state>/node/``:
 
     node.json           what ``load`` needs: hosts, addresses, cgroup parent, images
-    registry/           docker-registry storage and config (127.0.0.1:<free port>)
+    registry/           docker-registry storage and config (10.251.N.1:<free port>)
     throttle.json       the throttle proxy's rate (its process applies changes, acks)
     containerd/         containerd root, state, socket, config, certs.d (hosts.toml)
     pods/               container logs of the pods run through CRI
     inflight/           the agent's --copy-state-dir
     kubelet.yaml        the agent's --kubelet-config (image-pull limits)
 
-containerd runs in the host network namespace: it pulls from 127.0.0.1 (registry, proxy)
-and the agent reaches its unix socket by path from the node namespace. Built layers are
-cached in ``<repo>/.local/oci-cache`` (the ~150 MB random layers are built once).
+containerd runs in the host network namespace and the agent reaches its unix socket by
+path from the node namespace. The registry and the throttle proxy listen on the host bridge
+address 10.251.N.1 (not 127.0.0.1): the containerd of every node of a multi-node cluster
+(tests.framework.cluster), each in a network namespace of its own, pulls from them too.
+Built layers are cached in ``<repo>/.local/oci-cache`` (the ~150 MB random layers are
+built once).
 What is on disk, and the teardown from there, is tests.framework.nodestate.
 """
 
@@ -87,6 +90,8 @@ class Node:
     def __init__(self, cp: ControlPlane, *, cache_dir: Path = OCI_CACHE,
                  big_layer: int = BIG_LAYER) -> None:
         self.cp = cp
+        # Where the registry and the throttle proxy listen: reachable from every netns.
+        self.bind = cp.net.host_address
         self.dir = nodestate.node_dir(cp.state)
         self.cache_dir = cache_dir
         self.big_layer = big_layer
@@ -180,7 +185,7 @@ class Node:
         proc = self.proc("registry")
         if proc.alive() and self.info.registry_host:
             return
-        port = free_port()
+        port = free_port(self.bind)
         d = self.dir / "registry"
         (d / "storage").mkdir(parents=True, exist_ok=True)
         cfg = d / "config.yml"
@@ -188,9 +193,9 @@ class Node:
             "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n"
             f"storage:\n  filesystem:\n    rootdirectory: {d / 'storage'}\n"
             "  delete:\n    enabled: true\n  redirect:\n    disable: true\n"
-            f"http:\n  addr: 127.0.0.1:{port}\n")
+            f"http:\n  addr: {self.bind}:{port}\n")
         proc = spawn("node-registry", [REGISTRY_BIN, "serve", str(cfg)], self.cp.state)
-        self.info.registry_host = f"127.0.0.1:{port}"
+        self.info.registry_host = f"{self.bind}:{port}"
         self._save()
         _wait(lambda: _http_ok(f"http://{self.info.registry_host}/v2/"), 20,
               "docker-registry", proc)
@@ -249,13 +254,13 @@ class Node:
         proc = self.proc("throttle")
         if proc.alive() and self.info.throttle_host:
             return
-        port = free_port()
+        port = free_port(self.bind)
         self._throttle_ctl.write_text(json.dumps({"rate": None, "seq": 0}))
         proc = spawn("node-throttle", [
             sys.executable, "-m", "tests.framework.node", "throttle",
-            f"--upstream={self.info.registry_host}", f"--port={port}",
+            f"--upstream={self.info.registry_host}", f"--port={port}", f"--bind={self.bind}",
             f"--control={self._throttle_ctl}"], self.cp.state, env=python_env())
-        self.info.throttle_host = f"127.0.0.1:{port}"
+        self.info.throttle_host = f"{self.bind}:{port}"
         self._save()
         _wait(lambda: _http_ok(f"http://{self.info.throttle_host}/v2/"), 20,
               "throttle proxy", proc)
@@ -331,10 +336,10 @@ def _wait(ok: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
 
 # --- the throttle proxy as a process ------------------------------------------------
 
-def _serve_throttle(upstream: str, port: int, control: Path) -> None:
+def _serve_throttle(upstream: str, port: int, control: Path, bind: str) -> None:
     """ThrottleProxy (its own loop thread) in this process; applies the rate changes
     written to ``control`` and acknowledges each in ``<control>.ack``."""
-    proxy = ThrottleProxy(upstream, port=port)
+    proxy = ThrottleProxy(upstream, port=port, bind=bind)
     proxy.start()
     ack = control.with_suffix(".ack")
     seen = -1
@@ -361,12 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--upstream", required=True)
     t.add_argument("--port", type=int, required=True)
     t.add_argument("--control", type=Path, required=True)
+    t.add_argument("--bind", default="127.0.0.1")
     for name in ("up", "down", "status"):
         s = sub.add_parser(name, help=f"{name} the node of a running control plane")
         s.add_argument("--instance", default=os.environ.get("AGGAPI_INSTANCE", "local"))
     a = p.parse_args(argv)
     if a.command == "throttle":
-        _serve_throttle(a.upstream, a.port, a.control)
+        _serve_throttle(a.upstream, a.port, a.control, a.bind)
         return 0
     cp = ControlPlane(instance=a.instance)
     if a.command == "up":

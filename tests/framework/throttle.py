@@ -1,4 +1,4 @@
-"""A bandwidth-limited TCP proxy on 127.0.0.1, to make pulls slow enough to watch.
+"""A bandwidth-limited TCP proxy (127.0.0.1 unless told), to make pulls slow enough to watch.
 
 The proxy runs its own asyncio loop in a daemon thread, so it serves at a steady
 rate whatever the test's loop is doing, and one instance can be shared by tests
@@ -62,13 +62,15 @@ class TokenBucket:
 
 
 class ThrottleProxy:
-    """Forward 127.0.0.1:<port> to ``upstream`` (host:port), limiting the download
+    """Forward ``bind``:<port> to ``upstream`` (host:port), limiting the download
     direction (upstream -> client) to ``rate`` bytes/s (None: unlimited)."""
 
-    def __init__(self, upstream: str, rate: float | None = None, *, port: int = 0) -> None:
+    def __init__(self, upstream: str, rate: float | None = None, *, port: int = 0,
+                 bind: str = "127.0.0.1") -> None:
         host, _, p = upstream.removeprefix("http://").rpartition(":")
         self.upstream = (host, int(p))
         self.port = port
+        self.bind = bind
         self.bytes_down = 0
         self._rate = rate
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -81,8 +83,8 @@ class ThrottleProxy:
 
     @property
     def host(self) -> str:
-        """``127.0.0.1:PORT``: use it as the registry host in image references."""
-        return f"127.0.0.1:{self.port}"
+        """``<bind>:PORT``: use it as the registry host in image references."""
+        return f"{self.bind}:{self.port}"
 
     # --- control (any thread) --------------------------------------------------------
 
@@ -158,7 +160,7 @@ class ThrottleProxy:
 
     async def _listen(self) -> None:
         if self._server is None:
-            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+            self._server = await asyncio.start_server(self._handle, self.bind, self.port)
             self.port = self._server.sockets[0].getsockname()[1]
 
     async def _set_flow(self, on: bool) -> None:
