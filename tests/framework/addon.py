@@ -101,6 +101,10 @@ class Addon:
     # Labels put on the namespace before install (Pod Security); None: none.
     namespace_labels: Mapping[str, str] | None = field(
         default_factory=lambda: {f"{PSA}/enforce": "privileged"})
+    install_times: InstallTimes | None = None
+    # Imports the archive into every node (e.g. tests.framework.cluster's); None: ``ctr
+    # images import`` on each of ``nodes``.
+    importer: Callable[[Path], float] | None = None
 
     # --- commands --------------------------------------------------------------------------
     def helm(self, *args: str, check: bool = True,
@@ -127,6 +131,8 @@ class Addon:
         """Import the image archive into every node's containerd; the seconds it took."""
         if not archive.exists():
             raise HarnessError(f"{archive} missing: run hack/build-image.sh")
+        if self.importer is not None:
+            return self.importer(archive)
         t0 = time.monotonic()
         for n in self.nodes:
             n.ctr("images", "import", "--no-unpack", str(archive))
@@ -172,7 +178,8 @@ class Addon:
         wait_for(self.available, timeout, "APIService Available", detail=self.diagnose)
         available_s = time.monotonic() - t0
         self.wait_ready(timeout=timeout)
-        return InstallTimes(helm_s, available_s, time.monotonic() - t0)
+        self.install_times = InstallTimes(helm_s, available_s, time.monotonic() - t0)
+        return self.install_times
 
     def upgrade(self, extra: Sequence[str] = (), *, image_tag: str | None = None) -> None:
         if image_tag is not None:
@@ -223,7 +230,8 @@ class Addon:
         raise HarnessError(f"no agent pod on {node}")
 
     def node_names(self) -> list[str]:
-        return [n["metadata"]["name"] for n in self.get_json("nodes")["items"]]
+        """The nodes the add-on runs on (the cluster's, not a stand-in's)."""
+        return [n.name for n in self.nodes]
 
     def available(self) -> bool:
         """Available=True, served through the chart's Service, and discovery answers."""
@@ -251,7 +259,8 @@ class Addon:
         ds = self.get_json("daemonset", "-n", self.namespace, self.agent_name)
         ds_st = ds.get("status") or {}
         agents = {p["spec"].get("nodeName") for p in self.pods("agent") if self.ready(p)}
-        if ds_st.get("numberReady") != len(nodes) or agents != set(nodes):
+        if ds_st.get("numberReady") != len(nodes) or agents != set(nodes) \
+                or ds_st.get("updatedNumberScheduled") != len(nodes):
             return f"agents ready on {sorted(a for a in agents if a)} of {nodes}"
         return None
 
