@@ -13,10 +13,15 @@ kube-controller-manager makes for them, the aggregated ClusterRoles it fills in.
                  per node when there are enough nodes), one Ready agent per node and the
                  APIService Available; returns the seconds from helm install to each
     uninstall    ``helm uninstall`` and the namespace
+
+CLI (hack/local-up.sh, after ``python3 -m tests.framework.cluster up``):
+``python3 -m tests.framework.addon install|uninstall|status|demo [--instance local]``
+(demo: a pod on the last node pulls a throttled image, its progress followed live).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -27,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.framework.cluster import Cluster
 from tests.framework.controlplane import APISERVICE, GROUP, VERSION, ControlPlane, binary
+from tests.framework.node import Node
 from tests.framework.procs import HarnessError
 from tests.framework.repo import REPO
 
@@ -297,3 +304,81 @@ class Addon:
 
     def group_path(self) -> str:
         return f"/apis/{GROUP}/{VERSION}"
+
+
+def addon_of(cluster: Cluster) -> Addon:
+    """The release on ``cluster``'s nodes (tests.framework.cluster), image imported by it."""
+    nodes = [NodeRuntime(n.name, n.cri_address) for n in cluster.nodes]
+    return Addon(cluster.cp, nodes, importer=cluster.import_image)
+
+
+def running_cluster(instance: str) -> Cluster:
+    """The cluster hack/local-up.sh (``python3 -m tests.framework.cluster up``) left up."""
+    cp = ControlPlane(instance=instance)
+    if not cp.proc("kube-apiserver").alive():
+        raise HarnessError(f"no control plane {instance!r}: run hack/local-up.sh")
+    return Cluster(cp, Node.load(cp))
+
+
+DEMO_POD = "pull-demo"
+
+
+def demo(cluster: Cluster, seconds: float = 20.0) -> None:
+    """Pod ``pull-demo`` pinned to the last node, pulling the registry's ~150 MB image
+    through the throttle in about ``seconds``; its progress printed live from the /watch/
+    path (kubectl get --raw), as a user would follow it."""
+    import asyncio
+
+    from tests.framework.kubelet import forget_images, pod_manifest
+
+    cp, reg, node = cluster.cp, cluster.registry, cluster.nodes[-1]
+    cp.kubectl("delete", "pod", DEMO_POD, "--grace-period=0", "--force", "--ignore-not-found",
+               "--wait=true", check=False)
+    asyncio.run(forget_images(node.cri_address, reg.images.big))
+    reg.set_rate(sum(size for _, size in reg.images.big_layers) / seconds)
+    cp.kubectl("create", "-f", "-", input=json.dumps(pod_manifest(
+        DEMO_POD, [{"name": "app", "image": reg.via_throttle(reg.images.big)}],
+        node=node.name)))
+    path = (f"/apis/{GROUP}/{VERSION}/watch/namespaces/default/pods/{DEMO_POD}/"
+            f"imagepullprogress?granularity=image")
+    log(f"pod {DEMO_POD} on {node.name}: kubectl get --raw '{path}'")
+    try:
+        subprocess.run([binary("kubectl"), f"--kubeconfig={cp.admin_kubeconfig}", "get",
+                        "--raw", path], check=False, timeout=seconds * 6)
+    finally:
+        reg.set_rate(None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m tests.framework.addon",
+                                 description="helm install / uninstall aggapi on the running "
+                                             "two-node cluster (hack/local-up.sh)")
+    ap.add_argument("command", choices=["install", "uninstall", "status", "demo"])
+    ap.add_argument("--instance", default=os.environ.get("AGGAPI_INSTANCE", "local"))
+    args = ap.parse_args(argv)
+    cluster = running_cluster(args.instance)
+    addon = addon_of(cluster)
+    if args.command == "demo":
+        demo(cluster)
+        return 0
+    if args.command == "install":
+        took = addon.load_image()
+        log(f"image {addon.image} imported on {len(addon.nodes)} nodes in {took:.1f}s")
+        if addon.installed():
+            # Re-run: upgrade in place (a rebuilt image under the same tag needs new pods).
+            addon.upgrade()
+            addon.kubectl("-n", addon.namespace, "rollout", "restart",
+                          f"deployment/{addon.fullname}", f"daemonset/{addon.agent_name}")
+            addon.wait_ready()
+            log("already installed: helm upgrade, pods restarted, Ready")
+        else:
+            addon.remove_harness_objects()
+            log(addon.install().line())
+    elif args.command == "uninstall":
+        addon.uninstall()
+    print(addon.describe(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,13 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.framework.addon import Addon, NodeRuntime
+from tests.framework.addon import Addon, addon_of
 from tests.framework.cluster import Cluster
-
-
-def addon_of(cluster: Cluster) -> Addon:
-    nodes = [NodeRuntime(n.name, n.cri_address) for n in cluster.nodes]
-    return Addon(cluster.cp, nodes, importer=cluster.import_image)
 
 
 @pytest.fixture(scope="session")
