@@ -53,10 +53,11 @@ fi
 # --- inputs ----------------------------------------------------------------------------
 # The base: only the Essential packages plus the includes (no apt, no perl), usr merged
 # by mmdebstrap's hook instead of the usrmerge package (which pulls in perl), and no
-# docs, man pages, locales or device nodes.
+# docs, man pages, locales or device nodes. libstdc++6: grpcio's extension (the agent's
+# CRI client) links it; without it `aggapi agent` fails at import.
 SUITE=bookworm
 BASE_OPTS=(--variant=essential --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
-           --include=python3,python3-venv,ca-certificates --skip=output/dev
+           --include=python3,python3-venv,ca-certificates,libstdc++6 --skip=output/dev
            --dpkgopt='path-exclude=/usr/share/man/*'
            --dpkgopt='path-exclude=/usr/share/doc/*'
            --dpkgopt='path-include=/usr/share/doc/*/copyright'

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Stop everything hack/local-up.sh started, by PID (pidfiles under .local/controlplane/local/),
-# delete its network namespaces and bridge, and remove its state. Safe to run twice.
-# --keep-state keeps logs and PKI.
+# Stop everything hack/local-up.sh started, by PID (pidfiles under .local/controlplane/local/):
+# the helm release, the two nodes (containerd, kubelet, kube-proxy, their namespaces, routes,
+# mounts and cgroups), the registry and throttle, the control plane; then remove the state.
+# Safe to run twice. --keep-state keeps logs and PKI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# kubelet first, then the node: agent, containerd (its containers, shims, mounts, cgroups),
-# throttle proxy and registry, each by its pidfile. (controlplane down would do it too.)
+export AGGAPI_INSTANCE=local
 T0=$SECONDS
-python3 -m tests.framework.kubelet down || true  # kubelet, and the pods' sandboxes
+python3 -m tests.framework.addon uninstall >/dev/null 2>&1 || true
+python3 -m tests.framework.cluster down || true
+# The single-node stack of earlier versions, if one is left (each by its pidfile).
+python3 -m tests.framework.kubelet down || true
 python3 -m tests.framework.demo down || true
 python3 -m tests.framework.controlplane down "$@"
 rm -f .local/local.env

@@ -17,6 +17,7 @@ from aggapi.apiserver.metrics import metrics_middleware
 from aggapi.apiserver.parts import Parts, complete
 from aggapi.apiserver.requestinfo import requestinfo_middleware
 from aggapi.apiserver.routes import Route, install, route_table
+from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.kube import KubeClient
 from aggapi.logs import audit_id_middleware
 from aggapi.status import status_middleware
@@ -46,6 +47,10 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
     return run
 
 
+# The app's draining/shutdown state, for the process that serves it (main.serve).
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+
+
 def new_app(parts: Parts, *, extra_routes: list[Route] | None = None) -> web.Application:
     """The application serving ``parts``; ``extra_routes`` are for tests."""
     app = web.Application()
@@ -59,6 +64,7 @@ def new_app(parts: Parts, *, extra_routes: list[Route] | None = None) -> web.App
         authz_middleware(parts.authorizer, authz_of),  # what the route table declares
     ])
     app.cleanup_ctx.append(_background(parts))
+    app[LIFECYCLE] = parts.lifecycle
 
     async def on_shutdown(_app: web.Application) -> None:
         await parts.lifecycle.drain(parts.config.shutdown_grace)

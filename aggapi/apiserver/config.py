@@ -31,6 +31,7 @@ class ApiServerConfig:
     authn_cache_size: int = 10000
     review_timeout: float = 5.0
     always_allow_metrics: bool = False
+    shutdown_delay: float = 0.0
     shutdown_grace: float = 30.0
     shutdown_final: float = 5.0
     log_level: str = "info"
@@ -72,6 +73,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "authn-cache-size": (int, "max cached token reviews"),
     "review-timeout": (float, "seconds to wait for a TokenReview/SubjectAccessReview"),
     "always-allow-metrics": (bool, "serve /metrics without authorization"),
+    "shutdown-delay": (float, "seconds to keep accepting requests after SIGTERM, not ready, "
+                       "while endpoints drop this replica (progress streams end at once)"),
     "shutdown-grace": (float, "seconds streams may run on after SIGTERM"),
     "shutdown-final": (float, "seconds streams get to end after being told to"),
     "log-level": (str, "debug, info, warning, error"),

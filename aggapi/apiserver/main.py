@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from aggapi import eventloop, kube, logs, serving
-from aggapi.apiserver.app import build_app
+from aggapi.apiserver.app import LIFECYCLE, build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.tlsconfig import ServingTLS
 
@@ -52,10 +52,16 @@ async def serve(config: ApiServerConfig, stop: asyncio.Event | None = None) -> N
                     "(libssl callback unavailable): untrusted certs fail the handshake")
     api = await kube.load_client(config.kubeconfig or None)
     try:
-        runner, _site = await listen(build_app(config, kube_api=api, tls=tls), config, tls)
+        app = build_app(config, kube_api=api, tls=tls)
+        runner, _site = await listen(app, config, tls)
         log.info("serving", extra={"address": config.bind_address, "port": config.secure_port})
         await stop.wait()
-        log.info("shutting down")
+        # Not ready (and progress streams told to resume elsewhere) at once, but still
+        # accepting for a while: kube-apiserver keeps sending requests here until the
+        # EndpointSlice without this replica reaches it; a closed port would fail them.
+        app[LIFECYCLE].draining.set()
+        log.info("shutting down", extra={"delaySeconds": config.shutdown_delay})
+        await asyncio.sleep(config.shutdown_delay)
         await runner.cleanup()
     finally:
         await api.close()

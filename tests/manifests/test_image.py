@@ -265,6 +265,10 @@ def test_image_runs_under_containerd(imported: list[str], containerd: Any) -> No
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert "--secure-port" in r.stdout
     assert _flags(r.stdout) == _flags(here.stdout)
+    # The agent imports grpcio, whose extension needs libstdc++ from the base.
+    r = run_in_image(imported, containerd, "aggapi", "agent", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "--cri-address" in r.stdout
     # What the interpreter in the image can import: the server, not the harness or the
     # plugin-only packages; and it runs as the non-root default user.
     probe = ("import importlib.util as u, os, aggapi.apiserver.app, aggapi.agent; "

@@ -117,7 +117,10 @@ class PodProgressHandler:
                                               "/watch/ path, which kube-apiserver does not "
                                               "cut", resume))
                     break
-                if shutdown.is_set():
+                # Progress is resumable (a new request gets the current state): end at the
+                # start of draining, not after the grace copies get, so the client
+                # reconnects to another replica within seconds.
+                if shutdown.is_set() or self.lifecycle.draining.is_set():
                     await stream.send(timeout("server shutting down; resume on the /watch/ "
                                               "path", resume))
                     break

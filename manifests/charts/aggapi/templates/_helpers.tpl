@@ -262,6 +262,7 @@ container port it targets. */}}
 - --authz-allow-ttl={{ .Values.apiserver.sarCacheTTL }}
 - --authz-deny-ttl={{ .Values.apiserver.sarCacheTTL }}
 - --shutdown-grace={{ .Values.apiserver.shutdownGracePeriod }}
+- --shutdown-delay={{ .Values.apiserver.shutdownDelaySeconds }}
 - --copy-require-exec={{ .Values.apiserver.copyRequireExec }}
 - --always-allow-metrics={{ .Values.apiserver.metricsAlwaysAllow }}
 - --read-header-timeout={{ .Values.apiserver.readHeaderTimeout }}
