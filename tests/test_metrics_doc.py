@@ -41,7 +41,7 @@ def exported(owner: object, registry: CollectorRegistry) -> dict[str, Row]:
 
 def test_the_table_is_what_both_binaries_export() -> None:
     agent = AgentMetrics()
-    agent.bind(subscribers=lambda: 0, runtime_calls=lambda: 0, sent=lambda _r: 0)
+    agent.bind(subscribers=lambda: 0, runtime_calls=lambda: 0, sent=lambda _r: (0, False))
     apiserver = Metrics()
     real = {**exported(agent, agent.registry), **exported(apiserver, apiserver.registry)}
     doc = documented()

@@ -83,12 +83,13 @@ class AgentMetrics:
                            "SubjectAccessReviews sent, by result.", ["result"], registry=r)
         self.sar_cache = Counter(f"{_NS}_authorization_cache",
                                  "Authorization cache lookups.", ["result"], registry=r)
-        # Set in bind(): how many bytes a download handler wrote for a request.
-        self._sent: Callable[[web.Request], int] = lambda _r: 0
+        # Set in bind(): the bytes a download handed over, and whether that is all of it.
+        self._sent: Callable[[web.Request], tuple[int, bool]] = lambda _r: (0, False)
 
     def bind(self, *, subscribers: Callable[[], float], runtime_calls: Callable[[], float],
-             sent: Callable[[web.Request], int]) -> None:
-        """``sent``: the body bytes a download handler wrote for a request."""
+             sent: Callable[[web.Request], tuple[int, bool]]) -> None:
+        """``sent``: the body bytes a download handed over for a request, and whether
+        that was its whole body."""
         self.subscribers.set_function(subscribers)
         self.registry.register(_CallCounter(
             f"{_NS}_containerd_calls", "containerd RPCs made.", runtime_calls))
@@ -104,7 +105,12 @@ class AgentMetrics:
 
     def _copied(self, request: web.Request, direction: str, result: str,
                 started: float) -> None:
-        moved = request.content.total_bytes if direction == "upload" else self._sent(request)
+        if direction == "upload":
+            moved = request.content.total_bytes
+        else:
+            moved, whole = self._sent(request)
+            if result == "aborted" and whole:
+                result = "success"  # the client had every byte before it hung up
         self.copy_bytes.labels(direction, result).inc(moved)
         self.copy_seconds.labels(direction, result).observe(time.monotonic() - started)
 

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from aggapi import wire
 from aggapi.agent.app import PARTS
 from aggapi.agent.metrics import AgentMetrics
 from tests.agent.agentserver import Agent, client_ssl, pki, run_agent
@@ -211,9 +212,45 @@ async def test_polls_count_and_time_every_poll(agent: Agent) -> None:
 
 def test_fresh_registry_has_every_family() -> None:
     m = AgentMetrics()
-    m.bind(subscribers=lambda: 2, runtime_calls=lambda: 7, sent=lambda _r: 0)
+    m.bind(subscribers=lambda: 2, runtime_calls=lambda: 7, sent=lambda _r: (0, False))
     text = generate_latest(m.registry).decode()
     assert_families(text, {**AGENT_FAMILIES, **RUNTIME_FAMILIES})
     got = families(text)
     assert got["aggapi_agent_containerd_calls"].samples[0].value == 7
     assert got["aggapi_agent_progress_subscribers"].samples[0].value == 2
+
+
+async def test_download_whose_client_hangs_up_after_the_last_byte_is_a_success(
+        agent: Agent) -> None:
+    """A client may close the connection the moment its Content-Length is in, before the
+    handler has returned: that download delivered everything and counts as a success."""
+    m = agent.app[PARTS].metrics
+    data = os.urandom(300_000)
+    async with agent.copy("POST", "/g.bin", uid="uid-1", images=["img"], data=data,
+                          params={"sha256": hashlib.sha256(data).hexdigest()}) as r:
+        assert r.status == 200, await r.text()
+    rounds = 30
+    host, port = agent.url.removeprefix("https://").split(":")
+    for _ in range(rounds):
+        token = agent.token(wire.copy_operation("GET"), images=["img"], uid="uid-1",
+                            path="/g.bin", params={})
+        reader, writer = await asyncio.open_connection(host, int(port),
+                                                       ssl=client_ssl(agent.pki))
+        writer.write(f"GET /v1/copy?container=c0&path=/g.bin HTTP/1.1\r\nHost: {host}\r\n"
+                     f"Authorization: Bearer {token}\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(len(data)) == data
+        writer.transport.abort()  # hang up the moment the body is in
+    for _ in range(1000):
+        done = sum(m.value("aggapi_agent_copy_duration_seconds_count", direction="download",
+                           result=res) for res in ("success", "error", "aborted"))
+        if done == rounds:
+            break
+        await asyncio.sleep(0.01)
+    assert m.value("aggapi_agent_copy_duration_seconds_count", direction="download",
+                   result="success") == rounds, {
+        res: m.value("aggapi_agent_copy_duration_seconds_count", direction="download",
+                     result=res) for res in ("error", "aborted")}
+    assert m.value("aggapi_agent_copy_bytes_total", direction="download",
+                   result="success") == rounds * len(data)

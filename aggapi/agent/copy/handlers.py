@@ -187,17 +187,24 @@ async def _file_digest_headers(state: CopyState, t: dl.Target) -> dict[str, str]
         return {}
 
 
-# Body bytes a download has written so far, for the agent's copy metrics.
+# Body bytes a download has handed to the transport so far, and its Content-Length when
+# known (a file; a directory's tar has none), for the agent's copy metrics.
 SENT: web.RequestKey[int] = web.RequestKey("copy_bytes_sent", int)
+BODY_SIZE: web.RequestKey[int] = web.RequestKey("copy_body_size", int)
 
 
-def bytes_sent(request: web.Request) -> int:
-    return request.get(SENT, 0)
+def bytes_sent(request: web.Request) -> tuple[int, bool]:
+    """The body bytes a download handed over, and whether that is its whole body: a
+    client may hang up the moment its Content-Length is in, cancelling the handler
+    while the last write still drains, and that download still succeeded."""
+    sent = request.get(SENT, 0)
+    return sent, BODY_SIZE in request and sent >= request[BODY_SIZE]
 
 
 async def _write(request: web.Request, resp: web.StreamResponse, chunk: bytes) -> None:
-    await resp.write(chunk)
+    # Counted once handed to the transport: resp.write() then only waits for it to drain.
     request[SENT] = request.get(SENT, 0) + len(chunk)
+    await resp.write(chunk)
 
 
 def _abort(request: web.Request, why: str) -> ConnectionResetError:
@@ -226,6 +233,7 @@ async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
         resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
         resp.content_length = last - first + 1
         await resp.prepare(request)
+        request[BODY_SIZE] = resp.content_length
         await _stream_range(request, state, root, resp, fd, first, last + 1)
         await resp.write_eof()
         return resp
