@@ -54,9 +54,15 @@ def plugin_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def deployment(name: str, image: str, replicas: int) -> dict[str, Any]:
+# While a multi-node cluster (tests.framework.cluster) is up, the harness node carries
+# this NoSchedule taint; the replicas must still go to the real kubelet watched here.
+STANDIN_TAINT = "aggapi.io/standin-node"
+
+
+def deployment(name: str, node: str, image: str, replicas: int) -> dict[str, Any]:
     """Pods quick to delete, without service account token or DNS (the harness has
-    neither a token controller's CA bundle nor a DNS service)."""
+    neither a token controller's CA bundle nor a DNS service), scheduled by
+    kube-scheduler onto ``node``, whose agent the aggapi apiserver asks."""
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": "default"},
@@ -64,6 +70,9 @@ def deployment(name: str, image: str, replicas: int) -> dict[str, Any]:
                  "template": {"metadata": {"labels": {"app": name}}, "spec": {
                      "containers": [{"name": "app", "image": image,
                                      "imagePullPolicy": "IfNotPresent"}],
+                     "nodeSelector": {"kubernetes.io/hostname": node},
+                     "tolerations": [{"key": STANDIN_TAINT, "operator": "Exists",
+                                      "effect": "NoSchedule"}],
                      "terminationGracePeriodSeconds": 0,
                      "automountServiceAccountToken": False, "enableServiceLinks": False,
                      "dnsPolicy": "Default"}}}}
@@ -119,7 +128,7 @@ def test_deployment_rollout_followed_to_the_end(
     forget_images(node, IMAGE)
     image = node.via_throttle(IMAGE)
     node.set_rate(RATE)
-    cp.kubectl("apply", "-f", "-", input=json.dumps(deployment(APP, image, 3)))
+    cp.kubectl("apply", "-f", "-", input=json.dumps(deployment(APP, node.name, image, 3)))
     proc = plugin(cp, plugin_bin, f"deployment/{APP}")
     streams: dict[str, ProgressStream] = {}
     try:
@@ -172,7 +181,7 @@ def test_fail_fast_on_a_deployment_whose_image_does_not_exist(
     cp = control_plane
     remove(cp, BROKEN)
     image = node.via_registry("aggapi-test/rollout-does-not-exist:1")
-    cp.kubectl("apply", "-f", "-", input=json.dumps(deployment(BROKEN, image, 2)))
+    cp.kubectl("apply", "-f", "-", input=json.dumps(deployment(BROKEN, node.name, image, 2)))
     t0 = time.monotonic()
     rc, out, err = finish(plugin(cp, plugin_bin, f"deployment/{BROKEN}", "--fail-fast"), 150)
     took = time.monotonic() - t0
