@@ -11,8 +11,9 @@ started by the ``control_plane`` fixture); a real kubelet runs for this module. 
 - the clusterrole-aggregation controller puts aggapi's shipped rules into view/edit/admin,
   and follows a change of the labelled roles.
 
-Not here: ClusterIP Services through kube-proxy (the node's containerd and kubelet run in
-the host's network namespace; kube-proxy needs a namespace of the node's own).
+Not here: ClusterIP Services through kube-proxy (this node's containerd and kubelet run in
+the host's network namespace; kube-proxy needs a namespace of the node's own): see
+tests/e2e/test_two_nodes.py, on the two-node cluster of tests.framework.cluster.
 """
 
 from __future__ import annotations

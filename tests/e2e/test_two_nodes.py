@@ -13,6 +13,8 @@ standing in for them:
   node's containerd);
 - kube-apiserver reaches a pod on each node: exec, logs (kubelet on the node's address)
   and the pods/proxy subresource (pod IP, routed by the host);
+- a hostPID pod sees its node as the agent DaemonSet needs: PID 1 is the node's init,
+  /proc/1/root/var/lib/kubelet/config.yaml is that node's, hostPath /run/containerd too;
 - the teardown leaves no process, network namespace, mount or cgroup behind.
 """
 
@@ -77,11 +79,14 @@ def exec_out(cp: ControlPlane, pod: str, *argv: str) -> str:
     return cp.kubectl("exec", "-n", NS, pod, "--", *argv).stdout
 
 
-def fetch(cp: ControlPlane, pod: str, url: str) -> str:
-    """wget ``url`` from inside ``pod`` (empty on failure)."""
-    r = cp.kubectl("exec", "-n", NS, pod, "--", "/bin/busybox", "wget", "-qO-", "-T", "3",
-                   url, check=False)
-    return r.stdout.strip() if r.returncode == 0 else ""
+def fetch(cp: ControlPlane, pod: str, host: str, port: int) -> str:
+    """GET / on ``host:port`` from inside ``pod``: the body ("" on failure). busybox nc,
+    as this busybox's wget crashes (static glibc)."""
+    req = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 3 {host} {port}"
+    r = cp.kubectl("exec", "-n", NS, pod, "--", "/bin/busybox", "sh", "-c", req, check=False)
+    # kubectl's output was read as text: universal newlines already turned CRLF into LF.
+    head, sep, body = r.stdout.replace("\r\n", "\n").partition("\n\n")
+    return body.strip() if r.returncode == 0 and sep and " 200 " in head else ""
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +166,8 @@ def test_pod_reaches_pod_on_the_other_node(two_node_cluster: Cluster,
     n1, n2 = (n.name for n in two_node_cluster.nodes)
     for src, dst in ((n1, n2), (n2, n1)):
         src_pod, dst_pod = web[src]["metadata"]["name"], web[dst]
-        url = f"http://{dst_pod['status']['podIP']}:{PORT}/"
-        assert fetch(cp, src_pod, url) == dst_pod["metadata"]["name"], (src, dst)
+        got = fetch(cp, src_pod, dst_pod["status"]["podIP"], PORT)
+        assert got == dst_pod["metadata"]["name"], (src, dst)
 
 
 def test_clusterip_service_backend_on_the_other_node(two_node_cluster: Cluster,
@@ -175,7 +180,7 @@ def test_clusterip_service_backend_on_the_other_node(two_node_cluster: Cluster,
     assert pinned["spec"]["nodeName"] == two_node_cluster.nodes[1].name
     src = web[n1]["metadata"]["name"]
     # kube-proxy of node 1 syncs once the endpointslice controller lists the pod.
-    got = wait_for(lambda: fetch(cp, src, f"http://{ip}/"), 60,
+    got = wait_for(lambda: fetch(cp, src, ip, 80), 60,
                    f"{src} -> Service {PINNED} ({ip})")
     assert got == PINNED
 
@@ -229,6 +234,40 @@ def test_apiserver_reaches_a_pod_on_each_node(two_node_cluster: Cluster,
         assert body.strip() == pod
         logs = cp.kubectl("logs", "-n", NS, pod).stdout
         assert f"serving {pod}" in logs
+
+
+def test_hostpid_pod_sees_its_own_node(two_node_cluster: Cluster, node: Node) -> None:
+    """What the agent DaemonSet relies on, on each node: with hostPID, PID 1 is the node's
+    init and /proc/1/root its mount namespace (the node's /var/lib/kubelet/config.yaml);
+    hostPath /run/containerd is the node's own containerd directory."""
+    cp = two_node_cluster.cp
+    pods = []
+    for n in two_node_cluster.nodes:
+        pod = pod_manifest(f"tn-hostpid-{n.k}", [{
+            "name": "look", "image": node.images.busybox,
+            "securityContext": {"privileged": True},
+            "volumeMounts": [{"name": "cri", "mountPath": "/host/run/containerd"}]}],
+            node=n.name)
+        pod["spec"]["hostPID"] = True
+        pod["spec"]["volumes"] = [{"name": "cri", "hostPath": {
+            "path": "/run/containerd", "type": "Directory"}}]
+        pods.append(pod)
+    cp.apply(pods)
+    try:
+        for n, pod in zip(two_node_cluster.nodes, pods, strict=True):
+            name = pod["metadata"]["name"]
+            wait_for(lambda name=name: (kget(cp, "pod", "-n", NS, name).get("status")
+                                        or {}).get("phase") == "Running", 60, f"{name} Running")
+            init = exec_out(cp, name, "/bin/busybox", "cat", "/proc/1/cmdline")
+            assert "tests.framework.nodens" in init, init
+            config = exec_out(cp, name, "/bin/busybox", "cat",
+                              "/proc/1/root/var/lib/kubelet/config.yaml")
+            assert f"address: {n.address}" in config.splitlines(), config
+            sockets = exec_out(cp, name, "/bin/busybox", "ls", "/host/run/containerd")
+            assert "containerd.sock" in sockets.split(), sockets
+    finally:
+        cp.kubectl("delete", "pod", "-n", NS, *(p["metadata"]["name"] for p in pods),
+                   "--grace-period=0", "--force", "--wait=false", check=False)
 
 
 def test_teardown_leaves_nothing_behind(two_node_cluster: Cluster,

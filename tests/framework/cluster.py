@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "down":
         nodens.teardown_all(cp.state, cp.net)
         if cp.proc("kube-apiserver").alive() and nodestate.has_node(cp.state):
-            Cluster(cp, Node.load(cp), nodes=a.nodes).down()
+            Cluster(cp, Node.load(cp), nodes=a.nodes).down()  # + Node objects, taint
+        shutil.rmtree(cp.state / "nodes", ignore_errors=True)
         return 0
     cluster = Cluster(cp, Node.load(cp), nodes=a.nodes)
     if a.command == "import-image":

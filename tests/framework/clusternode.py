@@ -62,6 +62,7 @@ class ClusterNode:
                              cgroup_parent=f"/aggapi-{cp.instance}-n{k}",
                              sandbox_image=sandbox_image)
         self.kubelet = NodeKubelet(cp, self)
+        self._started = 0.0
         self.kube_proxy = KubeProxy(
             cp, node_name=self.name, address=self.address, cluster_cidr=cluster_cidr(cp),
             workdir=self.dir / "kube-proxy", proc=self.proc("kube-proxy"))
@@ -112,10 +113,12 @@ class ClusterNode:
 
     def start_kubelet(self) -> float:
         """Start kubelet (not waiting for Ready: see :meth:`ready`)."""
+        self._started = time.time()
         return self.kubelet.start(wait=0)
 
     def ready(self) -> bool:
-        return self.kubelet.node_ready()
+        """Ready by this kubelet: a heartbeat since it started (not a previous run's)."""
+        return self.kubelet.node_ready(since=self._started)
 
     def stop(self) -> None:
         """Kill the node (its init takes every process of it along), then remove its

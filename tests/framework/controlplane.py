@@ -87,6 +87,9 @@ AGENT_PORT = 10443
 SERVICE_CIDR = "10.0.0.0/24,fd00:aa:0:1::/112"
 SERVICE_IPS = ["10.0.0.1"]
 FRONT_PROXY_CN = "front-proxy-client"
+# kube-apiserver's client cert towards kubelets (bound to system:kubelet-api-admin by
+# tests.framework.kubelet, whose kubelets authorize it by SubjectAccessReview).
+APISERVER_KUBELET_CLIENT_CN = "kube-apiserver-kubelet-client"
 # The netns prefix is "agg" + the instance's first letter: keep first letters distinct.
 # "parallel": a second e2e run beside another one (AGGAPI_E2E_INSTANCE=parallel).
 INSTANCES = {"local": 0, "e2e": 1, "parallel": 3}
@@ -193,6 +196,8 @@ class ControlPlane:
             ips=["127.0.0.1", self.net.host_address, *SERVICE_IPS]))
         fp_ca = pair("front-proxy-ca", lambda: pki.new_ca("aggapi-local-front-proxy-ca"))
         pair("front-proxy-client", lambda: pki.issue(fp_ca, FRONT_PROXY_CN, client=True))
+        pair("apiserver-kubelet-client",
+             lambda: pki.issue(ca, APISERVER_KUBELET_CLIENT_CN, client=True))
         if not (d / "sa.key").exists():
             key = pki.new_key("rsa")
             pki.write_file(d / "sa.key", pki.private_key_pem(key), mode=0o600)
@@ -281,8 +286,20 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             f"--cert-dir={self.state / 'kube-apiserver-certs'}",
+            *self.kubelet_client_flags(),
             "--v=1",
         ]
+
+    def kubelet_client_flags(self) -> list[str]:
+        """kube-apiserver -> kubelet (exec, attach, port-forward, logs, cp): its client
+        cert; kubelets' serving certs verified against the cluster CA; InternalIP first,
+        as a node's Hostname address (its name) does not resolve here. Passed from the
+        start, so a kubelet joining later needs no restart of kube-apiserver."""
+        d = self.pki_dir
+        return [f"--kubelet-client-certificate={d / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={d / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={d / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname"]
 
     def start_kube_apiserver(self) -> None:
         if self.proc("kube-apiserver").alive():

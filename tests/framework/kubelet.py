@@ -19,9 +19,9 @@ without ``spec.nodeName``; :func:`pod_manifest` binds them itself.
                  pods reach only each other. hostNetwork pods work too.
 
 kube-apiserver needs four flags for exec/attach/cp/logs to reach kubelet
-(:func:`apiserver_flags`); :meth:`Kubelet.ensure_apiserver` restarts kube-apiserver with
-them when the control plane did not start it so. Everything kubelet's config needed on
-this machine, and why, is in docs/kubelet-harness.md.
+(:func:`apiserver_flags`); the control plane passes them from the start, and
+:meth:`Kubelet.ensure_apiserver` restarts a kube-apiserver started without them.
+Everything kubelet's config needed on this machine, and why, is in docs/kubelet-harness.md.
 
 CLI: ``python3 -m tests.framework.kubelet up|down|status|config [--instance local]``
 (after ``python3 -m tests.framework.controlplane up`` and ``python3 -m tests.framework.node
@@ -49,14 +49,19 @@ from aggapi import pki
 from aggapi.runtime.cri import CRIClient
 from tests.framework import nodestate
 from tests.framework.containerd import CGROUP_ROOT
-from tests.framework.controlplane import INSTANCES, ControlPlane, binary, kubeconfig
+from tests.framework.controlplane import (
+    APISERVER_KUBELET_CLIENT_CN,
+    INSTANCES,
+    ControlPlane,
+    binary,
+    kubeconfig,
+)
 from tests.framework.node import Node, ensure_node
 from tests.framework.nodestate import NodeInfo
 from tests.framework.procs import HarnessError, Proc, spawn
 
 KUBELET_PORT = 10250
 HEALTHZ_PORT = 10248
-APISERVER_KUBELET_CLIENT_CN = "kube-apiserver-kubelet-client"
 # Sysctls kubelet sets when protectKernelDefaults is false (pkg/kubelet/cm, setupKernelTunables):
 # recorded before it starts, restored after it stops.
 KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
@@ -78,17 +83,9 @@ def apiserver_kubelet_client_paths(cp: ControlPlane) -> tuple[Path, Path]:
 
 
 def apiserver_flags(cp: ControlPlane) -> list[str]:
-    """kube-apiserver flags for talking to kubelet (exec, attach, port-forward, logs, cp).
-
-    - client cert (cluster CA, CN kube-apiserver-kubelet-client, bound to
-      system:kubelet-api-admin): kubelet authenticates it by x509 and authorizes by SAR;
-    - kubelet's serving cert is verified against the cluster CA;
-    - InternalIP first: the node's Hostname address (its name) does not resolve here.
-    """
-    crt, key = apiserver_kubelet_client_paths(cp)
-    return [f"--kubelet-client-certificate={crt}", f"--kubelet-client-key={key}",
-            f"--kubelet-certificate-authority={cp.pki_dir / 'ca.crt'}",
-            "--kubelet-preferred-address-types=InternalIP,Hostname"]
+    """kube-apiserver flags for talking to kubelet (exec, attach, port-forward, logs, cp):
+    ControlPlane.kubelet_client_flags, which the control plane passes from the start."""
+    return cp.kubelet_client_flags()
 
 
 def ensure_apiserver_client_cert(cp: ControlPlane) -> None:
