@@ -22,6 +22,7 @@ CLI (hack/local-up.sh, after ``python3 -m tests.framework.cluster up``):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -34,6 +35,7 @@ from typing import Any
 
 from tests.framework.cluster import Cluster
 from tests.framework.controlplane import APISERVICE, GROUP, VERSION, ControlPlane, binary
+from tests.framework.kubelet import forget_images, pod_manifest
 from tests.framework.node import Node
 from tests.framework.procs import HarnessError
 from tests.framework.repo import REPO
@@ -327,10 +329,6 @@ def demo(cluster: Cluster, seconds: float = 20.0) -> None:
     """Pod ``pull-demo`` pinned to the last node, pulling the registry's ~150 MB image
     through the throttle in about ``seconds``; its progress printed live from the /watch/
     path (kubectl get --raw), as a user would follow it."""
-    import asyncio
-
-    from tests.framework.kubelet import forget_images, pod_manifest
-
     cp, reg, node = cluster.cp, cluster.registry, cluster.nodes[-1]
     cp.kubectl("delete", "pod", DEMO_POD, "--grace-period=0", "--force", "--ignore-not-found",
                "--wait=true", check=False)
