@@ -257,6 +257,8 @@ class Addon:
         dep = self.get_json("deployment", "-n", self.namespace, self.fullname)
         want = dep["spec"]["replicas"]
         st = dep.get("status") or {}
+        if st.get("observedGeneration") != dep["metadata"]["generation"]:
+            return "deployment change not yet observed"
         if (st.get("readyReplicas") or 0) != want or (st.get("updatedReplicas") or 0) != want \
                 or (st.get("replicas") or 0) != want:
             return f"deployment {st.get('readyReplicas') or 0}/{want} ready"
@@ -267,10 +269,16 @@ class Addon:
             return f"apiserver pods not spread: {sorted(spread)}"
         ds = self.get_json("daemonset", "-n", self.namespace, self.agent_name)
         ds_st = ds.get("status") or {}
+        if ds_st.get("observedGeneration") != ds["metadata"]["generation"]:
+            return "daemonset change not yet observed"
         agents = {p["spec"].get("nodeName") for p in self.pods("agent") if self.ready(p)}
         if ds_st.get("numberReady") != len(nodes) or agents != set(nodes) \
                 or ds_st.get("updatedNumberScheduled") != len(nodes):
             return f"agents ready on {sorted(a for a in agents if a)} of {nodes}"
+        gone = [p["metadata"]["name"] for c in ("apiserver", "agent") for p in self.pods(c)
+                if p["metadata"].get("deletionTimestamp")]
+        if gone:
+            return f"pods still terminating: {gone}"
         return None
 
     def wait_ready(self, *, timeout: float = 300) -> None:

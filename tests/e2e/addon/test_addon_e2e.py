@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -143,7 +144,6 @@ def test_users_get_access_only_through_the_aggregated_roles(installed_addon: Add
     copy = path("copy", "addon-rbac", container="c", path="/tmp/rbac")
 
     def allowed(user: str, *args: str) -> bool:
-        import subprocess
         r = subprocess.run(kubectl_argv(cp, user, *args), capture_output=True, text=True,
                            timeout=60)
         if r.returncode == 0:
