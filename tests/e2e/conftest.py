@@ -36,6 +36,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+    items.sort(key=_cluster_order)
+
+
+def _cluster_order(item: pytest.Item) -> int:
+    """Tests on the two-node cluster run after every other test of the session: while it
+    is up, the control plane's own Node is tainted, and the installed add-on replaces the
+    harness's APIService, which the other e2e modules need. The cluster's own tests come
+    first (one of them restarts it), then the installed add-on's (``installed_addon``
+    holds its release until the session ends). The sort is stable: the rest keep their
+    order."""
+    names = set(getattr(item, "fixturenames", ()))
+    if "installed_addon" in names:
+        return 2
+    return 1 if "two_node_cluster" in names else 0
 
 
 def _skip_reason() -> str | None:

@@ -35,10 +35,10 @@ def installed_addon(two_node_cluster: Cluster) -> Iterator[Addon]:
     addon = addon_of(two_node_cluster)
     loaded = addon.load_image(ARCHIVE)
     addon.remove_harness_objects()
-    times = addon.install()
-    print(f"\naddon: image loaded in {loaded:.1f}s; {times.line()}")
-    addon.install_times = times
-    try:
+    try:  # a failed install is uninstalled too: nothing half-installed stays
+        times = addon.install()
+        print(f"\naddon: image loaded in {loaded:.1f}s; {times.line()}")
+        addon.install_times = times
         yield addon
     finally:
         t0 = time.monotonic()
