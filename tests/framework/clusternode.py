@@ -23,7 +23,6 @@ cgroups go under the node's cgroupRoot, removed at stop.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -203,14 +202,6 @@ class NodeKubelet(Kubelet):
 
     def stop(self, *, all_sandboxes: bool = False) -> None:
         self.proc().stop(timeout=20)
-
-
-def port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def save(node: ClusterNode) -> None:
