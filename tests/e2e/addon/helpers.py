@@ -154,8 +154,9 @@ class PacedUpload:
             except (BrokenPipeError, OSError):
                 pass
             self.digest = h.hexdigest()
-            out, err = proc.communicate()
-            self.rc, self.out, self.err = proc.returncode, out.decode(), err.decode()
+            assert proc.stdout is not None and proc.stderr is not None
+            out, err = proc.stdout.read(), proc.stderr.read()  # a few lines at most
+            self.rc, self.out, self.err = proc.wait(), out.decode(), err.decode()
 
         self._thread = threading.Thread(target=feed, daemon=True)
         self._thread.start()
