@@ -25,12 +25,24 @@
 #        (default: all; `containerd` builds its three commands)
 #        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd
 #                                                  rewrite those go.mod/go.sum
+#        AGGAPI_KUBE_VERSION=v1.36.3 hack/build-binaries.sh kube-apiserver kubelet
+#                   another Kubernetes release than the pin (for hack/test-matrix.sh): its
+#                   go.mod lives in hack/tools/kube-<version>; .local/bin links are left
+#                   alone (the matrix points the harness at the cached binaries)
 # Idempotent. Go's module and build caches stay at their defaults (outside the clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 # shellcheck source=tools/versions.env
 source hack/tools/versions.env
+
+# Another Kubernetes release than the pin: its own module dir, no .local/bin links.
+KUBE_DIR=hack/tools/kube
+if [[ -n ${AGGAPI_KUBE_VERSION:-} && $AGGAPI_KUBE_VERSION != "$KUBE_VERSION" ]]; then
+  KUBE_VERSION=$AGGAPI_KUBE_VERSION
+  KUBE_DIR=hack/tools/kube-$KUBE_VERSION
+  NO_LINK_KUBE=1
+fi
 
 BIN_CACHE=${AGGAPI_BIN_CACHE:-/var/cache/aggapi-bin}
 LINK_DIR=$ROOT/.local/bin
@@ -115,7 +127,7 @@ go_build() {
     mv -f "$tmp" "$out"
     log "$name $ver: built in $((SECONDS - t0))s"
   fi
-  ln -sfn "$out" "$LINK_DIR/$name"
+  [[ -n ${NO_LINK:-} ]] || ln -sfn "$out" "$LINK_DIR/$name"
 }
 
 # The Kubernetes commands share hack/tools/kube (one go.mod, one go.sum, one release).
@@ -127,7 +139,7 @@ for c in $KUBE_CMDS; do KUBE_PKGS+="${KUBE_PKGS:+ }k8s.io/kubernetes/cmd/$c"; do
 kube_version_ldflags() {
   local minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   local commit
-  commit=$(cd hack/tools/kube && GOFLAGS= go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+  commit=$(cd "$KUBE_DIR" && GOFLAGS= go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
            python3 -c 'import json,sys; print(json.load(sys.stdin).get("Origin",{}).get("Hash",""))')
   local ld="" p
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -139,7 +151,7 @@ kube_version_ldflags() {
 
 # A cached binary needs no go.mod: only (re)generate it when something must be built.
 kube_gomod() {
-  gen_gomod hack/tools/kube k8s.io/kubernetes "$KUBE_VERSION" "$KUBE_PKGS"
+  gen_gomod "$KUBE_DIR" k8s.io/kubernetes "$KUBE_VERSION" "$KUBE_PKGS"
 }
 
 # Every Kubernetes command is static (CGO_ENABLED=0, as upstream builds them) and comes
@@ -147,7 +159,7 @@ kube_gomod() {
 build_kube_cmd() {
   local name=$1 t0=$SECONDS
   [[ -x $BIN_CACHE/$name-$KUBE_VERSION ]] || kube_gomod
-  go_build "$name" hack/tools/kube "k8s.io/kubernetes/cmd/$name" "$KUBE_VERSION" \
+  NO_LINK=${NO_LINK_KUBE:-} go_build "$name" "$KUBE_DIR" "k8s.io/kubernetes/cmd/$name" "$KUBE_VERSION" \
     "$(kube_version_ldflags)"
   log "$name ready in $((SECONDS - t0))s"
 }
@@ -241,7 +253,7 @@ main() {
 if [[ ${1:-} == --regen-gomod ]]; then
   for which in "${@:2}"; do
     case $which in
-      kube) rm -f hack/tools/kube/go.sum
+      kube) rm -f "$KUBE_DIR/go.sum"
             kube_gomod ;;
       helm) rm -f hack/tools/helm/go.sum
             gen_gomod hack/tools/helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;

@@ -6,7 +6,8 @@ that scale with pulls and images, never with subscribers: lease resources only
 when the ingest or snapshot set changed, Content.Info once per new digest, and
 manifest/config reads once per digest (cached).
 
-How an image maps to what containerd shows (containerd 1.6 and later):
+How an image maps to what containerd shows (containerd 1.6 and later; 2.x looks the
+same whether CRI pulls through the transfer service or locally: docs/architecture.md):
 - its root (index or manifest) digest comes from the image record, the reference's
   digest, or, for a tag during a pull, the newest lease holding an index/manifest
   blob whose ``containerd.io/distribution.source.<host>`` label names its repository
