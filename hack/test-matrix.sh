@@ -13,6 +13,8 @@
 #                         tests/framework/containerdconfig.py)
 #   MATRIX_TESTS          what pytest runs in each cell (default: tests/e2e); the table
 #                         names it, so a partial run is never mistaken for the suite
+#   MATRIX_KUBE_CMDS      the Kubernetes commands to build first (default: all five;
+#                         kube-proxy serves only the two-node tests)
 #   MATRIX_OUT            the page to write (default: docs/support-matrix.md)
 #
 # Each cell is one pytest session under the e2e lock (/tmp/aggapi-e2e.lock), with a
@@ -27,7 +29,8 @@ CTRDS=${MATRIX_CONTAINERDS:-"1.6 2.x"}
 TESTS=${MATRIX_TESTS:-tests/e2e}
 OUT=${MATRIX_OUT:-docs/support-matrix.md}
 REPORTS=.local/matrix
-KUBE_CMDS=(kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy)
+# shellcheck disable=SC2206  # a list of names, no globs
+KUBE_CMDS=(${MATRIX_KUBE_CMDS:-kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy})
 mkdir -p "$REPORTS"
 
 log() { echo "test-matrix: $*" >&2; }
@@ -52,19 +55,29 @@ for kube in $KUBES; do
 done
 
 python3 - "$OUT" "$REPORTS" "$TESTS" "$CONTAINERD_VERSION" "${cells[@]}" <<'EOF'
-"""Write the support matrix page from the cells' JUnit reports."""
+"""Write the support matrix page from the cells' JUnit reports.
+
+Rows of combinations not run this time are kept from the page (each row names what it
+ran), so the matrix can be filled one cell at a time; notes below the marker are kept."""
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 out, reports, tests, ctd2 = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-rows = []
+marker = "<!-- notes: kept by hack/test-matrix.sh -->"
+old = out.read_text() if out.exists() else ""
+rows: dict[tuple[str, str], str] = {}
+for line in old.partition(marker)[0].splitlines():
+    cols = [c.strip() for c in line.strip().strip("|").split("|")]
+    if line.startswith("| v") and len(cols) >= 2:
+        rows[(cols[0], cols[1])] = line
 for cell in sys.argv[5:]:
     kube, ctrd = cell.removeprefix("kube-").split(".containerd-")
     xml = reports / f"{cell}.xml"
     secs = (reports / f"{cell}.seconds").read_text().strip()
     if not xml.exists():
-        rows.append(f"| {kube} | {ctrd} | - | - | - | {secs} | no report: see {reports}/{cell}.log |")
+        rows[(kube, ctrd)] = (f"| {kube} | {ctrd} | `{tests}` | - | - | - | {secs} | "
+                              f"no report: see {reports}/{cell}.log |")
         continue
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -74,18 +87,27 @@ for cell in sys.argv[5:]:
     names = [f"{c.get('classname', '').rsplit('.', 1)[-1]}::{c.get('name')}"
              for c in suite.iter("testcase")
              if c.find("failure") is not None or c.find("error") is not None]
-    rows.append(f"| {kube} | {ctrd} | {passed} | {failed} | {n['skipped']} | {secs} | "
-                f"{', '.join(names) or ''} |")
+    rows[(kube, ctrd)] = (f"| {kube} | {ctrd} | `{tests}` | {passed} | {failed} | "
+                          f"{n['skipped']} | {secs} | {', '.join(names)} |")
+
+
+def order(key: tuple[str, str]) -> tuple[list[int], str]:
+    return [int(x) for x in key[0].lstrip("v").split(".")], key[1]
+
+
 ctd_names = {"1.6": "Debian's containerd 1.6", "2.x": f"containerd {ctd2} (transfer pull)"}
 text = f"""# Support matrix
 
-Written by `hack/test-matrix.sh` (do not edit by hand). Each row is one pytest session
-of `{tests}` against a real control plane and node built at that Kubernetes release,
-with the node's containerd as named ({'; '.join(f'{k}: {v}' for k, v in ctd_names.items())}).
+Written by `hack/test-matrix.sh` (do not edit the table by hand). Each row is one pytest
+session of the tests it names against a real control plane and node built at that
+Kubernetes release, with the node's containerd as named
+({'; '.join(f'{k}: {v}' for k, v in ctd_names.items())}).
 
-| Kubernetes | containerd | passed | failed | skipped | seconds | failures |
-|---|---|---|---|---|---|---|
-""" + "\n".join(rows) + "\n"
+| Kubernetes | containerd | tests | passed | failed | skipped | seconds | failures |
+|---|---|---|---|---|---|---|---|
+""" + "\n".join(rows[k] for k in sorted(rows, key=order)) + "\n"
+if marker in old:
+    text += "\n" + marker + old.partition(marker)[2]
 out.write_text(text)
 print(text)
 EOF
