@@ -25,6 +25,8 @@
 #        (default: all; `containerd` builds its three commands)
 #        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd
 #                                                  rewrite those go.mod/go.sum
+#        hack/build-binaries.sh --check-kube v1.30.4 ...
+#                   are all staging modules of those releases served? (names the missing)
 #        AGGAPI_KUBE_VERSION=v1.36.3 hack/build-binaries.sh kube-apiserver kubelet
 #                   another Kubernetes release than the pin (for hack/test-matrix.sh): its
 #                   go.mod lives in hack/tools/kube-<version>; .local/bin links are left
@@ -149,8 +151,29 @@ kube_version_ldflags() {
   echo "$ld"
 }
 
+# Every k8s.io staging module a release requires must be served at v0.<minor>.<patch>
+# (some patch releases lack some: versions.env). Checked before a release's first go.mod
+# is generated, so a missing one is named instead of failing deep in `go get`.
+check_kube_release() {
+  local ver=$1 upstream m missing=()
+  upstream=$(cd /tmp && GOFLAGS= go mod download -json "k8s.io/kubernetes@$ver" |
+             python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])') ||
+    { log "k8s.io/kubernetes@$ver is not served"; return 1; }
+  for m in $(awk '/^require \(/{r=1; next} r && /^\)/{r=0}
+                  r && $1 ~ /^k8s\.io\// && $2=="v0.0.0" {print $1}' "$upstream" | sort -u); do
+    (cd /tmp && GOFLAGS= go mod download "$m@v0.${ver#v1.}" >/dev/null 2>&1) || missing+=("$m")
+  done
+  if ((${#missing[@]})); then
+    log "Kubernetes $ver: staging modules not served at v0.${ver#v1.}: ${missing[*]}"
+    log "pick another patch release (go list -m -versions k8s.io/kubernetes)"
+    return 1
+  fi
+  log "Kubernetes $ver: every staging module is served"
+}
+
 # A cached binary needs no go.mod: only (re)generate it when something must be built.
 kube_gomod() {
+  [[ -f $KUBE_DIR/go.sum ]] || check_kube_release "$KUBE_VERSION"
   gen_gomod "$KUBE_DIR" k8s.io/kubernetes "$KUBE_VERSION" "$KUBE_PKGS"
 }
 
@@ -250,6 +273,11 @@ setup_etcd() {
 }
 
 main() {
+if [[ ${1:-} == --check-kube ]]; then
+  rc=0
+  for v in "${@:2}"; do check_kube_release "$v" || rc=1; done
+  exit $rc
+fi
 if [[ ${1:-} == --regen-gomod ]]; then
   for which in "${@:2}"; do
     case $which in

@@ -2,17 +2,19 @@
 # Run the e2e suite for each {Kubernetes release} x {containerd} combination and write
 # the table (combination, passed, failed, skipped, seconds) to docs/support-matrix.md.
 #
-#   MATRIX_KUBE_VERSIONS  space-separated releases (default: the pin in
-#                         hack/tools/versions.env, and v1.36.3); each one's kube-apiserver,
-#                         kubelet, kube-controller-manager and kube-scheduler are built
-#                         by hack/build-binaries.sh (cached; the first build of a release
-#                         takes ~5 minutes here) and handed to the harness through
-#                         AGGAPI_<NAME>_BIN
+#   MATRIX_KUBE_VERSIONS  space-separated releases (default: the oldest served minor
+#                         v1.30.4, the pin in hack/tools/versions.env, and the newest
+#                         served v1.36.3); each one's Kubernetes commands are built by
+#                         hack/build-binaries.sh (cached; the first build of a release
+#                         takes ~5 minutes here) and picked by the harness through
+#                         AGGAPI_KUBE_VERSION (tests/framework/kubetools.py)
 #   MATRIX_CONTAINERDS    space-separated AGGAPI_CONTAINERD values (default: "1.6 2.x";
 #                         2.x pulls through the transfer service, see
 #                         tests/framework/containerdconfig.py)
 #   MATRIX_TESTS          what pytest runs in each cell (default: tests/e2e); the table
 #                         names it, so a partial run is never mistaken for the suite
+#   MATRIX_KUBE_CMDS      the Kubernetes commands to build first (default: all five;
+#                         kube-proxy serves only the two-node tests)
 #   MATRIX_OUT            the page to write (default: docs/support-matrix.md)
 #
 # Each cell is one pytest session under the e2e lock (/tmp/aggapi-e2e.lock), with a
@@ -22,13 +24,13 @@ cd "$(dirname "$0")/.."
 # shellcheck source=tools/versions.env
 source hack/tools/versions.env
 
-KUBES=${MATRIX_KUBE_VERSIONS:-"$KUBE_VERSION v1.36.3"}
+KUBES=${MATRIX_KUBE_VERSIONS:-"v1.30.4 $KUBE_VERSION v1.36.3"}
 CTRDS=${MATRIX_CONTAINERDS:-"1.6 2.x"}
 TESTS=${MATRIX_TESTS:-tests/e2e}
 OUT=${MATRIX_OUT:-docs/support-matrix.md}
-BIN_CACHE=${AGGAPI_BIN_CACHE:-/var/cache/aggapi-bin}
 REPORTS=.local/matrix
-KUBE_CMDS=(kube-apiserver kubelet kube-controller-manager kube-scheduler)
+# shellcheck disable=SC2206  # a list of names, no globs
+KUBE_CMDS=(${MATRIX_KUBE_CMDS:-kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy})
 mkdir -p "$REPORTS"
 
 log() { echo "test-matrix: $*" >&2; }
@@ -39,16 +41,11 @@ for kube in $KUBES; do
   AGGAPI_KUBE_VERSION=$kube bash hack/build-binaries.sh "${KUBE_CMDS[@]}" >&2
   for ctrd in $CTRDS; do
     cell="kube-$kube.containerd-$ctrd"
-    env_bins=()
-    for c in "${KUBE_CMDS[@]}"; do
-      var=AGGAPI_$(echo "$c" | tr 'a-z-' 'A-Z_')_BIN
-      env_bins+=("$var=$BIN_CACHE/$c-$kube")
-    done
     log "$cell: $TESTS"
     t0=$SECONDS
     # pytest's exit code is the table's business, not this script's.
     # shellcheck disable=SC2086
-    flock /tmp/aggapi-e2e.lock env "${env_bins[@]}" AGGAPI_CONTAINERD="$ctrd" \
+    flock /tmp/aggapi-e2e.lock env AGGAPI_KUBE_VERSION="$kube" AGGAPI_CONTAINERD="$ctrd" \
       python3 -m pytest -q -p no:cacheprovider $TESTS --junitxml="$REPORTS/$cell.xml" \
       >"$REPORTS/$cell.log" 2>&1 || true
     echo "$((SECONDS - t0))" >"$REPORTS/$cell.seconds"
@@ -58,19 +55,29 @@ for kube in $KUBES; do
 done
 
 python3 - "$OUT" "$REPORTS" "$TESTS" "$CONTAINERD_VERSION" "${cells[@]}" <<'EOF'
-"""Write the support matrix page from the cells' JUnit reports."""
+"""Write the support matrix page from the cells' JUnit reports.
+
+Rows of combinations not run this time are kept from the page (each row names what it
+ran), so the matrix can be filled one cell at a time; notes below the marker are kept."""
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 out, reports, tests, ctd2 = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-rows = []
+marker = "<!-- notes: kept by hack/test-matrix.sh -->"
+old = out.read_text() if out.exists() else ""
+rows: dict[tuple[str, str], str] = {}
+for line in old.partition(marker)[0].splitlines():
+    cols = [c.strip() for c in line.strip().strip("|").split("|")]
+    if line.startswith("| v") and len(cols) >= 2:
+        rows[(cols[0], cols[1])] = line
 for cell in sys.argv[5:]:
     kube, ctrd = cell.removeprefix("kube-").split(".containerd-")
     xml = reports / f"{cell}.xml"
     secs = (reports / f"{cell}.seconds").read_text().strip()
     if not xml.exists():
-        rows.append(f"| {kube} | {ctrd} | - | - | - | {secs} | no report: see {reports}/{cell}.log |")
+        rows[(kube, ctrd)] = (f"| {kube} | {ctrd} | `{tests}` | - | - | - | {secs} | "
+                              f"no report: see {reports}/{cell}.log |")
         continue
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -80,18 +87,27 @@ for cell in sys.argv[5:]:
     names = [f"{c.get('classname', '').rsplit('.', 1)[-1]}::{c.get('name')}"
              for c in suite.iter("testcase")
              if c.find("failure") is not None or c.find("error") is not None]
-    rows.append(f"| {kube} | {ctrd} | {passed} | {failed} | {n['skipped']} | {secs} | "
-                f"{', '.join(names) or ''} |")
+    rows[(kube, ctrd)] = (f"| {kube} | {ctrd} | `{tests}` | {passed} | {failed} | "
+                          f"{n['skipped']} | {secs} | {', '.join(names)} |")
+
+
+def order(key: tuple[str, str]) -> tuple[list[int], str]:
+    return [int(x) for x in key[0].lstrip("v").split(".")], key[1]
+
+
 ctd_names = {"1.6": "Debian's containerd 1.6", "2.x": f"containerd {ctd2} (transfer pull)"}
 text = f"""# Support matrix
 
-Written by `hack/test-matrix.sh` (do not edit by hand). Each row is one pytest session
-of `{tests}` against a real control plane and node built at that Kubernetes release,
-with the node's containerd as named ({'; '.join(f'{k}: {v}' for k, v in ctd_names.items())}).
+Written by `hack/test-matrix.sh` (do not edit the table by hand). Each row is one pytest
+session of the tests it names against a real control plane and node built at that
+Kubernetes release, with the node's containerd as named
+({'; '.join(f'{k}: {v}' for k, v in ctd_names.items())}).
 
-| Kubernetes | containerd | passed | failed | skipped | seconds | failures |
-|---|---|---|---|---|---|---|
-""" + "\n".join(rows) + "\n"
+| Kubernetes | containerd | tests | passed | failed | skipped | seconds | failures |
+|---|---|---|---|---|---|---|---|
+""" + "\n".join(rows[k] for k in sorted(rows, key=order)) + "\n"
+if marker in old:
+    text += "\n" + marker + old.partition(marker)[2]
 out.write_text(text)
 print(text)
 EOF

@@ -122,3 +122,15 @@ async def test_front_proxy_is_refused_while_allowed_names_is_malformed(
         except aiohttp.ClientError:
             return False
     await until(accepted)
+
+
+def test_release_without_uid_headers_keeps_header_auth(module_certs: Pki) -> None:
+    """kube-apiserver before 1.32 has no --requestheader-uid-headers and writes no such
+    key (tests/e2e/test_controlplane.py sees it on v1.30): front-proxy authentication
+    stays on, with users that simply carry no uid."""
+    data = _data(module_certs)
+    del data["requestheader-uid-headers"]
+    cfg = parse_configmap(data)
+    assert cfg.requestheader_cas and not cfg.requestheader_error
+    assert cfg.uid_headers == ()
+    assert cfg.username_headers == tuple(json.loads(data["requestheader-username-headers"]))

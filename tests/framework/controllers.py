@@ -1,7 +1,8 @@
 """kube-controller-manager and kube-scheduler beside the harness's kube-apiserver.
 
-Both are the real v1.34 commands (hack/build-binaries.sh, the same k8s.io/kubernetes
-module as kube-apiserver), started once per control plane:
+Both are the real commands of the release under test (the pin or AGGAPI_KUBE_VERSION;
+hack/build-binaries.sh, the same k8s.io/kubernetes module as kube-apiserver), started
+once per control plane:
 
     kube-controller-manager  https://127.0.0.1:<free port>, user system:kube-controller-manager
                              (cluster-CA client cert), --use-service-account-credentials:

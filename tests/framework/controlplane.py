@@ -66,7 +66,7 @@ from tests.framework.controllers import KCM, Controllers
 from tests.framework.controllers import PROCS as CONTROLLER_PROCS
 
 # Re-exported: the harness's users import these from here.
-from tests.framework.kubetools import binary, kubeconfig, versions  # noqa: F401
+from tests.framework.kubetools import binary, has, kubeconfig, versions  # noqa: F401
 from tests.framework.netns import Host, Network
 from tests.framework.procs import HarnessError, Proc, free_port, spawn, wait_ready
 from tests.framework.repo import REPO, python_env
@@ -254,11 +254,22 @@ class ControlPlane:
         d = self.pki_dir
         etcd_url = (self.state / "etcd.url").read_text().strip()
         authn = self.state / "authentication-config.yaml"
-        # Anonymous only for the health endpoints: any other unauthenticated request is a 401.
-        authn.write_text(
-            "apiVersion: apiserver.config.k8s.io/v1beta1\nkind: AuthenticationConfiguration\n"
-            "anonymous:\n  enabled: true\n  conditions:\n"
-            "  - path: /livez\n  - path: /readyz\n  - path: /healthz\n")
+        # Anonymous only for the health endpoints: any other unauthenticated request is a
+        # 401. Releases before per-path anonymous turn anonymous off altogether (the
+        # harness's own /readyz checks authenticate), so the 401s stay the same.
+        if has("apiserver-anonymous-conditions"):
+            authn.write_text(
+                "apiVersion: apiserver.config.k8s.io/v1beta1\n"
+                "kind: AuthenticationConfiguration\n"
+                "anonymous:\n  enabled: true\n  conditions:\n"
+                "  - path: /livez\n  - path: /readyz\n  - path: /healthz\n")
+            anonymous = [f"--authentication-config={authn}"]
+        else:
+            anonymous = ["--anonymous-auth=false"]
+        # aggapi reads the uid header's name from extension-apiserver-authentication and
+        # does without one when the release writes none there.
+        uid = (["--requestheader-uid-headers=X-Remote-Uid"]
+               if has("apiserver-requestheader-uid") else [])
         return [
             binary("kube-apiserver"),
             f"--etcd-servers={etcd_url}",
@@ -271,14 +282,14 @@ class ControlPlane:
             f"--requestheader-client-ca-file={d / 'front-proxy-ca.crt'}",
             f"--requestheader-allowed-names={FRONT_PROXY_CN}",
             "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-uid-headers=X-Remote-Uid",
+            *uid,
             "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={d / 'front-proxy-client.crt'}",
             f"--proxy-client-key-file={d / 'front-proxy-client.key'}",
             "--enable-aggregator-routing=true",
             "--authorization-mode=Node,RBAC",
-            f"--authentication-config={authn}",
+            *anonymous,
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",

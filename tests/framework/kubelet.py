@@ -1,4 +1,4 @@
-"""A real kubelet (v1.34, built by hack/build-binaries.sh) on the harness node.
+"""A real kubelet (the pinned v1.34, or AGGAPI_KUBE_VERSION) on the harness node.
 
 It runs as root in the host's network and mount namespaces, like a kubelet on a real
 host, against the node's containerd (tests.framework.node: CRI v1, runc, cgroupfs on
@@ -56,6 +56,7 @@ from tests.framework.controlplane import (
     binary,
     kubeconfig,
 )
+from tests.framework.kubetools import has, lacks
 from tests.framework.node import Node, ensure_node
 from tests.framework.nodestate import NodeInfo
 from tests.framework.procs import HarnessError, Proc, spawn
@@ -209,7 +210,7 @@ class Kubelet:
             # Runtime: the harness's containerd, CRI v1.
             "containerRuntimeEndpoint": sock, "imageServiceEndpoint": sock,
             # cgroup v1 host, containerd's runc uses cgroupfs (SystemdCgroup unset).
-            "cgroupDriver": "cgroupfs", "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
             "cgroupsPerQOS": True, "cgroupRoot": self.node.info.cgroup_parent,
             "failSwapOn": False,
             # No CAP_SYS_RESOURCE on this VM: kubelet could not lower its own score.
@@ -230,7 +231,11 @@ class Kubelet:
             "syncFrequency": "10s",
             "shutdownGracePeriod": "0s",
         }
+        if has("kubelet-failCgroupV1"):  # older kubelets take cgroup v1 as it is
+            cfg["failCgroupV1"] = False
         if self.max_parallel_image_pulls is not None:
+            if not has("kubelet-maxParallelImagePulls"):
+                raise HarnessError(lacks("kubelet-maxParallelImagePulls"))
             cfg["maxParallelImagePulls"] = self.max_parallel_image_pulls
         cfg.update(self.extra_config)
         return cfg

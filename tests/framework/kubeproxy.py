@@ -1,4 +1,4 @@
-"""kube-proxy (v1.34, hack/build-binaries.sh) of a cluster node, in iptables mode.
+"""kube-proxy (the pin or AGGAPI_KUBE_VERSION) of a cluster node, in iptables mode.
 
 It runs inside the node's namespaces (tests.framework.nodens) and programs the iptables
 (nf_tables backend) of the node's network namespace: pods' traffic to ClusterIPs is

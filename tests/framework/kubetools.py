@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import subprocess
+from pathlib import Path
 
 from tests.framework.procs import HarnessError
 from tests.framework.repo import REPO
@@ -27,11 +28,72 @@ def versions() -> dict[str, str]:
     return out
 
 
+# The commands built from k8s.io/kubernetes: AGGAPI_KUBE_VERSION picks their release.
+KUBE_CMDS = ("kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler",
+             "kube-proxy")
+
+
+def kube_version() -> str:
+    """The Kubernetes release under test: AGGAPI_KUBE_VERSION, else the pin."""
+    return os.environ.get("AGGAPI_KUBE_VERSION") or versions()["KUBE_VERSION"]
+
+
+def kube_minor(version: str | None = None) -> int:
+    """1.30 -> 30: what version-dependent flags and config fields are chosen by."""
+    v = (version or kube_version()).removeprefix("v").split(".")
+    if len(v) < 2 or v[0] != "1" or not v[1].isdigit():
+        raise HarnessError(f"not a Kubernetes release: {version or kube_version()!r}")
+    return int(v[1])
+
+
+# The first minor that has each thing the harness uses and older releases lack: the
+# harness leaves it out below that (see its use), and tests needing it skip with why.
+SINCE: dict[str, int] = {
+    # kube-apiserver --requestheader-uid-headers (KEP-4193 follow-up, 1.32).
+    "apiserver-requestheader-uid": 32,
+    # AuthenticationConfiguration.anonymous with per-path conditions (KEP-4633, beta 1.32).
+    "apiserver-anonymous-conditions": 32,
+    # KubeletConfiguration.failCgroupV1 (1.31): older kubelets run on cgroup v1 anyway.
+    "kubelet-failCgroupV1": 31,
+    # KubeletConfiguration.maxParallelImagePulls (KEP-3673, 1.27; GA 1.35).
+    "kubelet-maxParallelImagePulls": 27,
+}
+
+
+def has(feature: str, version: str | None = None) -> bool:
+    """Whether the Kubernetes release under test (or ``version``) has ``feature``."""
+    return kube_minor(version) >= SINCE[feature]
+
+
+def lacks(feature: str) -> str:
+    """The skip reason for a test that needs ``feature`` on an older release."""
+    return (f"Kubernetes {kube_version()} lacks {feature} "
+            f"(since 1.{SINCE[feature]}; tests/framework/kubetools.py SINCE)")
+
+
+def bin_cache() -> Path:
+    return Path(os.environ.get("AGGAPI_BIN_CACHE") or "/var/cache/aggapi-bin")
+
+
 def binary(name: str, *, build: bool = True) -> str:
-    """Path of a tool from hack/build-binaries.sh; runs it if the link is missing."""
+    """Path of a tool from hack/build-binaries.sh; runs it if the link is missing.
+
+    AGGAPI_<NAME>_BIN names one binary outright. For the Kubernetes commands, an
+    AGGAPI_KUBE_VERSION other than the pin means the cached <name>-<version> (the
+    .local/bin links stay on the pin, so a run for another release never moves them)."""
     env = os.environ.get(f"AGGAPI_{name.upper().replace('-', '_')}_BIN")
     if env:
         return env
+    ver = kube_version()
+    if name in KUBE_CMDS and ver != versions()["KUBE_VERSION"]:
+        cached = bin_cache() / f"{name}-{ver}"
+        if not cached.exists() and build:
+            subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), name], check=True,
+                           env={**os.environ, "AGGAPI_KUBE_VERSION": ver})
+        if not cached.exists():
+            raise HarnessError(f"{name} {ver} not found: run AGGAPI_KUBE_VERSION={ver} "
+                               f"hack/build-binaries.sh {name}")
+        return str(cached)
     link = REPO / ".local/bin" / name
     if not link.exists() and build:
         subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), name], check=True)

@@ -22,6 +22,7 @@ from tests.e2e.kubelet.conftest import (
 )
 from tests.framework.controlplane import ControlPlane
 from tests.framework.kubelet import Kubelet
+from tests.framework.kubetools import has, lacks
 from tests.framework.node import Node
 
 MiB = 1 << 20
@@ -76,8 +77,10 @@ def test_real_pull_progress_over_90s(control_plane: ControlPlane, node: Node,
     delete_pods(cp, "kpull")
 
 
-@pytest.mark.parametrize(("serialize", "max_parallel"), [(False, 1), (True, None)],
-                         ids=["parallel-max1", "serialized"])
+@pytest.mark.parametrize(("serialize", "max_parallel"), [
+    pytest.param(False, 1, marks=pytest.mark.skipif(
+        not has("kubelet-maxParallelImagePulls"), reason=lacks("kubelet-maxParallelImagePulls"))),
+    (True, None)], ids=["parallel-max1", "serialized"])
 def test_kep3673_waiting_then_downloading(control_plane: ControlPlane, node: Node,
                                           real_node: Kubelet, kimages: KImages,
                                           serialize: bool, max_parallel: int | None) -> None:

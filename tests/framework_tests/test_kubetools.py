@@ -1,0 +1,79 @@
+"""The Kubernetes release switch (AGGAPI_KUBE_VERSION) and its version table.
+
+No cluster runs: binaries are only asked for ``--help``, so this needs no e2e lock.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.framework import kubetools
+from tests.framework.procs import HarnessError
+
+PIN = kubetools.versions()["KUBE_VERSION"]
+
+
+def test_default_is_the_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGGAPI_KUBE_VERSION", raising=False)
+    assert kubetools.kube_version() == PIN
+    monkeypatch.setenv("AGGAPI_KUBE_VERSION", "v1.36.3")
+    assert kubetools.kube_version() == "v1.36.3"
+    assert kubetools.kube_minor() == 36
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 99), st.integers(0, 99))
+def test_minor_of_any_release(minor: int, patch: int) -> None:
+    assert kubetools.kube_minor(f"v1.{minor}.{patch}") == minor
+    assert kubetools.kube_minor(f"1.{minor}.{patch}") == minor
+
+
+@pytest.mark.parametrize("bad", ["v2.1.0", "latest", "v1", "v1.x.3"])
+def test_not_a_release(bad: str) -> None:
+    with pytest.raises(HarnessError, match="not a Kubernetes release"):
+        kubetools.kube_minor(bad)
+
+
+def test_has_follows_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    for feature, since in kubetools.SINCE.items():
+        assert kubetools.has(feature, f"v1.{since}.0")
+        assert not kubetools.has(feature, f"v1.{since - 1}.9")
+    monkeypatch.setenv("AGGAPI_KUBE_VERSION", "v1.30.4")
+    assert "v1.30.4 lacks apiserver-requestheader-uid (since 1.32" in kubetools.lacks(
+        "apiserver-requestheader-uid")
+
+
+def test_other_release_uses_the_cache_not_the_links(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    monkeypatch.setenv("AGGAPI_BIN_CACHE", str(tmp_path))
+    monkeypatch.setenv("AGGAPI_KUBE_VERSION", "v1.99.1")
+    monkeypatch.delenv("AGGAPI_KUBELET_BIN", raising=False)
+    with pytest.raises(HarnessError, match=r"AGGAPI_KUBE_VERSION=v1\.99\.1 .*kubelet"):
+        kubetools.binary("kubelet", build=False)
+    (tmp_path / "kubelet-v1.99.1").write_text("")
+    assert kubetools.binary("kubelet", build=False) == str(tmp_path / "kubelet-v1.99.1")
+    # Tools outside k8s.io/kubernetes do not follow the release.
+    monkeypatch.setenv("AGGAPI_HELM_BIN", "/x/helm")
+    assert kubetools.binary("helm", build=False) == "/x/helm"
+
+
+def cached_releases() -> list[str]:
+    return sorted({p.name.removeprefix("kube-apiserver-")
+                   for p in kubetools.bin_cache().glob("kube-apiserver-v1.*")})
+
+
+@pytest.mark.parametrize("release", cached_releases())
+def test_table_matches_the_built_apiserver(release: str) -> None:
+    """SINCE says which releases lack the flag; each built kube-apiserver agrees."""
+    out = subprocess.run([str(kubetools.bin_cache() / f"kube-apiserver-{release}"), "--help"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "--requestheader-client-ca-file" in out  # the help text is the real one
+    assert ("--requestheader-uid-headers" in out) == kubetools.has(
+        "apiserver-requestheader-uid", release)
+    assert "--authentication-config" in out or not kubetools.has(
+        "apiserver-anonymous-conditions", release)
