@@ -393,6 +393,15 @@ class ControlPlane:
                      "endpointslice.kubernetes.io/managed-by": "aggapi-harness"}},
                  "addressType": "IPv4", "endpoints": [ep],
                  "ports": [{"name": "https", "port": target, "protocol": "TCP"}]},
+                # kube-aggregator before 1.33 resolves a Service through its Endpoints,
+                # not its slices (--enable-aggregator-routing): no controller mirrors
+                # slices into Endpoints, so the harness writes those too.
+                *([] if has("aggregator-endpointslices") else [
+                    {"apiVersion": "v1", "kind": "Endpoints",
+                     "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+                     "subsets": [{"addresses": [{"ip": address, **(
+                         {"nodeName": node} if node else {})}],
+                         "ports": [{"name": "https", "port": target, "protocol": "TCP"}]}]}]),
             ]
 
         return [

@@ -53,6 +53,9 @@ SINCE: dict[str, int] = {
     "apiserver-requestheader-uid": 32,
     # AuthenticationConfiguration.anonymous with per-path conditions (KEP-4633, beta 1.32).
     "apiserver-anonymous-conditions": 32,
+    # kube-aggregator resolves Services through EndpointSlices (before: v1 Endpoints; seen
+    # in k8s.io/kube-aggregator v0.30.4 vs v0.34.3, assumed from 1.33).
+    "aggregator-endpointslices": 33,
     # KubeletConfiguration.failCgroupV1 (1.31): older kubelets run on cgroup v1 anyway.
     "kubelet-failCgroupV1": 31,
     # KubeletConfiguration.maxParallelImagePulls (KEP-3673, 1.27; GA 1.35).

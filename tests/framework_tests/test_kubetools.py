@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.framework import kubetools
+from tests.framework.controlplane import ControlPlane
 from tests.framework.procs import HarnessError
 
 PIN = kubetools.versions()["KUBE_VERSION"]
@@ -77,3 +78,29 @@ def test_table_matches_the_built_apiserver(release: str) -> None:
         "apiserver-requestheader-uid", release)
     assert "--authentication-config" in out or not kubetools.has(
         "apiserver-anonymous-conditions", release)
+
+
+@pytest.mark.parametrize(("release", "endpoints"), [("v1.30.4", True), ("v1.32.0", True),
+                                                    ("v1.34.3", False), ("v1.36.3", False)])
+def test_endpoints_written_where_the_aggregator_reads_them(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, release: str, endpoints: bool) -> None:
+    """kube-aggregator before 1.33 finds aggapi through v1 Endpoints: the harness writes
+    them beside its EndpointSlices there (v1.30.4's APIService never became Available
+    without them), and only there."""
+    monkeypatch.setenv("AGGAPI_KUBE_VERSION", release)
+    cp = ControlPlane(instance="e2e", state=tmp_path / "e2e")
+    cp.aggapi_certs.mkdir(parents=True)
+    (cp.aggapi_certs / "ca.crt").write_bytes(b"ca")
+    objs = cp.objects()
+    slices = {o["metadata"]["name"].removesuffix("-local"): o for o in objs
+              if o["kind"] == "EndpointSlice"}
+    eps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Endpoints"}
+    assert slices
+    if not endpoints:
+        assert eps == {}
+        return
+    assert eps.keys() == slices.keys()
+    for name, ep in eps.items():
+        [subset] = ep["subsets"]
+        assert [a["ip"] for a in subset["addresses"]] == slices[name]["endpoints"][0]["addresses"]
+        assert [p["port"] for p in subset["ports"]] == [p["port"] for p in slices[name]["ports"]]
