@@ -4,7 +4,9 @@ Every upload request gets a random token; its temp files are named
 ``.aggapi-tmp-<token>-<n>`` in the directory they will be renamed into. Before
 the first temp file is created in a directory, one JSON line naming that
 directory is appended to ``<state_dir>/<token>.jsonl`` (whose first line names
-the container by its id, stable across agent restarts, unlike pids). A clean
+the container by its id, stable across agent restarts, unlike pids). The writer holds
+an exclusive flock on its record while it lives, so an agent starting beside a live one
+(a DaemonSet rolling with maxSurge) leaves that agent's uploads alone. A clean
 finish deletes the record. At start-up :func:`cleanup_stale` re-opens each
 recorded container and directory through openat2 and unlinks only names with
 that token. When that container is gone, the pod's current instance of the same
@@ -15,6 +17,7 @@ outlived the old container. Records with neither are dropped.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -54,6 +57,8 @@ class InflightRecord:
                 os.makedirs(os.path.dirname(self.path), 0o700, exist_ok=True)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
                                    | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                # Held until done() or this process dies: the record is a live upload's.
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
             except OSError as exc:  # not the target's fault: never report it as such
                 raise StatusError(500, f"agent copy state dir unusable: {exc}") from exc
             head = {"containerId": self.root.container_id, "podUid": self.root.pod_uid,
@@ -97,6 +102,10 @@ def read_records(state_dir: str) -> list[tuple[str, dict[str, object], list[str]
         path = os.path.join(state_dir, name)
         try:
             with open(path, encoding="utf-8") as f:
+                try:  # released when the file closes; cleanup runs once, at start-up
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live agent's upload (a surge agent beside it): not stale
                 lines = [json.loads(line) for line in f if line.strip()]
         except (OSError, ValueError):
             log.warning("dropping unreadable copy record %s", path)

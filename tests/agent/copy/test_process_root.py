@@ -132,3 +132,33 @@ async def test_startup_cleanup_removes_stale_temp_files(box: Box, limits: CopyLi
     assert removed == 1
     assert sorted(os.listdir(box.rootfs / "data")) == [".aggapi-tmp-someoneelse-1", "keep"]
     assert os.listdir(limits.state_dir) == []
+
+
+async def test_startup_cleanup_leaves_a_live_agents_uploads_alone(box: Box,
+                                                                 limits: CopyLimits) -> None:
+    """A DaemonSet rolling with maxSurge starts the new agent while the old one still
+    uploads: the new agent's cleanup must not remove that upload's temp file or record."""
+    os.makedirs(limits.state_dir, exist_ok=True)
+    root = open_process_root(box.pid, container_id="pid-container")
+    rec = cleanup.InflightRecord(limits.state_dir, root)
+    tmp = rec.temp_name("/data")
+    (box.rootfs / "data" / tmp).write_bytes(b"an upload in flight")
+    workers = Workers(2)
+    try:
+        removed = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
+                                              workers)
+        assert removed == 0
+        assert tmp in os.listdir(box.rootfs / "data")
+        assert os.listdir(limits.state_dir) == [os.path.basename(rec.path)]
+        # The old agent dies mid-upload: the next start cleans up after it.
+        assert rec._fd is not None
+        os.close(rec._fd)
+        rec._fd = None
+        removed = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
+                                              workers)
+    finally:
+        workers.shutdown()
+        root.close()
+    assert removed == 1
+    assert tmp not in os.listdir(box.rootfs / "data")
+    assert os.listdir(limits.state_dir) == []
