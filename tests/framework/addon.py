@@ -166,8 +166,17 @@ class Addon:
         for f in self.cp.rbac_files():
             if f.is_relative_to(REPO / "manifests"):
                 self.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", str(f))
-        self.kubectl("delete", "namespace", self.namespace, "--ignore-not-found",
-                     "--timeout=120s")
+        # Pods the host-process harness bound to nodes whose kubelet has stopped would
+        # never finish terminating and hold the namespace: remove them outright.
+        self.kubectl("delete", "pods", "--all", "-n", self.namespace, "--force",
+                     "--grace-period=0", "--ignore-not-found", "--wait=false", check=False)
+        r = self.kubectl("delete", "namespace", self.namespace, "--ignore-not-found",
+                         "--timeout=90s", check=False)  # within kubectl()'s own 120 s
+        if r.returncode != 0:
+            status = self.kubectl("get", "namespace", self.namespace, "-o",
+                                  "jsonpath={.status}", check=False)
+            raise HarnessError(f"namespace {self.namespace} not deleted: {r.stderr} "
+                               f"{status.stdout}")
 
     def create_namespace(self) -> None:
         if self.kubectl("get", "namespace", self.namespace, check=False).returncode != 0:
