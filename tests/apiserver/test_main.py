@@ -23,7 +23,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_process_serves_and_exits_on_sigterm(certs: Pki, kube: FakeKube) -> None:
+async def _start_apiserver(certs: Pki, kube: FakeKube, *args: str,
+                           stderr: int) -> tuple[asyncio.subprocess.Process, int]:
+    """`aggapi apiserver` on a free 127.0.0.1 port against ``kube``, configured through
+    its environment, with ``args`` added; returns the process and its port."""
     kubeconfig = certs.dir / "kubeconfig"
     kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "fake",
@@ -36,8 +39,13 @@ async def test_process_serves_and_exits_on_sigterm(certs: Pki, kube: FakeKube) -
            "AGGAPI_TLS_PRIVATE_KEY_FILE": certs.path("tls.key"), "AGGAPI_SHUTDOWN_GRACE": "1"}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aggapi", "apiserver", "--kubeconfig", str(kubeconfig),
-        env=env, stderr=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "aggapi", "apiserver", "--kubeconfig", str(kubeconfig), *args,
+        env=env, stderr=stderr)
+    return proc, port
+
+
+async def test_process_serves_and_exits_on_sigterm(certs: Pki, kube: FakeKube) -> None:
+    proc, port = await _start_apiserver(certs, kube, stderr=asyncio.subprocess.PIPE)
     try:
         ctx = ssl.create_default_context(cafile=certs.path("serving-ca.crt"))
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
@@ -62,20 +70,8 @@ async def test_process_serves_and_exits_on_sigterm(certs: Pki, kube: FakeKube) -
 async def test_shutdown_delay_keeps_accepting_while_not_ready(certs: Pki, kube: FakeKube) -> None:
     """--shutdown-delay: after SIGTERM /readyz fails at once (endpoints drop the replica)
     while the port still answers; the process exits after the delay."""
-    kubeconfig = certs.dir / "kubeconfig-delay"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": kube.url}}],
-        "users": [{"name": "me", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}]}))
-    port = _free_port()
-    env = {**os.environ, "AGGAPI_SECURE_PORT": str(port), "AGGAPI_BIND_ADDRESS": "127.0.0.1",
-           "AGGAPI_TLS_CERT_FILE": certs.path("tls.crt"),
-           "AGGAPI_TLS_PRIVATE_KEY_FILE": certs.path("tls.key"), "AGGAPI_SHUTDOWN_GRACE": "1"}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aggapi", "apiserver", "--kubeconfig", str(kubeconfig),
-        "--shutdown-delay=3", env=env, stderr=asyncio.subprocess.DEVNULL)
+    proc, port = await _start_apiserver(certs, kube, "--shutdown-delay=3",
+                                        stderr=asyncio.subprocess.DEVNULL)
     try:
         ctx = ssl.create_default_context(cafile=certs.path("serving-ca.crt"))
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
