@@ -9,14 +9,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class HarnessError(RuntimeError):
@@ -161,3 +164,27 @@ def wait_ready(ok: Callable[[], bool], timeout: float, what: str, proc: Proc | N
             raise HarnessError(f"{what}: process exited\n{proc.tail()}")
         time.sleep(poll)
     raise HarnessError(f"{what}: not ready after {timeout}s\n" + (proc.tail() if proc else ""))
+
+
+def follow_json_lines(proc: subprocess.Popen[str], objects: list[tuple[float, dict[str, Any]]],
+                      clock: Callable[[], float] = time.monotonic,
+                      on_end: Callable[[], None] | None = None) -> threading.Thread:
+    """Append (``clock()``, object) to ``objects`` for each JSON object line ``proc``
+    prints (other lines are skipped), from a daemon thread; ``on_end`` once it exits."""
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                objects.append((clock(), obj))
+        if on_end is not None:
+            proc.wait()
+            on_end()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t

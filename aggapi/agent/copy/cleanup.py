@@ -6,13 +6,15 @@ the first temp file is created in a directory, one JSON line naming that
 directory is appended to ``<state_dir>/<token>.jsonl`` (whose first line names
 the container by its id, stable across agent restarts, unlike pids). The writer holds
 an exclusive flock on its record while it lives, so an agent starting beside a live one
-(a DaemonSet rolling with maxSurge) leaves that agent's uploads alone. A clean
-finish deletes the record. At start-up :func:`cleanup_stale` re-opens each
-recorded container and directory through openat2 and unlinks only names with
-that token. When that container is gone, the pod's current instance of the same
-container (found by pod uid and container name, as after a restart or a
-recreated sandbox) is cleaned instead: the temp file may be in a volume that
-outlived the old container. Records with neither are dropped.
+(a DaemonSet rolling with maxSurge, or a replacement created during the old pod's grace
+period) leaves that agent's uploads alone; :func:`cleanup_stale` returns such records as
+pending and the engine comes back for them once the lock is released. A clean finish
+deletes the record. At start-up :func:`cleanup_stale` re-opens each recorded container
+and directory through openat2 and unlinks only names with that token. When that
+container is gone, the pod's current instance of the same container (found by pod uid
+and container name, as after a restart or a recreated sandbox) is cleaned instead: the
+temp file may be in a volume that outlived the old container. Records with neither are
+dropped.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
 
 from aggapi.agent.copy import creds
 from aggapi.agent.copy.fsroot import FsRoot
@@ -89,23 +92,29 @@ class InflightRecord:
                 pass
 
 
-def read_records(state_dir: str) -> list[tuple[str, dict[str, object], list[str]]]:
-    """(record file, head, dirs) for every record; unreadable ones are skipped."""
+def read_records(state_dir: str, only: Collection[str] | None = None
+                 ) -> tuple[list[tuple[str, dict[str, object], list[str]]], set[str]]:
+    """(record file, head, dirs) for every record not locked by a live upload, and the
+    locked ones' paths. ``only``: just these record files. Unreadable ones are dropped."""
     out = []
+    locked: set[str] = set()
     try:
         names = os.listdir(state_dir)
     except FileNotFoundError:
-        return []
+        return [], locked
     for name in names:
         if not name.endswith(".jsonl"):
             continue
         path = os.path.join(state_dir, name)
+        if only is not None and path not in only:
+            continue
         try:
             with open(path, encoding="utf-8") as f:
-                try:  # released when the file closes; cleanup runs once, at start-up
+                try:  # released when the file closes
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    continue  # a live agent's upload (a surge agent beside it): not stale
+                    locked.add(path)  # a live agent's upload (one beside this agent)
+                    continue
                 lines = [json.loads(line) for line in f if line.strip()]
         except (OSError, ValueError):
             log.warning("dropping unreadable copy record %s", path)
@@ -116,7 +125,7 @@ def read_records(state_dir: str) -> list[tuple[str, dict[str, object], list[str]
             continue
         dirs = [str(d["dir"]) for d in lines[1:] if "dir" in d]
         out.append((path, lines[0], dirs))
-    return out
+    return out, locked
 
 
 def remove_temp_files(root: FsRoot, dirs: list[str], token: str) -> int:
@@ -170,31 +179,41 @@ async def _successor(resolve: Callable[[str, str], Awaitable[FsRoot]] | None,
         return None
 
 
+@dataclass
+class CleanupPass:
+    removed: int = 0  # temp files unlinked
+    # Record files to come back to: locked by a live agent's upload, or the runtime did
+    # not answer for their container.
+    pending: set[str] = field(default_factory=set)
+
+
 async def cleanup_stale(state_dir: str, by_id: Callable[[str], Awaitable[FsRoot | None]],
                         workers: Workers,
-                        resolve: Callable[[str, str], Awaitable[FsRoot]] | None = None) -> int:
-    """Remove temp files recorded by a previous agent; returns how many were removed.
+                        resolve: Callable[[str, str], Awaitable[FsRoot]] | None = None,
+                        only: Collection[str] | None = None) -> CleanupPass:
+    """Remove temp files recorded by a previous agent (``only``: of these record files).
 
     ``by_id`` finds a running container by its id (None when it is gone); ``resolve``
     (pod uid, container name) finds its successor when it is gone."""
     run = workers.run
     await run(os.makedirs, state_dir, 0o700, exist_ok=True)
-    records = await run(read_records, state_dir)
-    removed = 0
+    records, locked = await run(read_records, state_dir, only)
+    done = CleanupPass(pending=locked)
     for path, head, dirs in records:
         try:
             root = await by_id(str(head.get("containerId", "")))
             if root is None:
                 root = await _successor(resolve, head)
-        except Exception as exc:  # runtime unreachable: keep the record for next start
+        except Exception as exc:  # runtime unreachable: keep the record, come back
             log.warning("copy record %s: cannot look up container: %s", path, exc)
+            done.pending.add(path)
             continue
         if root is not None:
             try:
-                removed += await run(remove_temp_files, root, dirs, str(head["token"]))
+                done.removed += await run(remove_temp_files, root, dirs, str(head["token"]))
             finally:
                 root.close()
         else:
             log.info("copy record %s: container gone, dropping", path)
         await run(_unlink, path)
-    return removed
+    return done

@@ -4,6 +4,7 @@ handlers (aggapi.agent.copy.handlers.CopyHandlers) at construction."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +29,8 @@ class CopyState:
     workers: Workers = field(default_factory=Workers)
     digests: DigestCache = field(default_factory=DigestCache)
     slots: CopySlots = field(init=False)
+    # The engine's retry of start-up cleanup, while records remain (engine.startup).
+    cleanup_task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.slots = CopySlots(self.limits)

@@ -4,6 +4,7 @@ exits mid-copy, and temp files left by a killed agent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import signal
@@ -11,9 +12,10 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from aggapi.agent.copy import cleanup
+from aggapi.agent.copy import cleanup, engine
 from aggapi.agent.copy.container import open_process_root
 from aggapi.agent.copy.quotas import CopyLimits
+from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.workers import Workers
 from tests.agent.copy.conftest import (
     Box,
@@ -125,11 +127,11 @@ async def test_startup_cleanup_removes_stale_temp_files(box: Box, limits: CopyLi
     root.close()
     workers = Workers(2)
     try:
-        removed = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
-                                              workers)
+        done = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
+                                           workers)
     finally:
         workers.shutdown()
-    assert removed == 1
+    assert (done.removed, done.pending) == (1, set())
     assert sorted(os.listdir(box.rootfs / "data")) == [".aggapi-tmp-someoneelse-1", "keep"]
     assert os.listdir(limits.state_dir) == []
 
@@ -145,20 +147,68 @@ async def test_startup_cleanup_leaves_a_live_agents_uploads_alone(box: Box,
     (box.rootfs / "data" / tmp).write_bytes(b"an upload in flight")
     workers = Workers(2)
     try:
-        removed = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
-                                              workers)
-        assert removed == 0
+        done = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
+                                           workers)
+        assert (done.removed, done.pending) == (0, {rec.path})
         assert tmp in os.listdir(box.rootfs / "data")
         assert os.listdir(limits.state_dir) == [os.path.basename(rec.path)]
         # The old agent dies mid-upload: the next start cleans up after it.
         assert rec._fd is not None
         os.close(rec._fd)
         rec._fd = None
-        removed = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
-                                              workers)
+        done = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
+                                           workers, only=done.pending)
     finally:
         workers.shutdown()
         root.close()
-    assert removed == 1
+    assert (done.removed, done.pending) == (1, set())
     assert tmp not in os.listdir(box.rootfs / "data")
     assert os.listdir(limits.state_dir) == []
+
+
+async def test_startup_comes_back_once_the_old_agent_dies(box: Box, limits: CopyLimits,
+                                                          monkeypatch: Any) -> None:
+    """The new agent starts while the old one still uploads (the upload's record is
+    locked); the old agent dies a moment later. The new agent's engine comes back for
+    the record without another restart: the temp file goes, nothing else does."""
+    monkeypatch.setattr(engine, "RETRY_FIRST", 0.05)
+    os.makedirs(limits.state_dir, exist_ok=True)
+    root = open_process_root(box.pid, container_id="pid-container")
+    rec = cleanup.InflightRecord(limits.state_dir, root)
+    tmp = rec.temp_name("/data")
+    (box.rootfs / "data" / tmp).write_bytes(b"an upload in flight")
+    (box.rootfs / "data" / "keep").write_bytes(b"keep")
+    state = CopyState(limits, PidResolver(box.pid))
+    try:
+        await engine.startup(state)
+        assert state.cleanup_task is not None and not state.cleanup_task.done()
+        await asyncio.sleep(0.3)
+        assert tmp in os.listdir(box.rootfs / "data")  # still the old agent's
+        assert rec._fd is not None
+        os.close(rec._fd)  # the old agent dies
+        rec._fd = None
+        await asyncio.wait_for(state.cleanup_task, 10)
+    finally:
+        engine.shutdown(state)
+        root.close()
+    assert os.listdir(box.rootfs / "data") == ["keep"]
+    assert os.listdir(limits.state_dir) == []
+
+
+async def test_shutdown_stops_the_cleanup_retries(box: Box, limits: CopyLimits) -> None:
+    os.makedirs(limits.state_dir, exist_ok=True)
+    root = open_process_root(box.pid, container_id="pid-container")
+    rec = cleanup.InflightRecord(limits.state_dir, root)
+    rec.temp_name("/data")
+    state = CopyState(limits, PidResolver(box.pid))
+    try:
+        await engine.startup(state)
+        task = state.cleanup_task
+        assert task is not None
+    finally:
+        engine.shutdown(state)
+        rec.done()
+        root.close()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled()

@@ -15,6 +15,7 @@ from typing import Any
 from tests.framework.addon import IMAGE_REPOSITORY, IMAGE_TAG, wait_for
 from tests.framework.controlplane import GROUP, VERSION, ControlPlane, binary
 from tests.framework.kubelet import pod_manifest
+from tests.framework.procs import follow_json_lines
 
 GV = f"/apis/{GROUP}/{VERSION}"
 MiB = 1 << 20
@@ -76,19 +77,10 @@ class RawStream:
         self.proc = subprocess.Popen(kubectl_argv(self.cp, self.user, "get", "--raw", self.path),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-        def read() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    self.objects.append((time.monotonic(), obj))
-            self.proc.wait()
+        def ended() -> None:
             self.ended = time.monotonic()
 
-        threading.Thread(target=read, daemon=True).start()
+        follow_json_lines(self.proc, self.objects, on_end=ended)
         return self
 
     def wait_objects(self, n: int, timeout: float) -> None:

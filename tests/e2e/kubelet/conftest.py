@@ -25,7 +25,7 @@ from tests.framework.controlplane import ControlPlane, binary
 from tests.framework.kubelet import Kubelet, pod_manifest
 from tests.framework.kubelet import forget_images as forget_images_async
 from tests.framework.node import OCI_CACHE, Node
-from tests.framework.procs import Proc
+from tests.framework.procs import Proc, follow_json_lines
 
 GV = "/apis/subresources.aggapi.io/v1alpha1"
 MiB = 1 << 20
@@ -159,19 +159,7 @@ class ProgressStream:
         self.proc = subprocess.Popen(
             [binary("kubectl"), f"--kubeconfig={self.cp.admin_kubeconfig}", "get", "--raw",
              self.path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-        def read() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    self.objects.append((time.time(), obj))
-
-        self.thread = threading.Thread(target=read, daemon=True)
-        self.thread.start()
+        self.thread = follow_json_lines(self.proc, self.objects, clock=time.time)
         return self
 
     def wait(self, timeout: float) -> int:
