@@ -395,10 +395,12 @@ class ControlPlane:
                  "ports": [{"name": "https", "port": target, "protocol": "TCP"}]},
                 # kube-aggregator before 1.33 resolves a Service through its Endpoints,
                 # not its slices (--enable-aggregator-routing): no controller mirrors
-                # slices into Endpoints, so the harness writes those too.
+                # slices into Endpoints, so the harness writes those too, marked
+                # skip-mirror so the mirroring controller adds no second slice.
                 *([] if has("aggregator-endpointslices") else [
                     {"apiVersion": "v1", "kind": "Endpoints",
-                     "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+                     "metadata": {"name": name, "namespace": NAMESPACE, "labels": {
+                         **labels, "endpointslice.kubernetes.io/skip-mirror": "true"}},
                      "subsets": [{"addresses": [{"ip": address, **(
                          {"nodeName": node} if node else {})}],
                          "ports": [{"name": "https", "port": target, "protocol": "TCP"}]}]}]),

@@ -60,7 +60,9 @@ class KubeProxy:
         return [binary("kube-proxy"), f"--kubeconfig={self.kubeconfig_path}",
                 f"--hostname-override={self.node_name}", f"--bind-address={self.address}",
                 "--proxy-mode=iptables", f"--cluster-cidr={self.cluster_cidr}",
-                "--detect-local-mode=ClusterCIDR", "--nodeport-addresses=primary",
+                "--detect-local-mode=ClusterCIDR",
+                # The node's own address: what `primary` means, which v1.30.4 refuses (CIDRs only).
+                f"--nodeport-addresses={self.address}/32",
                 "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
                 "--conntrack-tcp-timeout-close-wait=0",
                 f"--healthz-bind-address={self.address}:{HEALTHZ_PORT}",
