@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.framework import kubetools
 from tests.framework.procs import HarnessError
-from tests.framework.repo import REPO
 
 ENV_VERSION = "AGGAPI_CONTAINERD"
 ENV_PULL = "AGGAPI_CONTAINERD_PULL"
@@ -89,15 +88,10 @@ class Flavor:
 
 def pinned_version() -> str:
     """CONTAINERD_VERSION from hack/tools/versions.env (the 2.x build)."""
-    for line in (REPO / "hack/tools/versions.env").read_text().splitlines():
-        key, _, value = line.strip().partition("=")
-        if key == "CONTAINERD_VERSION":
-            return value
-    raise HarnessError("CONTAINERD_VERSION missing from hack/tools/versions.env")
-
-
-def bin_cache() -> Path:
-    return Path(os.environ.get("AGGAPI_BIN_CACHE", "/var/cache/aggapi-bin"))
+    ver = kubetools.versions().get("CONTAINERD_VERSION")
+    if not ver:
+        raise HarnessError("CONTAINERD_VERSION missing from hack/tools/versions.env")
+    return ver
 
 
 @dataclass(frozen=True)
@@ -114,9 +108,10 @@ def binaries(flavor: Flavor, *, build: bool = True) -> Binaries:
     if flavor.version == V1_6:
         return Binaries(DEBIAN_CONTAINERD, DEBIAN_RUNC, "/usr/bin/" + SHIM)
     ver = pinned_version()
-    ctd, shim = bin_cache() / f"containerd-{ver}", bin_cache() / f"{SHIM}-{ver}"
+    cache = kubetools.bin_cache()
+    ctd, shim = cache / f"containerd-{ver}", cache / f"{SHIM}-{ver}"
     if build and not (ctd.exists() and shim.exists()):
-        subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), "containerd"], check=True)
+        kubetools.build_binaries("containerd")
     for b in (ctd, shim):
         if not b.exists():
             raise HarnessError(f"{b} missing: run `bash hack/build-binaries.sh containerd`")

@@ -78,6 +78,13 @@ def bin_cache() -> Path:
     return Path(os.environ.get("AGGAPI_BIN_CACHE") or "/var/cache/aggapi-bin")
 
 
+def build_binaries(*names: str, kube_version: str | None = None) -> None:
+    """Run hack/build-binaries.sh for ``names`` (cached ones are only linked);
+    ``kube_version``: another Kubernetes release than the pin."""
+    env = {**os.environ, "AGGAPI_KUBE_VERSION": kube_version} if kube_version else None
+    subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), *names], check=True, env=env)
+
+
 def binary(name: str, *, build: bool = True) -> str:
     """Path of a tool from hack/build-binaries.sh; runs it if the link is missing.
 
@@ -91,15 +98,14 @@ def binary(name: str, *, build: bool = True) -> str:
     if name in KUBE_CMDS and ver != versions()["KUBE_VERSION"]:
         cached = bin_cache() / f"{name}-{ver}"
         if not cached.exists() and build:
-            subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), name], check=True,
-                           env={**os.environ, "AGGAPI_KUBE_VERSION": ver})
+            build_binaries(name, kube_version=ver)
         if not cached.exists():
             raise HarnessError(f"{name} {ver} not found: run AGGAPI_KUBE_VERSION={ver} "
                                f"hack/build-binaries.sh {name}")
         return str(cached)
     link = REPO / ".local/bin" / name
     if not link.exists() and build:
-        subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), name], check=True)
+        build_binaries(name)
     if not link.exists():
         raise HarnessError(f"{name} not found: run hack/build-binaries.sh")
     return str(link)
