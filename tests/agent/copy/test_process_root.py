@@ -14,6 +14,7 @@ from typing import Any
 
 from aggapi.agent.copy import cleanup, engine
 from aggapi.agent.copy.container import open_process_root
+from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.workers import Workers
@@ -111,19 +112,33 @@ async def test_tar_upload_into_process_root(box: Box, serve: Any, limits: CopyLi
     assert (box.rootfs / "data" / "new" / "sub" / "hello").read_bytes() == b"hello"
 
 
-async def test_startup_cleanup_removes_stale_temp_files(box: Box, limits: CopyLimits) -> None:
-    """An agent killed mid-upload leaves a temp file and its record; the next start removes
-    exactly that file (found by container id and directory, not by pid)."""
+def _upload_in_flight(box: Box, limits: CopyLimits, data: bytes | None = None
+                      ) -> tuple[FsRoot, cleanup.InflightRecord, str]:
+    """An upload into /data as a live agent holds it: its record (flock held) and, with
+    ``data``, its temp file."""
     os.makedirs(limits.state_dir, exist_ok=True)
     root = open_process_root(box.pid, container_id="pid-container")
     rec = cleanup.InflightRecord(limits.state_dir, root)
     tmp = rec.temp_name("/data")
-    (box.rootfs / "data" / tmp).write_bytes(b"half an upload")
+    if data is not None:
+        (box.rootfs / "data" / tmp).write_bytes(data)
+    return root, rec, tmp
+
+
+def _agent_dies(rec: cleanup.InflightRecord) -> None:
+    """The record's writer dies: its fd (and flock) go, the record file stays."""
+    assert rec._fd is not None
+    os.close(rec._fd)
+    rec._fd = None
+
+
+async def test_startup_cleanup_removes_stale_temp_files(box: Box, limits: CopyLimits) -> None:
+    """An agent killed mid-upload leaves a temp file and its record; the next start removes
+    exactly that file (found by container id and directory, not by pid)."""
+    root, rec, _ = _upload_in_flight(box, limits, b"half an upload")
     (box.rootfs / "data" / ".aggapi-tmp-someoneelse-1").write_bytes(b"not ours")
     (box.rootfs / "data" / "keep").write_bytes(b"keep")
-    # The agent dies here: the record's fd is never closed cleanly.
-    if rec._fd is not None:
-        os.close(rec._fd)
+    _agent_dies(rec)  # the record's fd is never closed cleanly
     root.close()
     workers = Workers(2)
     try:
@@ -140,11 +155,7 @@ async def test_startup_cleanup_leaves_a_live_agents_uploads_alone(box: Box,
                                                                  limits: CopyLimits) -> None:
     """A DaemonSet rolling with maxSurge starts the new agent while the old one still
     uploads: the new agent's cleanup must not remove that upload's temp file or record."""
-    os.makedirs(limits.state_dir, exist_ok=True)
-    root = open_process_root(box.pid, container_id="pid-container")
-    rec = cleanup.InflightRecord(limits.state_dir, root)
-    tmp = rec.temp_name("/data")
-    (box.rootfs / "data" / tmp).write_bytes(b"an upload in flight")
+    root, rec, tmp = _upload_in_flight(box, limits, b"an upload in flight")
     workers = Workers(2)
     try:
         done = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
@@ -153,9 +164,7 @@ async def test_startup_cleanup_leaves_a_live_agents_uploads_alone(box: Box,
         assert tmp in os.listdir(box.rootfs / "data")
         assert os.listdir(limits.state_dir) == [os.path.basename(rec.path)]
         # The old agent dies mid-upload: the next start cleans up after it.
-        assert rec._fd is not None
-        os.close(rec._fd)
-        rec._fd = None
+        _agent_dies(rec)
         done = await cleanup.cleanup_stale(limits.state_dir, PidResolver(box.pid).by_id,
                                            workers, only=done.pending)
     finally:
@@ -172,11 +181,7 @@ async def test_startup_comes_back_once_the_old_agent_dies(box: Box, limits: Copy
     locked); the old agent dies a moment later. The new agent's engine comes back for
     the record without another restart: the temp file goes, nothing else does."""
     monkeypatch.setattr(engine, "RETRY_FIRST", 0.05)
-    os.makedirs(limits.state_dir, exist_ok=True)
-    root = open_process_root(box.pid, container_id="pid-container")
-    rec = cleanup.InflightRecord(limits.state_dir, root)
-    tmp = rec.temp_name("/data")
-    (box.rootfs / "data" / tmp).write_bytes(b"an upload in flight")
+    root, rec, tmp = _upload_in_flight(box, limits, b"an upload in flight")
     (box.rootfs / "data" / "keep").write_bytes(b"keep")
     state = CopyState(limits, PidResolver(box.pid))
     try:
@@ -184,9 +189,7 @@ async def test_startup_comes_back_once_the_old_agent_dies(box: Box, limits: Copy
         assert state.cleanup_task is not None and not state.cleanup_task.done()
         await asyncio.sleep(0.3)
         assert tmp in os.listdir(box.rootfs / "data")  # still the old agent's
-        assert rec._fd is not None
-        os.close(rec._fd)  # the old agent dies
-        rec._fd = None
+        _agent_dies(rec)
         await asyncio.wait_for(state.cleanup_task, 10)
     finally:
         engine.shutdown(state)
@@ -196,10 +199,7 @@ async def test_startup_comes_back_once_the_old_agent_dies(box: Box, limits: Copy
 
 
 async def test_shutdown_stops_the_cleanup_retries(box: Box, limits: CopyLimits) -> None:
-    os.makedirs(limits.state_dir, exist_ok=True)
-    root = open_process_root(box.pid, container_id="pid-container")
-    rec = cleanup.InflightRecord(limits.state_dir, root)
-    rec.temp_name("/data")
+    root, rec, _ = _upload_in_flight(box, limits)
     state = CopyState(limits, PidResolver(box.pid))
     try:
         await engine.startup(state)
