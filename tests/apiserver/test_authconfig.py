@@ -4,16 +4,18 @@ anything else turns front-proxy authentication off instead of meaning "any name"
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.apiserver.authconfig import parse_configmap
+from aggapi.apiserver.authconfig import AuthConfigSource, parse_configmap
+from aggapi.kube import KubeClient
 from tests.framework.fakekube import FakeKube
 
 from .conftest import FRONT_PROXY_CN, PROGRESS, Pki, Server, auth_configmap, until
@@ -134,3 +136,26 @@ def test_release_without_uid_headers_keeps_header_auth(module_certs: Pki) -> Non
     assert cfg.requestheader_cas and not cfg.requestheader_error
     assert cfg.uid_headers == ()
     assert cfg.username_headers == tuple(json.loads(data["requestheader-username-headers"]))
+
+
+def test_release_without_uid_headers_is_named_in_the_log(
+        module_certs: Pki, caplog: pytest.LogCaptureFixture) -> None:
+    """The reduced form is said once per change of the ConfigMap, with what is missing and
+    what aggapi does instead; a release that publishes the key gets no such line."""
+    without = _data(module_certs)
+    del without["requestheader-uid-headers"]
+    assert parse_configmap(_data(module_certs)).notices == ()
+    src = AuthConfigSource(cast(KubeClient, None))
+
+    def apply(data: dict[str, str], rv: str) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "aggapi.apiserver.authconfig"):
+            asyncio.run(src._apply({"metadata": {"resourceVersion": rv}, "data": data}))
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    said = apply(without, "1")
+    assert len(said) == 1 and "requestheader-uid-headers is not published" in said[0], said
+    assert "without a UID" in said[0] and "extension-apiserver-authentication" in said[0]
+    assert apply(without, "1") == []  # unchanged: not repeated
+    assert apply(_data(module_certs), "2") == []
+

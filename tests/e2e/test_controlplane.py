@@ -55,6 +55,18 @@ def test_extension_apiserver_authentication_configmap(control_plane: ControlPlan
     assert data["requestheader-client-ca-file"].strip() == front_proxy_ca.strip()
 
 
+def test_aggapi_names_what_the_release_lacks(control_plane: ControlPlane,
+                                             aggapi_apiserver: Proc) -> None:
+    """On a release without the uid header (before 1.32) aggapi serves without user UIDs
+    and says so in its log; on newer ones it says nothing of the kind."""
+    control_plane._wait(lambda: "authentication config loaded" in
+                        aggapi_apiserver.logfile.read_text(errors="replace"), 30,
+                        "aggapi read the authentication ConfigMap")
+    text = aggapi_apiserver.logfile.read_text(errors="replace")
+    said = "requestheader-uid-headers is not published" in text
+    assert said is not has("apiserver-requestheader-uid"), text[-3000:]
+
+
 def test_unauthenticated_request_is_401(control_plane: ControlPlane) -> None:
     code, _ = control_plane.get("/api/v1/namespaces", authenticated=False)
     assert code == 401

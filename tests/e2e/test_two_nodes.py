@@ -30,6 +30,7 @@ import pytest
 from tests.framework.cluster import AGGAPI_IMAGE, AGGAPI_IMAGE_ARCHIVE, Cluster, leftovers
 from tests.framework.controlplane import ControlPlane
 from tests.framework.kubelet import pod_manifest
+from tests.framework.kubetools import kube_version
 from tests.framework.node import Node
 from tests.framework.procs import start_time
 
@@ -138,8 +139,8 @@ def test_nodes_ready_with_their_pod_cidrs(two_node_cluster: Cluster) -> None:
         ready = [c for c in obj["status"]["conditions"] if c["type"] == "Ready"]
         assert ready and ready[0]["status"] == "True", ready
         assert ready[0]["reason"] == "KubeletReady"
-        assert obj["status"]["nodeInfo"]["kubeletVersion"] == "v1.34.3"
-        assert obj["status"]["nodeInfo"]["kubeProxyVersion"] in ("", "v1.34.3")
+        assert obj["status"]["nodeInfo"]["kubeletVersion"] == kube_version()
+        assert obj["status"]["nodeInfo"]["kubeProxyVersion"] in ("", kube_version())
         assert n.kube_proxy.healthy()
     # The control plane's own node is kept out of scheduling while the cluster is up.
     standin = kget(cp, "node", cp.node_name)

@@ -3,14 +3,15 @@
 Two flavours, chosen by environment variables so every fixture and the node harness
 follow one switch:
 
-- ``AGGAPI_CONTAINERD=1.6`` (the default): Debian's containerd 1.6, config version 2
-  (CRI settings under ``io.containerd.grpc.v1.cri``).
-- ``AGGAPI_CONTAINERD=2.x``: containerd 2.x built from its Go module by
+- ``AGGAPI_CONTAINERD=2.x`` (the default, as new clusters run it): containerd 2.x built
+  from its Go module by
   ``hack/build-binaries.sh containerd`` (version in hack/tools/versions.env), config
   version 3 (``io.containerd.cri.v1.images`` / ``io.containerd.cri.v1.runtime``).
   ``AGGAPI_CONTAINERD_PULL=transfer`` (the default, as upstream's since 2.1) lets CRI pull
   through the transfer service; ``local`` sets ``use_local_image_pull = true`` (CRI pulls
   with the client library, as 1.6 does).
+- ``AGGAPI_CONTAINERD=1.6``: Debian's containerd 1.6, config version 2 (CRI settings under
+  ``io.containerd.grpc.v1.cri``).
 
 Registries: the harness's registry and throttle proxy are plain-HTTP hosts described in
 ``hosts.toml`` files under one directory. 1.6 and 2.x's local pull read it from the CRI
@@ -60,12 +61,12 @@ _DISABLED = {
 class Flavor:
     """One containerd set-up: its major line and, on 2.x, how CRI pulls."""
 
-    version: str = V1_6  # V1_6 | V2
-    pull: str = LOCAL  # TRANSFER | LOCAL; 1.6 only has the local (client) pull
+    version: str = V2  # V2 | V1_6
+    pull: str = TRANSFER  # TRANSFER | LOCAL; 1.6 only has the local (client) pull
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Flavor:
-        version = environ.get(ENV_VERSION, V1_6).strip() or V1_6
+        version = environ.get(ENV_VERSION, V2).strip() or V2
         if version in ("2", "2.x", "v2"):
             version = V2
         if version not in (V1_6, V2):

@@ -66,7 +66,7 @@ from tests.framework.controllers import KCM, Controllers
 from tests.framework.controllers import PROCS as CONTROLLER_PROCS
 
 # Re-exported: the harness's users import these from here.
-from tests.framework.kubetools import binary, has, kubeconfig, versions  # noqa: F401
+from tests.framework.kubetools import binary, feature_gates, has, kubeconfig, versions  # noqa: F401
 from tests.framework.netns import Host, Network
 from tests.framework.procs import HarnessError, Proc, free_port, spawn, wait_ready
 from tests.framework.repo import REPO, python_env
@@ -270,6 +270,7 @@ class ControlPlane:
         # does without one when the release writes none there.
         uid = (["--requestheader-uid-headers=X-Remote-Uid"]
                if has("apiserver-requestheader-uid") else [])
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in feature_gates().items())
         return [
             binary("kube-apiserver"),
             f"--etcd-servers={etcd_url}",
@@ -298,6 +299,7 @@ class ControlPlane:
             "--profiling=false",
             f"--cert-dir={self.state / 'kube-apiserver-certs'}",
             *self.kubelet_client_flags(),
+            *([f"--feature-gates={gates}"] if gates else []),
             "--v=1",
         ]
 

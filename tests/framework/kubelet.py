@@ -56,7 +56,7 @@ from tests.framework.controlplane import (
     binary,
     kubeconfig,
 )
-from tests.framework.kubetools import has, lacks
+from tests.framework.kubetools import feature_gates, has, lacks
 from tests.framework.node import Node, ensure_node
 from tests.framework.nodestate import NodeInfo
 from tests.framework.procs import HarnessError, Proc, spawn
@@ -231,6 +231,8 @@ class Kubelet:
             "syncFrequency": "10s",
             "shutdownGracePeriod": "0s",
         }
+        if feature_gates():
+            cfg["featureGates"] = feature_gates()
         if has("kubelet-failCgroupV1"):  # older kubelets take cgroup v1 as it is
             cfg["failCgroupV1"] = False
         if self.max_parallel_image_pulls is not None:
@@ -500,7 +502,8 @@ class Kubelet:
 def pod_manifest(name: str, containers: Sequence[Mapping[str, Any]], *, node: str,
                  namespace: str = "default", init_containers: Sequence[Mapping[str, Any]] = (),
                  host_network: bool = False, pull_policy: str = "IfNotPresent",
-                 labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+                 labels: Mapping[str, str] | None = None,
+                 volumes: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """A pod bound to ``node`` (kube-scheduler not asked), quick to delete, no token."""
 
     def fill(c: Mapping[str, Any]) -> dict[str, Any]:
@@ -515,6 +518,8 @@ def pod_manifest(name: str, containers: Sequence[Mapping[str, Any]], *, node: st
         spec["initContainers"] = [fill(c) for c in init_containers]
     if host_network:
         spec["hostNetwork"] = True
+    if volumes:
+        spec["volumes"] = [dict(v) for v in volumes]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace,
                          "labels": {HARNESS_LABEL: "pod", **(labels or {})}},

@@ -60,7 +60,16 @@ SINCE: dict[str, int] = {
     "kubelet-failCgroupV1": 31,
     # KubeletConfiguration.maxParallelImagePulls (KEP-3673, 1.27; GA 1.35).
     "kubelet-maxParallelImagePulls": 27,
+    # The ImageVolume feature gate (KEP-4639: alpha 1.31, beta off by default 1.33): the
+    # harness turns it on in kube-apiserver and kubelet where it exists.
+    "gate-ImageVolume": 31,
 }
+
+
+def feature_gates() -> dict[str, bool]:
+    """The feature gates the harness turns on for the release under test (kube-apiserver
+    and every kubelet alike)."""
+    return {"ImageVolume": True} if has("gate-ImageVolume") else {}
 
 
 def has(feature: str, version: str | None = None) -> bool:

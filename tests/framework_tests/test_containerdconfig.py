@@ -25,8 +25,9 @@ def parsed(flavor: cc.Flavor, snapshotter: str = "overlayfs") -> dict[str, Any]:
     return tomllib.loads(cc.config_text(flavor, settings_for(snapshotter)))
 
 
-def test_default_is_debian_1_6() -> None:
-    assert cc.Flavor.from_env({}) == cc.Flavor(cc.V1_6, cc.LOCAL)
+def test_default_is_2_x_with_the_transfer_pull() -> None:
+    assert cc.Flavor.from_env({}) == cc.Flavor(cc.V2, cc.TRANSFER)
+    assert cc.Flavor.from_env({cc.ENV_VERSION: "1.6"}) == cc.Flavor(cc.V1_6, cc.LOCAL)
     assert cc.Flavor.from_env({cc.ENV_VERSION: "2.x"}) == cc.Flavor(cc.V2, cc.TRANSFER)
     assert cc.Flavor.from_env({cc.ENV_VERSION: "2", cc.ENV_PULL: "local"}) == \
         cc.Flavor(cc.V2, cc.LOCAL)
