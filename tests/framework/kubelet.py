@@ -1,4 +1,4 @@
-"""A real kubelet (the pinned v1.34, or AGGAPI_KUBE_VERSION) on the harness node.
+"""A real kubelet (the pinned release, or AGGAPI_KUBE_VERSION) on the harness node.
 
 It runs as root in the host's network and mount namespaces, like a kubelet on a real
 host, against the node's containerd (tests.framework.node: CRI v1, runc, cgroupfs on
