@@ -60,16 +60,19 @@ SINCE: dict[str, int] = {
     "kubelet-failCgroupV1": 31,
     # KubeletConfiguration.maxParallelImagePulls (KEP-3673, 1.27; GA 1.35).
     "kubelet-maxParallelImagePulls": 27,
-    # The ImageVolume feature gate (KEP-4639: alpha 1.31, beta off by default 1.33): the
-    # harness turns it on in kube-apiserver and kubelet where it exists.
+    # Image volumes (KEP-4639): the ImageVolume gate exists (alpha 1.31, beta 1.33), and
+    # is on by default (beta 1.35; GA and locked on in 1.36).
     "gate-ImageVolume": 31,
+    "default-ImageVolume": 35,
 }
 
 
 def feature_gates() -> dict[str, bool]:
     """The feature gates the harness turns on for the release under test (kube-apiserver
-    and every kubelet alike)."""
-    return {"ImageVolume": True} if has("gate-ImageVolume") else {}
+    and every kubelet alike): ImageVolume where it exists but is off by default."""
+    if has("gate-ImageVolume") and not has("default-ImageVolume"):
+        return {"ImageVolume": True}
+    return {}
 
 
 def has(feature: str, version: str | None = None) -> bool:

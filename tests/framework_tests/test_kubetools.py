@@ -86,6 +86,16 @@ def test_table_matches_the_built_apiserver(release: str, monkeypatch: pytest.Mon
         "apiserver-requestheader-uid", release)
     assert "--authentication-config" in out or not kubetools.has(
         "apiserver-anonymous-conditions", release)
+    # The ImageVolume gate: absent before 1.31, listed with its default until it went GA
+    # (locked on) in 1.36, where --help may drop it.
+    gate = next((ln for ln in out.splitlines() if "ImageVolume=true|false" in ln), None)
+    if not kubetools.has("gate-ImageVolume", release):
+        assert gate is None, gate
+    elif kubetools.kube_minor(release) < 36:
+        assert gate is not None
+    if gate is not None:
+        on = kubetools.has("default-ImageVolume", release)
+        assert f"default={str(on).lower()}" in gate, gate
 
 
 @pytest.mark.parametrize(("release", "endpoints"), [("v1.30.4", True), ("v1.32.0", True),
