@@ -100,14 +100,15 @@ def build_binaries(*names: str, kube_version: str | None = None) -> None:
 def binary(name: str, *, build: bool = True) -> str:
     """Path of a tool from hack/build-binaries.sh; runs it if the link is missing.
 
-    AGGAPI_<NAME>_BIN names one binary outright. For the Kubernetes commands, an
-    AGGAPI_KUBE_VERSION other than the pin means the cached <name>-<version> (the
-    .local/bin links stay on the pin, so a run for another release never moves them)."""
+    AGGAPI_<NAME>_BIN names one binary outright. The Kubernetes commands are the cached
+    <name>-<version> of the release under test, the pin's included: a .local/bin link
+    left by an older pin would otherwise run the old release (the links stay on the pin,
+    so a run for another release never moves them)."""
     env = os.environ.get(f"AGGAPI_{name.upper().replace('-', '_')}_BIN")
     if env:
         return env
     ver = kube_version()
-    if name in KUBE_CMDS and ver != versions()["KUBE_VERSION"]:
+    if name in KUBE_CMDS:
         cached = bin_cache() / f"{name}-{ver}"
         if not cached.exists() and build:
             build_binaries(name, kube_version=ver)

@@ -63,6 +63,20 @@ def test_other_release_uses_the_cache_not_the_links(monkeypatch: pytest.MonkeyPa
     assert kubetools.binary("helm", build=False) == "/x/helm"
 
 
+def test_the_pin_too_comes_from_the_cache(monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Path) -> None:
+    """A checkout's .local/bin links may name an older pin's build (the pin moved from
+    v1.34.3 to v1.36.3): the pin's commands are taken from the cache by version."""
+    monkeypatch.setenv("AGGAPI_BIN_CACHE", str(tmp_path))
+    monkeypatch.delenv("AGGAPI_KUBE_VERSION", raising=False)
+    monkeypatch.delenv("AGGAPI_KUBE_APISERVER_BIN", raising=False)
+    with pytest.raises(HarnessError, match=f"kube-apiserver {PIN} not found"):
+        kubetools.binary("kube-apiserver", build=False)
+    (tmp_path / f"kube-apiserver-{PIN}").write_text("")
+    assert kubetools.binary("kube-apiserver", build=False) == str(
+        tmp_path / f"kube-apiserver-{PIN}")
+
+
 def releases() -> list[str]:
     """The pin (built on demand: collection on a fresh machine sees an empty cache) and
     every other release already in the cache."""
