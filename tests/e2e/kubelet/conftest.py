@@ -202,3 +202,31 @@ def obj_time(o: dict[str, Any]) -> float:
         frac = float("0." + rest.rstrip("Z"))
         ts += "Z"
     return time.mktime(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone + frac
+
+
+def follow_pull(cp: ControlPlane, pods: Sequence[dict[str, Any]], name: str, *,
+                reset: Any, timeout: float, granularity: str = "layer") -> list[dict[str, Any]]:
+    """Create ``pods`` and follow ``name``'s progress stream to its end; ``reset()`` undoes
+    the test's throttle whatever happens. The objects, the last one a Summary."""
+    stream = None
+    try:
+        create_pods(cp, pods)
+        stream = ProgressStream(cp, name, granularity=granularity).start()
+        assert stream.wait(timeout) == 0, stream.stderr
+    finally:
+        reset()
+        if stream is not None:
+            stream.stop()
+    objs = [o for _, o in stream.objects]
+    assert objs and objs[-1]["kind"] == "Summary", objs[-3:]
+    return objs
+
+
+def layer_rises(objs: Sequence[dict[str, Any]], digest: str, size: int) -> list[int]:
+    """The layer's reported bytes: seen, never backwards, ending at its size."""
+    seen = [int(o["progress"]) for o in objs
+            if o.get("kind") == "Progress" and o.get("layer") == digest]
+    assert seen, f"no progress for layer {digest}"
+    assert seen == sorted(seen), f"progress went backwards for {digest}: {seen[:20]}"
+    assert max(seen) == size, (digest, max(seen), size)
+    return seen

@@ -17,10 +17,10 @@ import pytest
 from tests.e2e.kubelet.conftest import (
     GV,
     KImages,
-    ProgressStream,
-    create_pods,
     delete_pods,
+    follow_pull,
     forget_images,
+    layer_rises,
     pod,
     wait_running,
 )
@@ -65,21 +65,12 @@ def test_image_volume_progress_under_the_volume_name(
     vol_ref = node.via_throttle(REPO)
     app = node.via_registry(kimages.tar)  # busybox; not throttled, usually present
     node.set_rate(3 * MiB)  # ~20 MiB: ~7 s, long enough to see partial progress
-    stream = None
-    try:
-        create_pods(cp, [pod(node, "kvol", [
-            {"name": "c", "image": app,
-             "volumeMounts": [{"name": VOLUME, "mountPath": "/data", "readOnly": True}]}],
-            volumes=[{"name": VOLUME, "image": {"reference": vol_ref,
-                                                "pullPolicy": "IfNotPresent"}}])])
-        stream = ProgressStream(cp, "kvol").start()
-        assert stream.wait(180) == 0, stream.stderr
-    finally:
-        node.set_rate(None)
-        if stream is not None:
-            stream.stop()
-    objs = [o for _, o in stream.objects]
-    assert objs and objs[-1]["kind"] == "Summary", objs[-3:]
+    objs = follow_pull(cp, [pod(node, "kvol", [
+        {"name": "c", "image": app,
+         "volumeMounts": [{"name": VOLUME, "mountPath": "/data", "readOnly": True}]}],
+        volumes=[{"name": VOLUME, "image": {"reference": vol_ref,
+                                            "pullPolicy": "IfNotPresent"}}])], "kvol",
+        reset=lambda: node.set_rate(None), timeout=180)
 
     # Every object about the volume's image names the volume, and each layer rises
     # from a partial count to its size.
@@ -88,10 +79,7 @@ def test_image_volume_progress_under_the_volume_name(
     assert {o["container"] for o in mine} == {VOLUME}, {o["container"] for o in mine}
     for layer in volume_image.layers:
         digest, size = layer.blob.digest, layer.blob.size
-        seen = [int(o["progress"]) for o in mine if o.get("layer") == digest]
-        assert seen, f"no progress for layer {digest}"
-        assert seen == sorted(seen), f"progress went backwards for {digest}: {seen}"
-        assert max(seen) == size, (digest, max(seen), size)
+        seen = layer_rises(mine, digest, size)
         if size > MiB:
             assert any(0 < p < size for p in seen), f"{digest}: no partial progress {seen}"
     assert any(o["phase"] == "Downloading" for o in mine)

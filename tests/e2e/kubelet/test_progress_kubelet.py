@@ -14,8 +14,10 @@ from tests.e2e.kubelet.conftest import (
     delete_pods,
     event_time,
     events,
+    follow_pull,
     forget_images,
     get_pod,
+    layer_rises,
     obj_time,
     pod,
     wait_for,
@@ -42,24 +44,11 @@ def test_real_pull_progress_over_90s(control_plane: ControlPlane, node: Node,
     image = node.via_throttle(kimages.big)
     node.set_rate(1.6e6)  # ~157 MB: ~98 s
     delete_pods(cp, "kpull")  # left by an earlier failed run
-    stream = None
-    try:
-        create_pods(cp, [pod(node, "kpull", [{"name": "c", "image": image}])])
-        stream = ProgressStream(cp, "kpull").start()
-        assert stream.wait(240) == 0, stream.stderr
-    finally:
-        node.set_rate(None)
-        if stream is not None:
-            stream.stop()
-    objs = [o for _, o in stream.objects]
-    assert objs and objs[-1]["kind"] == "Summary", objs[-3:]
+    objs = follow_pull(cp, [pod(node, "kpull", [{"name": "c", "image": image}])], "kpull",
+                       reset=lambda: node.set_rate(None), timeout=240)
     # Layer progress from the first bytes to the total, never backwards.
     for digest, size in node.images.big_layers:
-        seen = [int(o["progress"]) for o in objs
-                if o.get("kind") == "Progress" and o.get("layer") == digest]
-        assert seen, f"no progress for layer {digest}"
-        assert seen == sorted(seen), f"progress went backwards for {digest}"
-        assert max(seen) == size
+        seen = layer_rises(objs, digest, size)
         if size > 10 * MiB:
             first = min(p for p in seen if p > 0)
             assert first < 0.05 * size, f"{digest}: first progress {first} of {size}"
@@ -171,21 +160,12 @@ def test_init_container_and_two_apps(control_plane: ControlPlane, node: Node,
               "app-b": node.via_throttle(kimages.app_b)}
     node.set_rate(2 * MiB)
     delete_pods(cp, "kinit")  # left by an earlier failed run
-    stream = None
-    try:
-        create_pods(cp, [pod(node, "kinit", [
-            {"name": "app-a", "image": images["app-a"]},
-            {"name": "app-b", "image": images["app-b"]}],
-            init_containers=[{"name": "init", "image": images["init"],
-                              "command": ["/bin/busybox", "true"]}])])
-        stream = ProgressStream(cp, "kinit", granularity="image").start()
-        assert stream.wait(180) == 0, stream.stderr
-    finally:
-        node.set_rate(None)
-        if stream is not None:
-            stream.stop()
-    objs = [o for _, o in stream.objects]
-    assert objs[-1]["kind"] == "Summary", objs[-3:]
+    objs = follow_pull(cp, [pod(node, "kinit", [
+        {"name": "app-a", "image": images["app-a"]},
+        {"name": "app-b", "image": images["app-b"]}],
+        init_containers=[{"name": "init", "image": images["init"],
+                          "command": ["/bin/busybox", "true"]}])], "kinit",
+        reset=lambda: node.set_rate(None), timeout=180, granularity="image")
     for name, image in images.items():
         mine = [o for o in objs if o.get("container") == name and o.get("kind") == "Progress"]
         assert mine, f"no progress for {name}"
