@@ -11,23 +11,17 @@ import subprocess
 import pytest
 import yaml
 
+from tests.framework import supportmatrix
 from tests.framework.kubetools import kube_minor, versions
 from tests.framework.repo import REPO
 
 from .conftest import CHART
 
 MATRIX = REPO / "docs/support-matrix.md"
-MARKER = "<!-- notes: kept by hack/test-matrix.sh -->"
-COLUMNS = ("kube", "containerd", "tests", "passed", "failed", "skipped", "seconds", "failures")
 
 
 def matrix_rows() -> list[dict[str, str]]:
-    rows = []
-    for line in MATRIX.read_text().partition(MARKER)[0].splitlines():
-        if line.startswith("| v"):
-            cols = [c.strip() for c in line.strip().strip("|").split("|")]
-            rows.append(dict(zip(COLUMNS, cols, strict=True)))
-    return rows
+    return supportmatrix.rows(MATRIX.read_text())
 
 
 def passed_minors() -> list[int]:
