@@ -158,4 +158,3 @@ def test_release_without_uid_headers_is_named_in_the_log(
     assert "without a UID" in said[0] and "extension-apiserver-authentication" in said[0]
     assert apply(without, "1") == []  # unchanged: not repeated
     assert apply(_data(module_certs), "2") == []
-

@@ -231,8 +231,8 @@ class Kubelet:
             "syncFrequency": "10s",
             "shutdownGracePeriod": "0s",
         }
-        if feature_gates():
-            cfg["featureGates"] = feature_gates()
+        if gates := feature_gates():
+            cfg["featureGates"] = gates
         if has("kubelet-failCgroupV1"):  # older kubelets take cgroup v1 as it is
             cfg["failCgroupV1"] = False
         if self.max_parallel_image_pulls is not None:

@@ -14,7 +14,7 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,7 +205,8 @@ def obj_time(o: dict[str, Any]) -> float:
 
 
 def follow_pull(cp: ControlPlane, pods: Sequence[dict[str, Any]], name: str, *,
-                reset: Any, timeout: float, granularity: str = "layer") -> list[dict[str, Any]]:
+                reset: Callable[[], None], timeout: float,
+                granularity: str = "layer") -> list[dict[str, Any]]:
     """Create ``pods`` and follow ``name``'s progress stream to its end; ``reset()`` undoes
     the test's throttle whatever happens. The objects, the last one a Summary."""
     stream = None
