@@ -17,9 +17,12 @@ resolver returning its dirfd, no CRI), so the figures are the copy path, not ove
 The fake kube-apiserver (pod, EndpointSlice, allow-all SARs) runs in this process.
 
 ``BENCH_NCP_PYSPY=DIR`` runs the ncp client under py-spy (its CPU figures then include
-py-spy's). Legs run interleaved, ``--rounds`` times (default 2); each reports its best round, as
-the CPUs are shared. Run: ``python3 -m benchmarks.bench_copy [--size-mib 1024]
-[--rounds 2] [--no-proxy]`` (root: the handlers chown).
+py-spy's). ``BENCH_PYSPY=DIR`` attaches py-spy (raw, native) to the agent and the apiserver
+during each agent and apiserver transfer: DIR/<leg>-<direction>-<process>.txt, for
+``python3 -m benchmarks.pyspy_top``. Legs run interleaved, ``--rounds`` times (default 2);
+each reports its best round, as the CPUs are shared. Run: ``python3 -m
+benchmarks.bench_copy [--size-mib 1024] [--rounds 2] [--no-proxy]`` (root: the handlers
+chown).
 Goals: through the apiserver >= 0.5x the baseline; every process's peak RSS < 100 MB;
 (issue 15) the agent at most 2.2 CPU-s/GiB uploading and 1.6 downloading, the apiserver's
 relay no worse than before (1.5 CPU-s/GiB: main measured 1.18 up, 1.40 down).
@@ -33,6 +36,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import ssl
 import sys
 import tempfile
@@ -416,6 +420,27 @@ async def _ncp(kubeconfig: str, src: str, dst: str, spy: str | None = None) -> f
     return time.perf_counter() - t
 
 
+@asynccontextmanager
+async def _spying(leg: str, direction: str, pids: dict[str, int]) -> AsyncIterator[None]:
+    """Under ``BENCH_PYSPY=DIR``: py-spy attached to the agent (and, on the apiserver leg,
+    the apiserver) for one transfer, its raw stacks written when it is interrupted."""
+    out = os.environ.get("BENCH_PYSPY")
+    who = {"agent": ["agent"], "apiserver": ["agent", "apiserver"]}.get(leg, [])
+    spies = [await asyncio.create_subprocess_exec(
+        "py-spy", "record", "-r", "97", "-n", "-f", "raw",
+        "-o", f"{out}/{leg}-{direction}-{k}.txt", "--pid", str(pids[k]),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        for k in who] if out else []
+    if spies:
+        await asyncio.sleep(1)  # attached before the first byte
+    try:
+        yield
+    finally:
+        for s in spies:
+            s.send_signal(signal.SIGINT)
+            await s.wait()
+
+
 def _children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
@@ -452,9 +477,10 @@ async def run(size: int, work: Path, with_proxy: bool, rounds: int,
 
     async def cpu_of(leg: Leg, direction: str, transfer: Coroutine[Any, Any, float]) -> float:
         procs = {**pids, "client": os.getpid()}
-        before = {k: cpu_seconds(v) for k, v in procs.items()}
-        ncp0 = _children_cpu()
-        took = await transfer
+        async with _spying(leg.name, direction, pids):
+            before = {k: cpu_seconds(v) for k, v in procs.items()}
+            ncp0 = _children_cpu()
+            took = await transfer
         used = cpu.setdefault((leg.name, direction), {})
         for k, v in procs.items():
             used[k] = used.get(k, 0.0) + (cpu_seconds(v) - before[k]) / rounds
