@@ -163,6 +163,9 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
         digest = await run(af.finish, expect_size=content_length,
                            expect_sha256=params.sha256, owner=params.owner, replaced=replaced)
         await run(af.commit, params.overwrite)
+        key = af.digest_key()
+        if key is not None:
+            state.digests.put(key, digest)
         return {"path": path, "size": af.size, "sha256": digest}
     except OSError as exc:
         raise fs_status(exc, path) from exc
