@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from aggapi.agent.copy import openat2 as o2
 from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.digests import Key, key_of
+from aggapi.agent.copy.directio import DirectWriter
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.status import StatusError
 
@@ -64,7 +65,7 @@ def check_replaceable(dir_fd: int, name: str, path: str, overwrite: bool) -> os.
 
 class AtomicFile:
     def __init__(self, root: FsRoot, record: InflightRecord, dir_fd: int, dir_path: str,
-                 name: str) -> None:
+                 name: str, *, direct: bool = False) -> None:
         self.root = root
         self.dir_fd = dir_fd
         self.name = name
@@ -79,6 +80,8 @@ class AtomicFile:
         self._written_back: int | None = 0  # None: the file system cannot
         self._finished: os.stat_result | None = None  # fstat once written and synced
         self._renamed: os.stat_result | None = None  # fstat right after the rename
+        # Large files skip the page cache (directio); tar entries, mostly small, do not.
+        self._direct = DirectWriter.start(self.fd) if direct else None
 
     def write(self, data: bytes) -> None:
         self.write_many([data])
@@ -86,6 +89,10 @@ class AtomicFile:
     def write_many(self, pieces: list[bytes]) -> None:
         """Append ``pieces`` with writev (no joining copy), hashing them as they go."""
         assert self.fd is not None
+        if self._direct is not None:
+            self._direct.write_many(pieces, self.hash)
+            self.size += sum(map(len, pieces))
+            return
         todo = [memoryview(p) for p in pieces if p]
         while todo:
             n = os.writev(self.fd, todo[:IOV_MAX])
@@ -105,6 +112,8 @@ class AtomicFile:
                replaced: os.stat_result | None, mtime_ns: int | None = None) -> str:
         """Steps 3-6; returns the sha256 hex. Raises (and leaves the temp) on mismatch."""
         assert self.fd is not None
+        if self._direct is not None:
+            self._direct.finish(self.hash)
         os.fsync(self.fd)
         self._finished = os.fstat(self.fd)
         digest = self.hash.hexdigest()
@@ -166,6 +175,9 @@ class AtomicFile:
         return key_of(b)
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

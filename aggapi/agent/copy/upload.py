@@ -3,7 +3,8 @@
 Raw: the body streams into an :class:`~aggapi.agent.copy.atomic.AtomicFile` in
 the target's directory (resolved in-root with openat2) in 1 MiB chunks, one
 chunk being written by a worker while the next arrives: memory does not grow
-with the file size.
+with the file size. From DIRECT_MIN bytes (or an unknown length) the file is written
+with O_DIRECT (:mod:`aggapi.agent.copy.directio`).
 
 Tar (``format=tar``): the body is parsed as a stream (never extractall), in worker
 threads with bounded metadata (:mod:`aggapi.agent.copy.untar`). Entry
@@ -52,6 +53,8 @@ from aggapi.status import StatusError
 from aggapi.tarstream import ByteStream, TarError
 
 CHUNK = 1 << 20
+# From this size a raw upload skips the page cache (aggapi.agent.copy.directio).
+DIRECT_MIN = 4 << 20
 
 
 async def _settle(aw: Awaitable[Any]) -> None:
@@ -146,7 +149,8 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
     counted = CountingStream(body, state)
     try:
         replaced = await run(check_replaceable, dir_fd, name, path, params.overwrite)
-        af = await run(AtomicFile, root, record, dir_fd, parent, name)
+        direct = content_length is None or content_length >= DIRECT_MIN
+        af = await run(AtomicFile, root, record, dir_fd, parent, name, direct=direct)
 
         async def read(n: int) -> bytes:
             # Hashing happens in AtomicFile.write; count only. aiohttp's readchunk hands
