@@ -45,6 +45,7 @@ from aggapi.client.extract import extract_dir
 from aggapi.client.packtar import list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
 from aggapi.client.retry import CATCH, Backoff, as_error
+from aggapi.pump import next_piece, pump
 from aggapi.tarstream import TarReader
 
 CHUNK = 1 << 20
@@ -199,11 +200,7 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                         return _make_symlink(dest, st)
                     origin = _check_origin(resp, rp, partial, origin)
                     progress.start(origin.size, partial.size)
-                    async for chunk in resp.content.iter_chunked(CHUNK):
-                        await asyncio.to_thread(partial.write, chunk)
-                        progress.advance(len(chunk))
-                        backoff.progressed()
-                        await limit.pace(len(chunk))
+                    await _receive_file(resp, partial, progress, backoff, limit)
                     if partial.size != origin.size:
                         raise TransferError.from_message(
                             f"download ended at {partial.size} of {origin.size} bytes")
@@ -232,6 +229,21 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                 retries += 1
     finally:
         partial.close()
+
+
+async def _receive_file(resp: aiohttp.ClientResponse, partial: PartialFile,
+                        progress: Progress, backoff: Backoff, limit: RateLimit) -> None:
+    async def read(n: int) -> bytes:
+        data = await next_piece(resp.content)
+        if data:
+            progress.advance(len(data))
+            backoff.progressed()
+            await limit.pace(len(data))
+        return data
+
+    loop = asyncio.get_running_loop()
+    await pump(read, lambda pieces: loop.run_in_executor(None, partial.write_many, pieces),
+               keep_received=True)
 
 
 def _check_origin(resp: aiohttp.ClientResponse, rp: RemotePath, partial: PartialFile,
@@ -331,6 +343,9 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
         limit = RateLimit(rate_limit)
         fd = os.open(src, os.O_RDONLY)
         try:
+            # A MiB at a time, encrypted right after it is read, while it is in the CPU
+            # cache: reading a few MiB ahead per thread hand-over measured 0.3 CPU-s/GiB
+            # more (bench_copy --ncp, 3 rounds).
             while chunk := await asyncio.to_thread(os.read, fd, CHUNK):
                 progress.advance(len(chunk))
                 yield chunk

@@ -86,13 +86,19 @@ class PartialFile:
         os.replace(tmp, self.meta)
 
     def write(self, chunk: bytes) -> None:
+        self.write_many([chunk])
+
+    def write_many(self, pieces: list[bytes]) -> None:
+        """Append ``pieces`` (blocking), each written and then hashed while it is still
+        in the CPU cache."""
         assert self._f is not None
-        view = memoryview(chunk)
-        while view:
-            n = os.write(self._f, view)
-            view = view[n:]
-        self.hash.update(chunk)
-        self.size += len(chunk)
+        for piece in pieces:
+            view = memoryview(piece)
+            while view:
+                n = os.write(self._f, view)
+                view = view[n:]
+            self.hash.update(piece)
+            self.size += len(piece)
         if self.size - self._flushed >= FLUSH_STEP:
             # Start writeback of what arrived since the last step, and drop the step
             # before it from the page cache (written back by now: only clean pages go).

@@ -1,10 +1,10 @@
 """Uploads: one raw file, or a tar extracted into a directory, never in place.
 
 Raw: the body streams into an :class:`~aggapi.agent.copy.atomic.AtomicFile` in
-the target's directory (resolved in-root with openat2) in 1 MiB chunks, one
-chunk being written by a worker while the next arrives: memory does not grow
-with the file size. From DIRECT_MIN bytes (or an unknown length) the file is written
-with O_DIRECT (:mod:`aggapi.agent.copy.directio`).
+the target's directory (resolved in-root with openat2) in 1 MiB batches, one
+batch being written by a worker while the next arrives (:mod:`aggapi.pump`): memory
+does not grow with the file size. From DIRECT_MIN bytes (or an unknown length) the
+file is written with O_DIRECT (:mod:`aggapi.agent.copy.directio`).
 
 Tar (``format=tar``): the body is parsed as a stream (never extractall), in worker
 threads with bounded metadata (:mod:`aggapi.agent.copy.untar`). Entry
@@ -28,7 +28,7 @@ import asyncio
 import errno
 import hashlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp import StreamReader
@@ -49,10 +49,10 @@ from aggapi.agent.copy.tarextract import (
 )
 from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
+from aggapi.pump import next_piece, pump
 from aggapi.status import StatusError
 from aggapi.tarstream import ByteStream, TarError
 
-CHUNK = 1 << 20
 # From this size a raw upload skips the page cache (aggapi.agent.copy.directio).
 DIRECT_MIN = 4 << 20
 
@@ -65,39 +65,6 @@ async def _settle(aw: Awaitable[Any]) -> None:
     except asyncio.CancelledError:
         await asyncio.wait([fut])
         raise
-
-
-async def pump(state: CopyState, root: FsRoot, read: Callable[[int], Awaitable[bytes]],
-               write: Callable[[list[bytes]], None]) -> None:
-    """Copy ``read`` to ``write`` (run in a worker) with about two MiB in memory at most.
-
-    Pieces are handed over as a list (written with writev), never joined: the event
-    loop, which also decrypts TLS, copies no byte of the body."""
-    batch: list[bytes] = []
-    held = 0
-    pending: asyncio.Future[None] | None = None
-    try:
-        while True:
-            data = await read(CHUNK)
-            if not data:
-                break
-            batch.append(data)
-            held += len(data)
-            if held >= CHUNK:
-                root.ensure_alive()
-                if pending is not None:
-                    await pending
-                pending = state.workers.submit(write, batch)
-                batch, held = [], 0
-        if pending is not None:
-            await pending
-            pending = None
-        if batch:
-            await state.workers.run(write, batch)
-    finally:
-        # Never let a write run on after the caller aborts and closes the file.
-        if pending is not None and not pending.done():
-            await asyncio.wait([pending])
 
 
 class CountingStream:
@@ -153,17 +120,15 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
         af = await run(AtomicFile, root, record, dir_fd, parent, name, direct=direct)
 
         async def read(n: int) -> bytes:
-            # Hashing happens in AtomicFile.write; count only. aiohttp's readchunk hands
-            # over a received piece as is (read(n) would join pieces: a copy).
-            if isinstance(body, StreamReader):
-                data, _ = await body.readchunk()
-            else:
-                data = await body.read(n)
+            # Hashing happens in AtomicFile.write_many; count only.
+            data = await (next_piece(body) if isinstance(body, StreamReader)
+                          else body.read(n))
             counted.size += len(data)
             state.slots.check_size(counted.size)
             return data
 
-        await pump(state, root, read, af.write_many)
+        await pump(read, lambda pieces: state.workers.submit(af.write_many, pieces),
+                   before=root.ensure_alive)
         digest = await run(af.finish, expect_size=content_length,
                            expect_sha256=params.sha256, owner=params.owner, replaced=replaced)
         await run(af.commit, params.overwrite)
@@ -203,10 +168,7 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
 
     async def read(n: int) -> bytes:
         nonlocal received
-        if isinstance(body, StreamReader):
-            data, _ = await body.readchunk()
-        else:
-            data = await body.read(n)
+        data = await (next_piece(body) if isinstance(body, StreamReader) else body.read(n))
         received += len(data)
         state.slots.check_size(received)
         return data
@@ -214,7 +176,8 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
     ok = False
     try:
         try:
-            await pump(state, root, read, sink.feed_many)
+            await pump(read, lambda pieces: state.workers.submit(sink.feed_many, pieces),
+                       before=root.ensure_alive)
             await run(sink.finish)
         finally:
             await _settle(run(sink.abort))

@@ -1,0 +1,70 @@
+"""Move a byte stream into a blocking writer, one batch in a thread while the next arrives.
+
+Pieces are handed over as received, in a list (the writer uses writev and hashes
+piece by piece), never joined: the event loop, which also decrypts TLS, copies no
+byte. One batch of about ``batch`` bytes is written while the next is received, so
+at most about two batches are in memory. Each hand-over wakes a thread, which costs
+far more on a VM than the few KiB of TLS records a read returns: batches of a MiB
+pay it once per MiB. Used by the agent's uploads and the ncp client's downloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import StreamReader
+
+BATCH = 1 << 20
+
+
+async def next_piece(stream: StreamReader) -> bytes:
+    """The next piece received, as it is (b"" at the end): readchunk without its empty
+    chunk-boundary markers. ``read(n)`` would join pieces, a copy of every byte."""
+    while True:
+        data, boundary = await stream.readchunk()
+        if data or not boundary:
+            return data
+
+
+async def pump(read: Callable[[int], Awaitable[bytes]],
+               start: Callable[[list[bytes]], asyncio.Future[None]], *,
+               batch: int = BATCH, before: Callable[[], None] | None = None,
+               keep_received: bool = False) -> None:
+    """Copy ``read(batch)`` pieces (b"" ends) to ``start(pieces)``, a write started in a
+    thread; ``before`` runs before each batch is handed over (a liveness check).
+    ``keep_received``: when ``read`` fails, the pieces received so far are written
+    before the error goes on, so a resumed transfer loses none of them."""
+    pieces: list[bytes] = []
+    held = 0
+    pending: asyncio.Future[None] | None = None
+    try:
+        while True:
+            data = await read(batch)
+            if data:
+                pieces.append(data)
+                held += len(data)
+            if held >= batch or (not data and pieces):
+                if before is not None:
+                    before()
+                if pending is not None:
+                    await pending
+                pending = start(pieces)
+                pieces, held = [], 0
+            if not data:
+                break
+        if pending is not None:
+            await pending
+            pending = None
+    except Exception:
+        if keep_received and pieces:
+            if pending is not None:
+                await pending
+            pending = start(pieces)
+            await pending
+            pending = None
+        raise
+    finally:
+        # Never let a write run on after the caller aborts and closes the file.
+        if pending is not None and not pending.done():
+            await asyncio.wait([pending])
