@@ -3,7 +3,9 @@
 The digest goes in a response header, so it must be known before the first
 byte; a resumed download (Range) must not pay a second full read, so digests
 are kept in a small LRU keyed by (dev, ino, size, mtime_ns, ctime_ns): any
-change to the file changes the key.
+change to the file changes the key. A raw upload leaves the sha256 it computed
+while writing under the committed file's key (``AtomicFile.digest_key``), so copying
+a file back right after uploading it does not read it twice.
 """
 
 from __future__ import annotations
