@@ -6,10 +6,10 @@ after a download).
 
 Beside MiB/s it prints the CPU-seconds per GiB of every process on either path, measured
 over each transfer: kube-apiserver, kubelet, containerd, the pod's containerd-shims, the
-container's cgroup (tar), aggapi apiserver, the agent, and the client (kubectl or the ncp
-plugin, from the rusage of the waited child). On a machine whose cores are all busy,
-throughput is set by the sum; the ratio of sums is an efficiency ratio that holds on any
-machine.
+pod's cgroup (tar, beside idle sleeps), aggapi apiserver, the agent, and the client
+(kubectl or the ncp plugin, from the rusage of the waited child). On a machine whose
+cores are all busy, throughput is set by the sum; the ratio of sums is an efficiency
+ratio that holds on any machine.
 
 Needs a running stack with a real kubelet on the instance (hack/local-up.sh, or):
 
@@ -120,8 +120,10 @@ def _cpu_cgroup(pid: int) -> Path | None:
     return v2
 
 
-def container_cgroup(pod_uid: str) -> Path | None:
-    """The CPU cgroup of the pod's container (its `sleep`; an exec'd tar joins it)."""
+def pod_cgroup(pod_uid: str) -> Path | None:
+    """The CPU cgroup of the whole pod: its containers and what is exec'd in them (tar).
+    Not a container's own: the pod's sandbox runs the same busybox `sleep` as the
+    container, so a process found by its command line may be the sandbox."""
     want = (pod_uid, pod_uid.replace("-", "_"))
     for pid in _pids():
         if _cmdline(pid)[:2] != ["/bin/busybox", "sleep"]:
@@ -130,8 +132,11 @@ def container_cgroup(pod_uid: str) -> Path | None:
             cg = _cpu_cgroup(pid)
         except OSError:
             continue
-        if cg is not None and any(w in str(cg) for w in want):
-            return cg
+        if cg is None:
+            continue
+        for i, part in enumerate(cg.parts):
+            if any(w in part for w in want):
+                return Path(*cg.parts[:i + 1])
     return None
 
 
@@ -171,9 +176,10 @@ class Meter:
             self.sources[name] = functools.partial(cpu_seconds, pid)
         shims = shim_pids(node.info.containerd_dir)
         self.sources["containerd-shims"] = lambda: sum(cpu_seconds(p) for p in shims)
-        cg = container_cgroup(pod_uid)
-        if cg is not None:
-            self.sources["container (tar)"] = lambda: cgroup_cpu(cg)
+        cg = pod_cgroup(pod_uid)
+        if cg is None:
+            raise SystemExit(f"no cgroup found for pod {pod_uid}")
+        self.sources["pod (tar)"] = lambda: cgroup_cpu(cg)
         self.sources["client"] = children_cpu  # kubectl or ncp: waited children
 
     @contextmanager
