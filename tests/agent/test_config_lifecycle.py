@@ -21,9 +21,11 @@ BASE = ["--node-name", NODE, "--certs-dir", "/certs"]
 def test_copy_flags_fill_the_copy_limits() -> None:
     config = from_args([*BASE, "--copy-size-limit", "3Gi", "--copies-per-pod", "2",
                         "--copies-per-node", "9", "--copy-max-entries", "77",
-                        "--copy-max-depth", "5", "--copy-state-dir", "/x/inflight"])
+                        "--copy-max-depth", "5", "--copy-state-dir", "/x/inflight",
+                        "--copy-direct-io-min-size", "0"])
     assert config.copy == CopyLimits(size_limit=3 << 30, copies_per_pod=2, copies_per_node=9,
-                                     max_entries=77, max_depth=5, state_dir="/x/inflight")
+                                     max_entries=77, max_depth=5, state_dir="/x/inflight",
+                                     direct_io_min_size=0)
     assert config.tls_cert == "/certs/agent.crt"
 
 

@@ -26,6 +26,9 @@ class CopyLimits:
     state_dir: str = "/var/lib/aggapi-agent/inflight"  # --copy-state-dir
     retry_after: int = 5  # seconds suggested to a client refused with 429
     body_idle_timeout: float = 60.0  # --body-idle-timeout: a silent upload is aborted
+    # --copy-direct-io-min-size: raw uploads from this size bypass the page cache
+    # (aggapi.agent.copy.directio); 0: never
+    direct_io_min_size: int = 4 << 20
 
 
 class CopySlots:

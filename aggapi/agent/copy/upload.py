@@ -3,8 +3,8 @@
 Raw: the body streams into an :class:`~aggapi.agent.copy.atomic.AtomicFile` in
 the target's directory (resolved in-root with openat2) in 1 MiB batches, one
 batch being written by a worker while the next arrives (:mod:`aggapi.pump`): memory
-does not grow with the file size. From DIRECT_MIN bytes (or an unknown length) the
-file is written with O_DIRECT (:mod:`aggapi.agent.copy.directio`).
+does not grow with the file size. From --copy-direct-io-min-size bytes (or an unknown
+length) the file is written with O_DIRECT (:mod:`aggapi.agent.copy.directio`).
 
 Tar (``format=tar``): the body is parsed as a stream (never extractall), in worker
 threads with bounded metadata (:mod:`aggapi.agent.copy.untar`). Entry
@@ -52,9 +52,6 @@ from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.pump import next_piece, pump
 from aggapi.status import StatusError
 from aggapi.tarstream import ByteStream, TarError
-
-# From this size a raw upload skips the page cache (aggapi.agent.copy.directio).
-DIRECT_MIN = 4 << 20
 
 
 async def _settle(aw: Awaitable[Any]) -> None:
@@ -116,7 +113,8 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
     counted = CountingStream(body, state)
     try:
         replaced = await run(check_replaceable, dir_fd, name, path, params.overwrite)
-        direct = content_length is None or content_length >= DIRECT_MIN
+        least = state.limits.direct_io_min_size
+        direct = least > 0 and (content_length is None or content_length >= least)
         af = await run(AtomicFile, root, record, dir_fd, parent, name, direct=direct)
 
         async def read(n: int) -> bytes:

@@ -8,7 +8,9 @@ import fcntl
 import hashlib
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 
 from aggapi.agent.copy import atomic, directio
 from aggapi.agent.copy.cleanup import InflightRecord
+from aggapi.agent.copy.quotas import CopyLimits
 from tests.agent.copy.conftest import DirResolver
 
 BLOCK = directio.BLOCK
@@ -155,3 +158,26 @@ def test_atomic_file_same_result_either_way(tmp_path: Path, direct: bool) -> Non
     assert af._direct is None  # the buffer is released with the file
     assert digest == hashlib.sha256(data).hexdigest()
     assert (tmp_path / "root" / "f").read_bytes() == data
+
+
+@pytest.mark.parametrize(("least", "size", "want"), [
+    (4 << 20, 5 << 20, True), (4 << 20, 3 << 20, False), (0, 5 << 20, False)])
+async def test_uploads_go_direct_from_the_configured_size(
+        serve: Any, plain: tuple[Path, Path], limits: CopyLimits,
+        monkeypatch: pytest.MonkeyPatch, least: int, size: int, want: bool) -> None:
+    """--copy-direct-io-min-size: from that many bytes through O_DIRECT; 0: never."""
+    started: list[int] = []
+    real = directio.DirectWriter.start
+
+    def start(fd: int) -> directio.DirectWriter | None:
+        started.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(directio.DirectWriter, "start", start)
+    cc = await serve(DirResolver(plain[0]), replace(limits, direct_io_min_size=least))
+    data = os.urandom(size)
+    r = await cc.post("/big.bin", data)
+    assert r.status in (200, 201), await r.text()
+    assert (await r.json())["sha256"] == hashlib.sha256(data).hexdigest()
+    assert (plain[0] / "big.bin").read_bytes() == data
+    assert bool(started) == want

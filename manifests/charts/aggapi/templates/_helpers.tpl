@@ -298,6 +298,7 @@ agent. Empty: no flag; the image holds no kubelet config, so kubelet defaults. *
 - --copies-per-pod={{ .Values.agent.copiesPerPod }}
 - --copies-per-node={{ .Values.agent.copiesPerNode }}
 - --copy-state-dir={{ .Values.agent.copyStateDir }}
+- --copy-direct-io-min-size={{ .Values.agent.copyDirectIOMinSize }}
 {{- if .Values.agent.copyAsRoot }}
 - --copy-as-root
 {{- end }}
