@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import StreamReader
@@ -64,29 +63,19 @@ async def _settle(aw: Awaitable[Any]) -> None:
         raise
 
 
-class CountingStream:
-    """The request body, counted against the size limit and hashed as it passes."""
+def _counted(body: ByteStream, state: CopyState) -> Callable[[int], Awaitable[bytes]]:
+    """``read`` for :func:`aggapi.pump.pump`: the body's pieces as received (never
+    joined), their running total checked against the size limit."""
+    received = 0
 
-    def __init__(self, body: ByteStream, state: CopyState) -> None:
-        self.body = body
-        self.state = state
-        self.size = 0
-        self.hash = hashlib.sha256()
-
-    async def _seen(self, data: bytes) -> bytes:
-        self.size += len(data)
-        self.state.slots.check_size(self.size)
-        if len(data) >= 65536:
-            await self.state.workers.run(self.hash.update, data)
-        else:
-            self.hash.update(data)
+    async def read(n: int) -> bytes:
+        nonlocal received
+        data = await (next_piece(body) if isinstance(body, StreamReader) else body.read(n))
+        received += len(data)
+        state.slots.check_size(received)
         return data
 
-    async def read(self, n: int = -1) -> bytes:
-        return await self._seen(await self.body.read(n))
-
-    async def readexactly(self, n: int) -> bytes:
-        return await self._seen(await self.body.readexactly(n))
+    return read
 
 
 def _check_digest(params: UploadParams, digest: str, path: str) -> None:
@@ -110,22 +99,14 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
     except OSError as exc:
         raise fs_status(exc, parent) from exc
     af: AtomicFile | None = None
-    counted = CountingStream(body, state)
     try:
         replaced = await run(check_replaceable, dir_fd, name, path, params.overwrite)
         least = state.limits.direct_io_min_size
         direct = least > 0 and (content_length is None or content_length >= least)
         af = await run(AtomicFile, root, record, dir_fd, parent, name, direct=direct)
-
-        async def read(n: int) -> bytes:
-            # Hashing happens in AtomicFile.write_many; count only.
-            data = await (next_piece(body) if isinstance(body, StreamReader)
-                          else body.read(n))
-            counted.size += len(data)
-            state.slots.check_size(counted.size)
-            return data
-
-        await pump(read, lambda pieces: state.workers.submit(af.write_many, pieces),
+        # Hashed in AtomicFile.write_many, in a worker.
+        await pump(_counted(body, state),
+                   lambda pieces: state.workers.submit(af.write_many, pieces),
                    before=root.ensure_alive)
         digest = await run(af.finish, expect_size=content_length,
                            expect_sha256=params.sha256, owner=params.owner, replaced=replaced)
@@ -162,19 +143,12 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
     # The loop only receives and counts; parsing and extraction happen in workers
     # (untar.TarSink), a batch of about a MiB at a time.
     sink = TarSink(ex, root, limits)
-    received = 0
-
-    async def read(n: int) -> bytes:
-        nonlocal received
-        data = await (next_piece(body) if isinstance(body, StreamReader) else body.read(n))
-        received += len(data)
-        state.slots.check_size(received)
-        return data
 
     ok = False
     try:
         try:
-            await pump(read, lambda pieces: state.workers.submit(sink.feed_many, pieces),
+            await pump(_counted(body, state),
+                       lambda pieces: state.workers.submit(sink.feed_many, pieces),
                        before=root.ensure_alive)
             await run(sink.finish)
         finally:
