@@ -164,9 +164,15 @@ class FakeContainerd:
         self.blobs[img.digest] = (data, replace(info, labels={**info.labels,
                                                               **self.source_label(img)}))
 
-    def download(self, digest: str, offset: int, total: int, lease: str) -> None:
+    def download(self, digest: str, offset: int, total: int, lease: str,
+                 updated_at: float | None = None, started_at: float | None = None) -> None:
+        """``updated_at``: when the offset was reached (containerd: the data file's
+        mtime); now when not given."""
         ref = f"layer-{digest}"
-        self.statuses[ref] = IngestStatus(ref, offset, total, self.now, self.now, "")
+        old = self.statuses.get(ref)
+        start = started_at if started_at is not None else old.started_at if old else self.now
+        self.statuses[ref] = IngestStatus(ref, offset, total, start,
+                                          self.now if updated_at is None else updated_at, "")
         res = self.leases[lease][1]
         if LeaseResource(ref, "ingests") not in res:
             res.append(LeaseResource(ref, "ingests"))

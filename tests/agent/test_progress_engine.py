@@ -51,9 +51,12 @@ async def test_a_pull_goes_through_the_phases_in_order() -> None:
     fake.download(d0, 1000, s0, "L1")
     fake.download(d1, 1000, s1, "L1")
     st = await look()
-    assert st.bytes_per_second == 1000.0  # 0 -> 2000 bytes over the 2 s of the window
-    assert st.eta_seconds == 1.0
-    assert [la.bytes_per_second for la in st.layers] == [500.0, 1000.0]
+    # 500 -> 2000 bytes in the second since both ingests' first write (updated_at).
+    assert st.bytes_per_second == 1500.0
+    # Layer 0 is complete; layer 1 then has the whole link: 1000 bytes at 1500 B/s.
+    assert st.eta_seconds == 0.7
+    # Each layer has moved once: no rate of its own yet.
+    assert [la.bytes_per_second for la in st.layers] == [None, None]
     fake.commit(d0, s0, "L1")
     fake.extract(img.chains[0])
     st = await look()
@@ -287,7 +290,14 @@ async def test_parallel_layers_each_get_their_own_rate_and_eta() -> None:
         fake.now += 1
     assert [la.progress for la in st.layers] == [5 * r for r in rates]
     assert [la.bytes_per_second for la in st.layers] == [float(r) for r in rates]
-    assert [la.eta_seconds for la in st.layers] == [
-        round((s - 5 * r) / r, 1) for s, r in zip(sizes, rates, strict=True)]
-    # The image's rate is the sum, and it is no layer's rate.
+    # They share one 13 kB/s link: when the fastest finishes its share goes to the
+    # others (work conservation), so the slower ones finish sooner than left/rate.
+    left = [s - 5 * r for s, r in zip(sizes, rates, strict=True)]
+    t2 = left[2] / rates[2]
+    left = [left[0] - t2 * rates[0], left[1] - t2 * rates[1]]
+    t1 = t2 + left[1] / (sum(rates) * 3 / 4)
+    t0 = t1 + (left[0] - (t1 - t2) * sum(rates) / 4) / sum(rates)
+    assert [la.eta_seconds for la in st.layers] == [round(t, 1) for t in (t0, t1, t2)]
+    assert st.eta_seconds == round(t0, 1)
+    # The image's rate is the rate of its bytes: here the three together.
     assert st.bytes_per_second == float(sum(rates))

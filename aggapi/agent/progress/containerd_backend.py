@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from aggapi import imageref
+from aggapi.agent.progress.eta import Flow, plan
 from aggapi.agent.progress.layers import Snapshots, layer_states, snapshots_of
 from aggapi.agent.progress.leases import LeaseIndex, LeaseView
 from aggapi.agent.progress.model import (
@@ -44,7 +45,6 @@ from aggapi.agent.progress.model import (
     NodeState,
     PullState,
     aggregate,
-    eta,
 )
 from aggapi.agent.progress.ocimanifest import (
     ManifestError,
@@ -52,7 +52,7 @@ from aggapi.agent.progress.ocimanifest import (
     Platform,
     ResolvedImage,
 )
-from aggapi.agent.progress.rate import RateBook
+from aggapi.agent.progress.rate import CounterBook
 from aggapi.runtime.containerd import (
     ContentInfo,
     ImageRecord,
@@ -61,6 +61,9 @@ from aggapi.runtime.containerd import (
     LeaseResource,
     SnapshotInfo,
 )
+
+PULL_INGESTS = frozenset({"layer", "manifest", "index", "config"})
+BARE_LEASE_SECONDS = 30.0
 
 
 class ContainerdLike(Protocol):
@@ -99,14 +102,16 @@ class ContainerdBackend:
     def __init__(self, client: ContainerdLike, platform: Platform | None = None, *,
                  snapshotter: str = "overlayfs", clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 rate_window: float = 3.0, full_refresh: float = 1.0) -> None:
+                 full_refresh: float = 1.0) -> None:
         self.client = client
         self.platform = platform or Platform.host()
         self.snapshotter = snapshotter
         self.manifests = ManifestStore(client, self.platform)
         self._clock = clock
         self._mono = monotonic
-        self._rates = RateBook(rate_window)
+        self._counters = CounterBook()  # every layer ingest on the node, by digest
+        self._rates = self._counters.snapshot(0.0)
+        self._slots: dict[str, int] = {}  # lease -> most layers seen downloading at once
         self.leases = LeaseIndex(client, self.manifests, monotonic=monotonic,
                                  full_refresh=full_refresh)
         self._memory: dict[str, _Memory] = {}
@@ -125,7 +130,7 @@ class ContainerdBackend:
             self._memory.clear()
             self._forget = False
         refs = sorted(set(watched))
-        wall, mono = self._clock(), self._mono()
+        wall = self._clock()
         statuses, leases, snaps = await asyncio.gather(
             self.client.list_statuses(), self.client.list_leases(),
             self.client.list_snapshots(self.snapshotter))
@@ -136,6 +141,13 @@ class ContainerdBackend:
         snapshots = snapshots_of(snaps)
         await self.leases.refresh(leases, statuses, snaps)
         await self.leases.classify()
+        for s in statuses:
+            if s.kind == "layer" and s.digest:
+                # updated_at is the data file's mtime: when the last step landed.
+                self._counters.observe(s.digest, wall, s.offset, s.updated_at or None,
+                                       s.total)
+        self._counters.sweep(wall, self.leases.created)
+        self._rates = self._counters.snapshot(wall)
 
         images: dict[str, ImageState] = {}
         claimed: dict[str, str] = {}  # lease -> ref
@@ -151,14 +163,18 @@ class ContainerdBackend:
                 images[ref] = ImageState(ref, FAILED, error=f"invalid image reference {ref!r}")
                 continue
             images[ref] = await self._image(ref, p, records.get(str(p)), ingests, snapshots,
-                                            wall, mono, claimed)
-        images = await self._tentative(images, parsed, ingests, snapshots, wall, mono, claimed)
+                                            wall, claimed)
+        images = await self._tentative(images, parsed, ingests, snapshots, wall, claimed)
         for ref in list(self._memory):
             if ref not in images:
                 del self._memory[ref]
-        pulls = await self._pulls(images, ingests, snapshots, mono)
-        self._rates.sweep()
-        return NodeState("containerd", images, tuple(pulls), time=wall)
+        pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
+        link = self._rates.group(self._rates.traces)
+        timing = self._plan(pull_layers, ingests, link)
+        images = {ref: self._timed(st, timing, link) for ref, st in images.items()}
+        pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link) for p in pulls]
+        return NodeState("containerd", images, tuple(pulls), time=wall, rates=self._rates,
+                         link_bytes_per_second=_round(link))
 
     async def _records(self, refs: Sequence[str]) -> dict[str, ImageRecord]:
         names = []
@@ -177,7 +193,7 @@ class ContainerdBackend:
 
     async def _image(self, ref: str, p: imageref.ImageRef, record: ImageRecord | None,
                      ingests: Mapping[str, IngestStatus], snaps: Snapshots, wall: float,
-                     mono: float, claimed: dict[str, str]) -> ImageState:
+                     claimed: dict[str, str]) -> ImageState:
         mem = self._memory.get(ref)
         if mem is None:
             mem = self._memory[ref] = _Memory(first_seen=wall, present_at_start=record is not None)
@@ -191,7 +207,7 @@ class ContainerdBackend:
                 mem.lease, mem.lease_created = view.lease.id, view.lease.created_at
                 mem.failed, mem.high = "", {}
             mem.tentative = False
-            return await self._pulling(ref, root, view, mem, ingests, snaps, mono)
+            return await self._pulling(ref, root, view, mem, ingests, snaps)
         if mem.lease and mem.lease not in self.leases.views:
             # The pull's lease is gone. Confirm (one call, on this transition only).
             again = await self.client.get_image(str(p))
@@ -206,14 +222,14 @@ class ContainerdBackend:
             layers = tuple(
                 LayerState(la.digest, FAILED if la.phase in (WAITING, DOWNLOADING)
                            else la.phase, la.progress, la.total) for la in mem.last_layers)
-            prog, total = aggregate(layers) if layers else (-1, -1)
+            prog, total = aggregate(layers) if layers else (None, None)
             return ImageState(ref, FAILED, layers, prog, total, error=mem.failed)
         layers = ()
         if root:
             resolved = await self._resolve(root)
             if isinstance(resolved, ResolvedImage):
-                layers = self._layers(resolved, None, mem, ingests, snaps, mono, wall)
-        prog, total = aggregate(layers) if layers else (-1, -1)
+                layers = self._layers(resolved, None, mem, ingests, snaps, wall)
+        prog, total = aggregate(layers) if layers else (None, None)
         return ImageState(ref, WAITING, layers, prog, total, root_digest=root)
 
     async def _resolve(self, root: str) -> ResolvedImage | str | None:
@@ -228,8 +244,8 @@ class ContainerdBackend:
                     f"{mem.lease} released without an image record): unknown tag, access "
                     "denied or registry unreachable; the runtime's error is in the pod's "
                     "events")
-        prog, total = aggregate(mem.last_layers) if mem.last_layers else (-1, -1)
-        got = f" after {prog} of {total} bytes" if total >= 0 else ""
+        prog, total = aggregate(mem.last_layers) if mem.last_layers else (None, None)
+        got = f" after {prog} of {total} bytes" if total is not None else ""
         return (f"pull of {ref} stopped{got}: containerd lease {mem.lease} released "
                 "without an image record; the runtime's error is in the pod's events")
 
@@ -252,14 +268,13 @@ class ContainerdBackend:
         if phase == DONE and layers and all(la.phase == ALREADY_PRESENT for la in layers):
             phase = ALREADY_PRESENT  # nothing was downloaded: every layer was here
         tl = tuple(layers)
-        prog, total = aggregate(tl) if tl else (-1, -1)
+        prog, total = aggregate(tl) if tl else (None, None)
         mem.last_layers = tl
         return ImageState(ref, phase, tl, prog, total, root_digest=record.target.digest,
                           lease=mem.lease)
 
     async def _pulling(self, ref: str, root: str, view: LeaseView, mem: _Memory,
-                       ingests: Mapping[str, IngestStatus], snaps: Snapshots,
-                       mono: float) -> ImageState:
+                       ingests: Mapping[str, IngestStatus], snaps: Snapshots) -> ImageState:
         resolved = await self._resolve(root) if root else None
         if isinstance(resolved, str):
             # containerd will fail the same way; say so now rather than wait for it.
@@ -267,25 +282,24 @@ class ContainerdBackend:
                               lease=view.lease.id)
         if resolved is None:
             return ImageState(ref, RESOLVING, root_digest=root, lease=view.lease.id)
-        layers = self._layers(resolved, view, mem, ingests, snaps, mono, None)
+        layers = self._layers(resolved, view, mem, ingests, snaps, None)
         mem.last_layers = layers
         phases = {la.phase for la in layers}
         phase = DOWNLOADING if phases & {DOWNLOADING, WAITING} else EXTRACTING
         prog, total = aggregate(layers)
-        rate = self._rates.add(f"image:{ref}", mono, prog) if prog >= 0 else None
-        return ImageState(ref, phase, layers, prog, total, rate, eta(prog, total, rate),
-                          root_digest=root, lease=view.lease.id)
+        return ImageState(ref, phase, layers, prog, total, root_digest=root,
+                          lease=view.lease.id)
 
     def _layers(self, resolved: ResolvedImage, view: LeaseView | None, mem: _Memory | None,
-                ingests: Mapping[str, IngestStatus], snaps: Snapshots, mono: float,
+                ingests: Mapping[str, IngestStatus], snaps: Snapshots,
                 since_wall: float | None) -> tuple[LayerState, ...]:
         return layer_states(resolved, view, mem.high if mem is not None else None, ingests,
-                            snaps, self.leases.created, self._rates, mono, since_wall)
+                            snaps, self.leases.created, self._rates, since_wall)
 
     async def _tentative(self, images: dict[str, ImageState],
                          parsed: Mapping[str, imageref.ImageRef | None],
                          ingests: Mapping[str, IngestStatus], snaps: Snapshots, wall: float,
-                         mono: float, claimed: dict[str, str]) -> dict[str, ImageState]:
+                         claimed: dict[str, str]) -> dict[str, ImageState]:
         """A pull that has not fetched a manifest yet names no image. Bind it to a
         waiting image only when that is unambiguous: one such lease, one such image."""
         bare = [v for v in self.leases.views.values()
@@ -306,30 +320,121 @@ class ContainerdBackend:
     # -- node view --------------------------------------------------------------------
 
     async def _pulls(self, images: Mapping[str, ImageState], ingests: Mapping[str, IngestStatus],
-                     snaps: Snapshots, mono: float) -> list[PullState]:
+                     snaps: Snapshots, wall: float,
+                     ) -> tuple[list[PullState], dict[str, tuple[LayerState, ...]]]:
+        """The node's pulls, and each resolved pull's layers (for the link plan)."""
         by_lease: dict[str, list[str]] = {}
         for ref, st in images.items():
             if st.lease and st.phase not in (DONE, ALREADY_PRESENT, FAILED):
                 by_lease.setdefault(st.lease, []).append(ref)
         pulls: list[PullState] = []
+        pull_layers: dict[str, tuple[LayerState, ...]] = {}
         for view in sorted(self.leases.views.values(), key=lambda v: v.lease.created_at):
             roots = self.leases.roots(view)
+            if not self._is_pull(view, roots, wall):
+                continue
             repos = self.leases.repositories(roots)
             downloading = sum(1 for ref in view.ingests if ref.startswith("layer-"))
             root = roots[0] if roots else ""
             resolved = await self._resolve(root) if root else None
             if isinstance(resolved, ResolvedImage):
-                layers = self._layers(resolved, view, None, ingests, snaps, mono, None)
+                layers = self._layers(resolved, view, None, ingests, snaps, None)
+                pull_layers[view.lease.id] = layers
                 prog, total = aggregate(layers)
                 downloading = max(downloading, sum(la.phase == DOWNLOADING and la.progress
                                                    < la.total for la in layers))
                 phases = {la.phase for la in layers}
                 phase = DOWNLOADING if phases & {DOWNLOADING, WAITING} else EXTRACTING
-                rate = self._rates.add(f"pull:{view.lease.id}", mono, prog)
             else:
-                prog, total, rate = -1, -1, None
+                prog, total = None, None
                 phase = RESOLVING if not isinstance(resolved, str) else FAILED
             pulls.append(PullState(view.lease.id, view.lease.created_at, phase, tuple(repos),
                                    tuple(sorted(by_lease.get(view.lease.id, ()))), root,
-                                   prog, total, rate, downloading))
-        return pulls
+                                   prog, total, None, downloading))
+        for lease in list(self._slots):
+            if lease not in self.leases.views:
+                del self._slots[lease]
+        return pulls, pull_layers
+
+    @staticmethod
+    def _is_pull(view: LeaseView, roots: Sequence[str], wall: float) -> bool:
+        """A pull's lease holds an index or manifest, or a pull's ingests; other
+        clients' leases (snapshots of a container being built, gc holds) hold neither.
+        An empty lease is a pull resolving its tag, but only for a while: a pull that
+        cannot resolve fails within its registry timeouts."""
+        if roots or any(r.partition("-")[0] in PULL_INGESTS for r in view.ingests):
+            return True
+        return not view.content and not view.ingests and not view.other and (
+            wall - view.lease.created_at < BARE_LEASE_SECONDS)
+
+    # -- rates and ETAs on the node's link ----------------------------------------------
+
+    def _plan(self, pull_layers: Mapping[str, tuple[LayerState, ...]],
+              ingests: Mapping[str, IngestStatus], link: float | None) -> Mapping[str, float]:
+        """Seconds until each layer's last byte: the link shared among every layer the
+        node downloads, queued layers of a pull starting as its running ones finish."""
+        rates = self._rates
+        est = rates.estimates(d for d, ing in ingests.items() if ing.kind == "layer")
+        flows: list[Flow] = []
+        seen: set[str] = set()
+        for lease, layers in pull_layers.items():
+            running = sum(1 for la in layers if la.digest in ingests)
+            self._slots[lease] = max(self._slots.get(lease, 0), running)
+            for la in layers:
+                if la.digest in seen:
+                    continue
+                if la.digest in ingests:
+                    seen.add(la.digest)
+                    r = est.get(la.digest)
+                    left = la.total - la.progress - rates.in_flight(la.digest, r)
+                    flows.append(Flow(la.digest, lease, left, r, True))
+                elif la.phase == WAITING:
+                    seen.add(la.digest)
+                    flows.append(Flow(la.digest, lease, la.total, None, False))
+        for digest, ing in ingests.items():
+            if ing.kind == "layer" and digest not in seen and ing.total > 0:
+                # A layer of a pull not resolved (yet): it shares the link all the same.
+                r = est.get(digest)
+                left = ing.total - ing.offset - rates.in_flight(digest, r)
+                flows.append(Flow(digest, "", left, r, True))
+        return plan(flows, link, self._slots).finish
+
+    def _timed(self, st: ImageState, finish: Mapping[str, float],
+               link: float | None) -> ImageState:
+        """An image with its layers' shares of the link and ETAs, its own rate (the rate
+        of its bytes) and its ETA (its last layer's)."""
+        if st.phase not in (DOWNLOADING, EXTRACTING) or not st.layers:
+            return st
+        layers: list[LayerState] = []
+        last: float | None = 0.0
+        for la in st.layers:
+            if la.phase in (DOWNLOADING, WAITING) and la.progress < la.total:
+                at = finish.get(la.digest)
+                last = None if at is None or last is None else max(last, at)
+                rate = la.bytes_per_second
+                if rate is not None and link is not None:
+                    rate = min(rate, link)
+                la = replace(la, bytes_per_second=_round(rate),
+                             eta_seconds=None if at is None else round(at, 1))
+            layers.append(la)
+        mine = [la.digest for la in st.layers if la.phase != ALREADY_PRESENT]
+        rate = self._rates.group(mine)
+        if rate is not None and link is not None:
+            rate = min(rate, link)
+        if st.total is None:
+            last = None
+        return replace(st, layers=tuple(layers), bytes_per_second=_round(rate),
+                       eta_seconds=None if last is None else round(last, 1))
+
+    def _timed_pull(self, p: PullState, layers: tuple[LayerState, ...],
+                    link: float | None) -> PullState:
+        if not layers:
+            return p
+        rate = self._rates.group(la.digest for la in layers if la.phase != ALREADY_PRESENT)
+        if rate is not None and link is not None:
+            rate = min(rate, link)
+        return replace(p, bytes_per_second=_round(rate))
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)

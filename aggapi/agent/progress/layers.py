@@ -19,10 +19,9 @@ from aggapi.agent.progress.model import (
     EXTRACTING,
     WAITING,
     LayerState,
-    eta,
 )
 from aggapi.agent.progress.ocimanifest import ResolvedImage
-from aggapi.agent.progress.rate import RateBook
+from aggapi.agent.progress.rate import Rates
 from aggapi.runtime.containerd import IngestStatus, SnapshotInfo
 
 EXTRACT_PREFIX = "extract-"
@@ -52,11 +51,13 @@ def snapshots_of(snaps: Sequence[SnapshotInfo]) -> Snapshots:
 
 def layer_states(resolved: ResolvedImage, view: LeaseView | None,
                  high_water: dict[str, int] | None, ingests: Mapping[str, IngestStatus],
-                 snaps: Snapshots, created: Mapping[str, float], rates: RateBook,
-                 mono: float, since_wall: float | None) -> tuple[LayerState, ...]:
-    """Each layer's phase and bytes. ``view`` is the lease pulling the image (None if
-    none); ``high_water`` the highest offset seen per layer, updated here (None for
-    the node view, which keeps none); ``created`` content creation times."""
+                 snaps: Snapshots, created: Mapping[str, float], rates: Rates,
+                 since_wall: float | None) -> tuple[LayerState, ...]:
+    """Each layer's phase and bytes, and a downloading layer's own rate (its share of
+    the link and its ETA come later, from aggapi.agent.progress.eta). ``view`` is the
+    lease pulling the image (None if none); ``high_water`` the highest offset seen per
+    layer, updated here (None for the node view, which keeps none); ``created``
+    content creation times."""
     since = view.lease.created_at if view is not None else since_wall
     out: list[LayerState] = []
     for la in resolved.layers:
@@ -71,9 +72,8 @@ def layer_states(resolved: ResolvedImage, view: LeaseView | None,
             got = min(ing.offset, la.size)
             if high_water is not None:
                 high_water[la.digest] = max(high, got)
-            rate = rates.add(f"layer:{la.digest}", mono, got)
-            out.append(LayerState(la.digest, DOWNLOADING, got, la.size, rate,
-                                  eta(got, la.size, rate)))
+            out.append(LayerState(la.digest, DOWNLOADING, got, la.size,
+                                  rates.rate(la.digest)))
         elif la.chain_id and la.chain_id in snaps.committed:
             done = high > 0 or (since is not None and snaps.committed[la.chain_id] >= since)
             out.append(LayerState(la.digest, DONE if done else ALREADY_PRESENT,

@@ -47,6 +47,7 @@ class LeaseView:
     lease: Lease
     content: frozenset[str] = frozenset()
     ingests: frozenset[str] = frozenset()  # ingest refs
+    other: frozenset[str] = frozenset()  # anything else it holds (snapshots, ...)
 
 
 @dataclass
@@ -107,6 +108,8 @@ class LeaseIndex:
                 le,
                 content=frozenset(r.id for r in res if r.type == "content"),
                 ingests=frozenset(r.id for r in res if r.type == "ingests"),
+                other=frozenset(f"{r.type}/{r.id}" for r in res
+                                if r.type not in ("content", "ingests")),
             )
 
     async def classify(self) -> None:

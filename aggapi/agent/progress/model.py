@@ -1,12 +1,15 @@
 """The progress engine's state: per layer, per image, per in-flight pull on the node.
 
-Numbers are bytes; ``-1`` means "not known" (never a guess). Aggregates sum only
-the layers that need downloading (every phase except AlreadyPresent).
+Numbers are bytes; ``None`` means "not known" (never a guess, and never a number a
+client could add up: KEP-5334's sum(progress)/sum(total) skips nulls). Aggregates sum
+only the layers that need downloading (every phase except AlreadyPresent).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from aggapi.agent.progress.rate import Rates
 
 WAITING = "Waiting"
 RESOLVING = "Resolving"
@@ -38,8 +41,8 @@ class ImageState:
     ref: str  # normalized reference (containerd's image-record name)
     phase: str
     layers: tuple[LayerState, ...] = ()
-    progress: int = -1
-    total: int = -1
+    progress: int | None = None
+    total: int | None = None
     bytes_per_second: float | None = None
     eta_seconds: float | None = None
     error: str = ""
@@ -57,8 +60,8 @@ class PullState:
     repositories: tuple[str, ...] = ()  # "host/repo" from distribution-source labels
     images: tuple[str, ...] = ()  # watched refs attributed to it
     root_digest: str = ""
-    progress: int = -1
-    total: int = -1
+    progress: int | None = None
+    total: int | None = None
     bytes_per_second: float | None = None
     downloading_layers: int = 0
 
@@ -73,17 +76,15 @@ class NodeState:
     pulls: tuple[PullState, ...] | None = None  # None: the backend cannot see pulls
     error: str = ""  # the runtime could not be read
     time: float = field(default=0.0, compare=False)
+    # The node's byte counters as of this poll (rates of any set of layers, e.g. a
+    # pod's), and the rate of every layer byte the node downloads: its link.
+    rates: Rates | None = field(default=None, compare=False)
+    link_bytes_per_second: float | None = field(default=None, compare=False)
 
 
-def aggregate(layers: tuple[LayerState, ...]) -> tuple[int, int]:
-    """(Σprogress, Σtotal) over layers that need downloading; (-1, -1) if unknown."""
+def aggregate(layers: tuple[LayerState, ...]) -> tuple[int | None, int | None]:
+    """(Σprogress, Σtotal) over layers that need downloading; (None, None) if unknown."""
     need = [la for la in layers if la.phase != ALREADY_PRESENT]
     if any(la.total < 0 for la in need):
-        return -1, -1
+        return None, None
     return sum(la.progress for la in need), sum(la.total for la in need)
-
-
-def eta(progress: int, total: int, rate: float | None) -> float | None:
-    if rate is None or rate <= 0 or total < 0 or progress < 0:
-        return None
-    return round(max(total - progress, 0) / rate, 1)

@@ -1,60 +1,299 @@
-"""Transfer rates from successive byte counts over a sliding window."""
+"""Rates of byte counters that move in steps, and of groups of them.
+
+containerd 2.x's transfer service copies with a 1 MiB buffer, so an ingest's offset
+moves in 1 MiB steps: at 120 kB/s once every ~8 s. containerd 1.6 moves smoothly. A
+window of fixed length over poll samples therefore measures the step size over the
+window, not the rate. What does tell the rate is *when* the counter changed: the
+ingest's ``updated_at`` (the mtime of its data file, i.e. the moment of the last
+write) when containerd gives one, else the poll that saw the change.
+
+So a counter keeps its change points (time, value) and is measured over whole steps:
+from one change to a later one, over a span that grows until it covers several
+changes and a minimum time, or over the last few changes when those clearly disagree
+with the longer span (the rate changed). A counter that has not moved twice has no
+rate. A counter overdue for its next step decays: no more than (bytes + one step) /
+(time since the span began), the most that is consistent with no step having come.
+
+A group of counters (an image's layers, a pod's images, every layer the node
+downloads) is measured over one common window, each counter read off its own
+piecewise-linear curve through its change points: steps of different counters fall at
+different moments, so counting whole steps of a sum would be off by up to a step per
+counter.
+"""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+MEMORY = 64  # change points kept per counter
+MIN_CHANGES, MIN_SPAN = 2, 2.0  # the shortest span a rate is measured over
+LONG_CHANGES, LONG_SPAN = 6, 10.0  # the span used while the rate holds steady
+CHANGED = 0.25  # short and long spans disagreeing by more than this: the rate changed
+GROUP_MIN_SPAN, GROUP_MAX_SPAN = 4.0, 60.0
+FINISHED_MEMORY = GROUP_MAX_SPAN  # seconds a finished counter still counts in windows
 
 
-class RateWindow:
-    """Bytes per second over the last ``window`` seconds of (time, bytes) samples.
+@dataclass(frozen=True)
+class Trace:
+    """One counter's change points, frozen for one poll's computations."""
 
-    A sliding window rather than an EWMA so the figure is a plain measurement
-    (bytes moved / seconds elapsed) that a test can check against a known rate.
-    """
+    points: tuple[tuple[float, int], ...]  # (time, value), oldest first
+    moves: int  # changes seen (the first point, a mere observation, is not one)
+    finished: bool = False  # complete: its value will not move again
+    exact_start: bool = False  # the first point is when it got there, not when seen
 
-    def __init__(self, window: float = 3.0, min_span: float = 0.5) -> None:
-        self.window = window
-        self.min_span = min_span
-        self._samples: deque[tuple[float, int]] = deque()
+    @property
+    def step(self) -> int:
+        """The size of its last step (its typical one: containerd's copy buffer)."""
+        if len(self.points) < 2:
+            return 0
+        return self.points[-1][1] - self.points[-2][1]
 
-    def add(self, t: float, value: int) -> None:
-        if self._samples and value < self._samples[-1][1]:
-            self._samples.clear()  # a restarted transfer: old samples say nothing
-        self._samples.append((t, value))
-        # Keep one sample at or before the window start so the span covers it.
-        while len(self._samples) > 2 and self._samples[1][0] <= t - self.window:
-            self._samples.popleft()
-
-    def rate(self) -> float | None:
-        if len(self._samples) < 2:
+    def rate(self, now: float) -> float | None:
+        """Bytes per second over whole steps; None until it has moved twice."""
+        pts = self.points
+        if self.moves < 2 or len(pts) < 2:
             return None
-        (t0, v0), (t1, v1) = self._samples[0], self._samples[-1]
-        if t1 - t0 < self.min_span:
+        t_last, v_last = pts[-1]
+        start = _span_start(pts, MIN_CHANGES, MIN_SPAN)
+        short = _between(pts[start], pts[-1])
+        long_start = _span_start(pts, LONG_CHANGES, LONG_SPAN)
+        long = _between(pts[long_start], pts[-1])
+        if short is None:
             return None
-        return round((v1 - v0) / (t1 - t0), 1)
+        if long and abs(short / long - 1) <= CHANGED:
+            start, rate = long_start, long
+        else:
+            rate = short
+        if not self.finished and now > t_last:
+            # Overdue: had the next step come just now, this would be the rate.
+            t0, v0 = pts[start]
+            rate = min(rate, (v_last - v0 + self.step) / (now - t0))
+        return rate
+
+    def value_at(self, t: float, rate: float | None, total: int | None = None,
+                 step_hint: int = 0) -> float:
+        """Bytes at time t, read off the line through the change points. After the last
+        one: the bytes in flight since, at ``rate``, never more than one step (its own,
+        or ``step_hint`` before it has one) nor past ``total``; before the first: its
+        first value."""
+        pts = self.points
+        if not pts:
+            return 0.0
+        t_last, v_last = pts[-1]
+        if t >= t_last:
+            if self.finished or not rate:
+                return float(v_last)
+            extra = min(rate * (t - t_last), float(max(self.step or step_hint, 0)))
+            if total is not None:
+                extra = min(extra, float(max(total - v_last, 0)))
+            return v_last + extra
+        i = bisect_right(pts, (t, float("inf")))
+        if i == 0:
+            t0, v0 = pts[0]
+            if self.exact_start or not rate:
+                return float(v0)
+            # First seen mid-transfer: it was moving before, at about this rate.
+            return max(v0 - rate * (t0 - t), 0.0)
+        (ta, va), (tb, vb) = pts[i - 1], pts[i]
+        return va + (vb - va) * (t - ta) / (tb - ta) if tb > ta else float(vb)
 
 
-class RateBook:
-    """RateWindows by key; windows not updated in a poll are dropped (bounded)."""
+def _span_start(pts: tuple[tuple[float, int], ...], changes: int, span: float) -> int:
+    """Index of the newest point at least ``changes`` changes and ``span`` seconds
+    before the last (or the oldest point there is)."""
+    j = max(len(pts) - 1 - changes, 0)
+    t_last = pts[-1][0]
+    while j > 0 and t_last - pts[j][0] < span:
+        j -= 1
+    return j
 
-    def __init__(self, window: float = 3.0) -> None:
-        self.window = window
-        self._windows: dict[str, RateWindow] = {}
+
+def _between(a: tuple[float, int], b: tuple[float, int]) -> float | None:
+    return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else None
+
+
+class Counter:
+    """A byte counter's change points, bounded to MEMORY of them."""
+
+    def __init__(self) -> None:
+        self.points: deque[tuple[float, int]] = deque(maxlen=MEMORY)
+        self.moves = 0
+        self.exact_start = False
+        self.finished_at: float | None = None
+        self.total: int | None = None
+
+    @property
+    def value(self) -> int:
+        return self.points[-1][1] if self.points else 0
+
+    def observe(self, now: float, value: int, changed_at: float | None = None) -> None:
+        """A poll at ``now`` saw ``value``; ``changed_at`` is when it last changed, if
+        the runtime says (ignored unless plausible)."""
+        last = self.points[-1] if self.points else None
+        exact = changed_at is not None and 0 < changed_at <= now + 1.0 and (
+            last is None or changed_at >= last[0])
+        t = min(changed_at, now) if exact and changed_at is not None else now
+        if last is None or value < last[1]:
+            # New, or a restarted transfer: old points say nothing of this one.
+            self.points.clear()
+            self.points.append((t, value))
+            self.moves, self.exact_start, self.finished_at = 0, exact, None
+            return
+        if value == last[1]:
+            return
+        if self.moves == 0 and not self.exact_start:
+            # The first point is only when a poll first saw it, not when it got there:
+            # measuring from it would overstate the rate.
+            self.points.clear()
+        self.points.append((t, value))
+        self.moves += 1
+
+    def finish(self, at: float, value: int | None) -> None:
+        """Complete (committed) at ``at`` with ``value`` bytes."""
+        if self.finished_at is not None:
+            return
+        last = self.points[-1] if self.points else None
+        if value is not None and last is not None and value > last[1]:
+            self.points.append((max(at, last[0]), value))
+            self.moves += 1
+        self.finished_at = at
+
+    def frozen(self) -> Trace:
+        return Trace(tuple(self.points), self.moves, self.finished_at is not None,
+                     self.exact_start)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Every counter of one poll, frozen: rates of single counters and of groups."""
+
+    traces: Mapping[str, Trace]
+    totals: Mapping[str, int | None]
+    now: float
+
+    def rate(self, key: str) -> float | None:
+        tr = self.traces.get(key)
+        return None if tr is None or tr.finished else tr.rate(self.now)
+
+    def estimates(self, keys: Iterable[str]) -> dict[str, float | None]:
+        """Each live counter's likely rate, for sharing the link and for bytes in flight
+        (never shown as a rate): its rate once it has moved twice; before that, from
+        its start if its first point is its start (the first step over the time it
+        took; with no step yet, no more than one step over the time since, nor more
+        than the others' mean). None when nothing is known."""
+        out: dict[str, float | None] = {}
+        unmoved: list[str] = []
+        step = max((t.step for t in self.traces.values()), default=0)
+        for k in keys:
+            tr = self.traces.get(k)
+            if tr is None or tr.finished or not tr.points:
+                continue
+            if tr.moves >= 2:
+                out[k] = tr.rate(self.now)
+            elif tr.exact_start and len(tr.points) == 2 and tr.moves == 1:
+                (t0, v0), (t1, v1) = tr.points
+                out[k] = min((v1 - v0) / (t1 - t0),
+                             (v1 - v0 + tr.step) / (self.now - t0)) if t1 > t0 else None
+            elif len(tr.points) == 1 and (tr.exact_start or tr.moves):
+                # Its one point is a change (its start, or its first step): it has
+                # not stepped since.
+                unmoved.append(k)
+            else:
+                out[k] = None
+        known = [r for r in out.values() if r]
+        mean = sum(known) / len(known) if known else None
+        for k in unmoved:
+            t0 = self.traces[k].points[0][0]
+            bound = step / (self.now - t0) if step and self.now > t0 else None
+            out[k] = min(x for x in (bound, mean) if x is not None) if (bound or mean) else None
+        return out
+
+    def in_flight(self, key: str, estimate: float | None) -> float:
+        """Bytes received since the counter's last step, at ``estimate`` (its likely
+        rate): never more than one step."""
+        tr = self.traces.get(key)
+        if tr is None or not tr.points:
+            return 0.0
+        extra = tr.value_at(self.now, estimate, self.totals.get(key),
+                            self._step_hint()) - tr.points[-1][1]
+        if len(tr.points) == 1:
+            # No step measured: its rate is only bounded (one step over the time
+            # since), so it is anywhere within the step; take the middle at most.
+            extra = min(extra, self._step_hint() / 2)
+        return extra
+
+    def _step_hint(self) -> int:
+        return max((t.step for t in self.traces.values()), default=0)
+
+    def group(self, keys: Iterable[str]) -> float | None:
+        """Bytes per second of the counters' bytes together, over one common window."""
+        trs = {k: t for k in set(keys) if (t := self.traces.get(k)) is not None and t.points}
+        if (sum(t.moves for t in trs.values()) < 2
+                or all(len(t.points) < 2 for t in trs.values())):
+            return None  # fewer than two steps, or none measured from a known start
+        # The window covers two of the slowest live counter's steps (at least).
+        longest = 0.0
+        for t in trs.values():
+            if not t.finished and len(t.points) >= 2:
+                longest = max(longest, t.points[-1][0] - t.points[-2][0])
+            if not t.finished:
+                longest = max(longest, self.now - t.points[-1][0])
+        span = min(max(2 * longest, GROUP_MIN_SPAN), GROUP_MAX_SPAN)
+        first = min(t.points[0][0] for t in trs.values())
+        start = max(self.now - span, first)
+        if self.now <= start:
+            return None
+        est = self.estimates(trs)
+        hint = self._step_hint()
+        moved = 0.0
+        for k, t in trs.items():
+            r, total = est.get(k), self.totals.get(k)
+            moved += t.value_at(self.now, r, total, hint) - t.value_at(start, r, total, hint)
+        return moved / (self.now - start)
+
+
+class CounterBook:
+    """Counters by key (a layer's digest). Live ones are observed every poll;
+    finished ones stay FINISHED_MEMORY seconds (they still count in group windows);
+    the rest are dropped: memory is bounded by what the node downloads."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, Counter] = {}
         self._touched: set[str] = set()
 
-    def add(self, key: str, t: float, value: int) -> float | None:
-        w = self._windows.get(key)
-        if w is None:
-            w = self._windows[key] = RateWindow(self.window)
-        w.add(t, value)
+    def observe(self, key: str, now: float, value: int, changed_at: float | None = None,
+                total: int | None = None) -> None:
+        c = self.counters.get(key)
+        if c is None or c.finished_at is not None:
+            c = self.counters[key] = Counter()
+        c.observe(now, value, changed_at)
+        c.total = total if total and total > 0 else None
         self._touched.add(key)
-        return w.rate()
 
-    def sweep(self) -> None:
-        """Call once per poll, after all add()s."""
-        for key in self._windows.keys() - self._touched:
-            del self._windows[key]
+    def sweep(self, now: float, finished: Mapping[str, float]) -> None:
+        """Call once per poll after the observe()s. ``finished``: keys whose content is
+        committed, with the commit time. A live counter no longer observed has finished
+        (containerd keeps a failed download's ingest for a retry to resume): at its
+        commit time if known, else now."""
+        for key in list(self.counters):
+            c = self.counters[key]
+            if key in self._touched:
+                continue
+            if c.finished_at is None:
+                at = finished.get(key, now)
+                last = c.points[-1][0] if c.points else at
+                c.finish(min(max(at, last), now), c.total)
+            elif now - c.finished_at > FINISHED_MEMORY:
+                del self.counters[key]
         self._touched.clear()
 
+    def snapshot(self, now: float) -> Rates:
+        return Rates({k: c.frozen() for k, c in self.counters.items()},
+                     {k: c.total for k, c in self.counters.items()}, now)
+
     def __len__(self) -> int:
-        return len(self._windows)
+        return len(self.counters)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aggapi.agent.progress import model as phase
-from aggapi.agent.progress.model import ImageState, NodeState, eta
+from aggapi.agent.progress.model import ImageState, NodeState
 from aggapi.capability import ContainerRef
 
 GRANULARITIES = ("layer", "image", "pod")
@@ -25,7 +25,8 @@ def rfc3339(t: float) -> str:
         "+00:00", "Z")
 
 
-def _obj(*, image: str, layer: str, progress: int, total: int, error: str, container: str,
+def _obj(*, image: str, layer: str, progress: int | None, total: int | None, error: str,
+         container: str,
          phase: str, rate: float | None, eta_s: float | None, t: float) -> Obj:
     return {"kind": "Progress", "image": image, "layer": layer, "progress": progress,
             "total": total, "error": error, "container": container, "phase": phase,
@@ -50,6 +51,35 @@ def pod_phase(phases: Sequence[str]) -> str:
     return phase.UNKNOWN
 
 
+def _sums(need: Sequence[ImageState]) -> tuple[int | None, int | None]:
+    prog = [s.progress for s in need]
+    total = [s.total for s in need]
+    if any(x is None for x in prog + total):
+        return None, None
+    return sum(x for x in prog if x is not None), sum(x for x in total if x is not None)
+
+
+def _pod_rate(state: NodeState, need: Sequence[ImageState]) -> float | None:
+    """The rate of the pod's bytes (its images' layers together, over one window):
+    never a sum of per-image figures, never above the node's link."""
+    busy = [s for s in need if s.phase in (phase.DOWNLOADING, phase.EXTRACTING)]
+    if state.rates is None or not busy:
+        return None
+    rate = state.rates.group(la.digest for s in busy for la in s.layers
+                             if la.phase != phase.ALREADY_PRESENT)
+    if rate is not None and state.link_bytes_per_second is not None:
+        rate = min(rate, state.link_bytes_per_second)
+    return None if rate is None else round(rate, 1)
+
+
+def _pod_eta(need: Sequence[ImageState]) -> float | None:
+    """Its last image's ETA; unknown while any image still to come has none."""
+    etas = [s.eta_seconds for s in need if s.phase not in phase.TERMINAL]
+    if not etas or any(e is None for e in etas):
+        return None
+    return max(e for e in etas if e is not None)
+
+
 def objects(containers: Sequence[ContainerRef], state: NodeState, granularity: str) -> list[Obj]:
     t = state.time
     out: list[Obj] = []
@@ -59,15 +89,11 @@ def objects(containers: Sequence[ContainerRef], state: NodeState, granularity: s
             st = _image_of(state, c)
             imgs.setdefault(st.root_digest or st.ref, st)
         need = [s for s in imgs.values() if s.phase != phase.ALREADY_PRESENT]
-        known = all(s.total >= 0 for s in need)
-        prog = sum(s.progress for s in need) if known else -1
-        total = sum(s.total for s in need) if known else -1
-        rates = [s.bytes_per_second for s in need if s.bytes_per_second is not None]
-        rate = round(sum(rates), 1) if rates else None
+        prog, total = _sums(need)
         errors = "; ".join(s.error for s in imgs.values() if s.error)
         out.append(_obj(image="", layer="", progress=prog, total=total, error=errors,
                         container="", phase=pod_phase([s.phase for s in imgs.values()]),
-                        rate=rate, eta_s=eta(prog, total, rate), t=t))
+                        rate=_pod_rate(state, need), eta_s=_pod_eta(need), t=t))
         return out
     for c in containers:
         st = _image_of(state, c)
