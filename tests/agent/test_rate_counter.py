@@ -1,0 +1,127 @@
+"""The step-aware rate of one counter (aggapi.agent.progress.rate) and the shared-link
+plan (aggapi.agent.progress.eta), driven directly."""
+
+from __future__ import annotations
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from aggapi.agent.progress.eta import Flow, plan
+from aggapi.agent.progress.rate import Counter, CounterBook
+
+MiB = 1 << 20
+
+
+def stepped(rate: float, step: int, steps: int, exact: bool = True) -> Counter:
+    """A counter fed as containerd 2.x shows a download at ``rate``: one observation
+    per 0.25 s poll, the offset moving a whole ``step`` at a time."""
+    c = Counter()
+    t, got = 0.0, 0
+    c.observe(0.0, 0, 0.0 if exact else None)
+    while got < steps * step:
+        t += 0.25
+        k = int(rate * t // step) * step
+        if k > got:
+            got = min(k, steps * step)
+            c.observe(t, got, got / rate if exact else None)
+    return c
+
+
+@given(rate=st.floats(20_000, 20_000_000), step=st.sampled_from([32 << 10, MiB]),
+       steps=st.integers(2, 12))
+def test_a_steady_download_is_measured_exactly_whatever_the_step(rate: float, step: int,
+                                                                 steps: int) -> None:
+    assume(steps * step / rate >= 1.0)  # polls see it move at least twice
+    c = stepped(rate, step, steps)
+    last = c.points[-1][0]
+    got = c.frozen().rate(last)
+    assert got is not None and abs(got - rate) / rate < 1e-6
+
+
+@given(rate=st.floats(50_000, 2_000_000), steps=st.integers(3, 12))
+def test_steps_dated_by_polls_are_within_a_poll_of_the_truth(rate: float, steps: int) -> None:
+    c = stepped(rate, MiB, steps, exact=False)
+    got = c.frozen().rate(c.points[-1][0])
+    assert got is not None
+    # Each end of the span is at most one poll (0.25 s) late.
+    span = c.points[-1][0] - c.points[0][0]
+    assert abs(got - rate) / rate <= 0.25 / (span - 0.25) + 1e-9
+
+
+def test_a_counter_that_has_not_moved_twice_has_no_rate() -> None:
+    c = Counter()
+    c.observe(0.0, 0, 0.0)
+    assert c.frozen().rate(5.0) is None
+    c.observe(8.0, MiB, 8.0)
+    assert c.frozen().rate(9.0) is None  # one step: no rate yet
+    c.observe(16.0, 2 * MiB, 16.0)
+    assert c.frozen().rate(16.0) == MiB / 8
+
+
+def test_an_overdue_counter_decays() -> None:
+    """A 1 MiB step every 8 s, then nothing: past the due time the rate is at most
+    (bytes + one step) / elapsed, so it falls as the wait grows."""
+    c = stepped(MiB / 8, MiB, 4)
+    tr = c.frozen()
+    due = c.points[-1][0] + 8
+    assert tr.rate(due) == MiB / 8
+    later = [tr.rate(due + d) for d in (4, 16, 64)]
+    assert later == sorted(later, reverse=True)
+    assert later[-1] is not None and later[-1] < MiB / 8 / 2
+
+
+def test_a_clear_change_of_rate_is_followed_within_two_steps() -> None:
+    c = Counter()
+    t, v = 0.0, 0
+    c.observe(t, v, t)
+    for _ in range(8):  # 8 steps at 128 KiB/s
+        t, v = t + 8, v + MiB
+        c.observe(t, v, t)
+    for _ in range(2):  # then twice as fast (a sibling layer finished)
+        t, v = t + 4, v + MiB
+        c.observe(t, v, t)
+    assert c.frozen().rate(t) == MiB / 4
+
+
+def test_memory_is_bounded() -> None:
+    c = Counter()
+    for i in range(1000):
+        c.observe(i * 0.25, i * 4096, i * 0.25)
+    assert len(c.points) == 64 and c.frozen().rate(250.0) == 4096 * 4
+    book = CounterBook()
+    for i in range(100):
+        book.observe(f"d{i}", 0.0, 0, 0.0, MiB)
+    book.sweep(1.0, {})  # all observed: kept
+    assert len(book) == 100
+    book.sweep(2.0, {})  # none observed: finished now
+    assert len(book) == 100
+    book.sweep(2.0 + 61, {})  # a minute after finishing: gone
+    assert len(book) == 0
+
+
+def test_a_finished_layer_hands_its_share_to_the_others() -> None:
+    """Two layers on a 300 B/s link, shares 2:1: the first finishes 300 bytes at 200 B/s
+    (1.5 s); the second has 900 - 150 = 750 left at the full 300 B/s: 2.5 s more."""
+    p = plan([Flow("a", "L", 300, 200.0, True), Flow("b", "L", 900, 100.0, True)], 300.0,
+             {"L": 2})
+    assert p.finish == {"a": 1.5, "b": 4.0}
+    assert p.share == {"a": 200.0, "b": 100.0}
+
+
+def test_queued_layers_start_as_running_ones_finish() -> None:
+    """One slot per pull: b waits for a, then has the link alone; c (another pull)
+    shares it all along."""
+    p = plan([Flow("a", "L1", 100, None, True), Flow("b", "L1", 100, None, False),
+              Flow("c", "L2", 300, None, True)], 100.0, {"L1": 1, "L2": 1})
+    # a and c at 50 B/s each: a done at 2 s; b and c at 50: b done at 4 s, c has 100
+    # left at 4 s... c: 300 - 4 * 50 = 100 left, alone at 100 B/s: 5 s.
+    assert p.finish == {"a": 2.0, "b": 4.0, "c": 5.0}
+
+
+@given(sizes=st.lists(st.integers(1, 10**9), min_size=1, max_size=12),
+       link=st.floats(1_000, 10**8))
+def test_the_plan_conserves_work(sizes: list[int], link: float) -> None:
+    """However the link is shared, the last byte arrives at Σbytes / link."""
+    flows = [Flow(str(i), "L", s, float(i % 3 + 1), i < 3) for i, s in enumerate(sizes)]
+    p = plan(flows, link, {"L": 3})
+    assert abs(max(p.finish.values()) - sum(sizes) / link) <= 1e-6 * sum(sizes) / link
