@@ -108,7 +108,22 @@ async def test_node_view_has_kubelet_limits(agent: Agent) -> None:
     doc = json.loads(body)
     assert doc["kubelet"]["serializeImagePulls"] is True
     assert doc["kubelet"]["parallelSlots"] == 1
+    assert doc["slots"] == {"limit": 1, "serialize": True, "error": "",
+                            "source": doc["kubelet"]["source"]}
     assert doc["inFlight"] == 0 and doc["slotsFree"] == 1 and doc["node"] == NODE
+
+
+async def test_node_view_with_an_unreadable_kubelet_config(tmp_path: Path,
+                                                           fake: FakeContainerd) -> None:
+    """The limit is not known, and says why: never one slot as fact."""
+    async with run_agent(pki(tmp_path / "pki"), cri=FakeCRI([]), containerd=fake,
+                         kubelet_config=str(tmp_path / "missing.yaml")) as agent:
+        code, body = await status(agent, agent.token("imagepulls"), "/v1/imagepulls")
+    assert code == 200, body
+    doc = json.loads(body)
+    assert doc["slots"]["limit"] is None and doc["slots"]["serialize"] is None
+    assert "FileNotFoundError" in doc["slots"]["error"]
+    assert doc["kubelet"]["parallelSlots"] is None and doc["slotsFree"] is None
 
 
 @pytest.mark.parametrize("case", ["none", "expired", "other-node", "wrong-op", "other-pod",

@@ -10,7 +10,7 @@ from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.model import PHASE_ORDER, ImageState, NodeState
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import ProgressPoller
-from aggapi.runtime.containerd import IngestStatus
+from aggapi.runtime.containerd import IngestStatus, Lease, LeaseResource
 from tests.agent.fakectd import OCI_INDEX, FakeContainerd, make_image, sha
 
 REF = "127.0.0.1:5000/app:1"
@@ -292,12 +292,33 @@ async def test_parallel_layers_each_get_their_own_rate_and_eta() -> None:
     assert [la.bytes_per_second for la in st.layers] == [float(r) for r in rates]
     # They share one 13 kB/s link: when the fastest finishes its share goes to the
     # others (work conservation), so the slower ones finish sooner than left/rate.
-    left = [s - 5 * r for s, r in zip(sizes, rates, strict=True)]
+    left = [float(s - 5 * r) for s, r in zip(sizes, rates, strict=True)]
     t2 = left[2] / rates[2]
-    left = [left[0] - t2 * rates[0], left[1] - t2 * rates[1]]
-    t1 = t2 + left[1] / (sum(rates) * 3 / 4)
-    t0 = t1 + (left[0] - (t1 - t2) * sum(rates) / 4) / sum(rates)
+    left0, left1 = left[0] - t2 * rates[0], left[1] - t2 * rates[1]
+    t1 = t2 + left1 / (sum(rates) * 3 / 4)
+    t0 = t1 + (left0 - (t1 - t2) * sum(rates) / 4) / sum(rates)
     assert [la.eta_seconds for la in st.layers] == [round(t, 1) for t in (t0, t1, t2)]
     assert st.eta_seconds == round(t0, 1)
     # The image's rate is the rate of its bytes: here the three together.
     assert st.bytes_per_second == float(sum(rates))
+
+
+async def test_only_pull_leases_count_as_pulls() -> None:
+    """Other clients' leases (a snapshot being built, a gc hold on a blob) are no kubelet
+    pull; an empty lease is a pull resolving its tag, for a while."""
+    fake = FakeContainerd()
+    img = make_image(REF, [1000], "app")
+    be = backend(fake)
+    fake.start_pull(img, "pull")
+    fake.fetch_manifest(img, "pull")
+    fake.leases["build"] = (Lease("build", fake.now, {}),
+                            [LeaseResource("snap-1", "snapshots/overlayfs")])
+    fake.put_blob(b"x", sha(b"x"), 1)
+    fake.leases["hold"] = (Lease("hold", fake.now, {}), [LeaseResource(sha(b"x"), "content")])
+    fake.leases["resolving"] = (Lease("resolving", fake.now, {}), [])
+    state = await be.observe([])
+    assert state.pulls is not None
+    assert sorted(p.lease for p in state.pulls) == ["pull", "resolving"]
+    fake.now += 31  # an empty lease that old is no pull resolving its tag
+    state = await be.observe([])
+    assert state.pulls is not None and [p.lease for p in state.pulls] == ["pull"]

@@ -123,7 +123,8 @@ class ProgressHandlers:
 
     async def imagepulls(self, request: web.Request) -> web.Response:
         """Every in-flight pull on the node and kubelet's pull limits: together they tell
-        'waiting for a pull slot' (in flight >= slots) from 'stuck' (a slot, no activity)."""
+        'waiting for a pull slot' (in flight >= slots) from 'stuck' (a slot, no activity).
+        Only containerd leases that are pulls count (backend)."""
         state = await self.poller.observe_once(())
         limits = await self.pull_limits.limits()
         pulls = state.pulls
@@ -134,9 +135,12 @@ class ProgressHandlers:
             "node": self.node_name,
             "backend": state.backend,
             "kubelet": limits.to_json(),
+            # limit null: unlimited, or (with an error) not known.
+            "slots": limits.slots_json(),
             "inFlight": in_flight,
             "pulls": None if pulls is None else [_pull_json(p) for p in pulls],
             "slotsFree": None if slots is None or in_flight is None else max(slots - in_flight, 0),
+            "linkBytesPerSecond": state.link_bytes_per_second,
             "error": state.error,
             "time": view.rfc3339(state.time),
         }
