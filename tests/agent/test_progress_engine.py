@@ -322,3 +322,58 @@ async def test_only_pull_leases_count_as_pulls() -> None:
     fake.now += 31  # an empty lease that old is no pull resolving its tag
     state = await be.observe([])
     assert state.pulls is not None and [p.lease for p in state.pulls] == ["pull"]
+
+
+async def test_a_re_pull_of_a_moved_tag_is_followed() -> None:
+    """imagePullPolicy: Always, and the tag now names another image: the record of the
+    old one exists while kubelet pulls the new one. The stream follows that pull
+    (it said AlreadyPresent and ended at 622964a) and ends Done with the new digest."""
+    fake = FakeContainerd()
+    old = make_image(REF, [1000], "old")
+    new = make_image(REF, [3000], "new", shared=[(old.layers[0][0], 1000, old.diff_ids[0])])
+    fake.start_pull(old, "L1")
+    fake.fetch_manifest(old, "L1")
+    fake.commit(old.layers[0][0], 1000, "L1")
+    fake.extract(old.chains[0], active=False)
+    fake.finish(old, "L1")
+    be = backend(fake)
+    st = (await be.observe([REF])).images[REF]
+    assert st.phase == "AlreadyPresent" and st.root_digest == old.digest
+    fake.now += 5
+    fake.start_pull(new, "L2")
+    st = (await be.observe([REF])).images[REF]
+    assert st.phase == "AlreadyPresent"  # an empty lease names no image yet
+    fake.fetch_manifest(new, "L2")
+    d, size = new.layers[1]
+    fake.now += 1
+    fake.download(d, 1000, size, "L2")
+    st = (await be.observe([REF])).images[REF]
+    assert (st.phase, st.root_digest, st.lease) == ("Downloading", new.digest, "L2")
+    assert [la.phase for la in st.layers] == ["AlreadyPresent", "Downloading"]
+    assert (st.progress, st.total) == (1000, 3000)
+    fake.now += 1
+    fake.commit(d, size, "L2")
+    fake.extract(new.chains[1], active=False)
+    fake.finish(new, "L2")
+    st = (await be.observe([REF])).images[REF]
+    assert (st.phase, st.root_digest) == ("Done", new.digest)
+    assert [la.phase for la in st.layers] == ["AlreadyPresent", "Done"]
+
+
+async def test_a_finished_pull_whose_lease_lingers_is_present() -> None:
+    """containerd writes the record before it drops the pull's lease: in between, the
+    image is present, not still pulling."""
+    fake = FakeContainerd()
+    img = make_image(REF, [1000], "app")
+    be = backend(fake)
+    fake.start_pull(img, "L1")
+    fake.fetch_manifest(img, "L1")
+    fake.download(img.layers[0][0], 500, 1000, "L1")
+    assert (await be.observe([REF])).images[REF].phase == "Downloading"
+    fake.now += 1
+    fake.commit(img.layers[0][0], 1000, "L1")
+    fake.extract(img.chains[0], active=False)
+    lease = fake.leases["L1"]
+    fake.finish(img, "L1")
+    fake.leases["L1"] = lease  # not dropped yet
+    assert (await be.observe([REF])).images[REF].phase == "Done"

@@ -197,10 +197,9 @@ class ContainerdBackend:
         mem = self._memory.get(ref)
         if mem is None:
             mem = self._memory[ref] = _Memory(first_seen=wall, present_at_start=record is not None)
-        if record is not None:
+        view, root = self.leases.lease_for(p, p.digest)
+        if record is not None and (view is None or not self._repull(view, root, record, mem)):
             return await self._present(ref, record, mem, snaps)
-        root = p.digest
-        view, root = self.leases.lease_for(p, root)
         if view is not None:
             claimed[view.lease.id] = ref
             if mem.lease != view.lease.id:
@@ -231,6 +230,18 @@ class ContainerdBackend:
                 layers = self._layers(resolved, None, mem, ingests, snaps, wall)
         prog, total = aggregate(layers) if layers else (None, None)
         return ImageState(ref, WAITING, layers, prog, total, root_digest=root)
+
+    @staticmethod
+    def _repull(view: LeaseView, root: str, record: ImageRecord, mem: _Memory) -> bool:
+        """Is this live pull a re-pull of an image that has a record (kubelet's
+        ``imagePullPolicy: Always``, e.g. of a tag that moved)? Its lease is newer
+        than the record, and it fetched another manifest than the record's, or began
+        while we watched. (A finished pull's lease outlives its new record a moment:
+        that lease is older than the record.)"""
+        if view.lease.created_at <= record.updated_at:
+            return False
+        return (view.lease.id == mem.lease or root != record.target.digest
+                or view.lease.created_at >= mem.first_seen)
 
     async def _resolve(self, root: str) -> ResolvedImage | str | None:
         try:
@@ -286,6 +297,8 @@ class ContainerdBackend:
         mem.last_layers = layers
         phases = {la.phase for la in layers}
         phase = DOWNLOADING if phases & {DOWNLOADING, WAITING} else EXTRACTING
+        if phases == {ALREADY_PRESENT}:
+            phase = RESOLVING  # a re-pull that finds every layer here: nothing to fetch
         prog, total = aggregate(layers)
         return ImageState(ref, phase, layers, prog, total, root_digest=root,
                           lease=view.lease.id)
