@@ -37,7 +37,10 @@ class Ingest:
 
 class SharedLink:
     def __init__(self, rate: float, layers: Sequence[SimLayer], per_pull: int = 3,
-                 step: int = MiB) -> None:
+                 step: int = MiB, shared: bool = True) -> None:
+        """``shared=False``: no common link; each layer is limited on its own (a
+        registry's per-connection limit) to ``weight`` bytes per second."""
+        self.shared = shared
         self.rate = rate
         self.step = step
         self.per_pull = per_pull
@@ -68,6 +71,8 @@ class SharedLink:
     def shares(self) -> dict[str, float]:
         """Each running layer's rate now (bytes per second)."""
         run = self._running()
+        if not self.shared:
+            return {la.digest: la.weight for la in run}
         w = sum(la.weight for la in run)
         return {la.digest: self.rate * la.weight / w for la in run}
 
@@ -106,7 +111,8 @@ class SharedLink:
 
     def finish_times(self) -> dict[str, float]:
         """Run a copy to the end: when each layer's last byte arrives."""
-        twin = SharedLink(self.rate, list(self.layers.values()), self.per_pull, self.step)
+        twin = SharedLink(self.rate, list(self.layers.values()), self.per_pull, self.step,
+                          self.shared)
         while not twin.finished():
             twin.run_until(twin.t + 3600.0)
         return dict(twin.done)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from aggapi import imageref
-from aggapi.agent.progress.eta import Flow, plan
+from aggapi.agent.progress.eta import Flow, Sharing, plan
 from aggapi.agent.progress.layers import Snapshots, layer_states, snapshots_of
 from aggapi.agent.progress.leases import LeaseIndex, LeaseView
 from aggapi.agent.progress.model import (
@@ -112,6 +112,8 @@ class ContainerdBackend:
         self._counters = CounterBook()  # every layer ingest on the node, by digest
         self._rates = self._counters.snapshot(0.0)
         self._slots: dict[str, int] = {}  # lease -> most layers seen downloading at once
+        self._sharing = Sharing()  # is the link shared? (measured at completions)
+        self._last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
         self.leases = LeaseIndex(client, self.manifests, monotonic=monotonic,
                                  full_refresh=full_refresh)
         self._memory: dict[str, _Memory] = {}
@@ -146,8 +148,13 @@ class ContainerdBackend:
                 # updated_at is the data file's mtime: when the last step landed.
                 self._counters.observe(s.digest, wall, s.offset, s.updated_at or None,
                                        s.total)
-        self._counters.sweep(wall, self.leases.created)
-        self._rates = self._counters.snapshot(wall)
+        done = self._counters.sweep(wall, self.leases.created)
+        rates = self._rates = self._counters.snapshot(wall)
+        for digest, at in sorted(done.items(), key=lambda x: x[1]):
+            self._sharing.finished(at, self._last_est.get(digest),
+                                   {k: r for k, r in self._last_est.items() if k not in done})
+        live = {d for d, ing in ingests.items() if ing.kind == "layer"}
+        self._sharing.update(rates.traces, started=bool(live - self._last_est.keys()))
 
         images: dict[str, ImageState] = {}
         claimed: dict[str, str] = {}  # lease -> ref
@@ -169,7 +176,7 @@ class ContainerdBackend:
             if ref not in images:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
-        link = self._rates.group(self._rates.traces)
+        link = rates.group(rates.traces)
         timing = self._plan(pull_layers, ingests, link)
         images = {ref: self._timed(st, timing, link) for ref, st in images.items()}
         pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link) for p in pulls]
@@ -387,7 +394,8 @@ class ContainerdBackend:
         """Seconds until each layer's last byte: the link shared among every layer the
         node downloads, queued layers of a pull starting as its running ones finish."""
         rates = self._rates
-        est = rates.estimates(d for d, ing in ingests.items() if ing.kind == "layer")
+        est = self._last_est = rates.estimates(d for d, ing in ingests.items()
+                                               if ing.kind == "layer")
         flows: list[Flow] = []
         seen: set[str] = set()
         for lease, layers in pull_layers.items():
@@ -410,7 +418,7 @@ class ContainerdBackend:
                 r = est.get(digest)
                 left = ing.total - ing.offset - rates.in_flight(digest, r)
                 flows.append(Flow(digest, "", left, r, True))
-        return plan(flows, link, self._slots).finish
+        return plan(flows, link, self._slots, self._sharing.conserve).finish
 
     def _timed(self, st: ImageState, finish: Mapping[str, float],
                link: float | None) -> ImageState:

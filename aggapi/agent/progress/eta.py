@@ -8,12 +8,18 @@ link's rate (the rate of all layer bytes the node downloads) is split among the
 running layers in proportion to their measured rates (equally while unknown); at each
 completion the finished layer's share is redistributed and its pull's next queued
 layer starts. At most one step per layer, so the cost is bounded by their number.
+
+Whether the link is really shared is measured (``Sharing``): when a layer finishes,
+do the others speed up? Per-connection limits (a registry that throttles each
+download on its own) say no, and then each layer keeps its own rate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from aggapi.agent.progress.rate import Trace
 
 
 @dataclass(frozen=True)
@@ -33,13 +39,21 @@ class Plan:
     share: Mapping[str, float]  # key -> bytes per second it gets now
 
 
-def plan(flows: Sequence[Flow], link: float | None, slots: Mapping[str, int]) -> Plan:
+def plan(flows: Sequence[Flow], link: float | None, slots: Mapping[str, int],
+         conserve: float = 1.0) -> Plan:
     """Finish times of every flow on a link of ``link`` bytes per second; ``slots``
-    is how many layers each pull downloads at once (1 when not given)."""
+    is how many layers each pull downloads at once (1 when not given). ``conserve``
+    is how much of a finished flow's rate the others take over: 1 on a shared link,
+    0 when each flow is limited on its own (then a queued flow adds its own rate)."""
     if not link or link <= 0 or not flows:
         return Plan({}, {})
     known = [f.weight for f in flows if f.weight and f.weight > 0]
     default = sum(known) / len(known) if known else 1.0
+    lost = 1.0 - min(max(conserve, 0.0), 1.0)
+    if lost and len(known) == sum(1 for f in flows if f.active):
+        # Not (wholly) shared: what runs now is the sum of the running layers' own rates
+        # (the link's recent rate may still count a layer that just finished).
+        link = (1 - lost) * link + lost * sum(f.weight or 0.0 for f in flows if f.active)
 
     def weight(f: Flow) -> float:
         return f.weight if f.weight and f.weight > 0 else default
@@ -57,15 +71,19 @@ def plan(flows: Sequence[Flow], link: float | None, slots: Mapping[str, int]) ->
         else:
             queues.setdefault(f.pull, []).append(f)
 
-    def start(pull: str) -> None:
+    def start(pull: str, later: bool) -> float:
+        """Start what the pull has room for; the rate they bring to the link."""
+        added = 0.0
         q = queues.get(pull)
         while q and running.get(pull, 0) < max(slots.get(pull, 1), 1):
             f = q.pop(0)
             left[f.key], w[f.key] = max(f.remaining, 0.0), weight(f)
             running[pull] = running.get(pull, 0) + 1
+            added += lost * w[f.key] if later else 0.0
+        return added
 
     for pull in list(queues):
-        start(pull)
+        start(pull, False)
     total_w = sum(w.values())
     share = {k: link * w[k] / total_w for k in left} if total_w else {}
     finish: dict[str, float] = {}
@@ -80,8 +98,56 @@ def plan(flows: Sequence[Flow], link: float | None, slots: Mapping[str, int]) ->
             left[k] -= rates[k] * dt
         for k in done:
             finish[k] = t
+            link -= lost * rates[k]
             del left[k]
             running[pull_of[k]] -= 1
         for pull in {pull_of[k] for k in done}:
-            start(pull)
+            link += start(pull, True)
+        if left and link <= 0:
+            break  # nothing left to carry the rest: unknown
     return Plan(finish, share)
+
+
+class Sharing:
+    """How much of a finished layer's rate the layers still running take over: 1 on a
+    link they share (assumed until measured: one registry link), 0 when each download
+    is limited on its own. Judged at each completion from the layers still running:
+    their rates before it against their rates over two whole steps after it (a layer's
+    rate across the completion mixes both; a guess at bytes in flight hides a speed-up)."""
+
+    def __init__(self, prior: float = 1.0) -> None:
+        self.conserve = prior
+        self._pending: tuple[float, float, dict[str, float]] | None = None
+
+    def finished(self, at: float, rate: float | None, others: Mapping[str, float | None],
+                 ) -> None:
+        """A layer that ran at ``rate`` finished at ``at``; ``others``: the layers
+        running with it and their rates then. One still being judged is dropped (two
+        completions together say nothing clear)."""
+        before = {k: r for k, r in others.items() if r}
+        self._pending = (at, rate, before) if rate and before else None
+
+    def update(self, traces: Mapping[str, Trace], started: bool = False) -> None:
+        """Judge once a layer still running has stepped twice since the completion.
+        ``started``: a layer began since; it takes the freed share on any link, so
+        nothing can be judged."""
+        if started:
+            self._pending = None
+        if self._pending is None:
+            return
+        at, freed, before = self._pending
+        gained = expected = 0.0
+        total_before = sum(before.values())
+        for k, r0 in before.items():
+            tr = traces.get(k)
+            if tr is None:
+                continue
+            after = [p for p in tr.points if p[0] > at]
+            if len(after) < 3 or after[-1][0] <= after[0][0]:
+                continue
+            r1 = (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0])
+            gained += r1 - r0
+            expected += freed * r0 / total_before
+        if expected > 0:
+            self._pending = None
+            self.conserve = min(max(gained / expected, 0.0), 1.0)

@@ -229,31 +229,39 @@ class Rates:
     def _step_hint(self) -> int:
         return max((t.step for t in self.traces.values()), default=0)
 
-    def group(self, keys: Iterable[str]) -> float | None:
-        """Bytes per second of the counters' bytes together, over one common window."""
+    def span(self, keys: Iterable[str], minimum: float = GROUP_MIN_SPAN) -> float:
+        """The window a group is measured over: two of its slowest live counter's
+        steps, within [minimum, GROUP_MAX_SPAN]."""
+        longest = 0.0
+        for k in keys:
+            t = self.traces.get(k)
+            if t is None or t.finished or not t.points:
+                continue
+            if len(t.points) >= 2:
+                longest = max(longest, t.points[-1][0] - t.points[-2][0])
+            longest = max(longest, self.now - t.points[-1][0])
+        return min(max(2 * longest, minimum), GROUP_MAX_SPAN)
+
+    def group(self, keys: Iterable[str], since: float | None = None,
+              until: float | None = None) -> float | None:
+        """Bytes per second of the counters' bytes together, over one common window
+        (or over [since, until] when given)."""
         trs = {k: t for k in set(keys) if (t := self.traces.get(k)) is not None and t.points}
         if (sum(t.moves for t in trs.values()) < 2
                 or all(len(t.points) < 2 for t in trs.values())):
             return None  # fewer than two steps, or none measured from a known start
-        # The window covers two of the slowest live counter's steps (at least).
-        longest = 0.0
-        for t in trs.values():
-            if not t.finished and len(t.points) >= 2:
-                longest = max(longest, t.points[-1][0] - t.points[-2][0])
-            if not t.finished:
-                longest = max(longest, self.now - t.points[-1][0])
-        span = min(max(2 * longest, GROUP_MIN_SPAN), GROUP_MAX_SPAN)
         first = min(t.points[0][0] for t in trs.values())
-        start = max(self.now - span, first)
-        if self.now <= start:
+        start = max(self.now - self.span(trs), first, since or first)
+        end = self.now if until is None else min(until, self.now)
+        if end <= start:
             return None
         est = self.estimates(trs)
         hint = self._step_hint()
         moved = 0.0
         for k, t in trs.items():
             r, total = est.get(k), self.totals.get(k)
-            moved += t.value_at(self.now, r, total, hint) - t.value_at(start, r, total, hint)
-        return moved / (self.now - start)
+            moved += t.value_at(end, r, total, hint) - t.value_at(start, r, total, hint)
+        return moved / (end - start)
 
 
 class CounterBook:
@@ -274,11 +282,12 @@ class CounterBook:
         c.total = total if total and total > 0 else None
         self._touched.add(key)
 
-    def sweep(self, now: float, finished: Mapping[str, float]) -> None:
+    def sweep(self, now: float, finished: Mapping[str, float]) -> dict[str, float]:
         """Call once per poll after the observe()s. ``finished``: keys whose content is
         committed, with the commit time. A live counter no longer observed has finished
         (containerd keeps a failed download's ingest for a retry to resume): at its
-        commit time if known, else now."""
+        commit time if known, else now. Returns those that finished, with when."""
+        done: dict[str, float] = {}
         for key in list(self.counters):
             c = self.counters[key]
             if key in self._touched:
@@ -287,9 +296,11 @@ class CounterBook:
                 at = finished.get(key, now)
                 last = c.points[-1][0] if c.points else at
                 c.finish(min(max(at, last), now), c.total)
+                done[key] = min(max(at, last), now)
             elif now - c.finished_at > FINISHED_MEMORY:
                 del self.counters[key]
         self._touched.clear()
+        return done
 
     def snapshot(self, now: float) -> Rates:
         return Rates({k: c.frozen() for k, c in self.counters.items()},
