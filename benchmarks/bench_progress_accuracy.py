@@ -557,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not a.up:
             stack.attach()
+        (REPO / ".local").mkdir(exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="bench-acc-", dir=REPO / ".local") as d:
             cache = oci.BlobCache(Path(d))
             # 2.x scenarios first, then 1.6: one node restart at most.
