@@ -23,8 +23,10 @@ image and pod rates within 15% of the real rate; no layer's rate above the link 
 
 Every scenario pushes fresh random layers (a new seed each run), so nothing is cached.
 containerd 2.x's transfer service moves the offset in 1 MiB steps, so small layers show
-few steps. The two-node scenario (two pods on two nodes sharing the link) is not here
-yet: its nodes need the add-on installed for their agents (tests.framework.addon).
+few steps. Scenario ``2pods-400k``: two pods on the node pull at once (kubelet restarted
+with serializeImagePulls: false for it), sharing the link; each pod's real rate is its
+share. Two pods on two nodes (tests.framework.cluster) is not here yet: those nodes need
+the add-on installed for their agents (tests.framework.addon), an image build per run.
 
     python3 -m benchmarks.bench_progress_accuracy --up [--scenario NAME ...] [--quick]
         [--json FILE] [--instance NAME]
@@ -248,10 +250,11 @@ class Scenario:
     layers_mib: tuple[float, ...]
     rate: int  # the link, bytes/s
     containerd: str = "2.x"
+    pods: int = 1  # each with its own image of ``layers_mib``, pulled at once
 
     @property
     def seconds(self) -> float:
-        return sum(self.layers_mib) * MiB / self.rate
+        return self.pods * sum(self.layers_mib) * MiB / self.rate
 
 
 SCENARIOS = [
@@ -262,6 +265,7 @@ SCENARIOS = [
     Scenario("l1-5m", (100,), 5_000_000),
     Scenario("l3-5m", (60, 30, 15), 5_000_000),
     Scenario("l6-5m", (40, 25, 15, 12, 8, 5), 5_000_000),
+    Scenario("2pods-400k", (8, 4), 400_000, pods=2),
     Scenario("l3-400k-ctd16", (10, 6, 2), 400_000, containerd="1.6"),
 ]
 QUICK = ("l3-5m",)
@@ -382,84 +386,118 @@ class Stream:
             self.proc.wait()
 
 
-def push(node: Node, cache: oci.BlobCache, sc: Scenario, nonce: str) -> tuple[str, list[oci.Blob]]:
-    layers = [cache.random_layer(int(m * MiB), seed=f"acc-{sc.name}-{nonce}-{i}")
+@dataclass
+class PodRun:
+    """One pod of a scenario: its image (fresh layers) and its three streams."""
+
+    name: str
+    ref: str  # as the pod spec names it (through the link)
+    repo_tag: str
+    blobs: list[oci.Blob]
+    streams: dict[str, Stream] = field(default_factory=dict)
+
+
+def push(node: Node, cache: oci.BlobCache, sc: Scenario, nonce: str, k: int
+         ) -> tuple[str, list[oci.Blob]]:
+    layers = [cache.random_layer(int(m * MiB), seed=f"acc-{sc.name}-{nonce}-{k}-{i}")
               for i, m in enumerate(sc.layers_mib)]
     image = oci.build_image(layers, cmd=["/bin/true"],
                             labels={"io.aggapi.test": f"accuracy-{sc.name}"})
-    repo = f"aggapi-bench/accuracy-{sc.name}"
+    repo = f"aggapi-bench/accuracy-{sc.name}-{k}"
     oci.push_image(node.info.registry_host, repo, image, nonce)
     return f"{repo}:{nonce}", [la.blob for la in layers]
 
 
 def run_scenario(stack: Stack, sc: Scenario, cache: oci.BlobCache, nonce: str
                  ) -> dict[str, Any]:
-    node, cp = stack.node, stack.cp
-    assert node is not None and stack.kubelet is not None
-    repo_tag, blobs = push(node, cache, sc, nonce)
-    pod = f"acc-{sc.name}"
-    cp.kubectl("delete", "pod", pod, "--grace-period=0", "--force", "--ignore-not-found",
+    node, cp, kubelet = stack.node, stack.cp, stack.kubelet
+    assert node is not None and kubelet is not None
+    pushed = [push(node, cache, sc, nonce, k) for k in range(1, sc.pods + 1)]
+    names = [f"acc-{sc.name}-{k}" for k in range(1, sc.pods + 1)]
+    cp.kubectl("delete", "pod", *names, "--grace-period=0", "--force", "--ignore-not-found",
                check=False)
+    # Several pods share the link only if kubelet pulls their images at once.
+    serial = kubelet.serialize_image_pulls
+    if sc.pods > 1 and serial:
+        kubelet.restart(serialize_image_pulls=False)
     timeout = 3 * sc.seconds + 90
-    with link(node, sc.rate) as proxy:
-        ref = f"{proxy.host}/{repo_tag}"
-        cp.kubectl("create", "-f", "-", input=json.dumps(pod_manifest(
-            pod, [{"name": "c", "image": ref}], node=node.name)))
-        streams = {g: Stream(cp, pod, g).start() for g in ("layer", "image", "pod")}
-        t0 = time.monotonic()
-        try:
-            while not all(s.ended() for s in streams.values()):
-                if time.monotonic() - t0 > timeout:
-                    log(f"{sc.name}: streams still open after {timeout:.0f}s")
-                    break
-                time.sleep(0.5)
-        finally:
-            for s in streams.values():
-                s.stop()
-        record = proxy.blob_log()
-    cp.kubectl("delete", "pod", pod, "--grace-period=0", "--force", "--ignore-not-found",
-               check=False)
+    try:
+        with link(node, sc.rate) as proxy:
+            pods = [PodRun(n, f"{proxy.host}/{rt}", rt, blobs)
+                    for n, (rt, blobs) in zip(names, pushed, strict=True)]
+            cp.kubectl("create", "-f", "-", input=json.dumps({
+                "apiVersion": "v1", "kind": "List", "items": [pod_manifest(
+                    p.name, [{"name": "c", "image": p.ref}], node=node.name) for p in pods]}))
+            for p in pods:
+                p.streams = {g: Stream(cp, p.name, g).start()
+                             for g in ("layer", "image", "pod")}
+            streams = [s for p in pods for s in p.streams.values()]
+            t0 = time.monotonic()
+            try:
+                while not all(s.ended() for s in streams):
+                    if time.monotonic() - t0 > timeout:
+                        log(f"{sc.name}: streams still open after {timeout:.0f}s")
+                        break
+                    time.sleep(0.5)
+            finally:
+                for s in streams:
+                    s.stop()
+            record = proxy.blob_log()
+    finally:
+        cp.kubectl("delete", "pod", *names, "--grace-period=0", "--force",
+                   "--ignore-not-found", check=False)
+        if sc.pods > 1 and serial:
+            kubelet.restart(serialize_image_pulls=True)
     with contextlib.suppress(Exception):
-        asyncio.run(forget_images(node.cri_address, repo_tag))
-    return evaluate(sc, ref, blobs, record, {g: s.objects for g, s in streams.items()})
+        asyncio.run(forget_images(node.cri_address, *(p.repo_tag for p in pods)))
+    return evaluate(sc, pods, record)
 
 
-def evaluate(sc: Scenario, ref: str, blobs: Sequence[oci.Blob], record: dict[str, Any],
-             streams: dict[str, list[tuple[float, dict[str, Any]]]]) -> dict[str, Any]:
-    logs: dict[str, ByteLog] = {}
-    retries = 0
-    for b in blobs:
-        fetches = record.get(b.digest) or []
-        done = [f for f in fetches if f.received == b.size]
-        retries += max(0, len(fetches) - 1)
-        if not done:
-            raise RuntimeError(f"{sc.name}: blob {b.digest[:19]} never fully sent "
-                               f"({[f.received for f in fetches]} of {b.size})")
-        # The attempt that finished is the one the pull's progress ends with.
-        logs[b.digest] = [(wall, n) for _, wall, n in done[-1].samples]
-    progress = {g: [(t, o) for t, o in objs if o.get("kind") == "Progress"]
-                for g, objs in streams.items()}
-    finals = {g: next((o.get("kind") for _, o in reversed(objs)
-                       if o.get("kind") != "Progress"), None) for g, objs in streams.items()}
+def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> dict[str, Any]:
     checks: list[Check] = []
-    for i, b in enumerate(blobs):
-        objs = [(t, o) for t, o in progress["layer"] if o.get("layer") == b.digest]
-        checks += checks_for("layer", f"L{i + 1} {sc.layers_mib[i]:g}MiB", logs[b.digest],
-                             objs)
-    image_log = merge_logs(list(logs.values()))
-    # One image per pod: its objects are the image stream's (named as the pod spec does).
-    image_objs = [(t, o) for t, o in progress["image"] if o.get("image") == ref]
-    checks += checks_for("image", "image", image_log, image_objs)
-    checks += checks_for("pod", "pod", image_log, progress["pod"])  # one image per pod
+    retries = 0
+    finals: dict[str, dict[str, Any]] = {}
+    objects: dict[str, dict[str, int]] = {}
+    link_logs: list[ByteLog] = []
+    layer_max = 0.0
+    for p in pods:
+        tag = f"p{p.name.rsplit('-', 1)[1]} " if len(pods) > 1 else ""
+        logs: list[ByteLog] = []
+        for b in p.blobs:
+            fetches = record.get(b.digest) or []
+            done = [f for f in fetches if f.received == b.size]
+            retries += max(0, len(fetches) - 1)
+            if not done:
+                raise RuntimeError(f"{sc.name}: blob {b.digest[:19]} never fully sent "
+                                   f"({[f.received for f in fetches]} of {b.size})")
+            # The attempt that finished is the one the pull's progress ends with.
+            logs.append([(wall, float(n)) for _, wall, n in done[-1].samples])
+        got = {g: s.objects for g, s in p.streams.items()}
+        progress = {g: [(t, o) for t, o in objs if o.get("kind") == "Progress"]
+                    for g, objs in got.items()}
+        finals[p.name] = {g: next((o.get("kind") for _, o in reversed(objs)
+                                   if o.get("kind") != "Progress"), None)
+                          for g, objs in got.items()}
+        objects[p.name] = {g: len(v) for g, v in got.items()}
+        for i, (b, lg) in enumerate(zip(p.blobs, logs, strict=True)):
+            objs = [(t, o) for t, o in progress["layer"] if o.get("layer") == b.digest]
+            checks += checks_for("layer", f"{tag}L{i + 1} {sc.layers_mib[i]:g}MiB", lg, objs)
+        image_log = merge_logs(logs)
+        # One image per pod: its objects are the image stream's (named as the spec does).
+        image_objs = [(t, o) for t, o in progress["image"] if o.get("image") == p.ref]
+        checks += checks_for("image", f"{tag}image", image_log, image_objs)
+        checks += checks_for("pod", f"{tag}pod", image_log, progress["pod"])
+        link_logs.append(image_log)
+        layer_max = max(layer_max, max_layer_rate(progress["layer"]))
     rows = [c.row() for c in checks]
-    all_bytes = image_log[-1][1]
-    seconds = image_log[-1][0] - image_log[0][0]
-    layer_max = max_layer_rate(progress["layer"])
-    return {"scenario": sc.name, "layers_mib": list(sc.layers_mib), "link_rate": sc.rate,
-            "containerd": sc.containerd, "pull_seconds": round(seconds, 2),
+    link_log = merge_logs(link_logs)
+    all_bytes = link_log[-1][1]
+    seconds = link_log[-1][0] - link_log[0][0]
+    return {"scenario": sc.name, "layers_mib": list(sc.layers_mib), "pods": sc.pods,
+            "link_rate": sc.rate, "containerd": sc.containerd,
+            "pull_seconds": round(seconds, 2),
             "link_real_rate": round(all_bytes / seconds) if seconds > 0 else None,
-            "retried_blob_gets": retries, "final_objects": finals,
-            "objects": {g: len(v) for g, v in streams.items()},
+            "retried_blob_gets": retries, "final_objects": finals, "objects": objects,
             "layer_rate_max": layer_max,
             "summary": summarize(rows, layer_max / sc.rate),
             "checks": rows}
@@ -482,14 +520,15 @@ def pct(v: float | None) -> str:
 
 
 def print_scenario(r: dict[str, Any]) -> None:
-    print(f"\n== {r['scenario']}: layers {r['layers_mib']} MiB, link {fmt_rate(r['link_rate'])}B/s"
-          f", containerd {r['containerd']}; bytes flowed {r['pull_seconds']} s at "
+    print(f"\n== {r['scenario']}: {r['pods']} pod(s), layers {r['layers_mib']} MiB each, "
+          f"link {fmt_rate(r['link_rate'])}B/s, containerd {r['containerd']}; bytes flowed "
+          f"{r['pull_seconds']} s at "
           f"{fmt_rate(r['link_real_rate'])}B/s; retried blob GETs {r['retried_blob_gets']}; "
           f"objects {r['objects']}; final {r['final_objects']}")
-    print(f"{'item':14} {'at':>4} {'rate said':>9} {'real±2s':>8} {'err':>5}  "
+    print(f"{'item':17} {'at':>4} {'rate said':>9} {'real±2s':>8} {'err':>5}  "
           f"{'ETA said':>8} {'real left':>9} {'err':>5}")
     for c in r["checks"]:
-        print(f"{c['kind'][:5] + ' ' + c['item']:14.14} {c['fraction']:4.0%} "
+        print(f"{c['kind'][:5] + ' ' + c['item']:17.17} {c['fraction']:4.0%} "
               f"{fmt_rate(c['said_rate']):>9} {fmt_rate(c['real_rate']):>8} "
               f"{pct(c['rate_error'])}  {fmt_eta(c['said_eta']):>8} "
               f"{c['remaining_s']:9.1f} {pct(c['eta_error'])}")
