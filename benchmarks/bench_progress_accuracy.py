@@ -401,7 +401,11 @@ def push(node: Node, cache: oci.BlobCache, sc: Scenario, nonce: str, k: int
          ) -> tuple[str, list[oci.Blob]]:
     layers = [cache.random_layer(int(m * MiB), seed=f"acc-{sc.name}-{nonce}-{k}-{i}")
               for i, m in enumerate(sc.layers_mib)]
-    image = oci.build_image(layers, cmd=["/bin/true"],
+    # A runnable container: a start failure is a kubelet "Failed" event, which would end
+    # the streams early. The base is the sandbox (pause) image's own layer, from the node's
+    # cache: already in containerd, so it is never fetched and only the random layers move.
+    base = oci.BlobCache(node.cache_dir).busybox_layer()
+    image = oci.build_image([base, *layers], cmd=["/bin/busybox", "sleep", "3600"],
                             labels={"io.aggapi.test": f"accuracy-{sc.name}"})
     repo = f"aggapi-bench/accuracy-{sc.name}-{k}"
     oci.push_image(node.info.registry_host, repo, image, nonce)
