@@ -304,8 +304,8 @@ def tenants(installed_addon: Addon, two_node_cluster: Cluster,
         _until_allowed(a, _copy(NS_A, PODS_A[0], "/tmp/probe"), b"x")
         for p in PODS_A:  # sparse: no disk, but a whole-file hash reads every byte
             exec_in_ns(cp, NS_A, p, "python3", "-c",
-                       "import os; os.truncate(open('/tmp/huge', 'wb').fileno(), 512 << 20);"
-                       "os.truncate(open('/tmp/sparse', 'wb').fileno(), 8 << 30)")
+                       "for p, n in (('/tmp/huge', 512 << 20), ('/tmp/sparse', 8 << 30)):\n"
+                       "    with open(p, 'wb') as f: f.truncate(n)")
         yield a, b, hashlib.sha256(big).hexdigest()
     finally:
         for ns in (NS_A, NS_B):
