@@ -4,7 +4,7 @@ while tenant B, another namespace and user, copies on the same node.
 Tenant A (namespace tenant-a, four pods) runs at once:
 - slowloris uploads (10 B/s) on every pod, more than A's share of the node's slots;
 - downloads of a 512 MiB file whose client never reads;
-- an entry flood: tar uploads of 100,000 "./" entries, one after another;
+- an entry flood: tar uploads of 100,001 "./" entries (one over the limit), one after another;
 - HEADs on an 8 GiB sparse file, each abandoned after 5 s.
 Tenant B (namespace tenant-b, one pod on the same node) meanwhile downloads a small file
 in a loop, uploads small files and downloads 64 MiB, as it did idle just before.
@@ -22,7 +22,6 @@ import hashlib
 import http.client
 import json
 import os
-import select
 import socket
 import ssl
 import statistics
@@ -54,7 +53,7 @@ BIG = 64 * MiB
 P95_MAX = 0.200
 SPEED_MIN = 0.5
 RATE_WINDOW = 30.0  # the chart's agent.copyRateWindow
-FLOOD = b"".join(tc.entry(b"./", typeflag=b"5") for _ in range(100_000)) + tc.ZERO2
+FLOOD = b"".join(tc.entry(b"./", typeflag=b"5") for _ in range(100_001)) + tc.ZERO2
 
 
 class Api:
@@ -201,31 +200,34 @@ class Attack:
         self.threads.append(t)
 
     def slow_upload(self, pod: str, n: int) -> None:
-        """POST announcing 1 MiB, then 10 B/s: holds a slot until the agent cuts it."""
-        conn = self.api.connect(timeout=RATE_WINDOW * 3)
+        """POST announcing 1 MiB, then 10 B/s: holds a slot until the agent cuts it. Raw
+        TLS, so that a reply arriving mid-body is seen (its status line is parsed)."""
+        tls = self.api.ctx.wrap_socket(
+            socket.create_connection((self.api.host, self.api.port), timeout=30),
+            server_hostname=self.api.host)
         t0 = time.monotonic()
+        status, reply = -1, b""
         try:
-            conn.putrequest("POST", _copy(NS_A, pod, f"/tmp/slow{n}"))
-            conn.putheader("Content-Type", "application/octet-stream")
-            conn.putheader("Content-Length", str(MiB))
-            conn.endheaders()
-            sock = conn.sock
-            assert sock is not None
+            tls.sendall(f"POST {_copy(NS_A, pod, f'/tmp/slow{n}')} HTTP/1.1\r\n"
+                        f"Host: {self.api.host}\r\nContent-Type: application/octet-stream\r\n"
+                        f"Content-Length: {MiB}\r\n\r\n".encode())
+            tls.settimeout(1.0)
             while not self.stop.is_set() and time.monotonic() - t0 < RATE_WINDOW * 3:
                 try:
-                    conn.send(b"s" * 10)
+                    tls.sendall(b"s" * 10)
+                    data = tls.recv(4096)  # waits 1 s: the pace of the trickle
+                except TimeoutError:
+                    continue
                 except OSError:
                     break
-                # A reply (or a close) before the body is complete: refused or cut.
-                if select.select([sock], [], [], 1.0)[0]:
+                reply += data
+                if not data or b"\r\n" in reply:
                     break
-            try:
-                sock.settimeout(10)
-                status = conn.getresponse().status
-            except (http.client.HTTPException, OSError):
-                status = -1  # connection cut
+            first = reply.split(b"\r\n", 1)[0].split()
+            if len(first) >= 2 and first[1].isdigit():
+                status = int(first[1])
         finally:
-            conn.close()
+            tls.close()
         with self.lock:
             self.slow_uploads.append((status, time.monotonic() - t0))
 
