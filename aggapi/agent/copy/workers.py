@@ -18,6 +18,7 @@ copy's whole backlog. The queues are kept on the event loop; the threads only ru
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -39,6 +40,13 @@ _Job = tuple[Callable[[], Any], "asyncio.Future[Any]"]
 def _call_as(c: creds.Creds | None, fn: Callable[[], T]) -> T:
     with creds.acting_as(c):
         return fn()
+
+
+def _back_on(loop: asyncio.AbstractEventLoop, finished: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(finished, *args)
+    except RuntimeError:  # the loop is closed: nobody waits for this call any more
+        pass
 
 
 class Workers:
@@ -91,6 +99,7 @@ class Workers:
         return None
 
     def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
         while self.running < self.max_workers:
             picked = self._next()
             if picked is None:
@@ -100,11 +109,13 @@ class Workers:
                 continue
             self.running += 1
             self.running_by[tenant] = self.running_by.get(tenant, 0) + 1
-            done = asyncio.wrap_future(self.pool.submit(call))
-            done.add_done_callback(functools.partial(self._finished, tenant, fut))
+            done = self.pool.submit(call)
+            # Back on the loop when the thread is done (the queues are the loop's alone).
+            done.add_done_callback(functools.partial(_back_on, loop, self._finished,
+                                                     tenant, fut))
 
     def _finished(self, tenant: str | None, fut: asyncio.Future[Any],
-                  done: asyncio.Future[Any]) -> None:
+                  done: concurrent.futures.Future[Any]) -> None:
         self.running -= 1
         left = self.running_by[tenant] - 1
         if left:
