@@ -101,10 +101,18 @@ def _num(field_: bytes, what: str, top: int, bottom: int = 0) -> int:
     elif field_ and field_[0] & 0x80:
         raise TarError(f"bad base-256 {what} in a tar header")
     else:
-        m = _OCTAL.fullmatch(field_.split(b"\0", 1)[0])
-        if m is None:
-            raise TarError(f"bad numeric {what} field {field_!r} in a tar header")
-        val = int(m.group(1), 8) if m.group(1) else 0
+        digits = field_.split(b"\0", 1)[0]
+        if digits.isdigit():  # the usual zero-padded field: no regex (a flood of
+            try:              # header-only entries is parsed at twice the speed)
+                val = int(digits, 8)
+            except ValueError:  # an 8 or 9
+                raise TarError(f"bad numeric {what} field {field_!r} in a tar header") \
+                    from None
+        else:
+            m = _OCTAL.fullmatch(digits)
+            if m is None:
+                raise TarError(f"bad numeric {what} field {field_!r} in a tar header")
+            val = int(m.group(1), 8) if m.group(1) else 0
     if not bottom <= val <= top:
         raise TarError(f"{what} {val} in a tar header is out of range")
     return val

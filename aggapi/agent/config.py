@@ -158,6 +158,19 @@ def parser() -> argparse.ArgumentParser:
                         "written with O_DIRECT, past the node's page cache: less CPU per "
                         "byte, and a big upload does not evict the node's cached files; "
                         "0 = always through the page cache (default 4Mi)")
+    # Tenant fairness (issue 24): no slot held for ever, no namespace holding them all.
+    c.add_argument("--copy-namespace-share", type=float, default=CopyLimits.namespace_share,
+                   help="the fraction of --copies-per-node (and of the copy worker threads) "
+                        "one namespace may use at once, at least one; more is a 429; 1 = no "
+                        f"per-namespace limit (default {CopyLimits.namespace_share:g})")
+    c.add_argument("--copy-min-rate", type=byte_quantity, default=CopyLimits.min_rate,
+                   help="bytes/s a copy's client must at least send (upload) or read "
+                        "(download), averaged over --copy-rate-window seconds of waiting for "
+                        "it; slower copies are aborted and free their slot; 0 = no minimum "
+                        f"(default {CopyLimits.min_rate})")
+    c.add_argument("--copy-rate-window", type=seconds, default=CopyLimits.rate_window,
+                   help="seconds over which --copy-min-rate is averaged "
+                        f"(default {CopyLimits.rate_window:g})")
     c.add_argument("--copy-state-dir", default=CopyLimits.state_dir,
                    help="where in-flight uploads are recorded, for cleanup after a crash")
     c.add_argument("--copy-as-root", action="store_true",
@@ -188,6 +201,8 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         p.error("--health-port must be in 0..65535")
     if not 0 <= a.metrics_port < 65536:
         p.error("--metrics-port must be in 0..65535")
+    if not 0 < a.copy_namespace_share <= 1:
+        p.error("--copy-namespace-share must be in (0, 1]")
     return AgentConfig(
         node_name=a.node_name,
         tls_cert=pick(a.tls_cert_file, "tls-cert-file", "agent.crt"),
@@ -209,5 +224,7 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
                         copies_per_node=a.copies_per_node, max_entries=a.copy_max_entries,
                         max_depth=a.copy_max_depth, state_dir=a.copy_state_dir,
                         body_idle_timeout=a.body_idle_timeout,
-                        direct_io_min_size=a.copy_direct_io_min_size),
+                        direct_io_min_size=a.copy_direct_io_min_size,
+                        namespace_share=a.copy_namespace_share, min_rate=a.copy_min_rate,
+                        rate_window=a.copy_rate_window),
     )

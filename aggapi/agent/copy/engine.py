@@ -29,7 +29,7 @@ def new_state(limits: CopyLimits, cri: CRIClient, resolver: Resolver | None = No
     """The copy engine's state; containers are found through ``cri`` unless a
     ``resolver`` is given (tests and benchmarks use a plain directory). ``as_root``
     (--copy-as-root): copies act as root, not as the container process's user."""
-    workers = Workers()
+    workers = Workers(share=limits.namespace_share)
     if resolver is None:
         if as_root:
             log.warning("--copy-as-root: copies act as root, not as the container's user")

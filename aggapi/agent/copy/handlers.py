@@ -56,12 +56,12 @@ from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
 from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, request_path
+from aggapi.agent.copy.pace import PACE, MinRate, PacedBody, paced_write
 from aggapi.agent.copy.ranges import etag, parse_range
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.upload import upload_file, upload_tar
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.capability import Capability
-from aggapi.serving import IdleTimeoutBody
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def bytes_sent(request: web.Request) -> tuple[int, bool]:
 async def _write(request: web.Request, resp: web.StreamResponse, chunk: bytes) -> None:
     # Counted once handed to the transport: resp.write() then only waits for it to drain.
     request[SENT] = request.get(SENT, 0) + len(chunk)
-    await resp.write(chunk)
+    await paced_write(request, resp, chunk)  # cut if the client reads too slowly
 
 
 def _abort(request: web.Request, why: str) -> ConnectionResetError:
@@ -324,7 +324,8 @@ class CopyHandlers:
         cap = _capability(request, wire.OP_COPY_DOWNLOAD)
         state = self.state
         container, path = _target(request, cap)
-        with state.slots.slot(cap.pod_uid):
+        request[PACE] = MinRate(state.limits.min_rate, state.limits.rate_window)
+        with state.slots.slot(cap.pod_uid, cap.pod_namespace):
             async with _container(state, cap, container) as root:
                 path = await state.workers.run(root.absolute, path)
                 async with _lookup(state, root, path) as t:
@@ -341,9 +342,11 @@ class CopyHandlers:
         params = upload_params(request, cap)
         if request.content_length is not None:
             state.slots.check_size(request.content_length)
-        # A client that stops sending is cut off: the slot and the temp files go with it.
-        body = IdleTimeoutBody(request.content, state.limits.body_idle_timeout)
-        with state.slots.slot(cap.pod_uid):
+        # A client that stops sending, or trickles, is cut off: the slot and the temp
+        # files go with it.
+        body = PacedBody(request.content, state.limits.body_idle_timeout,
+                         MinRate(state.limits.min_rate, state.limits.rate_window))
+        with state.slots.slot(cap.pod_uid, cap.pod_namespace):
             async with _container(state, cap, container) as root:
                 path = await state.workers.run(root.absolute, path)
                 send = upload_tar if params.tar else upload_file

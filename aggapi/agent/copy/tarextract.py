@@ -72,6 +72,18 @@ class TarExtractor:
         self.pending: dict[str, _Pending] = {}  # by entry path, in tar order
         self.files: dict[str, tuple[int, int]] = {}  # entry path -> (dev, ino) of its temp
         self.created: list[str] = []  # directories we made, for rollback
+        # Metadata operations so far: one per entry (untar.TarSink) and one per directory
+        # level an entry's missing parents take (mkdir -p): an entry 'a/b/.../z/f' in an
+        # empty target costs as much as the entries that would have listed them.
+        self.ops = 0
+        self.max_ops: int | None = None
+
+    def charge(self, n: int = 1) -> None:
+        """Count ``n`` metadata operations; a 413 past ``max_ops``, before doing them."""
+        self.ops += n
+        if self.max_ops is not None and self.ops > self.max_ops:
+            raise StatusError(413, f"tar needs more than {self.max_ops} metadata operations "
+                              "(its entries and the directories made for them)")
 
     def _full(self, rel: str) -> str:
         return f"{self.target}/{rel}" if rel else self.target or "/"
@@ -91,6 +103,7 @@ class TarExtractor:
         comps = rel.split("/")
 
         def step(fd: int, i: int) -> int:
+            self.charge()
             self._mkdir(fd, comps[i], "/".join(comps[:i + 1]), 0o755)
             return o2.openat2(fd, comps[i], RDIR, o2.UNDER_TARGET)
 

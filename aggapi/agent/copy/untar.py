@@ -39,6 +39,7 @@ class TarSink:
     def __init__(self, ex: TarExtractor, root: FsRoot, limits: CopyLimits,
                  tar_limits: TarLimits | None = None) -> None:
         self.ex = ex
+        ex.max_ops = limits.max_entries  # --copy-max-entries bounds the metadata work too
         self.root = root
         self.limits = limits
         self.parser = TarParser(tar_limits or TarLimits())
@@ -85,6 +86,7 @@ class TarSink:
         self.entries += 1
         if self.entries > lim.max_entries:
             raise StatusError(413, f"tar has more than {lim.max_entries} entries")
+        self.ex.charge()
         parts = entry_parts(entry.name)
         if not parts:
             return  # "./": the target itself (its data, if any, is dropped)

@@ -161,3 +161,29 @@ async def test_extreme_but_valid_mtimes_are_accepted(cc: Any, plain: tuple[Path,
     r = await cc.post("/dst", body, format="tar")
     assert r.status == 200, await r.text()
     assert (plain[0] / "dst" / "f").read_bytes() == b"data"
+
+
+async def test_parents_made_for_an_entry_count_as_metadata_operations(
+        cc: Any, plain: tuple[Path, Path], dst: Path, limits: CopyLimits) -> None:
+    """Issue 24, finding 5: each entry 'dN/x1/.../x14/f' makes 15 directories (mkdir -p).
+    100 of them are 100 entries but 1,600 metadata operations: over a limit of 1,000,
+    refused with 413 at the entry that passes it, nothing left behind."""
+    deep = "/".join(f"x{i}" for i in range(1, limits.max_depth - 1))
+    body = b"".join(tc.entry(f"d{n}/{deep}/f".encode(), b"z")
+                    for n in range(100)) + tc.ZERO2
+    assert len(body) < 200 * 1024
+    text = await refused(cc, plain[0], dst, body, 413)
+    assert f"more than {limits.max_entries} metadata operations" in text
+
+
+async def test_a_tar_listing_its_directories_costs_one_operation_per_entry(
+        cc: Any, plain: tuple[Path, Path], dst: Path, limits: CopyLimits) -> None:
+    # The same tree as tar -c writes it (parents first): 16 + 100 * 2 entries, accepted.
+    deep = "/".join(f"x{i}" for i in range(1, limits.max_depth - 1))
+    parts = deep.split("/")
+    body = b"".join(tc.entry(f"d0/{'/'.join(parts[:i])}/".encode().replace(b"//", b"/"),
+                             typeflag=b"5") for i in range(len(parts) + 1))
+    body += b"".join(tc.entry(f"d0/{deep}/f{n}".encode(), b"z") for n in range(200))
+    r = await cc.post("/dst", body + tc.ZERO2, format="tar")
+    assert r.status == 200, await r.text()
+    assert (dst / "d0" / deep / "f199").read_bytes() == b"z"

@@ -297,6 +297,9 @@ agent. Empty: no flag; the image holds no kubelet config, so kubelet defaults. *
 - --copy-size-limit={{ .Values.agent.copySizeLimit }}
 - --copies-per-pod={{ .Values.agent.copiesPerPod }}
 - --copies-per-node={{ .Values.agent.copiesPerNode }}
+- --copy-namespace-share={{ .Values.agent.copyNamespaceShare }}
+- --copy-min-rate={{ .Values.agent.copyMinRate }}
+- --copy-rate-window={{ .Values.agent.copyRateWindow }}
 - --copy-state-dir={{ .Values.agent.copyStateDir }}
 - --copy-direct-io-min-size={{ .Values.agent.copyDirectIOMinSize }}
 {{- if .Values.agent.copyAsRoot }}
