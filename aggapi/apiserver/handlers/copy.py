@@ -2,7 +2,7 @@
 
 Authorization is done before this handler runs, by the authz layer from what
 the route table declares for pods/copy (the operation's own verb, and ``create``
-on core ``pods/exec`` for uploads). The pod acted on is the one that was
+on core ``pods/exec`` for every copy operation). The pod acted on is the one that was
 authorized: its namespace and name come from the request's one parsed
 ``RequestInfo``.
 """
