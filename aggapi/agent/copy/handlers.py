@@ -22,7 +22,8 @@ Wire conventions (the aggapi apiserver relays them unchanged):
 - Directory (GET): ``Content-Type: application/x-tar``, a PAX tar of its
   contents with names relative to it; the final PAX global header reports
   skipped entries (see aggapi.agent.copy.download).
-- Symlink (GET): empty body; the stat header carries linkTarget.
+- Symlink (GET): with ``symlink=keep`` an empty body, the stat header carrying
+  linkTarget; without it 409 (as cp without -P: a link is not the file).
 - Upload (POST): body = the file, or with format=tar a tar extracted into the
   directory ``path`` (created if only its last component is missing); optional
   sha256=, mode= (octal; the only way to set setuid/setgid), uid=, gid=,
@@ -337,6 +338,18 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
             await settle(state.workers.run(gen.close))
 
 
+def _symlink_wanted(request: web.Request, path: str, link: str | None) -> None:
+    """A download of a symlink sends the link only when asked to (symlink=keep)."""
+    want = request.query.get(wire.PARAM_SYMLINK)
+    if want == wire.SYMLINK_KEEP:
+        return
+    if want is not None:
+        raise StatusError(400, f"{wire.PARAM_SYMLINK} must be {wire.SYMLINK_KEEP}")
+    to = f" to {link!r}" if link else ""
+    raise StatusError(409, f"{path}: is a symbolic link{to}; not followed. Ask for the link "
+                      f"itself with {wire.PARAM_SYMLINK}={wire.SYMLINK_KEEP} (kubectl ncp -P)")
+
+
 class CopyHandlers:
     """The /v1/copy routes, bound to the copy engine's state at construction."""
 
@@ -366,6 +379,7 @@ class CopyHandlers:
                     if st_.S_ISDIR(t.st.st_mode):
                         return await _send_dir(request, state, root, t)
                     if st_.S_ISLNK(t.st.st_mode):
+                        _symlink_wanted(request, path, t.link)
                         return web.Response(status=200, headers=_stat_header(root, t))
                     return await _send_file(request, state, root, t)
 

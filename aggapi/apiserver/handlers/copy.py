@@ -26,6 +26,7 @@ from aggapi.wire import (
     FORWARDED_HEADERS,
     PARAM_CONTAINER,
     PARAM_PATH,
+    PARAM_SYMLINK,
     RELAYED_HEADERS,
     UPLOAD_PARAMS,
     copy_operation,
@@ -79,6 +80,9 @@ class CopyHandler:
         container = _container(target, request.query.get(PARAM_CONTAINER, ""))
         params = {k: request.query[k] for k in UPLOAD_PARAMS if k in request.query} \
             if upload else {}
+        # Not vouched for in the token: it only chooses how a symlink is answered.
+        extra = {PARAM_SYMLINK: request.query[PARAM_SYMLINK]} \
+            if request.method == "GET" and PARAM_SYMLINK in request.query else {}
 
         fwd = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
         if upload and request.content_length is not None:
@@ -92,7 +96,8 @@ class CopyHandler:
                 subject=request[USER].name, operation=copy_operation(request.method),
                 pod_namespace=target.namespace, pod_name=target.name, pod_uid=target.uid,
                 containers=(container,), copy_path=path, params=params,
-                query={PARAM_CONTAINER: container.name, PARAM_PATH: path, **params},
+                query={PARAM_CONTAINER: container.name, PARAM_PATH: path, **params,
+                       **extra},
                 headers=fwd, data=_body(request) if upload else None,
             )
         except StatusError as err:

@@ -158,8 +158,9 @@ class CopyClient:
                                       headers=self._headers("copy.stat", path, {}, None), **kw)
 
     async def get(self, path: str, headers: dict[str, str] | None = None,
-                  **kw: Any) -> ClientResponse:
-        return await self.client.get("/v1/copy", params={"container": "c", "path": path},
+                  query: dict[str, str] | None = None, **kw: Any) -> ClientResponse:
+        return await self.client.get("/v1/copy",
+                                     params={"container": "c", "path": path, **(query or {})},
                                      headers=self._headers("copy.download", path, {}, headers),
                                      **kw)
 
