@@ -48,23 +48,26 @@ async def pump(read: Callable[[int], Awaitable[bytes]],
                 if before is not None:
                     before()
                 if pending is not None:
-                    await pending
+                    await asyncio.shield(pending)  # a cancel must not lose track of it
                 pending = start(pieces)
                 pieces, held = [], 0
             if not data:
                 break
         if pending is not None:
-            await pending
+            await asyncio.shield(pending)
             pending = None
     except Exception:
         if keep_received and pieces:
             if pending is not None:
-                await pending
+                await asyncio.shield(pending)
             pending = start(pieces)
-            await pending
+            await asyncio.shield(pending)
             pending = None
         raise
     finally:
         # Never let a write run on after the caller aborts and closes the file.
-        if pending is not None and not pending.done():
-            await asyncio.wait([pending])
+        while pending is not None and not pending.done():
+            try:
+                await asyncio.wait([pending])
+            except asyncio.CancelledError:  # cancelled again: still wait for the write
+                continue

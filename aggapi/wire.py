@@ -41,6 +41,11 @@ def copy_operation(method: str) -> str:
 # --- copy query parameters -------------------------------------------------------
 PARAM_CONTAINER = "container"
 PARAM_PATH = "path"
+# Download: a path that is a symlink is answered with the link itself (its stat, no
+# body) only with symlink=keep (as cp -P); otherwise 409, so that nobody takes a link
+# for the file (issue 24: app.conf -> .ssh/id_ed25519 uploaded back).
+PARAM_SYMLINK = "symlink"
+SYMLINK_KEEP = "keep"
 # Upload parameters the agent acts on; the apiserver vouches for them in the token.
 UPLOAD_PARAMS = ("overwrite", "mode", "uid", "gid", "sha256", "format")
 # Upload parameters the agent may take from the query alone: they only restrict.

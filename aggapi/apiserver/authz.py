@@ -5,7 +5,7 @@ kube-apiserver derives it, group, version, resource, subresource, namespace,
 name) and the caller's full identity. What each route needs is declared beside
 it in the route table as an :class:`Authz` (discovery, OpenAPI and probes are
 open, as kube-apiserver's aggregator fetches them as itself; pods/copy also needs
-the operation's own verb and, for uploads, ``create`` on core ``pods/exec``), and
+the operation's own verb and ``create`` on core ``pods/exec``), and
 this layer makes every one of those decisions before the handler runs: handlers
 do no authorization of their own.
 """

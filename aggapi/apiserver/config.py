@@ -47,7 +47,8 @@ class ApiServerConfig:
     # pods/imagepullprogress on the plain (non-/watch/) path ends cleanly before
     # kube-apiserver's --request-timeout (60 s) would cut it mid-line.
     stream_deadline: float = 55.0
-    # Uploads through pods/copy also need `create` on core pods/exec.
+    # Every pods/copy operation (download, stat, upload) also needs `create` on core
+    # pods/exec.
     copy_require_exec: bool = True
     # A request head (and the TLS handshake before it) must arrive within this time.
     read_header_timeout: float = DEFAULT_READ_HEADER_TIMEOUT
@@ -87,7 +88,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "token-signing-key-file": (str, "ES256/Ed25519 private key for agent capability tokens"),
     "stream-deadline": (float, "seconds after which a stream on the plain path ends "
                                "cleanly (kube-apiserver cuts non-watch requests at 60 s)"),
-    "copy-require-exec": (bool, "uploads also require create on core pods/exec"),
+    "copy-require-exec": (bool, "copies (download, stat, upload) also require create on "
+                                "core pods/exec"),
     "read-header-timeout": (float, "seconds a client has to complete the TLS handshake "
                                    "and then each request head; 0 = no limit"),
 }

@@ -35,10 +35,13 @@ from aggapi.wire import GROUP_VERSION_PATH as GV
 POD = "/namespaces/{namespace}/pods/{name}"
 READ = ("GET", "HEAD")
 
-# Writing into a container is as strong as running a command in it: an upload
-# also needs what `kubectl exec` needs, unless --copy-require-exec=false.
-EXEC_FOR_UPLOAD = Also(verb="create", group="", version="v1", resource="pods",
-                       subresource="exec", methods=frozenset({"POST"}))
+# Copying is as strong as running a command in the container, both ways: a read
+# reaches projected ServiceAccount tokens and mounted Secrets, which read-everything
+# roles (get/list/watch on "*") must not open (Kubernetes moved exec to `create` for
+# the same reason). Every copy operation (GET, HEAD, POST) also needs what
+# `kubectl exec` needs, unless --copy-require-exec=false.
+EXEC_FOR_COPY = Also(verb="create", group="", version="v1", resource="pods",
+                     subresource="exec", methods=frozenset({"GET", "HEAD", "POST"}))
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,8 @@ class Route:
 
 def copy_authz(require_exec: bool) -> Authz:
     """pods/copy: the request's verb, the operation's verb (get to read, create to
-    write), and for uploads ``create`` on core pods/exec."""
-    return Authz(operation_verb=True, also=(EXEC_FOR_UPLOAD,) if require_exec else ())
+    write), and for every operation ``create`` on core pods/exec."""
+    return Authz(operation_verb=True, also=(EXEC_FOR_COPY,) if require_exec else ())
 
 
 def route_table(parts: Parts) -> list[Route]:

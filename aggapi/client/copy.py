@@ -17,6 +17,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -172,9 +173,12 @@ async def _retry_wait(backoff: Backoff, exc: BaseException) -> bool:
 
 async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                    progress: Progress | None = None, backoff: Backoff | None = None,
-                   rate_limit: float | None = None, preserve: bool = True) -> Result:
+                   rate_limit: float | None = None, preserve: bool = True,
+                   keep_symlink: bool = False) -> Result:
     """Copy ``rp`` to the local ``dest`` (a file, a directory tree or a symlink);
-    ``preserve=False``: a file keeps the local default mode, not the container's."""
+    ``preserve=False``: a file keeps the local default mode, not the container's.
+    ``keep_symlink`` (cp -P): a path that is a symlink becomes a local symlink;
+    otherwise it is refused, as a link is not the file (the server refuses it too)."""
     progress = progress or NoProgress()
     backoff = backoff or Backoff()
     partial = PartialFile(dest)
@@ -188,7 +192,9 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
             if origin is not None and partial.size:
                 headers = {"Range": f"bytes={partial.size}-", "If-Range": origin.etag}
             try:
-                async with conn.request("GET", rp.url(), params=rp.params(),
+                query = rp.params(**({wire.PARAM_SYMLINK: wire.SYMLINK_KEEP}
+                                     if keep_symlink else {}))
+                async with conn.request("GET", rp.url(), params=query,
                                         headers=headers) as resp:
                     st = decode_stat(resp.headers.get(wire.HEADER_STAT))
                     ctype = resp.headers.get("Content-Type", "")
@@ -197,6 +203,10 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                         return await _receive_dir(resp, dest, st, progress)
                     if st.get("type") == "symlink":
                         partial.discard()
+                        if not keep_symlink:  # whatever the server did with the query
+                            raise UnsafeArchive.from_message(
+                                f"{rp.path} is a symbolic link to "
+                                f"{st.get('linkTarget')!r}; not copied (-P copies the link)")
                         return _make_symlink(dest, st)
                     origin = _check_origin(resp, rp, partial, origin)
                     progress.start(origin.size, partial.size)
@@ -296,12 +306,43 @@ def _make_symlink(dest: Path, st: dict[str, Any]) -> Result:
 
 # --- uploads ---------------------------------------------------------------------------
 
-def sha256_file(path: Path) -> str:
+def _sha256_fd(fd: int, size: int) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
+    off = 0
+    while off < size and (chunk := os.pread(fd, min(CHUNK, size - off), off)):
+        h.update(chunk)
+        off += len(chunk)
     return h.hexdigest()
+
+
+def _symlink_refused(src: Path) -> AggapiError:
+    return LocalError.from_message(
+        f"{src} is a symbolic link; not followed (-L uploads what it points to)")
+
+
+def _refuse_symlink(src: Path) -> None:
+    if src.is_symlink():
+        raise _symlink_refused(src)
+
+
+def open_source(src: Path, *, follow_links: bool = False) -> tuple[int, os.stat_result]:
+    """An fd of the regular file ``src`` and its fstat; its last component is opened
+    with O_NOFOLLOW unless ``follow_links``: a symlink (one a download may have
+    planted: app.conf -> .ssh/id_ed25519) is refused, not uploaded as its target."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY  # a FIFO never blocks
+    if not follow_links:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(src, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise _symlink_refused(src) from exc
+        raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise LocalError.from_message(f"{src} is not a regular file")
+    return fd, st
 
 
 async def _post(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
@@ -328,30 +369,35 @@ async def _post(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
 async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite: bool = True,
                       mode: int | None = None, progress: Progress | None = None,
                       backoff: Backoff | None = None, rate_limit: float | None = None,
-                      ) -> Result:
+                      follow_links: bool = False) -> Result:
+    """Upload the regular file ``src``; a symlink is refused unless ``follow_links``
+    (-L). One fd, opened once, is hashed and sent (every retry reads it again)."""
     progress = progress or NoProgress()
+    fd, st = open_source(src, follow_links=follow_links)
     try:
-        st = os.stat(src)
-    except OSError as exc:
-        raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise LocalError.from_message(f"{src} is not a regular file")
-    sha = await asyncio.to_thread(sha256_file, src)
+        return await _upload_fd(conn, fd, st, rp, overwrite=overwrite, mode=mode,
+                                progress=progress, backoff=backoff, rate_limit=rate_limit)
+    finally:
+        os.close(fd)
+
+
+async def _upload_fd(conn: Connection, fd: int, st: os.stat_result, rp: RemotePath, *,
+                     overwrite: bool, mode: int | None, progress: Progress,
+                     backoff: Backoff | None, rate_limit: float | None) -> Result:
+    sha = await asyncio.to_thread(_sha256_fd, fd, st.st_size)
 
     async def body() -> AsyncIterator[bytes]:
         progress.start(st.st_size)
         limit = RateLimit(rate_limit)
-        fd = os.open(src, os.O_RDONLY)
-        try:
-            # A MiB at a time, encrypted right after it is read, while it is in the CPU
-            # cache: reading a few MiB ahead per thread hand-over measured 0.3 CPU-s/GiB
-            # more (bench_copy --ncp, 3 rounds).
-            while chunk := await asyncio.to_thread(os.read, fd, CHUNK):
-                progress.advance(len(chunk))
-                yield chunk
-                await limit.pace(len(chunk))
-        finally:
-            os.close(fd)
+        off = 0
+        # A MiB at a time, encrypted right after it is read, while it is in the CPU
+        # cache: reading a few MiB ahead per thread hand-over measured 0.3 CPU-s/GiB
+        # more (bench_copy --ncp, 3 rounds).
+        while chunk := await asyncio.to_thread(os.pread, fd, CHUNK, off):
+            off += len(chunk)
+            progress.advance(len(chunk))
+            yield chunk
+            await limit.pace(len(chunk))
 
     params = rp.params(sha256=sha, overwrite="true" if overwrite else "false")
     if mode is not None:
@@ -367,10 +413,15 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
 
 async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
                      progress: Progress | None = None, backoff: Backoff | None = None,
-                     rate_limit: float | None = None, preserve: bool = True) -> Result:
+                     rate_limit: float | None = None, preserve: bool = True,
+                     follow_links: bool = False) -> Result:
     """Send the tree under ``src`` as a tar extracted into the directory ``rp.path``;
-    ``preserve=False``: entries get the container's default modes, not the local ones."""
+    ``preserve=False``: entries get the container's default modes, not the local ones.
+    ``src`` itself may be a symlink only with ``follow_links`` (links inside the tree
+    are sent as links)."""
     progress = progress or NoProgress()
+    if not follow_links:
+        _refuse_symlink(src)
     try:
         listing = list_tree(src)
         size = tar_size(src, listing)

@@ -76,7 +76,11 @@ retries a failed transfer N times in a row without progress, resuming a download
 where it stopped (0: never, negative: forever). --no-preserve does not carry the
 local permissions into the container, for a file or a directory's entries (nor
 the container file's onto a downloaded file): new entries get the defaults (0644,
-directories 0755); owners are never copied."""
+directories 0755); owners are never copied. Symlinks are not followed: a download
+of a path that is a symlink is refused unless -P (then it is made as a link, and only
+if it points inside the destination's directory), and an upload of a local symlink is
+refused unless -L (which uploads what it points to); links inside a directory are
+copied as links."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -97,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
                    help="do not keep permissions (and ownership) of the copied file")
     p.add_argument("--no-overwrite", action="store_true",
                    help="fail instead of replacing an existing file in the container")
+    p.add_argument("-P", "--no-dereference", action="store_true",
+                   help="download: copy a symlink as a symlink (pointing inside the "
+                        "destination's directory); without it a symlink is refused")
+    p.add_argument("-L", "--dereference", action="store_true",
+                   help="upload: follow a local symlink given as the source; without it a "
+                        "symlink is refused")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--limit-rate", type=rate, metavar="RATE",
                    help="at most RATE bytes/s; suffixes K, M, G (powers of 1024)")
@@ -117,13 +127,18 @@ def _local_target(dst: Path, remote_path: str) -> Path:
     return dst
 
 
-def _local_source(src: Path) -> os.stat_result:
+def _local_source(src: Path, follow_links: bool) -> os.stat_result:
     from aggapi.client.errors import LocalError
 
     try:
-        st = os.stat(src)  # a symlink given on the command line is followed, as cp does
+        # A symlink is followed only with -L: one a download left (app.conf ->
+        # .ssh/id_ed25519) must not upload the file it points to.
+        st = os.stat(src) if follow_links else os.lstat(src)
     except OSError as exc:
         raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise LocalError.from_message(
+            f"{src} is a symbolic link; not followed (-L uploads what it points to)")
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
         raise LocalError.from_message(f"{src}: not a regular file or directory")
     return st
@@ -219,20 +234,23 @@ async def run(args: argparse.Namespace) -> int:
         if src_r is not None:
             dest = _local_target(Path(args.dst), rp.path)
             res = await download(conn, rp, dest, progress=progress, backoff=backoff,
-                                 rate_limit=args.limit_rate, preserve=not args.no_preserve)
+                                 rate_limit=args.limit_rate, preserve=not args.no_preserve,
+                                 keep_symlink=args.no_dereference)
         else:
             src = Path(args.src)
-            st = _local_source(src)
+            st = _local_source(src, args.dereference)
             rp = await _remote_target(conn, rp, src)
             if stat.S_ISDIR(st.st_mode):
                 res = await upload_dir(conn, src, rp, progress=progress, backoff=backoff,
                                        rate_limit=args.limit_rate,
-                                       preserve=not args.no_preserve)
+                                       preserve=not args.no_preserve,
+                                       follow_links=args.dereference)
             else:
                 res = await upload_file(conn, src, rp, overwrite=not args.no_overwrite,
                                         mode=None if args.no_preserve else st.st_mode & 0o777,
                                         progress=progress, backoff=backoff,
-                                        rate_limit=args.limit_rate)
+                                        rate_limit=args.limit_rate,
+                                        follow_links=args.dereference)
         ok = True
     finally:
         if bar is not None:

@@ -183,9 +183,13 @@ async def test_handlers_can_make_extra_checks(server: Server, kube: FakeKube) ->
 
 
 @pytest.mark.parametrize(("method", "watch", "require_exec", "expected"), [
-    ("GET", False, True, [("get", "subresources.aggapi.io", "copy")]),
+    ("GET", False, True, [("get", "subresources.aggapi.io", "copy"),
+                          ("create", "", "exec")]),
+    ("GET", False, False, [("get", "subresources.aggapi.io", "copy")]),
     ("HEAD", True, True, [("watch", "subresources.aggapi.io", "copy"),
-                          ("get", "subresources.aggapi.io", "copy")]),
+                          ("get", "subresources.aggapi.io", "copy"),
+                          ("create", "", "exec")]),
+    ("HEAD", False, False, [("get", "subresources.aggapi.io", "copy")]),
     ("POST", False, True, [("create", "subresources.aggapi.io", "copy"),
                            ("create", "", "exec")]),
     ("POST", True, True, [("watch", "subresources.aggapi.io", "copy"),
@@ -202,3 +206,47 @@ def test_copy_route_declares_every_check(method: str, watch: bool, require_exec:
     assert [(a.verb, a.api_group, a.subresource) for a in attrs] == expected
     # Every check is about the object the handler will act on.
     assert {(a.namespace, a.resource, a.name) for a in attrs} == {("ns1", "pods", "web-0")}
+
+
+# A read-everything role (get/list/watch on every resource of every group): it may get
+# pods/copy but may not create pods/exec.
+def _read_everything(spec: dict[str, Any]) -> bool:
+    return spec["resourceAttributes"]["verb"] in ("get", "list", "watch")
+
+
+COPY_PASSWD = GV + "/namespaces/ns1/pods/web-0/copy?path=/etc/passwd"
+
+
+async def _as_reader(srv: Server, method: str) -> tuple[int, bytes]:
+    cert = srv.certs.client_pair(srv.certs.client_ca, "rita")
+    async with srv.session(cert).request(method, COPY_PASSWD) as resp:
+        return resp.status, await resp.read()
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_read_everything_role_cannot_read_files(make_server: Any, kube: FakeKube,
+                                                      method: str) -> None:
+    """Downloads and stat need create on core pods/exec, as uploads do (issue 24 finding
+    1): a container's files hold its Secrets and projected ServiceAccount tokens."""
+    srv = await make_server()
+    kube.sar_policy = _read_everything
+    code, raw = await _as_reader(srv, method)
+    assert code == 403
+    if method == "GET":
+        body = json.loads(raw)
+        assert body["kind"] == "Status" and body["reason"] == "Forbidden"
+        assert 'User "rita" cannot create resource "pods/exec" in API group ""' \
+            in body["message"]
+    asked = [c["spec"]["resourceAttributes"] for c in kube.sar_calls]
+    assert [(a["verb"], a["group"], a["subresource"]) for a in asked] == [
+        ("get", "subresources.aggapi.io", "copy"), ("create", "", "exec")]
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_copy_require_exec_false_lets_readers_read(make_server: Any, kube: FakeKube,
+                                                         method: str) -> None:
+    srv = await make_server(copy_require_exec=False)
+    kube.sar_policy = _read_everything
+    assert (await _as_reader(srv, method))[0] == 501  # authorized: the stub answers
+    assert all(c["spec"]["resourceAttributes"]["subresource"] != "exec"
+               for c in kube.sar_calls)

@@ -64,6 +64,8 @@ class FakeCluster:
     cut_download_after: int | None = None  # the next file GET is cut after N bytes
     download_delay: float = 0.0  # per 64 KiB chunk, to let a test interrupt a transfer
     corrupt_sha: bool = False
+    # As 622964a's agent: a symlink download is answered with the link whatever the query.
+    symlinks_regardless: bool = False
     dir_tar: bytes | None = None  # served instead of a real directory tar
     workloads: dict[str, list[str]] = field(default_factory=dict)  # "deployments": names
     port: int = 0
@@ -275,6 +277,8 @@ class FakeCluster:
             body = self.dir_tar if self.dir_tar is not None else tar_of(target)
             return web.Response(body=body, headers={**hdrs, "Content-Type": "application/x-tar"})
         if stat.S_ISLNK(st.st_mode):
+            if request.query.get("symlink") != "keep" and not self.symlinks_regardless:
+                raise StatusError(409, f"{path}: is a symbolic link; not followed")
             return web.Response(headers=hdrs)
         data = target.read_bytes()
         sha = hashlib.sha256(b"corrupt" if self.corrupt_sha else data).hexdigest()

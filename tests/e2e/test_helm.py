@@ -384,7 +384,7 @@ def test_aggregated_roles_grant_exactly_the_documented_access(control_plane: Con
         if user == "agg-ns-viewer":
             assert not _ssar(cp, user, "get", "pods", "imagepullprogress", namespace="kube-system")
     assert not failures, "\n".join(failures)
-    # Copy uploads also need create on core pods/exec: edit and admin have it, view not.
+    # Every copy also needs create on core pods/exec: edit and admin have it, view not.
     assert _ssar(cp, "agg-editor", "create", "pods", "exec", group="")
     assert not _ssar(cp, "agg-viewer", "create", "pods", "exec", group="")
 

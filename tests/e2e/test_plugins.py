@@ -7,7 +7,7 @@ these fixtures when tests/e2e/conftest.py provides them, and skip otherwise:
 
 - ``workload_pod``: a Pod object bound to the node whose container runs under the agent,
   with attributes ``namespace``, ``name`` and ``container`` (a writable /tmp inside);
-  user alice may use pods/copy on it (uploads also need create on pods/exec).
+  user alice may use pods/copy on it (copies also need create on pods/exec).
 - ``pulling_pod``: like it, but its image is still being pulled slowly (the throttle
   proxy), so progress can be watched; attributes ``namespace`` and ``name``.
 """

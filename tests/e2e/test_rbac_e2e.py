@@ -5,13 +5,18 @@ APIService and discovery as kubectl sees them.
 Users (hack/local/rbac.yaml; no kube-controller-manager runs, so the shipped aggregated
 roles are bound directly): alice = aggapi-view + aggapi-edit + pods/exec ("edit"),
 victor = aggapi-view only ("view"), mallory = no binding; plus no credentials at all.
+rita (impersonated by admin) holds a read-everything role made by her test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tests.framework.controlplane import APISERVICE, ControlPlane
 from tests.framework.procs import Proc
@@ -112,3 +117,72 @@ async def test_apiservice_available_and_discovery(control_plane: ControlPlane,
     assert all(x["kind"] and x["namespaced"] for n, x in res.items() if n.startswith("pods/"))
     assert "get" in res["pods/imagepullprogress"]["verbs"]
     assert {"get", "create"} <= set(res["pods/copy"]["verbs"])
+
+
+READER = "rita"
+READER_GROUP = "aggapi-e2e-read-everything"
+READ_EVERYTHING: list[dict[str, Any]] = [
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+     "metadata": {"name": READER_GROUP},
+     "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+     "metadata": {"name": READER_GROUP},
+     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                 "name": READER_GROUP},
+     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                   "name": READER_GROUP}]}]
+# What `kubectl exec` needs (the ClusterRole of hack/local/rbac.yaml), granted later.
+READER_EXEC: dict[str, Any] = {
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+    "metadata": {"name": f"{READER_GROUP}-exec", "namespace": "default"},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "aggapi-e2e-pods-exec"},
+    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                  "name": READER_GROUP}]}
+
+
+def _head_as_reader(cp: ControlPlane, path: str) -> tuple[int, dict[str, str]]:
+    """HEAD (stat) as rita, impersonated by admin: kubectl cannot send a HEAD."""
+    req = urllib.request.Request(cp.server + path, method="HEAD", headers={
+        "Impersonate-User": READER, "Impersonate-Group": READER_GROUP})
+    try:
+        with urllib.request.urlopen(req, context=cp._ssl("admin"), timeout=10) as r:
+            return int(r.status), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return int(e.code), dict(e.headers)
+
+
+async def test_read_everything_role_cannot_read_files(control_plane: ControlPlane,
+                                                      workload_pod: E2EPod) -> None:
+    """Issue 24 finding 1: get/list/watch on every resource of every group is not enough
+    to read a container's files (its Secrets, its projected ServiceAccount token):
+    downloads and stat need create on pods/exec, as kubectl exec does."""
+    as_reader = (f"--as={READER}", f"--as-group={READER_GROUP}")
+    path = workload_pod.path("copy", container=workload_pod.container, path="/etc/passwd")
+    await asyncio.to_thread(control_plane.apply, READ_EVERYTHING)
+    try:
+        r = await kubectl(control_plane, *as_reader, "get", "--raw", path, user=None)
+        assert r.rc == 1 and FORBIDDEN in r.err, r.err
+        assert f'User "{READER}" cannot create resource "pods/exec" in API group ""' \
+            in r.err, r.err
+        assert not r.out
+        code, headers = await asyncio.to_thread(_head_as_reader, control_plane, path)
+        assert code == 403 and "X-Aggapi-Stat" not in headers, (code, headers)
+
+        # With create pods/exec the same subject reads (once aggapi's cached denial of
+        # at most --authz-deny-ttl, 10 s, has expired).
+        await asyncio.to_thread(control_plane.apply, [READER_EXEC])
+        deadline = time.monotonic() + 30
+        while True:
+            r = await kubectl(control_plane, *as_reader, "get", "--raw", path, user=None)
+            if r.rc == 0 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1)
+        assert r.rc == 0 and b"root:" in r.out, r.err
+        code, headers = await asyncio.to_thread(_head_as_reader, control_plane, path)
+        assert code == 200 and "X-Aggapi-Stat" in headers, (code, headers)
+    finally:
+        await asyncio.to_thread(control_plane.kubectl, "delete", "--ignore-not-found",
+                                "rolebinding", "-n", "default", f"{READER_GROUP}-exec")
+        await asyncio.to_thread(control_plane.kubectl, "delete", "--ignore-not-found",
+                                "clusterrolebinding,clusterrole", READER_GROUP)

@@ -137,9 +137,34 @@ async def test_symlink_download_pointing_outside_fails(cluster: FakeCluster,
                                                       tmp_path: Path) -> None:
     os.symlink("/root/.kube/config", root(cluster) / "data/app.conf")
     (tmp_path / "dl").mkdir()
-    r = await kubectl(env, "ncp", "-c", "app", "web:/data/app.conf", str(tmp_path / "dl"))
+    r = await kubectl(env, "ncp", "-P", "-c", "app", "web:/data/app.conf",
+                      str(tmp_path / "dl"))
     assert r.rc == 1 and "points outside" in r.err
     assert os.listdir(tmp_path / "dl") == []
+
+
+async def test_symlinks_are_copied_only_when_asked(cluster: FakeCluster, env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    """Issue 24 finding 8, through kubectl: a download of a symlink needs -P, an upload of
+    a local symlink needs -L (the link a download planted does not upload the user's key)."""
+    os.symlink(".ssh/id_ed25519", root(cluster) / "data/app.conf")
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    r = await kubectl(env, "ncp", "-c", "app", "web:/data/app.conf", str(dl))
+    assert r.rc == 1 and "symbolic link" in r.err and os.listdir(dl) == []
+    r = await kubectl(env, "ncp", "-P", "-c", "app", "web:/data/app.conf", str(dl))
+    assert r.rc == 0, r.err
+    assert os.readlink(dl / "app.conf") == ".ssh/id_ed25519"
+    (dl / ".ssh").mkdir()
+    (dl / ".ssh/id_ed25519").write_bytes(b"PRIVATE KEY")
+    os.unlink(root(cluster) / "data/app.conf")
+    r = await kubectl(env, "ncp", "-c", "app", str(dl / "app.conf"), "web:/data/app.conf")
+    assert r.rc == 1 and "symbolic link" in r.err and "-L" in r.err
+    assert not (root(cluster) / "data/app.conf").exists()
+    r = await kubectl(env, "ncp", "-L", "-c", "app", str(dl / "app.conf"),
+                      "web:/data/app.conf")
+    assert r.rc == 0, r.err
+    assert (root(cluster) / "data/app.conf").read_bytes() == b"PRIVATE KEY"
 
 
 async def test_usage_errors(env: dict[str, str], tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from aggapi.agent.copy import openat2 as o2
 from aggapi.agent.copy.cleanup import InflightRecord
-from aggapi.agent.copy.digests import Key, key_of
 from aggapi.agent.copy.directio import DirectWriter
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.status import StatusError
@@ -78,8 +77,6 @@ class AtomicFile:
         self.size = 0
         self.committed = False
         self._written_back: int | None = 0  # None: the file system cannot
-        self._finished: os.stat_result | None = None  # fstat once written and synced
-        self._renamed: os.stat_result | None = None  # fstat right after the rename
         # Large files skip the page cache (directio); tar entries, mostly small, do not.
         self._direct = DirectWriter.start(self.fd) if direct else None
 
@@ -115,7 +112,6 @@ class AtomicFile:
         if self._direct is not None:
             self._direct.finish(self.hash)
         os.fsync(self.fd)
-        self._finished = os.fstat(self.fd)
         digest = self.hash.hexdigest()
         if expect_size is not None and self.size != expect_size:
             raise StatusError(400, f"{self.path}: received {self.size} bytes, expected "
@@ -157,22 +153,7 @@ class AtomicFile:
         assert self.fd is not None
         rename(self.dir_fd, self.tmp, self.name, self.path, overwrite)
         self.committed = True
-        # The rename changed the inode's ctime: this is the key a download will look up.
-        self._renamed = os.fstat(self.fd)
         self.close()
-
-    def digest_key(self) -> Key | None:
-        """The committed file's DigestCache key, so a download need not read the file
-        again to learn the sha256 we computed while writing it; None unless size and
-        mtime are still what they were when our last byte was synced (a write by
-        someone else to the temp file in between changes mtime)."""
-        a, b = self._finished, self._renamed
-        if a is None or b is None:
-            return None
-        if ((a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns)
-                != (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)) or b.st_size != self.size:
-            return None
-        return key_of(b)
 
     def close(self) -> None:
         if self._direct is not None:

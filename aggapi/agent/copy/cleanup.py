@@ -14,7 +14,8 @@ and directory through openat2 and unlinks only names with that token. When that
 container is gone, the pod's current instance of the same container (found by pod uid
 and container name, as after a restart or a recreated sandbox) is cleaned instead: the
 temp file may be in a volume that outlived the old container. Records with neither are
-dropped.
+dropped, and so is a record whose temp files the container's user may not remove (the
+container made the directory read-only): the failure is logged and the pass goes on.
 """
 
 from __future__ import annotations
@@ -155,6 +156,11 @@ def _remove_temp_files(root: FsRoot, dirs: list[str], token: str) -> int:
                     removed += 1
                 except FileNotFoundError:
                     pass
+                except OSError as exc:  # e.g. the container made the dir 0555: go on
+                    log.warning("stale copy temp file %s/%s in %s not removed: %s", d, name,
+                                root.container_id, exc)
+        except OSError as exc:  # listing refused: the other dirs still get cleaned
+            log.warning("stale copy dir %s in %s not listed: %s", d, root.container_id, exc)
         finally:
             os.close(dfd)
     return removed
@@ -211,6 +217,8 @@ async def cleanup_stale(state_dir: str, by_id: Callable[[str], Awaitable[FsRoot 
         if root is not None:
             try:
                 done.removed += await run(remove_temp_files, root, dirs, str(head["token"]))
+            except Exception as exc:  # one record's failure must not stop the pass
+                log.warning("copy record %s: clean-up failed: %s", path, exc)
             finally:
                 root.close()
         else:

@@ -4,11 +4,17 @@ Linux keeps credentials per thread. ``setfsuid``/``setfsgid`` (glibc calls the
 syscall directly) and the raw ``setgroups`` syscall change only the calling
 thread; glibc's ``setgroups()`` wrapper would change every thread of the agent
 (its setxid broadcast), so it is never used. A non-zero fsuid also drops the
-file-system capabilities (CAP_DAC_OVERRIDE, CAP_CHOWN, CAP_FOWNER, ...), so the
-kernel checks permissions as that user, exactly as for ``kubectl exec``.
+file-system capabilities (CAP_DAC_OVERRIDE, CAP_CHOWN, CAP_FOWNER, ...), but not
+the others: CAP_SYS_RESOURCE would let the user's writes ignore disk quotas and
+the blocks ext4 reserves for root. So while acting as a non-root user the thread
+also clears its whole effective capability set (``capset`` on the thread; the
+permitted set stays, so it can be raised again), and the kernel checks
+permissions and limits as that user, as for ``kubectl exec`` of a non-root
+process.
 
-:func:`acting_as` switches a worker thread for one operation and switches it
-back in a ``finally``, verifying both steps (setfsuid never reports failure:
+:func:`acting_as` switches a worker thread for one operation (ids, then
+capabilities) and switches it back in a ``finally`` (capabilities, then ids),
+verifying every step (setfsuid never reports failure:
 it returns the previous value, so a second call reads the current one). A
 thread whose restore failed is poisoned: it refuses every later operation
 rather than act with the wrong identity. :data:`CURRENT` is the identity of
@@ -47,6 +53,54 @@ _setfsgid.argtypes = [ctypes.c_uint32]
 _setfsgid.restype = ctypes.c_int
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
+
+# capget/capset (glibc exports both; pid 0 is the calling thread).
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+_capget = _libc.capget
+_capget.argtypes = [ctypes.POINTER(_CapHeader), ctypes.POINTER(_CapData)]
+_capget.restype = ctypes.c_int
+_capset = _libc.capset
+_capset.argtypes = [ctypes.POINTER(_CapHeader), ctypes.POINTER(_CapData)]
+_capset.restype = ctypes.c_int
+
+
+def _capdata() -> tuple[_CapHeader, ctypes.Array[_CapData]]:
+    hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _capget(ctypes.byref(hdr), data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capget: {os.strerror(err)}")
+    return hdr, data
+
+
+def effective_caps() -> int:
+    """This thread's effective capability set (64-bit mask)."""
+    _, data = _capdata()
+    return data[0].effective | data[1].effective << 32
+
+
+def set_effective_caps(mask: int) -> None:
+    """Set this thread's effective capabilities (a subset of its permitted set) and
+    check it took."""
+    hdr, data = _capdata()
+    data[0].effective = mask & 0xFFFFFFFF
+    data[1].effective = mask >> 32 & 0xFFFFFFFF
+    if _capset(ctypes.byref(hdr), data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capset: {os.strerror(err)}")
+    if effective_caps() != mask:
+        raise OSError(errno.EPERM, f"capset did not take: wanted {mask:#x}")
 
 
 @dataclass(frozen=True)
@@ -121,7 +175,21 @@ def apply(c: Creds) -> None:
 class _ThreadState(threading.local):
     depth = 0
     baseline: Creds | None = None  # identity before the outermost scope
+    caps: int = 0  # effective capabilities before the outermost scope
+    dropped = False  # effective capabilities cleared (acting as a non-root user)
     poisoned = False
+
+
+def _caps_up(st: _ThreadState) -> None:
+    if st.dropped:
+        set_effective_caps(st.caps)
+        st.dropped = False
+
+
+def _caps_down(st: _ThreadState) -> None:
+    if not st.dropped:
+        set_effective_caps(0)
+        st.dropped = True
 
 
 _state = _ThreadState()
@@ -137,13 +205,19 @@ def acting_as(c: Creds | None) -> Iterator[None]:
         yield
         return
     prev = Creds.current()
+    prev_dropped = st.dropped
     if st.depth == 0:
         st.baseline = prev
+        st.caps = effective_caps()
     st.depth += 1
     try:
-        if prev != c:
+        if prev != c or st.dropped == c.privileged:
             try:
-                apply(c)
+                _caps_up(st)  # setgroups and setfsuid need CAP_SETGID/CAP_SETUID
+                if prev != c:
+                    apply(c)
+                if not c.privileged:
+                    _caps_down(st)
             except OSError as exc:  # the agent's fault, not the caller's: not a 403
                 log.error("cannot act as %s: %s", c, exc)
                 raise StatusError(500, "cannot switch to the container user's "
@@ -152,8 +226,12 @@ def acting_as(c: Creds | None) -> Iterator[None]:
     finally:
         st.depth -= 1
         try:
-            if Creds.current() != prev:
-                apply(prev)
+            if st.dropped != prev_dropped or Creds.current() != prev:
+                _caps_up(st)
+                if Creds.current() != prev:
+                    apply(prev)
+                if prev_dropped:
+                    _caps_down(st)
         except OSError as exc:
             st.poisoned = True
             log.critical("copy worker %s could not restore its credentials: %s",

@@ -2,10 +2,21 @@
 
 The digest goes in a response header, so it must be known before the first
 byte; a resumed download (Range) must not pay a second full read, so digests
-are kept in a small LRU keyed by (dev, ino, size, mtime_ns, ctime_ns): any
-change to the file changes the key. A raw upload leaves the sha256 it computed
-while writing under the committed file's key (``AtomicFile.digest_key``), so copying
-a file back right after uploading it does not read it twice.
+are kept in a small LRU keyed by (dev, ino, size, mtime_ns, ctime_ns).
+
+A key only identifies a version of the file if every later change gives a new
+key. Every change stamps ctime with the file system's clock (coarse: one tick,
+and on some file systems a whole second), so a rewrite at the same size within
+the tick of the last change keeps the key. A digest is therefore cached only
+for a file whose ctime was more than :data:`SETTLE_NS` old when the hash began:
+any change after that is stamped later. Uploads do not seed the cache: the
+committed file's ctime is the rename's, "now", and a container process that
+owns the file can rewrite it within that tick (or, by its temp name, during the
+upload), so the digest of the bytes received need not be the file's.
+
+Hashing is bounded and cancellable: HEAD hashes only files under the size
+limit, and :meth:`DigestCache.digest` checks a cancel flag between 1 MiB
+chunks, so a client that leaves frees its worker thread within one chunk.
 """
 
 from __future__ import annotations
@@ -13,15 +24,31 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections import OrderedDict
 
 CHUNK = 1 << 20
+# The coarsest timestamp granularity of a Linux file system that matters (FAT: 2 s;
+# ext4 with 128-byte inodes: 1 s); finer file systems lose nothing but the caching of
+# files changed in the last two seconds.
+SETTLE_NS = 2_000_000_000
+# The clock the kernel stamps inodes with (clock_gettime CLOCK_REALTIME_COARSE).
+CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)
 
 Key = tuple[int, int, int, int, int]
 
 
+class Cancelled(Exception):
+    """The hash was abandoned (its client went away)."""
+
+
 def key_of(st: os.stat_result) -> Key:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def settled(st: os.stat_result, now_ns: int) -> bool:
+    """Whether every change to the file after ``now_ns`` must give it a new ctime."""
+    return st.st_ctime_ns + SETTLE_NS < now_ns
 
 
 class DigestCache:
@@ -44,24 +71,34 @@ class DigestCache:
             while len(self._lru) > self.size:
                 self._lru.popitem(last=False)
 
-    def digest(self, fd: int) -> str:
+    def cached(self, fd: int) -> str | None:
+        """Blocking (one fstat): the cached digest of the file behind ``fd``, if any."""
+        return self.get(key_of(os.fstat(fd)))
+
+    def digest(self, fd: int, cancel: threading.Event | None = None) -> str:
         """Blocking: sha256 hex of the file behind ``fd`` (read with pread), never read
         past the size fstat gives now: a file that reports less than it yields (procfs
-        pagemap: size 0, 256 GiB of data) cannot hold a worker."""
+        pagemap: size 0, 256 GiB of data) cannot hold a worker. Raises
+        :class:`Cancelled` once ``cancel`` is set (checked between chunks)."""
         st = os.fstat(fd)
         key = key_of(st)
         cached = self.get(key)
         if cached is not None:
             return cached
+        # Read after the fstat: a change from here on is stamped at least this late.
+        now = time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
         h = hashlib.sha256()
         off = 0
         while off < st.st_size:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
             data = os.pread(fd, min(CHUNK, st.st_size - off), off)
             if not data:
                 break
             h.update(data)
             off += len(data)
-        # Only cache if the file did not change while being hashed.
-        if key_of(os.fstat(fd)) == key and off == st.st_size:
+        # Only cache if the file did not change while being hashed and cannot change
+        # later without a new key.
+        if key_of(os.fstat(fd)) == key and off == st.st_size and settled(st, now):
             self.put(key, h.hexdigest())
         return h.hexdigest()

@@ -30,7 +30,7 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,7 +215,7 @@ class TarWalker:
         if self.entries > self.limits.max_entries or self.size > self.limits.size_limit:
             raise StatusError(413, "directory grew past the copy limits while being sent")
 
-    def chunks(self) -> Iterator[bytes]:
+    def chunks(self) -> Generator[bytes, None, None]:
         buf: list[bytes] = []
         held = 0
         for piece in self._walk(self.dir_fd, "", 0):

@@ -12,14 +12,18 @@ Wire conventions (the aggapi apiserver relays them unchanged):
   ``X-Aggapi-Sha256: <hex>``, ``Digest: sha-256=<base64>`` (RFC 3230) and
   ``Repr-Digest: sha-256=:<base64>:`` (RFC 9530), also on 206 replies so a
   client verifies after resuming. The digest is computed before the first
-  byte (a full read in a worker thread) and cached by (dev, inode, size, mtime,
-  ctime), so a resume does not pay for it again. ``Range: bytes=N-`` (or N-M,
+  byte (a full read in a worker thread, abandoned within a chunk when the client
+  leaves) and cached by (dev, inode, size, mtime, ctime) once the file cannot
+  change without a new key (aggapi.agent.copy.digests), so a resume does not pay
+  for it again. HEAD sends it when cached or when the file is within the size
+  limit; every operation, HEAD included, holds a copy slot. ``Range: bytes=N-`` (or N-M,
   -K) gives 206 + Content-Range; ``If-Range`` with another ETag gives 200 and
   the whole file.
 - Directory (GET): ``Content-Type: application/x-tar``, a PAX tar of its
   contents with names relative to it; the final PAX global header reports
   skipped entries (see aggapi.agent.copy.download).
-- Symlink (GET): empty body; the stat header carries linkTarget.
+- Symlink (GET): with ``symlink=keep`` an empty body, the stat header carrying
+  linkTarget; without it 409 (as cp without -P: a link is not the file).
 - Upload (POST): body = the file, or with format=tar a tar extracted into the
   directory ``path`` (created if only its last component is missing); optional
   sha256=, mode= (octal; the only way to set setuid/setgid), uid=, gid=,
@@ -44,6 +48,7 @@ import logging
 import os
 import re
 import stat as st_
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -54,10 +59,12 @@ from aggapi.agent.auth import CAPABILITY
 from aggapi.agent.copy import creds
 from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
+from aggapi.agent.copy.digests import Cancelled
 from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, request_path
 from aggapi.agent.copy.pace import PACE, MinRate, PacedBody, paced_write
 from aggapi.agent.copy.ranges import etag, parse_range
+from aggapi.agent.copy.settle import call, settle, wait_out
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.upload import upload_file, upload_tar
 from aggapi.agent.copy.uploadparams import UploadParams
@@ -153,13 +160,13 @@ async def _container(state: CopyState, cap: Capability, name: str) -> AsyncItera
 async def _lookup(state: CopyState, root: FsRoot, path: str) -> AsyncIterator[dl.Target]:
     """The path, opened without following its last component; closed on exit."""
     try:
-        t = await state.workers.run(dl.lookup, root, path)
+        t = await call(state.workers, dl.lookup, root, path, undo=dl.Target.close)
     except OSError as exc:
         raise fs_status(exc, path) from exc
     try:
         yield t
     finally:
-        t.close()
+        await settle(state.workers.run(dl.Target.close, t))
 
 
 def _stat_header(root: FsRoot, t: dl.Target) -> dict[str, str]:
@@ -174,16 +181,35 @@ def _digest_headers(digest: str) -> dict[str, str]:
             wire.HEADER_REPR_DIGEST: f"sha-256=:{_b64(raw)}:"}
 
 
+async def _digest(state: CopyState, fd: int) -> str:
+    """The file's sha256, hashed in a worker; abandoned within a chunk if this task is
+    cancelled (the client left), and only then does the caller close ``fd``."""
+    cancel = threading.Event()
+    fut = state.workers.submit(state.digests.digest, fd, cancel)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        cancel.set()
+        await wait_out(fut)
+        if not fut.cancelled():
+            fut.exception()  # Cancelled, or the digest: nobody wants it now
+        raise
+
+
 async def _file_digest_headers(state: CopyState, t: dl.Target) -> dict[str, str]:
-    """For HEAD on a regular file: the same digest headers GET sends (cached per file
-    version, so a HEAD then GET reads the file once). A file GET would refuse (a
-    pseudo file, no read permission) gets none: HEAD still answers the stat."""
+    """For HEAD on a regular file: the same digest headers GET sends, when the digest
+    is cached or the file is within the size limit (hashing more would hold a worker
+    for what GET would refuse anyway). A file GET would refuse (a pseudo file, no read
+    permission) gets none: HEAD still answers the stat."""
     if not st_.S_ISREG(t.st.st_mode):
         return {}
     try:
         async with _opened(state, t, dl.open_regular) as fd:
-            return _digest_headers(await state.workers.run(state.digests.digest, fd))
-    except StatusError:
+            if t.st.st_size > state.limits.size_limit:
+                cached = await state.workers.run(state.digests.cached, fd)
+                return _digest_headers(cached) if cached is not None else {}
+            return _digest_headers(await _digest(state, fd))
+    except (StatusError, Cancelled):
         return {}
 
 
@@ -217,10 +243,9 @@ def _abort(request: web.Request, why: str) -> ConnectionResetError:
 
 async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
                      t: dl.Target) -> web.StreamResponse:
-    run = state.workers.run
     async with _opened(state, t, dl.open_regular) as fd:
         state.slots.check_size(t.st.st_size)
-        digest = await run(state.digests.digest, fd)
+        digest = await _digest(state, fd)
         size = t.st.st_size
         tag = etag(t.st)
         rng = parse_range(request.headers.get("Range"), size,
@@ -246,26 +271,30 @@ def _close_fd(fd: int) -> None:
 @asynccontextmanager
 async def _opened(state: CopyState, t: dl.Target,
                   opener: Callable[[dl.Target], int]) -> AsyncIterator[int]:
-    """The fd ``opener`` makes for ``t`` (in a worker); closed in a worker on exit."""
+    """The fd ``opener`` makes for ``t`` (in a worker); closed in a worker on exit, also
+    when the client leaves while it is being opened or used."""
     try:
-        fd = await state.workers.run(opener, t)
+        fd = await call(state.workers, opener, t, undo=_close_fd)
     except OSError as exc:
         raise fs_status(exc, t.path) from exc
     try:
         yield fd
     finally:
-        await state.workers.run(_close_fd, fd)
+        await settle(state.workers.run(_close_fd, fd))
 
 
 async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
                         resp: web.StreamResponse, fd: int, start: int, end: int) -> None:
-    """Send [start, end) reading one chunk ahead in a worker: two chunks in memory."""
+    """Send [start, end) reading one chunk ahead in a worker: two chunks in memory.
+    On the way out (the client left) the read in flight is waited for: ``fd`` is
+    closed after this returns and must not be closed under a worker's pread."""
     off = start
     nxt: asyncio.Future[bytes] | None = None
     try:
         while off < end:
-            cur = await (nxt if nxt is not None else
-                         state.workers.submit(os.pread, fd, min(CHUNK, end - off), off))
+            if nxt is None:
+                nxt = state.workers.submit(os.pread, fd, min(CHUNK, end - off), off)
+            cur = await asyncio.shield(nxt)
             nxt = None
             if not cur:
                 raise _abort(request, "file shrank while being sent")
@@ -276,33 +305,49 @@ async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
                 raise _abort(request, "container exited during the download")
             await _write(request, resp, cur)
     finally:
-        if nxt is not None and not nxt.done():
-            await asyncio.wait([nxt])
+        if nxt is not None:
+            await wait_out(nxt)
 
 
 async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
                     t: dl.Target) -> web.StreamResponse:
-    run = state.workers.run
     async with _opened(state, t, dl.open_dir) as dfd:
-        await run(dl.measure, dfd, state.limits)
+        await call(state.workers, dl.measure, dfd, state.limits)
         walker = dl.TarWalker(root, dfd, state.limits)
         gen = walker.chunks()
-        resp = web.StreamResponse(status=200, headers={
-            **_stat_header(root, t), "Content-Type": "application/x-tar"})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        while True:
-            try:
-                chunk = await run(next, gen, None)
-            except (OSError, StatusError) as exc:
-                raise _abort(request, f"directory walk failed: {exc}") from exc
-            if chunk is None:
-                break
-            if not root.alive():
-                raise _abort(request, "container exited during the download")
-            await _write(request, resp, chunk)
-        await resp.write_eof()
-        return resp
+        try:
+            resp = web.StreamResponse(status=200, headers={
+                **_stat_header(root, t), "Content-Type": "application/x-tar"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            while True:
+                try:
+                    # call: a cancelled step is waited out before gen.close and dfd's close
+                    chunk = await call(state.workers, next, gen, None)
+                except (OSError, StatusError) as exc:
+                    raise _abort(request, f"directory walk failed: {exc}") from exc
+                if chunk is None:
+                    break
+                if not root.alive():
+                    raise _abort(request, "container exited during the download")
+                await _write(request, resp, chunk)
+            await resp.write_eof()
+            return resp
+        finally:
+            # Closes the fds of the directories and file the walk is in.
+            await settle(state.workers.run(gen.close))
+
+
+def _symlink_wanted(request: web.Request, path: str, link: str | None) -> None:
+    """A download of a symlink sends the link only when asked to (symlink=keep)."""
+    want = request.query.get(wire.PARAM_SYMLINK)
+    if want == wire.SYMLINK_KEEP:
+        return
+    if want is not None:
+        raise StatusError(400, f"{wire.PARAM_SYMLINK} must be {wire.SYMLINK_KEEP}")
+    to = f" to {link!r}" if link else ""
+    raise StatusError(409, f"{path}: is a symbolic link{to}; not followed. Ask for the link "
+                      f"itself with {wire.PARAM_SYMLINK}={wire.SYMLINK_KEEP} (kubectl ncp -P)")
 
 
 class CopyHandlers:
@@ -314,11 +359,14 @@ class CopyHandlers:
     async def stat(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_STAT, wire.OP_COPY_DOWNLOAD)
         container, path = _target(request, cap)
-        async with _container(self.state, cap, container) as root:
-            path = await self.state.workers.run(root.absolute, path)
-            async with _lookup(self.state, root, path) as t:
-                return web.Response(status=200, headers={
-                    **_stat_header(root, t), **await _file_digest_headers(self.state, t)})
+        # A slot like any copy: HEAD may hash a file (up to the size limit).
+        with self.state.slots.slot(cap.pod_uid):
+            async with _container(self.state, cap, container) as root:
+                path = await self.state.workers.run(root.absolute, path)
+                async with _lookup(self.state, root, path) as t:
+                    return web.Response(status=200, headers={
+                        **_stat_header(root, t),
+                        **await _file_digest_headers(self.state, t)})
 
     async def download(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_DOWNLOAD)
@@ -332,6 +380,7 @@ class CopyHandlers:
                     if st_.S_ISDIR(t.st.st_mode):
                         return await _send_dir(request, state, root, t)
                     if st_.S_ISLNK(t.st.st_mode):
+                        _symlink_wanted(request, path, t.link)
                         return web.Response(status=200, headers=_stat_header(root, t))
                     return await _send_file(request, state, root, t)
 

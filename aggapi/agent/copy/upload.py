@@ -24,8 +24,8 @@ as that user, whether the owner may be set. The per-entry file-system work is in
 
 from __future__ import annotations
 
-import asyncio
 import errno
+import functools
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,6 +39,7 @@ from aggapi.agent.copy.atomic import (
 from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
+from aggapi.agent.copy.settle import call, settle
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.tarextract import (
     RDIR,
@@ -51,16 +52,6 @@ from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.pump import next_piece, pump
 from aggapi.status import StatusError
 from aggapi.tarstream import ByteStream, TarError
-
-
-async def _settle(aw: Awaitable[Any]) -> None:
-    """Finish clean-up even if the request task is being cancelled."""
-    fut = asyncio.ensure_future(aw)
-    try:
-        await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        await asyncio.wait([fut])
-        raise
 
 
 def _counted(body: ByteStream, state: CopyState) -> Callable[[int], Awaitable[bytes]]:
@@ -95,37 +86,51 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
     run = state.workers.run
     record = InflightRecord(state.limits.state_dir, root)
     try:
-        dir_fd = await run(root.open, parent, RDIR)
-    except OSError as exc:
+        # call: a client leaving while the worker opens gets the fd closed, not leaked.
+        dir_fd = await call(state.workers, root.open, parent, RDIR, undo=os.close)
+    except OSError as exc:  # the record has no file yet (temp_name makes it)
         raise fs_status(exc, parent) from exc
     af: AtomicFile | None = None
     try:
-        replaced = await run(check_replaceable, dir_fd, name, path, params.overwrite)
+        replaced = await call(state.workers, check_replaceable, dir_fd, name, path,
+                              params.overwrite)
         least = state.limits.direct_io_min_size
         direct = least > 0 and (content_length is None or content_length >= least)
-        af = await run(AtomicFile, root, record, dir_fd, parent, name, direct=direct)
+        # call: the temp file a worker creates for a client that has left is removed.
+        af = await call(state.workers, functools.partial(
+            AtomicFile, root, record, dir_fd, parent, name, direct=direct),
+            undo=AtomicFile.abort)
         # Hashed in AtomicFile.write_many, in a worker.
         await pump(_counted(body, state),
                    lambda pieces: state.workers.submit(af.write_many, pieces),
                    before=root.ensure_alive)
-        digest = await run(af.finish, expect_size=content_length,
-                           expect_sha256=params.sha256, owner=params.owner, replaced=replaced)
-        await run(af.commit, params.overwrite)
-        key = af.digest_key()
-        if key is not None:
-            state.digests.put(key, digest)
+        # call, not run: abort must not close the fd under a finish or commit still
+        # running for a client that has left.
+        digest = await call(state.workers, functools.partial(
+            af.finish, expect_size=content_length, expect_sha256=params.sha256,
+            owner=params.owner, replaced=replaced))
+        # The digest is not left in the cache: the container may rewrite the file
+        # (as it could the temp file) within the rename's timestamp tick (digests.py).
+        await call(state.workers, af.commit, params.overwrite)
         return {"path": path, "size": af.size, "sha256": digest}
     except OSError as exc:
         raise fs_status(exc, path) from exc
     finally:
         if af is not None:
-            await _settle(run(af.abort))
-        await _settle(run(_close_record, dir_fd, record))
+            await settle(run(af.abort))
+        await settle(run(_close_record, dir_fd, record))
 
 
 def _close_record(fd: int, record: InflightRecord) -> None:
     os.close(fd)
     record.done()
+
+
+def _undo_target(root: FsRoot, path: str, opened: tuple[int, str | None]) -> None:
+    """Undo open_target_dir for a client that left while it ran."""
+    fd, made = opened
+    os.close(fd)
+    _remove_created_target(root, path, made)
 
 
 async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream,
@@ -136,7 +141,8 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
     limits = state.limits
     record = InflightRecord(limits.state_dir, root)
     try:
-        target_fd, made = await run(open_target_dir, root, path)
+        target_fd, made = await call(state.workers, open_target_dir, root, path,
+                                     undo=functools.partial(_undo_target, root, path))
     except OSError as exc:
         raise fs_status(exc, path) from exc
     ex = TarExtractor(root, record, target_fd, path, params)
@@ -150,14 +156,14 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
             await pump(_counted(body, state),
                        lambda pieces: state.workers.submit(sink.feed_many, pieces),
                        before=root.ensure_alive)
-            await run(sink.finish)
+            await call(state.workers, sink.finish)
         finally:
-            await _settle(run(sink.abort))
+            await settle(run(sink.abort))
         if content_length is not None and sink.size != content_length:
             raise StatusError(400, f"received {sink.size} bytes, expected {content_length}")
         digest = sink.hash.hexdigest()
         _check_digest(params, digest, path)
-        await run(ex.commit)
+        await call(state.workers, ex.commit)
         ok = True
         return {"path": path, "size": sink.size, "sha256": digest, "entries": sink.entries}
     except TarError as exc:
@@ -169,6 +175,6 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
         raise fs_status(exc, path) from exc
     finally:
         if not ok:
-            await _settle(run(ex.rollback))
-            await _settle(run(_remove_created_target, root, path, made))
-        await _settle(run(_close_record, target_fd, record))
+            await settle(run(ex.rollback))
+            await settle(run(_remove_created_target, root, path, made))
+        await settle(run(_close_record, target_fd, record))

@@ -2,13 +2,14 @@
 
 Authorization is done before this handler runs, by the authz layer from what
 the route table declares for pods/copy (the operation's own verb, and ``create``
-on core ``pods/exec`` for uploads). The pod acted on is the one that was
+on core ``pods/exec`` for every copy operation). The pod acted on is the one that was
 authorized: its namespace and name come from the request's one parsed
 ``RequestInfo``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from aggapi.wire import (
     FORWARDED_HEADERS,
     PARAM_CONTAINER,
     PARAM_PATH,
+    PARAM_SYMLINK,
     RELAYED_HEADERS,
     UPLOAD_PARAMS,
     copy_operation,
@@ -78,6 +80,9 @@ class CopyHandler:
         container = _container(target, request.query.get(PARAM_CONTAINER, ""))
         params = {k: request.query[k] for k in UPLOAD_PARAMS if k in request.query} \
             if upload else {}
+        # Not vouched for in the token: it only chooses how a symlink is answered.
+        extra = {PARAM_SYMLINK: request.query[PARAM_SYMLINK]} \
+            if request.method == "GET" and PARAM_SYMLINK in request.query else {}
 
         fwd = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
         if upload and request.content_length is not None:
@@ -85,14 +90,20 @@ class CopyHandler:
         if upload:
             fwd["Content-Type"] = "application/octet-stream"
 
-        upstream = await require_agent(self.agent).open(
-            request.method, AGENT_COPY_PATH, node=target.node, subject=request[USER].name,
-            operation=copy_operation(request.method), pod_namespace=target.namespace,
-            pod_name=target.name, pod_uid=target.uid, containers=(container,),
-            copy_path=path, params=params,
-            query={PARAM_CONTAINER: container.name, PARAM_PATH: path, **params},
-            headers=fwd, data=_body(request) if upload else None,
-        )
+        try:
+            upstream = await require_agent(self.agent).open(
+                request.method, AGENT_COPY_PATH, node=target.node,
+                subject=request[USER].name, operation=copy_operation(request.method),
+                pod_namespace=target.namespace, pod_name=target.name, pod_uid=target.uid,
+                containers=(container,), copy_path=path, params=params,
+                query={PARAM_CONTAINER: container.name, PARAM_PATH: path, **params,
+                       **extra},
+                headers=fwd, data=_body(request) if upload else None,
+            )
+        except StatusError as err:
+            if upload and not request.content.is_eof():
+                return await _answer_and_close(request, err)
+            raise
         try:
             resp = web.StreamResponse(status=upstream.status)
             for h in RELAYED_HEADERS:
@@ -110,6 +121,30 @@ class CopyHandler:
             # close, not release: if the client went away mid-transfer the agent must
             # see the connection end too, so it aborts (and removes its temp file).
             upstream.close()
+
+
+# How long the connection of an upload whose agent failed stays open, not read, for
+# its Status to reach the client: closing with unread data sends a reset, which would
+# destroy the answer in flight.
+CLOSE_GRACE = 1.0
+
+
+async def _answer_and_close(request: web.Request, err: StatusError) -> web.StreamResponse:
+    """The agent failed (died, refused) before the upload's body was all read: answer
+    at once, read no more of the body, and close the connection. Returning normally
+    would let aiohttp read and discard the rest of the body for up to its lingering
+    time (10 s) first, while the client went on sending into a dead copy."""
+    transport = request.transport
+    if transport is not None:
+        transport.pause_reading()  # the client's sends now block on flow control
+    resp = err.response()
+    resp.force_close()
+    await resp.prepare(request)
+    await resp.write_eof()
+    await asyncio.sleep(CLOSE_GRACE)
+    if request.transport is not None:
+        request.transport.abort()
+    return resp
 
 
 async def _body(request: web.Request) -> AsyncIterator[bytes]:

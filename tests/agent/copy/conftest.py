@@ -158,8 +158,9 @@ class CopyClient:
                                       headers=self._headers("copy.stat", path, {}, None), **kw)
 
     async def get(self, path: str, headers: dict[str, str] | None = None,
-                  **kw: Any) -> ClientResponse:
-        return await self.client.get("/v1/copy", params={"container": "c", "path": path},
+                  query: dict[str, str] | None = None, **kw: Any) -> ClientResponse:
+        return await self.client.get("/v1/copy",
+                                     params={"container": "c", "path": path, **(query or {})},
                                      headers=self._headers("copy.download", path, {}, headers),
                                      **kw)
 
@@ -201,13 +202,15 @@ def limits(tmp_path: Path) -> CopyLimits:
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Any]:
-    """serve(resolver, limits) -> CopyClient; servers are closed at teardown."""
+    """serve(resolver, limits, **server_kw) -> CopyClient; servers are closed at
+    teardown."""
     opened: list[tuple[TestClient[Any, Any], CopyState]] = []
 
-    async def start(resolver: Any, limits: CopyLimits) -> CopyClient:
+    async def start(resolver: Any, limits: CopyLimits, **server_kw: Any) -> CopyClient:
+        """``server_kw`` go to the AppRunner (handler_cancellation=True: as the agent's)."""
         os.makedirs(limits.state_dir, exist_ok=True)
         app, state = build_app(resolver, limits)
-        client: TestClient[Any, Any] = TestClient(TestServer(app))
+        client: TestClient[Any, Any] = TestClient(TestServer(app, **server_kw))
         await client.start_server()
         opened.append((client, state))
         return CopyClient(client, state)

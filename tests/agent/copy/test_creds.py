@@ -314,3 +314,66 @@ def test_hard_links_as_a_user_without_at_empty_path(monkeypatch: pytest.MonkeyPa
     assert refused == [b"b"]
     assert (home / "a").stat().st_ino == (home / "b").stat().st_ino
     assert (home / "b").stat().st_uid == 1000
+
+
+def _cap_eff() -> int:
+    """This thread's CapEff, as the kernel reports it (not through creds' own capget)."""
+    with open("/proc/thread-self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    raise AssertionError("no CapEff line")
+
+
+def test_acting_as_a_user_clears_every_effective_capability() -> None:
+    """Issue 24 finding 6: a non-zero fsuid drops only the file-system capabilities;
+    CAP_SYS_RESOURCE (quotas, ext4's reserved blocks) and the rest must go too while
+    the thread acts as the user, and come back afterwards."""
+    CAP_SETUID = 1 << 7  # not a file-system capability: setfsuid leaves it
+
+    def body() -> tuple[int, int, int, int, int]:
+        before = _cap_eff()
+        with creds.acting_as(USER):
+            as_user = _cap_eff()
+            with creds.as_agent():  # the agent's own files (in-flight records)
+                as_agent = _cap_eff()
+            back_to_user = _cap_eff()
+        return before, as_user, as_agent, back_to_user, _cap_eff()
+
+    before, as_user, as_agent, back_to_user, after = in_thread(body)
+    assert before & CAP_SETUID
+    assert as_user == 0 and back_to_user == 0
+    assert as_agent == before and after == before
+    assert _cap_eff() == before  # other threads never changed
+
+
+def test_acting_as_root_keeps_capabilities() -> None:
+    def body() -> tuple[int, int]:
+        before = _cap_eff()
+        with creds.acting_as(Creds(0, 0, ())):
+            return before, _cap_eff()
+
+    before, during = in_thread(body)
+    assert during == before
+
+
+def test_a_failed_capability_restore_poisons_the_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = creds.set_effective_caps
+
+    def refuse_raise(mask: int) -> None:
+        if mask:
+            raise OSError(1, "simulated")
+        real(mask)
+
+    def body() -> tuple[str, bool, int]:
+        monkeypatch.setattr(creds, "set_effective_caps", refuse_raise)
+        try:
+            with creds.acting_as(USER):
+                pass
+        except StatusError as exc:
+            return exc.message, creds.poisoned(), _cap_eff()
+        return "no error", creds.poisoned(), _cap_eff()
+
+    message, poisoned, caps = in_thread(body)
+    assert "could not restore" in message and poisoned and caps == 0

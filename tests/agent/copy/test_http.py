@@ -301,3 +301,28 @@ async def test_tar_checksum_mismatch_commits_nothing(cc: Any, plain: tuple[Path,
     assert sorted(os.listdir(root / "dst")) == ["two"]  # x/ was created, then removed
     assert (root / "dst" / "two").read_bytes() == b"old"
     assert temp_leftovers(root) == []
+
+
+async def test_symlink_download_needs_symlink_keep(cc: Any, plain: tuple[Path, Path]) -> None:
+    """Issue 24 finding 8: a GET of a symlink is not the file: 409 unless symlink=keep
+    (then the link itself: its stat, no body). HEAD (stat) reports it either way."""
+    root, _ = plain
+    os.symlink(".ssh/id_ed25519", root / "app.conf")
+
+    async def get(**extra: str) -> Any:
+        return await cc.client.get("/v1/copy", params={"container": "c", "path": "/app.conf",
+                                                       **extra},
+                                   headers=cc._headers("copy.download", "/app.conf", {}, None))
+
+    r = await get()
+    assert r.status == 409
+    status = await r.json()
+    assert status["kind"] == "Status" and "symbolic link" in status["message"]
+    assert "symlink=keep" in status["message"] and "X-Aggapi-Stat" not in r.headers
+    assert (await get(symlink="follow")).status == 400
+    r = await get(symlink="keep")
+    assert r.status == 200 and await r.read() == b""
+    doc = stat_of(r)
+    assert (doc["type"], doc["linkTarget"]) == ("symlink", ".ssh/id_ed25519")
+    r = await cc.head("/app.conf")
+    assert r.status == 200 and stat_of(r)["type"] == "symlink"

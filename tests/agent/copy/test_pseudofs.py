@@ -87,8 +87,10 @@ async def test_magic_links_have_no_target(host: Any) -> None:
         assert r.status == 200, await r.text()
         st = stat_of(r)
         assert st["type"] == "symlink" and st["linkTarget"] == "", (path, st)
-        r = await host.get(path)
+        r = await host.get(path, query={"symlink": "keep"})
         assert stat_of(r)["linkTarget"] == "" and await r.read() == b""
+        r = await host.get(path)  # not asked for the link: 409, naming no target either
+        assert r.status == 409 and " to '" not in (await r.json())["message"]
     # An ordinary procfs symlink keeps its target.
     st = stat_of(await host.head("/proc/self"))
     assert st["type"] == "symlink" and st["linkTarget"] == str(os.getpid())

@@ -146,7 +146,7 @@ async def test_directory_round_trip_keeps_modes_and_links(stack: Stack, box: Run
         assert f is not None and f.read() == b"#!"
 
 
-async def test_upload_also_needs_pods_exec(stack: Stack, box: RunningPod) -> None:
+async def test_every_copy_also_needs_pods_exec(stack: Stack, box: RunningPod) -> None:
     def policy(spec: dict[str, Any]) -> Any:
         ra = spec.get("resourceAttributes") or {}
         if ra.get("subresource") == "exec":
@@ -160,8 +160,12 @@ async def test_upload_also_needs_pods_exec(stack: Stack, box: RunningPod) -> Non
         assert resp.status == 403
         body = await resp.json()
     assert body["kind"] == "Status" and "pods/exec" in body["message"]
+    # Reading too: a container's files hold its Secrets and ServiceAccount tokens.
     async with s.get(path, params={"container": "app", "path": "/etc/passwd"}) as resp:
-        assert resp.status == 200  # reading needs only get on pods/copy
+        assert resp.status == 403
+        assert "pods/exec" in (await resp.json())["message"]
+    async with s.head(path, params={"container": "app", "path": "/etc/passwd"}) as resp:
+        assert resp.status == 403 and "X-Aggapi-Stat" not in resp.headers
 
 
 async def test_watch_path_still_checks_the_operation_verb(stack: Stack, box: RunningPod

@@ -1,0 +1,126 @@
+"""Issue 24 finding 9: the agent dies mid-upload. The apiserver answers 503 at once and
+stops reading the client's body (it closes the connection after the Status), instead
+of reading and discarding the rest of it first.
+
+The agent here is a stand-in serving TLS with the agent's certificate (a real one
+would need containerd): it reads a MiB of the upload and then dies, its connection
+reset as when its process is killed. Everything else is the real apiserver, with its
+real AgentClient."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from aggapi import certs as aggapi_certs
+from tests.framework.fakekube import FakeKube
+
+from ..conftest import GV, Server
+from .conftest import AGENT_NS, AGENT_SVC, endpoint_slice, pod_object
+
+MiB = 1 << 20
+
+
+async def _dying_agent(pki: Path) -> tuple[web.AppRunner, int, dict[str, float]]:
+    died: dict[str, float] = {}
+
+    async def copy(request: web.Request) -> web.StreamResponse:
+        got = 0
+        async for chunk, _ in request.content.iter_chunks():
+            got += len(chunk)
+            if got >= MiB:
+                died["at"] = time.monotonic()
+                assert request.transport is not None
+                request.transport.abort()  # the process is gone: RST
+                await asyncio.sleep(3600)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/copy", copy)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pki / "agent.crt", pki / "agent.key")
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    server = site._server
+    assert server is not None and server.sockets  # type: ignore[attr-defined]
+    port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+    return runner, port, died
+
+
+async def test_agent_dies_mid_upload_503_at_once_and_the_body_is_not_read_on(
+        tmp_path: Path, make_server: Any, kube: FakeKube) -> None:
+    pki = tmp_path / "agent-pki"
+    aggapi_certs.generate(pki)
+    runner, port, died = await _dying_agent(pki)
+    try:
+        kube.put("apis/discovery.k8s.io/v1", "endpointslices", endpoint_slice(port))
+        kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")]))
+        kube.sar_policy = lambda _spec: True
+        srv: Server = await make_server(
+            stub_handlers=False, agent_namespace=AGENT_NS, agent_service=AGENT_SVC,
+            agent_ca_file=str(pki / "ca.crt"),
+            agent_client_cert_file=str(pki / "agent-client.crt"),
+            agent_client_key_file=str(pki / "agent-client.key"),
+            token_signing_key_file=str(pki / "token-signing.key"))
+        # A raw client that goes on sending whatever is answered, as a proxy does
+        # (kube-apiserver's aggregator relays the user's body as it comes).
+        cert, key = srv.certs.client_pair(srv.certs.client_ca, "carol")
+        ctx = ssl.create_default_context(cafile=srv.certs.path("serving-ca.crt"))
+        ctx.load_cert_chain(cert, key)
+        host, _, srv_port = srv.url.rpartition("//")[2].partition(":")
+        reader, writer = await asyncio.open_connection(host, int(srv_port), ssl=ctx,
+                                                       server_hostname=host)
+        total = 1024 * MiB
+        writer.write((f"POST {GV}/namespaces/default/pods/box/copy?container=app&path=/tmp/x"
+                      f" HTTP/1.1\r\nHost: {host}\r\nContent-Length: {total}\r\n"
+                      "Content-Type: application/octet-stream\r\n\r\n").encode())
+        sent = 0
+        sent_at_death: int | None = None
+
+        async def send() -> None:
+            nonlocal sent, sent_at_death
+            chunk = b"x" * (256 * 1024)
+            try:
+                while sent < total:
+                    if sent_at_death is None and "at" in died:
+                        sent_at_death = sent
+                    writer.write(chunk)
+                    await writer.drain()
+                    sent += len(chunk)
+            except (ConnectionError, OSError):
+                pass  # the server closed the connection: nothing more is read
+
+        sender = asyncio.create_task(send())
+        try:
+            async with asyncio.timeout(30):
+                status_line = await reader.readline()
+                answered = time.monotonic()
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n")
+                                  if h.lower().startswith(b"content-length:")))
+                status = json.loads(await reader.readexactly(length))
+            # The sender stops when the server closes; a lingering server reads on.
+            done, _ = await asyncio.wait([sender], timeout=5)
+        finally:
+            sender.cancel()
+            writer.close()
+        assert status_line.startswith(b"HTTP/1.1 503"), status_line
+        assert status["kind"] == "Status" and status["code"] == 503, status
+        assert "at" in died and sent_at_death is not None
+        assert answered - died["at"] < 1.0
+        after = sent - sent_at_death
+        print(f"\nagent died after {sent_at_death / MiB:.0f} MiB; 503 {answered - died['at']:.3f}"
+              f" s later; {after / MiB:.1f} MiB sent after it")
+        # What the sockets' buffers hold, not the rest of a 1 GiB body.
+        assert sender in done, f"still sending {sent / MiB:.0f} MiB in"
+        assert after < 32 * MiB, f"{after / MiB:.0f} MiB read after the agent died"
+    finally:
+        await runner.cleanup()
