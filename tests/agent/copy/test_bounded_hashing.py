@@ -41,8 +41,10 @@ async def test_head_of_a_huge_sparse_file_answers_at_once_without_a_digest(
     root, _ = plain
     _sparse(root / "huge", 4 * TiB)
     (root / "small").write_bytes(b"small\n")
+    # One tenant here: its share of the node is the whole node, so the 9th copy gets a
+    # slot and the test measures the workers, not the namespace share.
     lim = CopyLimits(size_limit=limits.size_limit, copies_per_pod=16, copies_per_node=16,
-                     state_dir=limits.state_dir)
+                     state_dir=limits.state_dir, namespace_share=1.0)
     cc = await serve(DirResolver(root), lim)
     t0 = time.monotonic()
     r = await asyncio.wait_for(cc.head("/huge"), 5)
