@@ -65,7 +65,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "kubeconfig": (str, "kubeconfig; empty: in-cluster credentials or the default"),
     "auth-configmap-namespace": (str, "namespace of the authentication ConfigMap"),
     "auth-configmap-name": (str, "name of the authentication ConfigMap"),
-    "anonymous-auth": (bool, "let unauthenticated requests through as system:anonymous"),
+    "anonymous-auth": (bool, "let unauthenticated requests to the health paths (and /metrics "
+                       "with --always-allow-metrics) through as system:anonymous; "
+                       "anywhere else they are a 401"),
     "authn-cache-ttl": (float, "seconds a TokenReview result is cached"),
     "authz-allow-ttl": (float, "seconds an allowed SubjectAccessReview is cached"),
     "authz-deny-ttl": (float, "seconds a denied SubjectAccessReview is cached"),

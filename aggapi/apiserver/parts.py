@@ -15,7 +15,7 @@ from pathlib import Path
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
-from aggapi.apiserver.authn import Authenticator
+from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
@@ -83,6 +83,9 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
         config=config, kube_api=kube_api, metrics=metrics, auth_source=source,
         authenticator=Authenticator(source, tokens, metrics,
                                     anonymous_enabled=config.anonymous_auth,
+                                    anonymous_paths=ANONYMOUS_PATHS | (
+                                        {"/metrics"} if config.always_allow_metrics
+                                        else set()),
                                     extra_client_cas=extra_cas),
         authorizer=Authorizer(kube_api, metrics, allow_ttl=config.authz_allow_ttl,
                               deny_ttl=config.authz_deny_ttl, maxsize=config.authz_cache_size,
