@@ -43,6 +43,7 @@ from aggapi.kube import KubeClient, load_client
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.status import status_middleware
+from aggapi.tokenkeys import KeyWatch
 
 
 @dataclass
@@ -60,8 +61,12 @@ class AgentParts:
     metrics: AgentMetrics
     readiness: ReadinessChecks
     # The metrics port's TokenReviews and SubjectAccessReviews go here (the agent's
-    # ServiceAccount, system:auth-delegator only); None without delegated metrics auth.
+    # ServiceAccount: system:auth-delegator, and reading the published token keys);
+    # None when neither delegated metrics auth nor --token-key-set needs it.
     kube: KubeClient | None = None
+    # The apiserver replicas' published verification keys (--token-key-set); None
+    # with a fixed key file.
+    token_keys: KeyWatch | None = None
 
     async def close_clients(self) -> None:
         """Close the runtime and API connections (after the apps are cleaned up)."""
@@ -85,19 +90,23 @@ def make_backend(config: AgentConfig, cri: CRIClient,
     return ContainerdBackend(containerd, platform, snapshotter=config.snapshotter)
 
 
-def runtime_checks(cri: CRIClient, containerd: ContainerdClient | None) -> ReadinessChecks:
-    """/readyz asks CRI's Version and, unless CRI-only, containerd's Version service."""
+def runtime_checks(cri: CRIClient, containerd: ContainerdClient | None,
+                   token_keys: KeyWatch | None = None) -> ReadinessChecks:
+    """/readyz asks CRI's Version and, unless CRI-only, containerd's Version service;
+    with published token keys, also that they have been listed."""
     # Looked up per call: test fakes of the clients need not answer probes.
     checks: list[tuple[str, Check]] = [("cri", lambda: cri.version())]
     if containerd is not None:
         checks.append(("containerd", lambda: containerd.version()))
+    if token_keys is not None:
+        checks.append(("token-keys", token_keys.check))
     return ReadinessChecks(checks)
 
 
 def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClient | None,
               verifier: CapabilityVerifier, backend: Backend | None = None,
               copy_resolver: Resolver | None = None, kube: KubeClient | None = None,
-              ) -> AgentParts:
+              token_keys: KeyWatch | None = None) -> AgentParts:
     """The engines over given runtime clients. ``backend`` replaces the progress
     backend and ``copy_resolver`` the CRI container lookup (tests and benchmarks);
     ``kube`` answers the metrics port's reviews."""
@@ -110,20 +119,31 @@ def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClie
                       poller=poller, pull_limits=KubeletConfigReader(config.kubelet_config),
                       copy=copy_engine.new_state(config.copy, cri, copy_resolver,
                                                 as_root=config.copy_as_root),
-                      metrics=metrics, readiness=runtime_checks(cri, containerd), kube=kube)
+                      metrics=metrics, readiness=runtime_checks(cri, containerd, token_keys),
+                      kube=kube, token_keys=token_keys)
 
 
 async def connect(config: AgentConfig) -> AgentParts:
-    """The production parts: the node's runtime sockets and the token key from disk."""
-    key = await asyncio.to_thread(Path(config.token_public_key).read_bytes)
-    verifier = CapabilityVerifier(key, config.node_name, issuer=config.token_issuer)
+    """The production parts: the node's runtime sockets, and the token key from disk or
+    the watch of the apiserver replicas' published keys."""
+    kube = None
+    if config.token_key_set or (config.metrics_port and config.metrics_auth == "delegated"):
+        kube = await load_client(config.kubeconfig or None)
+    token_keys = None
+    if config.token_key_set:
+        assert kube is not None
+        token_keys = KeyWatch(kube, namespace=config.token_key_namespace,
+                              key_set=config.token_key_set)
+        verifier = CapabilityVerifier(None, config.node_name, issuer=config.token_issuer,
+                                      keys=token_keys.keys)
+    else:
+        key = await asyncio.to_thread(Path(config.token_public_key).read_bytes)
+        verifier = CapabilityVerifier(key, config.node_name, issuer=config.token_issuer)
     cri = CRIClient(config.cri_address)
     containerd = (ContainerdClient(config.containerd_address, config.containerd_namespace)
                   if config.runtime == "containerd" else None)
-    kube = None
-    if config.metrics_port and config.metrics_auth == "delegated":
-        kube = await load_client(config.kubeconfig or None)
-    return new_parts(config, cri=cri, containerd=containerd, verifier=verifier, kube=kube)
+    return new_parts(config, cri=cri, containerd=containerd, verifier=verifier, kube=kube,
+                     token_keys=token_keys)
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -157,9 +177,13 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
     # Prometheus has none; metrics are on the metrics port (build_metrics_app) alone.
 
     async def start(_app: web.Application) -> None:
+        if parts.token_keys is not None:
+            parts.token_keys.start()
         await copy_engine.startup(parts.copy)
 
     async def stop(_app: web.Application) -> None:
+        if parts.token_keys is not None:
+            await parts.token_keys.stop()
         await parts.poller.close()
         copy_engine.shutdown(parts.copy)
 

@@ -20,6 +20,7 @@ from aggapi.apiserver.agents import AgentDirectory
 from aggapi.capability import CapabilitySigner, ContainerRef
 from aggapi.serving import READ_BUFSIZE
 from aggapi.status import StatusError
+from aggapi.tokenkeys import KeyPublisher
 
 AGENT_SERVER_NAME = "aggapi-agent"
 
@@ -60,9 +61,13 @@ class AgentClient:
         key_file: str,
         server_name: str = AGENT_SERVER_NAME,
         connect_timeout: float = 5.0,
+        key_publisher: KeyPublisher | None = None,
     ) -> None:
         self.directory = directory
         self._signer = signer
+        # Publishes the in-memory signer's public key (None: a key file, published by
+        # whoever made it).
+        self.key_publisher = key_publisher
         self._tls = _ClientTLS(ca_file, cert_file, key_file)
         self._server_name = server_name
         self._connect_timeout = connect_timeout
@@ -78,6 +83,11 @@ class AgentClient:
                 read_bufsize=READ_BUFSIZE,  # see aggapi.serving: fewer, larger pieces
             )
         return self._session
+
+    @property
+    def key_published(self) -> bool:
+        """Whether agents can know this replica's token key (for /readyz)."""
+        return self.key_publisher is None or self.key_publisher.published.is_set()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -130,7 +140,7 @@ def require_agent(agent: AgentClient | None) -> AgentClient:
     """The client for node agents, or a 503 when this server was started without one."""
     if agent is None:
         raise StatusError(503, "aggapi is not configured to reach node agents "
-                               "(--agent-* and --token-signing-key-file)", retry_after=30)
+                               "(--agent-* flags)", retry_after=30)
     return agent
 
 

@@ -32,6 +32,9 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
         agent = parts.agent
         if agent is not None:
             agent.directory.start()
+            if agent.key_publisher is not None:
+                tasks.append(asyncio.create_task(agent.key_publisher.run(),
+                                                 name="token-key"))
         yield
         for task in tasks:
             task.cancel()

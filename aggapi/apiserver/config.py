@@ -43,7 +43,13 @@ class ApiServerConfig:
     agent_ca_file: str = ""
     agent_client_cert_file: str = ""
     agent_client_key_file: str = ""
+    # Empty: a key pair made in memory at start, its public half published as a
+    # ConfigMap owned by this pod (aggapi.tokenkeys); needs the four fields below.
     token_signing_key_file: str = ""
+    token_key_set: str = ""
+    pod_namespace: str = ""
+    pod_name: str = ""
+    pod_uid: str = ""
     # pods/imagepullprogress on the plain (non-/watch/) path ends cleanly before
     # kube-apiserver's --request-timeout (60 s) would cut it mid-line.
     stream_deadline: float = 55.0
@@ -86,7 +92,15 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "agent-ca-file": (str, "CA bundle that signs the agents' serving certificates"),
     "agent-client-cert-file": (str, "client certificate presented to agents (mTLS)"),
     "agent-client-key-file": (str, "key of --agent-client-cert-file"),
-    "token-signing-key-file": (str, "ES256/Ed25519 private key for agent capability tokens"),
+    "token-signing-key-file": (str, "ES256/Ed25519 private key for agent capability tokens; "
+                               "empty: a key made in memory at start, its public key "
+                               "published as a ConfigMap (needs --token-key-set and "
+                               "--pod-namespace/--pod-name/--pod-uid)"),
+    "token-key-set": (str, "label value (aggapi.io/token-key-set) of the published key "
+                           "ConfigMap; the agents watch this set"),
+    "pod-namespace": (str, "this replica's namespace, where its key ConfigMap goes"),
+    "pod-name": (str, "this replica's pod name (the downward API)"),
+    "pod-uid": (str, "this replica's pod uid: the key ConfigMap's owner"),
     "stream-deadline": (float, "seconds after which a stream on the plain path ends "
                                "cleanly (kube-apiserver cuts non-watch requests at 60 s)"),
     "copy-require-exec": (bool, "uploads also require create on core pods/exec"),

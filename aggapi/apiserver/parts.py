@@ -27,6 +27,7 @@ from aggapi.capability import CapabilitySigner
 from aggapi.delegated import TokenReviewer
 from aggapi.kube import KubeClient
 from aggapi.tlsconfig import ServingTLS
+from aggapi.tokenkeys import KeyPublisher
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +47,39 @@ class Parts:
     progress_streams: SharedStreams  # progress producers shared by identical requests
 
 
+def _signer(config: ApiServerConfig, kube_api: KubeClient
+            ) -> tuple[CapabilitySigner, KeyPublisher | None]:
+    if config.token_signing_key_file:
+        return CapabilitySigner(Path(config.token_signing_key_file).read_bytes()), None
+    # No private key at rest: made here, gone with the process; only the public half
+    # is published, for the agents.
+    if not (config.token_key_set and config.pod_namespace and config.pod_name
+            and config.pod_uid):
+        raise SystemExit("without --token-signing-key-file, --token-key-set, "
+                         "--pod-namespace, --pod-name and --pod-uid are required "
+                         "(the in-memory key's public half is published for the agents)")
+    signer = CapabilitySigner.generate()
+    return signer, KeyPublisher(kube_api, signer, namespace=config.pod_namespace,
+                                pod_name=config.pod_name, pod_uid=config.pod_uid,
+                                key_set=config.token_key_set)
+
+
 def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient | None:
     files = (config.agent_ca_file, config.agent_client_cert_file,
-             config.agent_client_key_file, config.token_signing_key_file)
+             config.agent_client_key_file)
     if not all(files):
-        if any(files):
-            raise SystemExit("--agent-ca-file, --agent-client-cert-file, "
-                             "--agent-client-key-file and --token-signing-key-file go together")
+        if any(files) or config.token_signing_key_file:
+            raise SystemExit("--agent-ca-file, --agent-client-cert-file and "
+                             "--agent-client-key-file go together (and with "
+                             "--token-signing-key-file, if given)")
         log.warning("no agent credentials configured: the subresources will answer 503")
         return None
     directory = AgentDirectory(kube_api, namespace=config.agent_namespace,
                                service=config.agent_service, port_name=config.agent_port_name)
-    signer = CapabilitySigner(Path(config.token_signing_key_file).read_bytes())
+    signer, publisher = _signer(config, kube_api)
     return AgentClient(directory, signer, ca_file=config.agent_ca_file,
                        cert_file=config.agent_client_cert_file,
-                       key_file=config.agent_client_key_file)
+                       key_file=config.agent_client_key_file, key_publisher=publisher)
 
 
 def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS | None = None,

@@ -13,7 +13,9 @@ import aiohttp
 
 from aggapi.agent.config import from_args
 from aggapi.agent.main import serve
-from tests.agent.agentserver import pki
+from aggapi.capability import CapabilitySigner
+from aggapi.tokenkeys import KeyPublisher
+from tests.agent.agentserver import client_ssl, pki
 from tests.framework.fakekube import FakeKube
 
 
@@ -70,6 +72,63 @@ async def test_serve_probes_and_delegated_metrics(tmp_path: Path) -> None:
                 assert r.status == 200
                 assert "aggapi_agent_requests_total" in await r.text()
         assert kube.token_calls == ["prom"]
+    finally:
+        stop.set()
+        await task
+        await kube.stop()
+
+
+def _kubeconfig(path: Path, url: str) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{url}'}}}}]\n"
+        "users: [{name: u, user: {}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    return path
+
+
+async def test_agent_follows_the_published_keys(tmp_path: Path) -> None:
+    """--token-key-set: no key file; tokens of a replica verify once its ConfigMap is
+    published, and no longer once it was replaced (the replica restarted)."""
+    certs = pki(tmp_path / "pki")
+    kube = FakeKube()
+    kube.writable = {"configmaps"}
+    url = await kube.start()
+    api, health = free_port(), free_port()
+    config = from_args([
+        "--node-name", "n1", "--certs-dir", str(certs), "--bind-address", "127.0.0.1",
+        "--secure-port", str(api), "--health-port", str(health),
+        "--kubeconfig", str(_kubeconfig(tmp_path / "kubeconfig", url)),
+        "--token-key-set", "aggapi", "--token-key-namespace", "aggapi",
+        "--runtime", "cri", "--cri-address", str(tmp_path / "no-such.sock")])
+    assert config.token_public_key == ""
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(config, stop))
+    mtls = client_ssl(certs)
+    old, new = CapabilitySigner.generate(), CapabilitySigner.generate()
+
+    async def publish(signer: CapabilitySigner) -> None:
+        await KeyPublisher(kube.kube_client(), signer, namespace="aggapi", pod_name="api-0",
+                           pod_uid="u0", key_set="aggapi").publish_once()
+
+    async def call(s: aiohttp.ClientSession, signer: CapabilitySigner) -> int:
+        token = signer.sign(node="n1", subject="a", operation="imagepulls")
+        async with s.get(f"https://127.0.0.1:{api}/v1/imagepulls", ssl=mtls,
+                         server_hostname="aggapi-agent",
+                         headers={"Authorization": f"Bearer {token}"}) as r:
+            return r.status
+
+    try:
+        await wait_up(f"http://127.0.0.1:{health}/livez", False)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{health}/readyz?verbose") as r:
+                assert "[+]token-keys ok" in await r.text()
+            assert await call(s, old) == 401  # not published (waited 3 s for it)
+            await publish(old)
+            assert await call(s, old) not in (401, 403)
+            await publish(new)  # the replica restarted: a new key in its ConfigMap
+            assert await call(s, new) not in (401, 403)
+            assert await call(s, old) == 401
     finally:
         stop.set()
         await task
