@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from aggapi import tokenkeys
 from aggapi.capability import CapabilitySigner, CapabilityVerifier, key_id, public_pem
+from aggapi.kube import KubeClient
 from aggapi.status import StatusError
 from tests.framework.fakekube import FakeKube
 
@@ -22,7 +23,17 @@ async def kube() -> AsyncIterator[FakeKube]:
     k = FakeKube()
     k.writable = {"configmaps"}
     await k.start()
+    clients: list[KubeClient] = []
+    make = k.kube_client
+
+    def tracked() -> KubeClient:
+        clients.append(make())
+        return clients[-1]
+
+    k.kube_client = tracked  # type: ignore[method-assign]
     yield k
+    for c in clients:
+        await c.close()
     await k.stop()
 
 

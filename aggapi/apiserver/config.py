@@ -40,6 +40,9 @@ class ApiServerConfig:
     agent_namespace: str = "aggapi"
     agent_service: str = "aggapi-agent"
     agent_port_name: str = "https"
+    # Use only EndpointSlice entries that are the agent DaemonSet's pod on their node.
+    agent_pod_check: bool = True
+    agent_daemonset: str = ""  # "" = --agent-service's name
     agent_ca_file: str = ""
     agent_client_cert_file: str = ""
     agent_client_key_file: str = ""
@@ -89,6 +92,10 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "agent-namespace": (str, "namespace of the agent Service"),
     "agent-service": (str, "name of the agent Service (its EndpointSlices carry nodeName)"),
     "agent-port-name": (str, "name of the agent's HTTPS port in the EndpointSlices"),
+    "agent-pod-check": (bool, "use an EndpointSlice entry only when its targetRef is a pod "
+                              "controlled by the agent DaemonSet, on that node, with that "
+                              "address (off: agents that run outside pods)"),
+    "agent-daemonset": (str, "name of the agent DaemonSet (default: --agent-service)"),
     "agent-ca-file": (str, "CA bundle that signs the agents' serving certificates"),
     "agent-client-cert-file": (str, "client certificate presented to agents (mTLS)"),
     "agent-client-key-file": (str, "key of --agent-client-cert-file"),

@@ -75,7 +75,9 @@ def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient 
         log.warning("no agent credentials configured: the subresources will answer 503")
         return None
     directory = AgentDirectory(kube_api, namespace=config.agent_namespace,
-                               service=config.agent_service, port_name=config.agent_port_name)
+                               service=config.agent_service, port_name=config.agent_port_name,
+                               daemonset=config.agent_daemonset,
+                               pod_check=config.agent_pod_check)
     signer, publisher = _signer(config, kube_api)
     return AgentClient(directory, signer, ca_file=config.agent_ca_file,
                        cert_file=config.agent_client_cert_file,

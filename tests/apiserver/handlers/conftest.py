@@ -105,6 +105,7 @@ async def stack(tmp_path: Path, make_server: Any, kube: FakeKube, cri: CRIClient
         server: Server = await make_server(
             stub_handlers=False, stream_deadline=55.0,
             agent_namespace=AGENT_NS, agent_service=AGENT_SVC,
+            agent_pod_check=False,  # the agent runs in this process, not in a pod
             agent_ca_file=str(agent_pki / "ca.crt"),
             agent_client_cert_file=str(agent_pki / "agent-client.crt"),
             agent_client_key_file=str(agent_pki / "agent-client.key"),
