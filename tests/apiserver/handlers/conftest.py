@@ -88,7 +88,10 @@ class Stack:
             "involvedObject": {"kind": "Pod", "name": meta["name"],
                                "namespace": meta["namespace"], "uid": meta["uid"],
                                "fieldPath": f"spec.{kind}{{{container}}}"},
-            "reason": reason, "message": message, "lastTimestamp": t, "type": "Normal"})
+            "reason": reason, "message": message, "lastTimestamp": t, "type": "Normal",
+            # As kubelet reports: only its events from the pod's node count.
+            "source": {"component": "kubelet",
+                       "host": (pod.get("spec") or {}).get("nodeName", "")}})
 
 
 @pytest.fixture
