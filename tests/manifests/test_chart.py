@@ -216,8 +216,13 @@ def test_workload_security(render: Render) -> None:
     assert ag["hostPID"] is True and ag["automountServiceAccountToken"] is False
     assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
-    assert c["securityContext"]["privileged"] is True
-    assert c["securityContext"]["runAsUser"] == 0
+    # Explicit capabilities, not privileged; no privilege escalation (issue 24, finding 10).
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": [
+        "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "SETGID", "SETUID",
+        "SYS_PTRACE"]}
+    assert sc["runAsUser"] == 0 and sc["readOnlyRootFilesystem"] is True
     assert ag["tolerations"] == [{"operator": "Exists"}]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     host = {v["name"]: v["hostPath"] for v in ag["volumes"] if "hostPath" in v}
