@@ -37,6 +37,7 @@ from aggapi.agent.progress.cri_backend import CRIBackend
 from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import Backend, ProgressPoller
+from aggapi.agentidentity import Identity, IdentityPublisher
 from aggapi.capability import CapabilityVerifier
 from aggapi.delegated import AccessReviewer, TokenReviewer, nonresource_guard
 from aggapi.kube import KubeClient, load_client
@@ -67,6 +68,8 @@ class AgentParts:
     # The apiserver replicas' published verification keys (--token-key-set); None
     # with a fixed key file.
     token_keys: KeyWatch | None = None
+    # Publishes this agent's in-memory serving identity (--identity-key-set).
+    identity: IdentityPublisher | None = None
 
     async def close_clients(self) -> None:
         """Close the runtime and API connections (after the apps are cleaned up)."""
@@ -91,7 +94,8 @@ def make_backend(config: AgentConfig, cri: CRIClient,
 
 
 def runtime_checks(cri: CRIClient, containerd: ContainerdClient | None,
-                   token_keys: KeyWatch | None = None) -> ReadinessChecks:
+                   token_keys: KeyWatch | None = None,
+                   identity: IdentityPublisher | None = None) -> ReadinessChecks:
     """/readyz asks CRI's Version and, unless CRI-only, containerd's Version service;
     with published token keys, also that they have been listed."""
     # Looked up per call: test fakes of the clients need not answer probes.
@@ -100,13 +104,16 @@ def runtime_checks(cri: CRIClient, containerd: ContainerdClient | None,
         checks.append(("containerd", lambda: containerd.version()))
     if token_keys is not None:
         checks.append(("token-keys", token_keys.check))
+    if identity is not None:
+        checks.append(("identity", identity.check))
     return ReadinessChecks(checks)
 
 
 def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClient | None,
               verifier: CapabilityVerifier, backend: Backend | None = None,
               copy_resolver: Resolver | None = None, kube: KubeClient | None = None,
-              token_keys: KeyWatch | None = None) -> AgentParts:
+              token_keys: KeyWatch | None = None,
+              identity: IdentityPublisher | None = None) -> AgentParts:
     """The engines over given runtime clients. ``backend`` replaces the progress
     backend and ``copy_resolver`` the CRI container lookup (tests and benchmarks);
     ``kube`` answers the metrics port's reviews."""
@@ -119,15 +126,17 @@ def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClie
                       poller=poller, pull_limits=KubeletConfigReader(config.kubelet_config),
                       copy=copy_engine.new_state(config.copy, cri, copy_resolver,
                                                 as_root=config.copy_as_root),
-                      metrics=metrics, readiness=runtime_checks(cri, containerd, token_keys),
-                      kube=kube, token_keys=token_keys)
+                      metrics=metrics,
+                      readiness=runtime_checks(cri, containerd, token_keys, identity),
+                      kube=kube, token_keys=token_keys, identity=identity)
 
 
-async def connect(config: AgentConfig) -> AgentParts:
+async def connect(config: AgentConfig, identity: Identity | None = None) -> AgentParts:
     """The production parts: the node's runtime sockets, and the token key from disk or
     the watch of the apiserver replicas' published keys."""
     kube = None
-    if config.token_key_set or (config.metrics_port and config.metrics_auth == "delegated"):
+    if config.token_key_set or identity is not None or (
+            config.metrics_port and config.metrics_auth == "delegated"):
         kube = await load_client(config.kubeconfig or None)
     token_keys = None
     if config.token_key_set:
@@ -142,8 +151,13 @@ async def connect(config: AgentConfig) -> AgentParts:
     cri = CRIClient(config.cri_address)
     containerd = (ContainerdClient(config.containerd_address, config.containerd_namespace)
                   if config.runtime == "containerd" else None)
+    publisher = None
+    if identity is not None:
+        assert kube is not None
+        publisher = IdentityPublisher(kube, identity, node=config.node_name,
+                                      key_set=config.identity_key_set)
     return new_parts(config, cri=cri, containerd=containerd, verifier=verifier, kube=kube,
-                     token_keys=token_keys)
+                     token_keys=token_keys, identity=publisher)
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -176,12 +190,19 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
     # No /metrics here: only the apiserver's client certificate reaches this port, and
     # Prometheus has none; metrics are on the metrics port (build_metrics_app) alone.
 
+    tasks: list[asyncio.Task[None]] = []
+
     async def start(_app: web.Application) -> None:
         if parts.token_keys is not None:
             parts.token_keys.start()
+        if parts.identity is not None:
+            tasks.append(asyncio.create_task(parts.identity.run(), name="agent-identity"))
         await copy_engine.startup(parts.copy)
 
     async def stop(_app: web.Application) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if parts.token_keys is not None:
             await parts.token_keys.stop()
         await parts.poller.close()

@@ -31,6 +31,9 @@ class AgentConfig:
     token_issuer: str = "aggapi-apiserver"
     token_key_set: str = ""  # label value of the published key ConfigMaps to follow
     token_key_namespace: str = ""  # where they are
+    # "": serve tls_cert/tls_key. Else a key made in memory, published as a CSR with this
+    # label value (aggapi.agentidentity); tls_cert/tls_key are then unused.
+    identity_key_set: str = ""
     runtime: str = "containerd"  # "containerd" (byte progress) | "cri" (phases only)
     cri_address: str = CONTAINERD_SOCKET
     containerd_address: str = CONTAINERD_SOCKET
@@ -114,6 +117,11 @@ def parser() -> argparse.ArgumentParser:
                         "labelled aggapi.io/token-key-set=VALUE) instead of "
                         "--token-public-key-file; needs get/list/watch on configmaps in "
                         "--token-key-namespace")
+    p.add_argument("--identity-key-set", default="",
+                   help="serve a key made in memory at start (no serving key file) and "
+                        "publish its certificate as a CertificateSigningRequest labelled "
+                        "aggapi.io/agent-identity=VALUE, which the apiservers pin to this "
+                        "pod; needs create on certificatesigningrequests")
     p.add_argument("--token-key-namespace", default=os.environ.get("POD_NAMESPACE", ""),
                    help="namespace of the published key ConfigMaps (env POD_NAMESPACE)")
     p.add_argument("--runtime", choices=("containerd", "cri"), default="containerd",
@@ -205,8 +213,11 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         p.error("--metrics-port must be in 0..65535")
     return AgentConfig(
         node_name=a.node_name,
-        tls_cert=pick(a.tls_cert_file, "tls-cert-file", "agent.crt"),
-        tls_key=pick(a.tls_private_key_file, "tls-private-key-file", "agent.key"),
+        tls_cert="" if a.identity_key_set else pick(a.tls_cert_file, "tls-cert-file",
+                                                    "agent.crt"),
+        tls_key="" if a.identity_key_set else pick(a.tls_private_key_file,
+                                                   "tls-private-key-file", "agent.key"),
+        identity_key_set=a.identity_key_set,
         client_ca=pick(a.client_ca_file, "client-ca-file", "ca.crt"),
         token_public_key="" if a.token_key_set else pick(
             a.token_public_key_file, "token-public-key-file", "token-signing.pub"),

@@ -43,6 +43,10 @@ class ApiServerConfig:
     # Use only EndpointSlice entries that are the agent DaemonSet's pod on their node.
     agent_pod_check: bool = True
     agent_daemonset: str = ""  # "" = --agent-service's name
+    # "": trust agents whose serving cert chains to agent_ca_file. Else pin each agent
+    # pod to the certificate it published (a CSR with this label value).
+    agent_identity_key_set: str = ""
+    agent_service_account: str = ""  # "" = --agent-service's name
     agent_ca_file: str = ""
     agent_client_cert_file: str = ""
     agent_client_key_file: str = ""
@@ -96,6 +100,12 @@ _FLAGS: dict[str, tuple[type, str]] = {
                               "controlled by the agent DaemonSet, on that node, with that "
                               "address (off: agents that run outside pods)"),
     "agent-daemonset": (str, "name of the agent DaemonSet (default: --agent-service)"),
+    "agent-identity-key-set": (str, "trust each agent pod only with the certificate it "
+                                    "published (CSRs labelled aggapi.io/agent-identity="
+                                    "VALUE, made with its pod's token); needs "
+                                    "--agent-pod-check"),
+    "agent-service-account": (str, "the agents' ServiceAccount, whose CSRs count "
+                                   "(default: --agent-service)"),
     "agent-ca-file": (str, "CA bundle that signs the agents' serving certificates"),
     "agent-client-cert-file": (str, "client certificate presented to agents (mTLS)"),
     "agent-client-key-file": (str, "key of --agent-client-cert-file"),

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from aggapi.agentidentity import IdentityPins
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
@@ -79,9 +80,21 @@ def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient 
                                daemonset=config.agent_daemonset,
                                pod_check=config.agent_pod_check)
     signer, publisher = _signer(config, kube_api)
+    pins = None
+    if config.agent_identity_key_set:
+        if not config.agent_pod_check:
+            raise SystemExit("--agent-identity-key-set needs --agent-pod-check (the pin is "
+                             "per agent pod)")
+        pins = IdentityPins(kube_api, key_set=config.agent_identity_key_set,
+                            namespace=config.agent_namespace,
+                            service_account=config.agent_service_account
+                            or config.agent_service,
+                            client_cert=config.agent_client_cert_file,
+                            client_key=config.agent_client_key_file)
     return AgentClient(directory, signer, ca_file=config.agent_ca_file,
                        cert_file=config.agent_client_cert_file,
-                       key_file=config.agent_client_key_file, key_publisher=publisher)
+                       key_file=config.agent_client_key_file, key_publisher=publisher,
+                       pins=pins)
 
 
 def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS | None = None,

@@ -121,6 +121,7 @@ class FakeAgent(AgentClient):
     def __init__(self) -> None:  # no TLS, no signer
         self.directory = FakeDirectory()
         self.key_publisher = None
+        self.pins = None
         self.calls: list[dict[str, Any]] = []
 
     async def close(self) -> None:

@@ -262,6 +262,8 @@ class FakeKube:
         meta = obj.setdefault("metadata", {})
         meta["namespace"] = ns
         current = self.get(api, resource, ns, meta.get("name", ""))
+        if request.method == "POST" and not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
         if request.method == "POST":
             if name or not meta.get("name"):
                 return _status(405, "create on the collection, with a name", "MethodNotAllowed")
