@@ -70,8 +70,9 @@ def test_values_schema_rejects_unknown_and_bad_values(helm: str) -> None:
 def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
     docs = render()
     role = find(docs, "ClusterRole", "aggapi-apiserver")
-    assert _rules(role) == {(g, r, v) for g, r in [("", "pods"), ("", "events")]
-                            for v in ("get", "list", "watch")}
+    assert _rules(role) == {(g, r, v) for g, r in [
+        ("", "pods"), ("", "events"), ("certificates.k8s.io", "certificatesigningrequests")]
+        for v in ("get", "list", "watch")}
     # EndpointSlices (the agents') and ConfigMaps (its public token key) only in its own
     # namespace: a Role, not a ClusterRole.
     ns_role = find(docs, "Role", "aggapi-apiserver")
@@ -98,17 +99,21 @@ def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
     roles = {(d["kind"], d["metadata"]["name"]) for d in docs
              if d["kind"] in ("Role", "ClusterRole")}
     assert roles == {("ClusterRole", "aggapi-apiserver"), ("Role", "aggapi-apiserver"),
-                     ("Role", "aggapi-agent"), ("ClusterRole", "aggapi-view"),
-                     ("ClusterRole", "aggapi-edit")}
+                     ("Role", "aggapi-agent"), ("ClusterRole", "aggapi-agent"),
+                     ("ClusterRole", "aggapi-view"), ("ClusterRole", "aggapi-edit")}
     assert _rules(find(docs, "Role", "aggapi-agent")) == {
         ("", "configmaps", v) for v in ("get", "list", "watch")}
+    # Its per-node serving identity: create a CSR (agent.servingIdentity=ephemeral).
+    assert _rules(find(docs, "ClusterRole", "aggapi-agent")) == {
+        ("certificates.k8s.io", "certificatesigningrequests", "create")}
     agent_sa = find(docs, "ServiceAccount", "aggapi-agent")
     assert agent_sa["automountServiceAccountToken"] is False
     agent_sa_ref = {"kind": "ServiceAccount", "name": "aggapi-agent", "namespace": "aggapi"}
     agent_bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
                       and agent_sa_ref in d["subjects"]]
     assert sorted((b["kind"], b["roleRef"]["name"]) for b in agent_bindings) == [
-        ("ClusterRoleBinding", "system:auth-delegator"), ("RoleBinding", "aggapi-agent")]
+        ("ClusterRoleBinding", "aggapi-agent"), ("ClusterRoleBinding", "system:auth-delegator"),
+        ("RoleBinding", "aggapi-agent")]
     # With a key file, nobody needs ConfigMaps.
     files = render(["tokenSigning.mode=existingSecret"])
     assert _rules(find(files, "Role", "aggapi-apiserver")) == {
@@ -131,7 +136,7 @@ def test_aggregated_roles(render: Render) -> None:
     assert _rules(edit) == {(GROUP, "pods/copy", v) for v in ("get", "create", "watch")}
     off = render(["rbac.aggregateToDefaultRoles=false"])
     assert not [d for d in off if d["kind"] == "ClusterRole"
-                and d["metadata"]["name"] != "aggapi-apiserver"]
+                and d["metadata"]["name"] not in ("aggapi-apiserver", "aggapi-agent")]
 
 
 def _pod_spec(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -378,3 +383,23 @@ def test_agent_metrics_port_and_its_credentials(render: Render) -> None:
     assert sources["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
     assert find(docs, "ClusterRoleBinding", "aggapi-agent:system:auth-delegator")
 
+
+
+def test_agents_serve_per_node_identities_by_default(render: Render) -> None:
+    """agent.servingIdentity=ephemeral: no agent mounts a serving key; each publishes its
+    own, and the apiserver pins agent pods to what they published."""
+    docs = render()
+    agent = _pod_spec(docs, "DaemonSet")
+    args = agent["containers"][0]["args"]
+    assert "--identity-key-set=aggapi" in args
+    assert not [a for a in args if a.startswith(("--tls-cert-file", "--tls-private-key"))]
+    tls = next(v for v in agent["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    api_args = _pod_spec(docs, "Deployment")["containers"][0]["args"]
+    assert {"--agent-identity-key-set=aggapi",
+            "--agent-service-account=aggapi-agent"} <= set(api_args)
+    shared = render(["agent.servingIdentity=certificate"])
+    shared_args = _pod_spec(shared, "DaemonSet")["containers"][0]["args"]
+    assert "--tls-private-key-file=/etc/aggapi/agent/tls.key" in shared_args
+    assert not [d for d in shared if d["kind"] == "ClusterRole"
+                and d["metadata"]["name"] == "aggapi-agent"]

@@ -255,6 +255,10 @@ container port it targets. */}}
 - --agent-service={{ include "aggapi.agentName" . }}
 - --agent-namespace={{ .Release.Namespace }}
 - --agent-port-name={{ include "aggapi.agentPortName" . }}
+{{- if eq .Values.agent.servingIdentity "ephemeral" }}
+- --agent-identity-key-set={{ include "aggapi.fullname" . }}
+- --agent-service-account={{ include "aggapi.agentSA" . }}
+{{- end }}
 - --agent-ca-file=/etc/aggapi/agent-client/ca.crt
 - --agent-client-cert-file=/etc/aggapi/agent-client/tls.crt
 - --agent-client-key-file=/etc/aggapi/agent-client/tls.key
@@ -284,8 +288,12 @@ container port it targets. */}}
 - --bind-address=0.0.0.0
 - --secure-port={{ .Values.agent.port }}
 - --node-name=$(NODE_NAME)
+{{- if eq .Values.agent.servingIdentity "ephemeral" }}
+- --identity-key-set={{ include "aggapi.fullname" . }}
+{{- else }}
 - --tls-cert-file=/etc/aggapi/agent/tls.crt
 - --tls-private-key-file=/etc/aggapi/agent/tls.key
+{{- end }}
 - --client-ca-file=/etc/aggapi/agent/ca.crt
 {{- range .Values.agent.allowedClientCNs }}
 - --allowed-client-cn={{ . }}
