@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from aggapi import agentidentity as ai
 from tests.e2e.addon.helpers import SLEEPER, delete_pods, download, exec_in, path, sha256
 from tests.framework.addon import Addon
 from tests.framework.cluster import Cluster
@@ -54,3 +55,26 @@ def test_unprivileged_agent_copies_as_root_over_another_users_file(
               "of uid 65532 in /tmp of a root container")
     finally:
         delete_pods(cp, name)
+
+
+def test_each_agent_serves_its_own_published_identity(installed_addon: Addon) -> None:
+    """agent.servingIdentity=ephemeral: one CSR per agent pod, which kube-apiserver marks
+    with that pod and its node; every agent's certificate (and key) differs."""
+    a = installed_addon
+    csrs = a.get_json("csr", f"-l={ai.LABEL}={a.fullname}")["items"]
+    username = f"system:serviceaccount:{a.namespace}:{a.agent_name}"
+    pins = {}
+    for csr in csrs:
+        got = ai.pin_of(csr, username=username)
+        assert not isinstance(got, str), (csr["metadata"]["name"], got)
+        pins[got[0]] = got[1]
+    agents = a.pods("agent")
+    assert agents
+    for pod in agents:
+        pin = pins.get(pod["metadata"]["uid"])
+        assert pin is not None, f"no identity published by {pod['metadata']['name']}"
+        assert pin.node == pod["spec"]["nodeName"]
+    certs = {pins[p["metadata"]["uid"]].cert_pem for p in agents}
+    assert len(certs) == len(agents)
+    print(f"\nhardening: {len(agents)} agents, each pinned to its own certificate "
+          f"({', '.join(sorted(ai.fingerprint(c)[:12] for c in certs))})")

@@ -1,11 +1,12 @@
 """Pod Security admission (kube-apiserver's built-in PodSecurity plugin) and the chart.
 
 The agent runs with hostPID and added capabilities, so its namespace must enforce
-``privileged``; the apiserver pods are meant to pass ``restricted``. The pods the chart's Deployment and
-DaemonSet would create are sent with a server-side dry run into namespaces enforcing each
-level, and into the Namespace the chart itself renders (``namespace.create=true``, what
-the README offers instead of ``--create-namespace``). The installed add-on
-(``installed_addon``) runs in a namespace labelled ``enforce=privileged`` the same way.
+``privileged``; the apiserver pods are meant to pass ``restricted``. The pods the
+chart's Deployment and DaemonSet would create are sent with a server-side dry run into
+namespaces enforcing each level, and into the Namespace the chart itself renders
+(``namespace.create=true``, what the README offers instead of ``--create-namespace``).
+The installed add-on (``installed_addon``) runs in a namespace labelled
+``enforce=privileged`` the same way.
 """
 
 from __future__ import annotations
