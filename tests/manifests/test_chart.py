@@ -271,6 +271,16 @@ def test_servicemonitor_only_with_the_crd(render: Render) -> None:
         assert len(hits) == 1, sm["metadata"]["name"]
         port = sm["spec"]["endpoints"][0]["port"]
         assert port in {p["name"] for p in hits[0]["spec"]["ports"]}
+    # The apiservers' certificate chains to the CA; the agents' are each their own
+    # (agent.servingIdentity=ephemeral), so Prometheus cannot verify them.
+    assert monitors["aggapi"]["spec"]["endpoints"][0]["tlsConfig"]["ca"]["secret"] == {
+        "name": "aggapi-apiserver-tls", "key": "ca.crt"}
+    assert monitors["aggapi-agent"]["spec"]["endpoints"][0]["tlsConfig"] == {
+        "insecureSkipVerify": True}
+    shared = render(["serviceMonitor.enabled=true", "agent.servingIdentity=certificate"],
+                    extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"])
+    sm = find(shared, "ServiceMonitor", "aggapi-agent")
+    assert sm["spec"]["endpoints"][0]["tlsConfig"]["ca"]["secret"]["name"] == "aggapi-agent-tls"
     agent_svc = find(docs, "Service", "aggapi-agent-metrics")
     assert agent_svc["spec"]["ports"] == [{"name": "metrics", "port": 10445,
                                            "targetPort": 10445, "protocol": "TCP"}]
