@@ -7,11 +7,16 @@ path, so the agent needs no Kubernetes API access. Tokens live at most 60 s and
 each ``jti`` is accepted once.
 
 Claims: iss, aud, sub, iat, exp, jti, op, pod {namespace, name, uid},
-containers [{name, image, kind}], path (copy only), params {str: str}.
+containers [{name, image, kind}], path (copy only), params {str: str}. The JWT
+header's ``kid`` names the signing key (:func:`key_id` of its public half), so an
+agent that follows several apiserver replicas' keys (a :class:`KeySet`, filled by
+``aggapi.tokenkeys``) knows which one to check with.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import heapq
 import time
 import uuid
@@ -24,7 +29,7 @@ import jwt
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 
 from aggapi.status import StatusError
 from aggapi.wire import OPERATIONS
@@ -81,18 +86,45 @@ def load_verification_key(pem: bytes) -> PublicKeyTypes:
     return serialization.load_pem_public_key(pem)
 
 
-class CapabilitySigner:
-    """Apiserver side: signs one token per agent request."""
+def public_pem(key: PublicKeyTypes) -> bytes:
+    return key.public_bytes(serialization.Encoding.PEM,
+                            serialization.PublicFormat.SubjectPublicKeyInfo)
 
-    def __init__(self, private_key_pem: bytes, issuer: str = "aggapi-apiserver",
+
+def key_id(key: PublicKeyTypes) -> str:
+    """A short, stable name of a public key: sha256 of its SubjectPublicKeyInfo."""
+    der = key.public_bytes(serialization.Encoding.DER,
+                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()[:32]
+
+
+class CapabilitySigner:
+    """Apiserver side: signs one token per agent request.
+
+    ``private_key`` is a PEM private key (``--token-signing-key-file``) or a key
+    object; :meth:`generate` makes one in memory, never written anywhere."""
+
+    def __init__(self, private_key: bytes | PrivateKeyTypes, issuer: str = "aggapi-apiserver",
                  ttl: int = 30, *, clock: Callable[[], float] = time.time) -> None:
         if not 0 < ttl <= MAX_LIFETIME:
             raise ValueError(f"ttl must be in (0, {MAX_LIFETIME}] seconds")
-        self._key = serialization.load_pem_private_key(private_key_pem, password=None)
+        self._key = (serialization.load_pem_private_key(private_key, password=None)
+                     if isinstance(private_key, bytes) else private_key)
         self._alg = _algorithm_for(self._key)
+        self.public_key: PublicKeyTypes = self._key.public_key()
+        self.key_id = key_id(self.public_key)
         self.issuer = issuer
         self.ttl = ttl
         self._clock = clock
+
+    @classmethod
+    def generate(cls, issuer: str = "aggapi-apiserver", ttl: int = 30, *,
+                 clock: Callable[[], float] = time.time) -> CapabilitySigner:
+        """A signer with a fresh Ed25519 key that exists only in this process."""
+        return cls(ed25519.Ed25519PrivateKey.generate(), issuer, ttl, clock=clock)
+
+    def public_key_pem(self) -> bytes:
+        return public_pem(self.public_key)
 
     def sign(self, *, node: str, subject: str, operation: str, pod_namespace: str = "",
              pod_name: str = "", pod_uid: str = "", containers: Iterable[ContainerRef] = (),
@@ -116,7 +148,54 @@ class CapabilitySigner:
             claims["path"] = path
         if params:
             claims["params"] = {str(k): str(v) for k, v in params.items()}
-        return jwt.encode(claims, self._key, algorithm=self._alg)  # type: ignore[arg-type]
+        return jwt.encode(claims, self._key, algorithm=self._alg,  # type: ignore[arg-type]
+                          headers={"kid": self.key_id})
+
+
+class KeySet:
+    """The verification keys an agent currently trusts, by key id.
+
+    Replaced as a whole when the published keys change (``aggapi.tokenkeys``);
+    :meth:`wait_for` lets a request whose key was published a moment ago wait for
+    the watch to deliver it instead of failing."""
+
+    def __init__(self, keys: Mapping[str, PublicKeyTypes] | None = None) -> None:
+        for key in (keys or {}).values():
+            _algorithm_for(key)  # only ES256 and EdDSA keys are ever trusted
+        self._keys: dict[str, PublicKeyTypes] = dict(keys or {})
+        self._changed = asyncio.Event()
+        self.loaded = False  # set by the first replace(): the initial list arrived
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def get(self, kid: str) -> PublicKeyTypes | None:
+        return self._keys.get(kid)
+
+    def ids(self) -> frozenset[str]:
+        return frozenset(self._keys)
+
+    def replace(self, keys: Mapping[str, PublicKeyTypes]) -> None:
+        for key in keys.values():
+            _algorithm_for(key)  # only ES256 and EdDSA keys are ever trusted
+        self._keys = dict(keys)
+        self.loaded = True
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_for(self, kid: str, timeout: float) -> bool:
+        """True once ``kid`` is known; False after ``timeout`` seconds without it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while kid not in self._keys:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return False
+        return True
 
 
 class ReplayCache:
@@ -154,24 +233,59 @@ class ReplayCache:
 
 
 class CapabilityVerifier:
-    """Agent side: verifies signature, issuer, audience (this node), lifetime, jti."""
+    """Agent side: verifies signature, issuer, audience (this node), lifetime, jti.
 
-    def __init__(self, public_key_pem: bytes, node: str, issuer: str = "aggapi-apiserver",
+    The key is either one fixed key (``public_key_pem``: a PEM public key or a PEM
+    certificate of it, see load_verification_key; any ``kid`` is ignored) or a
+    :class:`KeySet` of the replicas' published keys, picked by the token's ``kid``."""
+
+    def __init__(self, public_key_pem: bytes | None, node: str,
+                 issuer: str = "aggapi-apiserver",
                  leeway: int = 5, replay_cache_size: int = 100_000, *,
+                 keys: KeySet | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        # A PEM public key or a PEM certificate of it (load_verification_key).
-        self._key = load_verification_key(public_key_pem)
-        self._alg = _algorithm_for(self._key)
+        if (public_key_pem is None) == (keys is None):
+            raise ValueError("give either a public key or a key set")
+        self._key = load_verification_key(public_key_pem) if public_key_pem else None
+        if self._key is not None:
+            _algorithm_for(self._key)
+        self.keys = keys
         self.node = node
         self.issuer = issuer
         self.leeway = leeway
         self._clock = clock
         self.replay = ReplayCache(replay_cache_size, clock)
 
+    def _key_id(self, token: str) -> str:
+        try:
+            kid = jwt.get_unverified_header(token).get("kid")
+        except jwt.PyJWTError as err:
+            raise StatusError(401, f"invalid capability token: {err}") from err
+        return kid if isinstance(kid, str) else ""
+
+    def _key_for(self, token: str) -> PublicKeyTypes:
+        if self._key is not None:
+            return self._key
+        assert self.keys is not None
+        kid = self._key_id(token)
+        key = self.keys.get(kid)
+        if key is None:
+            raise StatusError(401, f"capability token signed by an unknown key {kid[:32]!r}")
+        return key
+
+    async def verify_when_known(self, token: str, wait: float = 3.0) -> Capability:
+        """:meth:`verify`, after waiting up to ``wait`` seconds for the token's key to be
+        published (a replica that just started signs before every agent's watch saw
+        its key)."""
+        if self.keys is not None:
+            await self.keys.wait_for(self._key_id(token), wait)
+        return self.verify(token)
+
     def verify(self, token: str) -> Capability:
+        key = self._key_for(token)
         try:
             claims = jwt.decode(
-                token, self._key, algorithms=[self._alg],  # type: ignore[arg-type]
+                token, key, algorithms=[_algorithm_for(key)],  # type: ignore[arg-type]
                 audience=self.node, issuer=self.issuer, leeway=self.leeway,
                 # Times are checked below against our clock (injectable for tests).
                 options={"require": ["iss", "aud", "sub", "iat", "exp", "jti"],

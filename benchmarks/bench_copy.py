@@ -204,6 +204,7 @@ async def apiserver_process(p: Pki, kube: FakeKube, work: Path, *extra: str
         f"--agent-client-cert-file={p.path('agent-client.crt')}",
         f"--agent-client-key-file={p.path('agent-client.key')}",
         f"--token-signing-key-file={p.path('token-signing.key')}",
+        "--agent-pod-check=false",  # the benchmark's agent runs outside any pod
         "--log-level=warning", *extra, stdout=log, stderr=log)
     url = f"https://127.0.0.1:{port}"
     try:

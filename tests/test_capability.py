@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggapi import pki
 from aggapi.capability import (
     CapabilitySigner,
     CapabilityVerifier,
     ContainerRef,
+    KeySet,
     ReplayCache,
+    key_id,
+    load_verification_key,
 )
 from aggapi.status import StatusError
 
@@ -145,3 +152,81 @@ def test_replay_cache_forgets_expired_and_is_bounded() -> None:
     clock.t += 11
     assert cache.add("c", int(clock.t) + 10)  # "a" expired and was dropped
     assert len(cache) == 2
+
+
+# --- keys made in memory, published per replica, picked by kid --------------------------
+
+def _published(*signers: CapabilitySigner) -> KeySet:
+    return KeySet({s.key_id: s.public_key for s in signers})
+
+
+def test_generated_signer_names_its_key_in_the_header() -> None:
+    signer = CapabilitySigner.generate()
+    token = signer.sign(node="n1", subject="alice", operation="copy.stat")
+    assert jwt.get_unverified_header(token) == {"alg": "EdDSA", "kid": signer.key_id,
+                                                "typ": "JWT"}
+    assert signer.key_id == key_id(load_verification_key(signer.public_key_pem()))
+    # A fixed key ignores kid: key files keep working as before.
+    assert CapabilityVerifier(signer.public_key_pem(), "n1").verify(token).subject == "alice"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.sets(st.integers(0, 3)))
+def test_a_token_verifies_iff_its_signers_key_is_published(n: int, shown: set[int]) -> None:
+    signers = [CapabilitySigner.generate() for _ in range(n)]
+    keyset = _published(*(signers[i] for i in shown if i < n))
+    verifier = CapabilityVerifier(None, "n1", keys=keyset)
+    for i, signer in enumerate(signers):
+        token = signer.sign(node="n1", subject=f"u{i}", operation="copy.stat")
+        if i in shown:
+            assert verifier.verify(token).subject == f"u{i}"
+        else:
+            with pytest.raises(StatusError) as err:
+                verifier.verify(token)
+            assert err.value.code == 401 and "unknown key" in str(err.value)
+
+
+def test_a_replaced_key_set_refuses_the_old_key() -> None:
+    old, new = CapabilitySigner.generate(), CapabilitySigner.generate()
+    keyset = _published(old)
+    verifier = CapabilityVerifier(None, "n1", keys=keyset)
+    verifier.verify(old.sign(node="n1", subject="a", operation="copy.stat"))
+    keyset.replace({new.key_id: new.public_key})  # the replica restarted
+    with pytest.raises(StatusError) as err:
+        verifier.verify(old.sign(node="n1", subject="a", operation="copy.stat"))
+    assert err.value.code == 401
+    verifier.verify(new.sign(node="n1", subject="a", operation="copy.stat"))
+
+
+def test_a_kid_cannot_pick_another_key_than_the_signers() -> None:
+    # A forger names a trusted kid but signs with its own key: the signature fails.
+    trusted, forger = CapabilitySigner.generate(), ed25519.Ed25519PrivateKey.generate()
+    verifier = CapabilityVerifier(None, "n1", keys=_published(trusted))
+    good = jwt.decode(trusted.sign(node="n1", subject="a", operation="copy.stat"),
+                      options={"verify_signature": False})
+    token = jwt.encode({**good, "jti": "other"}, forger, algorithm="EdDSA",
+                       headers={"kid": trusted.key_id})
+    with pytest.raises(StatusError) as err:
+        verifier.verify(token)
+    assert err.value.code == 401
+
+
+def test_key_set_refuses_rsa_keys() -> None:
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    with pytest.raises(ValueError):
+        KeySet({"x": rsa.generate_private_key(65537, 2048).public_key()})
+
+
+async def test_verify_when_known_waits_for_a_key_published_a_moment_later() -> None:
+    signer = CapabilitySigner.generate()
+    keyset = KeySet()
+    verifier = CapabilityVerifier(None, "n1", keys=keyset)
+    token = signer.sign(node="n1", subject="a", operation="copy.stat")
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.2, keyset.replace, {signer.key_id: signer.public_key})
+    assert (await verifier.verify_when_known(token, wait=3.0)).subject == "a"
+    other = CapabilitySigner.generate().sign(node="n1", subject="b", operation="copy.stat")
+    t0 = loop.time()
+    with pytest.raises(StatusError):
+        await verifier.verify_when_known(other, wait=0.3)
+    assert 0.25 < loop.time() - t0 < 2.0

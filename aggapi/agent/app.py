@@ -37,12 +37,14 @@ from aggapi.agent.progress.cri_backend import CRIBackend
 from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import Backend, ProgressPoller
+from aggapi.agentidentity import Identity, IdentityPublisher
 from aggapi.capability import CapabilityVerifier
 from aggapi.delegated import AccessReviewer, TokenReviewer, nonresource_guard
 from aggapi.kube import KubeClient, load_client
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.status import status_middleware
+from aggapi.tokenkeys import KeyWatch
 
 
 @dataclass
@@ -60,8 +62,14 @@ class AgentParts:
     metrics: AgentMetrics
     readiness: ReadinessChecks
     # The metrics port's TokenReviews and SubjectAccessReviews go here (the agent's
-    # ServiceAccount, system:auth-delegator only); None without delegated metrics auth.
+    # ServiceAccount: system:auth-delegator, and reading the published token keys);
+    # None when neither delegated metrics auth nor --token-key-set needs it.
     kube: KubeClient | None = None
+    # The apiserver replicas' published verification keys (--token-key-set); None
+    # with a fixed key file.
+    token_keys: KeyWatch | None = None
+    # Publishes this agent's in-memory serving identity (--identity-key-set).
+    identity: IdentityPublisher | None = None
 
     async def close_clients(self) -> None:
         """Close the runtime and API connections (after the apps are cleaned up)."""
@@ -85,19 +93,27 @@ def make_backend(config: AgentConfig, cri: CRIClient,
     return ContainerdBackend(containerd, platform, snapshotter=config.snapshotter)
 
 
-def runtime_checks(cri: CRIClient, containerd: ContainerdClient | None) -> ReadinessChecks:
-    """/readyz asks CRI's Version and, unless CRI-only, containerd's Version service."""
+def runtime_checks(cri: CRIClient, containerd: ContainerdClient | None,
+                   token_keys: KeyWatch | None = None,
+                   identity: IdentityPublisher | None = None) -> ReadinessChecks:
+    """/readyz asks CRI's Version and, unless CRI-only, containerd's Version service;
+    with published token keys, also that they have been listed."""
     # Looked up per call: test fakes of the clients need not answer probes.
     checks: list[tuple[str, Check]] = [("cri", lambda: cri.version())]
     if containerd is not None:
         checks.append(("containerd", lambda: containerd.version()))
+    if token_keys is not None:
+        checks.append(("token-keys", token_keys.check))
+    if identity is not None:
+        checks.append(("identity", identity.check))
     return ReadinessChecks(checks)
 
 
 def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClient | None,
               verifier: CapabilityVerifier, backend: Backend | None = None,
               copy_resolver: Resolver | None = None, kube: KubeClient | None = None,
-              ) -> AgentParts:
+              token_keys: KeyWatch | None = None,
+              identity: IdentityPublisher | None = None) -> AgentParts:
     """The engines over given runtime clients. ``backend`` replaces the progress
     backend and ``copy_resolver`` the CRI container lookup (tests and benchmarks);
     ``kube`` answers the metrics port's reviews."""
@@ -110,20 +126,38 @@ def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClie
                       poller=poller, pull_limits=KubeletConfigReader(config.kubelet_config),
                       copy=copy_engine.new_state(config.copy, cri, copy_resolver,
                                                 as_root=config.copy_as_root),
-                      metrics=metrics, readiness=runtime_checks(cri, containerd), kube=kube)
+                      metrics=metrics,
+                      readiness=runtime_checks(cri, containerd, token_keys, identity),
+                      kube=kube, token_keys=token_keys, identity=identity)
 
 
-async def connect(config: AgentConfig) -> AgentParts:
-    """The production parts: the node's runtime sockets and the token key from disk."""
-    key = await asyncio.to_thread(Path(config.token_public_key).read_bytes)
-    verifier = CapabilityVerifier(key, config.node_name, issuer=config.token_issuer)
+async def connect(config: AgentConfig, identity: Identity | None = None) -> AgentParts:
+    """The production parts: the node's runtime sockets, and the token key from disk or
+    the watch of the apiserver replicas' published keys."""
+    kube = None
+    if config.token_key_set or identity is not None or (
+            config.metrics_port and config.metrics_auth == "delegated"):
+        kube = await load_client(config.kubeconfig or None)
+    token_keys = None
+    if config.token_key_set:
+        assert kube is not None
+        token_keys = KeyWatch(kube, namespace=config.token_key_namespace,
+                              key_set=config.token_key_set)
+        verifier = CapabilityVerifier(None, config.node_name, issuer=config.token_issuer,
+                                      keys=token_keys.keys)
+    else:
+        key = await asyncio.to_thread(Path(config.token_public_key).read_bytes)
+        verifier = CapabilityVerifier(key, config.node_name, issuer=config.token_issuer)
     cri = CRIClient(config.cri_address)
     containerd = (ContainerdClient(config.containerd_address, config.containerd_namespace)
                   if config.runtime == "containerd" else None)
-    kube = None
-    if config.metrics_port and config.metrics_auth == "delegated":
-        kube = await load_client(config.kubeconfig or None)
-    return new_parts(config, cri=cri, containerd=containerd, verifier=verifier, kube=kube)
+    publisher = None
+    if identity is not None:
+        assert kube is not None
+        publisher = IdentityPublisher(kube, identity, node=config.node_name,
+                                      key_set=config.identity_key_set)
+    return new_parts(config, cri=cri, containerd=containerd, verifier=verifier, kube=kube,
+                     token_keys=token_keys, identity=publisher)
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -156,10 +190,21 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
     # No /metrics here: only the apiserver's client certificate reaches this port, and
     # Prometheus has none; metrics are on the metrics port (build_metrics_app) alone.
 
+    tasks: list[asyncio.Task[None]] = []
+
     async def start(_app: web.Application) -> None:
+        if parts.token_keys is not None:
+            parts.token_keys.start()
+        if parts.identity is not None:
+            tasks.append(asyncio.create_task(parts.identity.run(), name="agent-identity"))
         await copy_engine.startup(parts.copy)
 
     async def stop(_app: web.Application) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if parts.token_keys is not None:
+            await parts.token_keys.stop()
         await parts.poller.close()
         copy_engine.shutdown(parts.copy)
 

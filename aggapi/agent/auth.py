@@ -102,7 +102,7 @@ def auth_middleware(verifier: CapabilityVerifier, allowed_cns: Collection[str],
         op = operations.get((request.method, request.path))
         if op is None:
             raise StatusError(404, f"no such agent endpoint: {request.method} {request.path}")
-        cap = verifier.verify(bearer(request))
+        cap = await verifier.verify_when_known(bearer(request))
         if cap.operation != op:
             raise StatusError(403, f"capability is for {cap.operation!r}, not {op!r}")
         if cri is not None:

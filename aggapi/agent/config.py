@@ -22,11 +22,18 @@ class AgentConfig:
     tls_cert: str
     tls_key: str
     client_ca: str  # aggapi's internal CA: the apiserver's client cert must chain to it
-    token_public_key: str  # capability verification key: PEM public key or certificate
+    # Capability verification key: a PEM public key or certificate file, or "" to
+    # follow the apiserver replicas' published keys (token_key_set, aggapi.tokenkeys).
+    token_public_key: str
     host: str = "0.0.0.0"
     port: int = 10443
     allowed_client_cns: tuple[str, ...] = (APISERVER_CLIENT_CN,)
     token_issuer: str = "aggapi-apiserver"
+    token_key_set: str = ""  # label value of the published key ConfigMaps to follow
+    token_key_namespace: str = ""  # where they are
+    # "": serve tls_cert/tls_key. Else a key made in memory, published as a CSR with this
+    # label value (aggapi.agentidentity); tls_cert/tls_key are then unused.
+    identity_key_set: str = ""
     runtime: str = "containerd"  # "containerd" (byte progress) | "cri" (phases only)
     cri_address: str = CONTAINERD_SOCKET
     containerd_address: str = CONTAINERD_SOCKET
@@ -105,6 +112,18 @@ def parser() -> argparse.ArgumentParser:
                    help=f"client certificate CN allowed to call (repeatable; default "
                         f"{APISERVER_CLIENT_CN})")
     p.add_argument("--token-issuer", default="aggapi-apiserver")
+    p.add_argument("--token-key-set", default="",
+                   help="follow the capability keys the apiserver replicas publish (ConfigMaps "
+                        "labelled aggapi.io/token-key-set=VALUE) instead of "
+                        "--token-public-key-file; needs get/list/watch on configmaps in "
+                        "--token-key-namespace")
+    p.add_argument("--identity-key-set", default="",
+                   help="serve a key made in memory at start (no serving key file) and "
+                        "publish its certificate as a CertificateSigningRequest labelled "
+                        "aggapi.io/agent-identity=VALUE, which the apiservers pin to this "
+                        "pod; needs create on certificatesigningrequests")
+    p.add_argument("--token-key-namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                   help="namespace of the published key ConfigMaps (env POD_NAMESPACE)")
     p.add_argument("--runtime", choices=("containerd", "cri"), default="containerd",
                    help="'cri' for runtimes without a containerd content store (CRI-O)")
     p.add_argument("--cri-address", default=CONTAINERD_SOCKET,
@@ -195,6 +214,10 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
 
     if not a.node_name:
         p.error("--node-name (or NODE_NAME) is required")
+    if a.token_key_set and a.token_public_key_file:
+        p.error("--token-key-set and --token-public-key-file exclude each other")
+    if a.token_key_set and not a.token_key_namespace:
+        p.error("--token-key-set needs --token-key-namespace (or POD_NAMESPACE)")
     if not 0 < a.secure_port < 65536:
         p.error("--secure-port must be in 1..65535")
     if not 0 <= a.health_port < 65536:
@@ -205,11 +228,15 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         p.error("--copy-namespace-share must be in (0, 1]")
     return AgentConfig(
         node_name=a.node_name,
-        tls_cert=pick(a.tls_cert_file, "tls-cert-file", "agent.crt"),
-        tls_key=pick(a.tls_private_key_file, "tls-private-key-file", "agent.key"),
+        tls_cert="" if a.identity_key_set else pick(a.tls_cert_file, "tls-cert-file",
+                                                    "agent.crt"),
+        tls_key="" if a.identity_key_set else pick(a.tls_private_key_file,
+                                                   "tls-private-key-file", "agent.key"),
+        identity_key_set=a.identity_key_set,
         client_ca=pick(a.client_ca_file, "client-ca-file", "ca.crt"),
-        token_public_key=pick(a.token_public_key_file, "token-public-key-file",
-                              "token-signing.pub"),
+        token_public_key="" if a.token_key_set else pick(
+            a.token_public_key_file, "token-public-key-file", "token-signing.pub"),
+        token_key_set=a.token_key_set, token_key_namespace=a.token_key_namespace,
         host=a.bind_address.strip("[]"), port=a.secure_port,
         allowed_client_cns=tuple(a.allowed_client_cn or (APISERVER_CLIENT_CN,)),
         token_issuer=a.token_issuer, runtime=a.runtime, cri_address=a.cri_address,

@@ -15,6 +15,7 @@ from aggapi import eventloop, logs, serving
 from aggapi.agent.app import build_app, build_health_app, build_metrics_app, connect
 from aggapi.agent.auth import server_context, serving_context
 from aggapi.agent.config import AgentConfig, from_args
+from aggapi.agentidentity import new_identity
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,15 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    tls = await asyncio.to_thread(server_context, config.tls_cert, config.tls_key,
-                                  config.client_ca)
-    parts = await connect(config)
+    identity = None
+    if config.identity_key_set:
+        # No serving key at rest: made here, published (as a CSR) for the apiservers.
+        identity = await asyncio.to_thread(new_identity, config.node_name)
+        tls = await asyncio.to_thread(identity.server_context, config.client_ca)
+    else:
+        tls = await asyncio.to_thread(server_context, config.tls_cert, config.tls_key,
+                                      config.client_ca)
+    parts = await connect(config, identity)
     runners: list[web.AppRunner] = []
     try:
         runners.append(await listen(build_app(parts), config, config.port, tls))
@@ -53,8 +60,9 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
         if config.metrics_port:
             # Prometheus has no client certificate from aggapi's CA: server TLS only,
             # each scrape authorized by its bearer token (see build_metrics_app).
-            plain_tls = await asyncio.to_thread(serving_context, config.tls_cert,
-                                                config.tls_key)
+            plain_tls = await asyncio.to_thread(
+                identity.server_context if identity is not None else
+                (lambda: serving_context(config.tls_cert, config.tls_key)))
             runners.append(await listen(build_metrics_app(parts), config,
                                         config.metrics_port, plain_tls))
         log.info("agent serving", extra={"node": config.node_name, "port": config.port,

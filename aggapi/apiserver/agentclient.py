@@ -16,10 +16,12 @@ from typing import Any
 
 import aiohttp
 
+from aggapi.agentidentity import IdentityPins
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.capability import CapabilitySigner, ContainerRef
 from aggapi.serving import READ_BUFSIZE
 from aggapi.status import StatusError
+from aggapi.tokenkeys import KeyPublisher
 
 AGENT_SERVER_NAME = "aggapi-agent"
 
@@ -60,9 +62,16 @@ class AgentClient:
         key_file: str,
         server_name: str = AGENT_SERVER_NAME,
         connect_timeout: float = 5.0,
+        key_publisher: KeyPublisher | None = None,
+        pins: IdentityPins | None = None,
     ) -> None:
         self.directory = directory
         self._signer = signer
+        # Publishes the in-memory signer's public key (None: a key file, published by
+        # whoever made it).
+        self.key_publisher = key_publisher
+        # Per-pod agent certificates (agentidentity); None: agents' CA (ca_file).
+        self.pins = pins
         self._tls = _ClientTLS(ca_file, cert_file, key_file)
         self._server_name = server_name
         self._connect_timeout = connect_timeout
@@ -78,6 +87,11 @@ class AgentClient:
                 read_bufsize=READ_BUFSIZE,  # see aggapi.serving: fewer, larger pieces
             )
         return self._session
+
+    @property
+    def key_published(self) -> bool:
+        """Whether agents can know this replica's token key (for /readyz)."""
+        return self.key_publisher is None or self.key_publisher.published.is_set()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -107,6 +121,13 @@ class AgentClient:
         Status the agent answered.
         """
         ep = await self.directory.endpoint(node)
+        ctx = self._tls.context()
+        if self.pins is not None:
+            pinned = self.pins.context(ep.pod_uid, node)
+            if pinned is None:
+                raise StatusError(503, f'the aggapi agent on node "{node}" has not published '
+                                       "its identity yet", retry_after=5)
+            ctx = pinned
         token = self._signer.sign(
             node=node, subject=subject, operation=operation, pod_namespace=pod_namespace,
             pod_name=pod_name, pod_uid=pod_uid, containers=tuple(containers),
@@ -116,7 +137,7 @@ class AgentClient:
         try:
             resp = await self._get_session().request(
                 method, ep.url + path, params=dict(query or {}), headers=hdrs, data=data,
-                ssl=self._tls.context(), server_hostname=self._server_name,
+                ssl=ctx, server_hostname=self._server_name,
             )
         except (aiohttp.ClientConnectionError, TimeoutError, ssl.SSLError) as exc:
             raise StatusError(503, f'aggapi agent on node "{node}" is unreachable: {exc}',
@@ -130,7 +151,7 @@ def require_agent(agent: AgentClient | None) -> AgentClient:
     """The client for node agents, or a 503 when this server was started without one."""
     if agent is None:
         raise StatusError(503, "aggapi is not configured to reach node agents "
-                               "(--agent-* and --token-signing-key-file)", retry_after=30)
+                               "(--agent-* flags)", retry_after=30)
     return agent
 
 

@@ -3,12 +3,21 @@
 A watch-backed cache (one list+watch for the whole process, not one call per
 request). Only ready endpoints count; the slice's ``nodeName`` says which node an
 agent serves, which is how KubeVirt's virt-api finds its virt-handler too.
+
+An EndpointSlice is only a claim: whoever can write EndpointSlices in the agents'
+namespace, or the agent on another node, could point a node's requests (and their
+capability tokens) elsewhere. So with ``pod_check`` (the default) an entry counts only
+when its ``targetRef`` is a pod, by name and uid, whose controller is the agent
+DaemonSet, which runs on that very node (``spec.nodeName``) and has that address. Faking
+that takes creating pods in aggapi's namespace, which Pod Security keeps privileged:
+already as much as root on a node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +26,18 @@ from aggapi.kube import KubeClient, path_segment
 from aggapi.kubewatch import Informer
 from aggapi.status import StatusError
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class AgentEndpoint:
     node: str
     address: str
     port: int
+    # The EndpointSlice entry's targetRef (a Pod), as the slice names it.
+    pod: str = ""
+    pod_uid: str = ""
+    pod_namespace: str = ""
 
     @property
     def url(self) -> str:
@@ -44,43 +59,108 @@ def endpoints_from_slice(es: Mapping[str, Any], port_name: str) -> list[AgentEnd
         if cond.get("ready") is False or cond.get("terminating"):
             continue
         node = ep.get("nodeName")
+        ref = ep.get("targetRef") or {}
+        target = (str(ref.get("name") or ""), str(ref.get("uid") or ""),
+                  str(ref.get("namespace") or "")) if ref.get("kind") == "Pod" else ("", "", "")
         for addr in ep.get("addresses") or []:
             if node and addr:
-                out.append(AgentEndpoint(node=node, address=addr, port=int(port)))
+                out.append(AgentEndpoint(node=node, address=addr, port=int(port),
+                                         pod=target[0], pod_uid=target[1],
+                                         pod_namespace=target[2]))
     return out
+
+
+def _pod_ips(pod: Mapping[str, Any]) -> set[str]:
+    status = pod.get("status") or {}
+    ips = {str(p.get("ip")) for p in status.get("podIPs") or () if p.get("ip")}
+    if status.get("podIP"):
+        ips.add(str(status["podIP"]))
+    return ips
+
+
+def refusal(ep: AgentEndpoint, pods: Mapping[str, Mapping[str, Any]], *, namespace: str,
+            daemonset: str) -> str | None:
+    """Why ``ep`` is not the agent DaemonSet's pod on ``ep.node`` (None: it is).
+    ``pods`` are the pods of the agents' namespace, by name."""
+    if not ep.pod or not ep.pod_uid:
+        return "its targetRef names no pod"
+    if ep.pod_namespace not in ("", namespace):
+        return f"its pod is in namespace {ep.pod_namespace!r}"
+    pod = pods.get(ep.pod)
+    meta = (pod or {}).get("metadata") or {}
+    if pod is None or meta.get("uid") != ep.pod_uid:
+        return f"no pod {ep.pod} with uid {ep.pod_uid}"
+    if meta.get("deletionTimestamp"):
+        return f"pod {ep.pod} is being deleted"
+    owner: Mapping[str, Any] = next(
+        (o for o in meta.get("ownerReferences") or () if o.get("controller")), {})
+    if (owner.get("apiVersion"), owner.get("kind"), owner.get("name")) != (
+            "apps/v1", "DaemonSet", daemonset):
+        return f"pod {ep.pod} is not controlled by DaemonSet {daemonset}"
+    if (pod.get("spec") or {}).get("nodeName") != ep.node:
+        return f"pod {ep.pod} runs on {(pod.get('spec') or {}).get('nodeName')!r}, " \
+               f"not {ep.node!r}"
+    if ep.address not in _pod_ips(pod):
+        return f"{ep.address} is not an address of pod {ep.pod}"
+    return None
 
 
 class AgentDirectory:
     """Which agent serves which node; ``lookup`` is a dict read."""
 
     def __init__(self, api: KubeClient, *, namespace: str, service: str,
-                 port_name: str = "https") -> None:
+                 port_name: str = "https", daemonset: str = "",
+                 pod_check: bool = True) -> None:
         self._port_name = port_name
+        self._namespace = namespace
+        self._daemonset = daemonset or service
         self._by_node: dict[str, AgentEndpoint] = {}
+        self._refused: dict[AgentEndpoint, str] = {}
+        ns = path_segment(namespace)
         self._informer = Informer(
-            api,
-            f"/apis/discovery.k8s.io/v1/namespaces/{path_segment(namespace)}/endpointslices",
+            api, f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
             {"labelSelector": f"kubernetes.io/service-name={service}"},
         )
         self._informer.add_listener(lambda _kind, _obj: self._rebuild())
+        # The pods of the agents' namespace: what each entry's targetRef must be.
+        self._pods = Informer(api, f"/api/v1/namespaces/{ns}/pods") if pod_check else None
+        self._informers = [self._informer] + ([self._pods] if self._pods else [])
+        if self._pods is not None:
+            self._pods.add_listener(lambda _kind, _obj: self._rebuild())
         self.service = f"{namespace}/{service}"
 
     def start(self) -> None:
-        self._informer.start()
+        for inf in self._informers:
+            inf.start()
 
     async def stop(self) -> None:
-        await self._informer.stop()
+        for inf in self._informers:
+            await inf.stop()
 
     @property
     def synced(self) -> bool:
-        return self._informer.synced.is_set()
+        return all(inf.synced.is_set() for inf in self._informers)
 
     def _rebuild(self) -> None:
         by_node: dict[str, AgentEndpoint] = {}
+        refused: dict[AgentEndpoint, str] = {}
+        pods = None
+        if self._pods is not None:
+            pods = {(o.get("metadata") or {}).get("name", ""): o
+                    for o in self._pods.items.values()}
         for es in self._informer.items.values():
             for ep in endpoints_from_slice(es, self._port_name):
+                why = None if pods is None else refusal(
+                    ep, pods, namespace=self._namespace, daemonset=self._daemonset)
+                if why is not None:
+                    refused[ep] = why
+                    continue
                 by_node.setdefault(ep.node, ep)
-        self._by_node = by_node
+        for ep, why in refused.items():
+            if self._refused.get(ep) != why:
+                log.warning("ignoring agent endpoint %s for node %s: %s",
+                            ep.address, ep.node, why)
+        self._by_node, self._refused = by_node, refused
 
     async def endpoint(self, node: str, sync_timeout: float = 5.0) -> AgentEndpoint:
         """Like :meth:`lookup`, but first waits (briefly) for the initial list."""

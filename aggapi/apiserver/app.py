@@ -32,6 +32,11 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
         agent = parts.agent
         if agent is not None:
             agent.directory.start()
+            if agent.pins is not None:
+                agent.pins.start()
+            if agent.key_publisher is not None:
+                tasks.append(asyncio.create_task(agent.key_publisher.run(),
+                                                 name="token-key"))
         yield
         for task in tasks:
             task.cancel()
@@ -42,6 +47,8 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
         await parts.pod_watches.close()
         if agent is not None:
             await agent.directory.stop()
+            if agent.pins is not None:
+                await agent.pins.stop()
             await agent.close()
 
     return run

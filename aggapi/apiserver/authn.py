@@ -4,7 +4,10 @@
    was issued by the requestheader CA and whose CN is allowed;
 2. a client certificate issued by the client CA (CN = user, O = groups);
 3. a bearer token, via TokenReview (cached);
-4. anonymous, if enabled.
+4. anonymous, if enabled, and only on the paths given (the probes, which skip
+   authentication anyway, and ``/metrics`` with ``--always-allow-metrics``): an
+   unauthenticated request anywhere else is a 401, never a SubjectAccessReview for
+   ``system:anonymous``, so an RBAC binding to it cannot open the subresources.
 
 As in k8s.io/apiserver's union authenticator, the first success wins and a
 failure (e.g. a certificate nobody trusts) is a 401 only when nothing succeeds.
@@ -20,7 +23,7 @@ import logging
 import ssl
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # Paths served to anyone: probes must not depend on the control plane.
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
+# Where an anonymous request may go by default: the probes alone.
+ANONYMOUS_PATHS = UNAUTHENTICATED_PATHS
 
 
 def _cn(cert: x509.Certificate) -> str:
@@ -86,11 +91,13 @@ class _PeerCheck:
 class Authenticator:
     def __init__(self, source: AuthConfigSource, tokens: TokenReviewer, metrics: Metrics, *,
                  anonymous_enabled: bool = True,
+                 anonymous_paths: Container[str] = ANONYMOUS_PATHS,
                  extra_client_cas: Sequence[x509.Certificate] = ()) -> None:
         self.source = source
         self.tokens = tokens
         self.metrics = metrics
         self.anonymous_enabled = anonymous_enabled
+        self.anonymous_paths = anonymous_paths
         self.extra_client_cas = tuple(extra_client_cas)
         self._peer_cache: OrderedDict[bytes, _PeerCheck] = OrderedDict()
         self._peer_cfg: AuthConfig | None = None
@@ -199,9 +206,12 @@ class Authenticator:
             raise AuthenticationFailed("untrusted_identity_headers",
                                        "identity headers from an untrusted peer")
         # 4. anonymous
-        if self.anonymous_enabled:
-            return anonymous()
-        raise AuthenticationFailed("anonymous_disabled", "anonymous requests are disabled")
+        if not self.anonymous_enabled:
+            raise AuthenticationFailed("anonymous_disabled", "anonymous requests are disabled")
+        if request.path not in self.anonymous_paths:
+            raise AuthenticationFailed("anonymous_path",
+                                       "anonymous requests are allowed on health paths only")
+        return anonymous()
 
 
 def _peer_der(request: web.Request) -> bytes | None:

@@ -40,10 +40,23 @@ class ApiServerConfig:
     agent_namespace: str = "aggapi"
     agent_service: str = "aggapi-agent"
     agent_port_name: str = "https"
+    # Use only EndpointSlice entries that are the agent DaemonSet's pod on their node.
+    agent_pod_check: bool = True
+    agent_daemonset: str = ""  # "" = --agent-service's name
+    # "": trust agents whose serving cert chains to agent_ca_file. Else pin each agent
+    # pod to the certificate it published (a CSR with this label value).
+    agent_identity_key_set: str = ""
+    agent_service_account: str = ""  # "" = --agent-service's name
     agent_ca_file: str = ""
     agent_client_cert_file: str = ""
     agent_client_key_file: str = ""
+    # Empty: a key pair made in memory at start, its public half published as a
+    # ConfigMap owned by this pod (aggapi.tokenkeys); needs the four fields below.
     token_signing_key_file: str = ""
+    token_key_set: str = ""
+    pod_namespace: str = ""
+    pod_name: str = ""
+    pod_uid: str = ""
     # pods/imagepullprogress on the plain (non-/watch/) path ends cleanly before
     # kube-apiserver's --request-timeout (60 s) would cut it mid-line.
     stream_deadline: float = 55.0
@@ -66,7 +79,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "kubeconfig": (str, "kubeconfig; empty: in-cluster credentials or the default"),
     "auth-configmap-namespace": (str, "namespace of the authentication ConfigMap"),
     "auth-configmap-name": (str, "name of the authentication ConfigMap"),
-    "anonymous-auth": (bool, "let unauthenticated requests through as system:anonymous"),
+    "anonymous-auth": (bool, "let unauthenticated requests to the health paths (and /metrics "
+                       "with --always-allow-metrics) through as system:anonymous; "
+                       "anywhere else they are a 401"),
     "authn-cache-ttl": (float, "seconds a TokenReview result is cached"),
     "authz-allow-ttl": (float, "seconds an allowed SubjectAccessReview is cached"),
     "authz-deny-ttl": (float, "seconds a denied SubjectAccessReview is cached"),
@@ -82,10 +97,28 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "agent-namespace": (str, "namespace of the agent Service"),
     "agent-service": (str, "name of the agent Service (its EndpointSlices carry nodeName)"),
     "agent-port-name": (str, "name of the agent's HTTPS port in the EndpointSlices"),
+    "agent-pod-check": (bool, "use an EndpointSlice entry only when its targetRef is a pod "
+                              "controlled by the agent DaemonSet, on that node, with that "
+                              "address (off: agents that run outside pods)"),
+    "agent-daemonset": (str, "name of the agent DaemonSet (default: --agent-service)"),
+    "agent-identity-key-set": (str, "trust each agent pod only with the certificate it "
+                                    "published (CSRs labelled aggapi.io/agent-identity="
+                                    "VALUE, made with its pod's token); needs "
+                                    "--agent-pod-check"),
+    "agent-service-account": (str, "the agents' ServiceAccount, whose CSRs count "
+                                   "(default: --agent-service)"),
     "agent-ca-file": (str, "CA bundle that signs the agents' serving certificates"),
     "agent-client-cert-file": (str, "client certificate presented to agents (mTLS)"),
     "agent-client-key-file": (str, "key of --agent-client-cert-file"),
-    "token-signing-key-file": (str, "ES256/Ed25519 private key for agent capability tokens"),
+    "token-signing-key-file": (str, "ES256/Ed25519 private key for agent capability tokens; "
+                               "empty: a key made in memory at start, its public key "
+                               "published as a ConfigMap (needs --token-key-set and "
+                               "--pod-namespace/--pod-name/--pod-uid)"),
+    "token-key-set": (str, "label value (aggapi.io/token-key-set) of the published key "
+                           "ConfigMap; the agents watch this set"),
+    "pod-namespace": (str, "this replica's namespace, where its key ConfigMap goes"),
+    "pod-name": (str, "this replica's pod name (the downward API)"),
+    "pod-uid": (str, "this replica's pod uid: the key ConfigMap's owner"),
     "stream-deadline": (float, "seconds after which a stream on the plain path ends "
                                "cleanly (kube-apiserver cuts non-watch requests at 60 s)"),
     "copy-require-exec": (bool, "copies (download, stat, upload) also require create on "

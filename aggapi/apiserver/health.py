@@ -26,6 +26,7 @@ def readyz(auth_source: AuthConfigSource, lifecycle: Lifecycle,
         ]
         if agent is not None:
             checks.append(("agent-endpoints", agent.directory.synced))
+            checks.append(("token-key", agent.key_published))
         ok = all(passed for _, passed in checks)
         if "verbose" not in request.query:
             return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)

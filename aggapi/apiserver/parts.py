@@ -12,10 +12,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from aggapi.agentidentity import IdentityPins
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
-from aggapi.apiserver.authn import Authenticator
+from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
@@ -27,6 +28,7 @@ from aggapi.capability import CapabilitySigner
 from aggapi.delegated import TokenReviewer
 from aggapi.kube import KubeClient
 from aggapi.tlsconfig import ServingTLS
+from aggapi.tokenkeys import KeyPublisher
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +48,53 @@ class Parts:
     progress_streams: SharedStreams  # progress producers shared by identical requests
 
 
+def _signer(config: ApiServerConfig, kube_api: KubeClient
+            ) -> tuple[CapabilitySigner, KeyPublisher | None]:
+    if config.token_signing_key_file:
+        return CapabilitySigner(Path(config.token_signing_key_file).read_bytes()), None
+    # No private key at rest: made here, gone with the process; only the public half
+    # is published, for the agents.
+    if not (config.token_key_set and config.pod_namespace and config.pod_name
+            and config.pod_uid):
+        raise SystemExit("without --token-signing-key-file, --token-key-set, "
+                         "--pod-namespace, --pod-name and --pod-uid are required "
+                         "(the in-memory key's public half is published for the agents)")
+    signer = CapabilitySigner.generate()
+    return signer, KeyPublisher(kube_api, signer, namespace=config.pod_namespace,
+                                pod_name=config.pod_name, pod_uid=config.pod_uid,
+                                key_set=config.token_key_set)
+
+
 def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient | None:
     files = (config.agent_ca_file, config.agent_client_cert_file,
-             config.agent_client_key_file, config.token_signing_key_file)
+             config.agent_client_key_file)
     if not all(files):
-        if any(files):
-            raise SystemExit("--agent-ca-file, --agent-client-cert-file, "
-                             "--agent-client-key-file and --token-signing-key-file go together")
+        if any(files) or config.token_signing_key_file:
+            raise SystemExit("--agent-ca-file, --agent-client-cert-file and "
+                             "--agent-client-key-file go together (and with "
+                             "--token-signing-key-file, if given)")
         log.warning("no agent credentials configured: the subresources will answer 503")
         return None
     directory = AgentDirectory(kube_api, namespace=config.agent_namespace,
-                               service=config.agent_service, port_name=config.agent_port_name)
-    signer = CapabilitySigner(Path(config.token_signing_key_file).read_bytes())
+                               service=config.agent_service, port_name=config.agent_port_name,
+                               daemonset=config.agent_daemonset,
+                               pod_check=config.agent_pod_check)
+    signer, publisher = _signer(config, kube_api)
+    pins = None
+    if config.agent_identity_key_set:
+        if not config.agent_pod_check:
+            raise SystemExit("--agent-identity-key-set needs --agent-pod-check (the pin is "
+                             "per agent pod)")
+        pins = IdentityPins(kube_api, key_set=config.agent_identity_key_set,
+                            namespace=config.agent_namespace,
+                            service_account=config.agent_service_account
+                            or config.agent_service,
+                            client_cert=config.agent_client_cert_file,
+                            client_key=config.agent_client_key_file)
     return AgentClient(directory, signer, ca_file=config.agent_ca_file,
                        cert_file=config.agent_client_cert_file,
-                       key_file=config.agent_client_key_file)
+                       key_file=config.agent_client_key_file, key_publisher=publisher,
+                       pins=pins)
 
 
 def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS | None = None,
@@ -83,6 +117,9 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
         config=config, kube_api=kube_api, metrics=metrics, auth_source=source,
         authenticator=Authenticator(source, tokens, metrics,
                                     anonymous_enabled=config.anonymous_auth,
+                                    anonymous_paths=ANONYMOUS_PATHS | (
+                                        {"/metrics"} if config.always_allow_metrics
+                                        else set()),
                                     extra_client_cas=extra_cas),
         authorizer=Authorizer(kube_api, metrics, allow_ttl=config.authz_allow_ttl,
                               deny_ttl=config.authz_deny_ttl, maxsize=config.authz_cache_size,

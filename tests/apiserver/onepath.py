@@ -120,6 +120,8 @@ class FakeAgent(AgentClient):
 
     def __init__(self) -> None:  # no TLS, no signer
         self.directory = FakeDirectory()
+        self.key_publisher = None
+        self.pins = None
         self.calls: list[dict[str, Any]] = []
 
     async def close(self) -> None:
@@ -142,6 +144,11 @@ class FakeAuthSource(AuthConfigSource):
         await asyncio.Event().wait()
 
 
+class _AnyPath:
+    def __contains__(self, _path: object) -> bool:
+        return True
+
+
 @dataclass
 class Env:
     server: TestServer
@@ -156,6 +163,9 @@ class Env:
                                  "authz_deny_ttl": 0, "stream_deadline": 5.0, **config})
         parts = complete(cfg, kube_api=api, auth_source=FakeAuthSource(api))
         parts.agent, parts.pod_watches = agent, hub
+        # These tests send unauthenticated requests to see what reaches authorization:
+        # anonymous is let through on every path (the product allows only the probes).
+        parts.authenticator.anonymous_paths = _AnyPath()
         server = TestServer(new_app(parts), host="127.0.0.1")
         await server.start_server()
         return cls(server, api, hub, agent)

@@ -142,12 +142,31 @@ async def test_tokenreview_unavailable_is_401_not_anonymous(server: Server,
     assert kube.sar_calls == []
 
 
-async def test_anonymous_is_authorized_as_anonymous(server: Server, kube: FakeKube) -> None:
-    async with server.session().get(PROGRESS) as resp:
-        assert resp.status == 403
-    spec = kube.sar_calls[-1]["spec"]
-    assert spec["user"] == "system:anonymous"
-    assert spec["groups"] == ["system:unauthenticated"]
+ANONYMOUS_REFUSED = (PROGRESS, "/apis/subresources.aggapi.io/v1alpha1", "/apis", "/metrics",
+                     "/openapi/v2", "/version", "/healthz/extra", "/livez/")
+
+
+async def test_anonymous_gets_401_outside_health_paths(server: Server, kube: FakeKube) -> None:
+    # Even with RBAC granting system:anonymous everything, an unauthenticated request
+    # to the API, discovery or metrics is refused before any SubjectAccessReview.
+    _allow_all(kube)
+    for path in ANONYMOUS_REFUSED:
+        async with server.session().get(path) as resp:
+            assert resp.status == 401, path
+            assert (await resp.json())["kind"] == "Status"
+    assert kube.sar_calls == []
+    for path in ("/healthz", "/livez", "/readyz"):
+        async with server.session().get(path) as resp:
+            assert resp.status < 500 and resp.status != 401, path
+
+
+async def test_anonymous_metrics_only_with_always_allow(make_server: Any,
+                                                        kube: FakeKube) -> None:
+    srv = await make_server(always_allow_metrics=True)
+    async with srv.session().get("/metrics") as resp:
+        assert resp.status == 200
+    async with srv.session().get(PROGRESS) as resp:
+        assert resp.status == 401
 
 
 async def test_anonymous_disabled(make_server: Any, kube: FakeKube) -> None:

@@ -158,8 +158,11 @@ async def test_metrics_is_a_non_resource_check(server: Server, kube: FakeKube) -
         assert resp.status == 200
         assert "aggapi_apiserver_requests_total" in await resp.text()
     kube.sar_policy = lambda _spec: False
-    async with sess.get("/metrics") as resp:
+    kube.tokens["other"] = {"username": "someone"}
+    async with sess.get("/metrics", headers={"Authorization": "Bearer other"}) as resp:
         assert resp.status == 403
+    async with sess.get("/metrics") as resp:  # anonymous: health paths only
+        assert resp.status == 401
 
 
 async def test_metrics_always_allowed_flag(make_server: Any, kube: FakeKube) -> None:

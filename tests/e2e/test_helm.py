@@ -262,11 +262,15 @@ def test_helm_upgrade_keeps_generated_certificates(control_plane: ControlPlane,
     _ensure_namespace(cp, ns)
     restore.append(("aggapi", ns))
     # The APIService (cluster-scoped) is taken over from the harness for the duration.
-    _helm(cp, "install", "aggapi", str(CHART), "-n", ns, "--take-ownership")
+    # tokenSigning.mode=helm: the generated token key must be kept too (the default,
+    # ephemeral, generates none).
+    helm_keys = ("--set", "tokenSigning.mode=helm")
+    _helm(cp, "install", "aggapi", str(CHART), "-n", ns, "--take-ownership", *helm_keys)
     before = {n: _secret_data(cp, ns, n) for n in GENERATED}
     cm_before = json.loads(cp.kubectl("get", "configmap", "-n", ns, "aggapi-token-public",
                                       "-o", "json").stdout)["data"]
-    _helm(cp, "upgrade", "aggapi", str(CHART), "-n", ns, "--set", "apiserver.replicas=3")
+    _helm(cp, "upgrade", "aggapi", str(CHART), "-n", ns, "--set", "apiserver.replicas=3",
+          *helm_keys)
     after = {n: _secret_data(cp, ns, n) for n in GENERATED}
     assert after == before
     cm_after = json.loads(cp.kubectl("get", "configmap", "-n", ns, "aggapi-token-public",

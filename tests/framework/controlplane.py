@@ -473,6 +473,8 @@ class ControlPlane:
             f"--token-signing-key-file={c / 'token-signing.key'}",
             f"--agent-namespace={NAMESPACE}", f"--agent-service={AGENT_SERVICE}",
             "--agent-port-name=https",
+            # The harness's agents run outside pods: its EndpointSlices name no pod.
+            "--agent-pod-check=false",
         ]
         known = supported_flags("apiserver")
         if "--tls-private-key-file" not in known:  # the flag's earlier name

@@ -100,6 +100,9 @@ class FakeKube:
         self.sar_error: int | None = None  # answer SARs with this HTTP error
         self.tokens: dict[str, Obj] = {}   # token -> user {username, uid, groups, extra}
         self.tokenreview_error: int | None = None
+        # Resources ("configmaps") that POST (create) and PUT (replace) may write; the
+        # rest are read-only.
+        self.writable: set[str] = set()
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -231,6 +234,8 @@ class FakeKube:
         if parsed is None:
             return _status(404, "the server could not find the requested resource", "NotFound")
         api, ns, resource, name = parsed
+        if request.method in ("POST", "PUT") and resource in self.writable:
+            return await self._write(request, api, ns, resource, name)
         if request.method != "GET":
             return _status(405, "fake apiserver: read-only resources", "MethodNotAllowed")
         if name:
@@ -248,6 +253,32 @@ class FakeKube:
         return web.json_response({"kind": "List", "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.rv)},
                                   "items": items})
+
+    async def _write(self, request: web.Request, api: str, ns: str, resource: str,
+                     name: str) -> web.Response:
+        """POST to the collection creates (409 if it exists); PUT to the object replaces
+        it (409 if its resourceVersion is not the stored one), as kube-apiserver."""
+        obj = await request.json()
+        meta = obj.setdefault("metadata", {})
+        meta["namespace"] = ns
+        current = self.get(api, resource, ns, meta.get("name", ""))
+        if request.method == "POST" and not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        if request.method == "POST":
+            if name or not meta.get("name"):
+                return _status(405, "create on the collection, with a name", "MethodNotAllowed")
+            if current is not None:
+                return _status(409, f'{resource} "{meta["name"]}" already exists',
+                               "AlreadyExists")
+            return web.json_response(self.put(api, resource, obj), status=201)
+        if meta.get("name") != name:
+            return _status(400, "the name in the body is not the path's", "BadRequest")
+        if current is None:
+            return _status(404, f'{resource} "{name}" not found', "NotFound")
+        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return _status(409, "the object has been modified", "Conflict")
+        meta["uid"] = current["metadata"]["uid"]
+        return web.json_response(self.put(api, resource, obj))
 
     async def _watch(self, request: web.Request, api: str, ns: str, resource: str,
                      fsel: str, lsel: str) -> web.StreamResponse:

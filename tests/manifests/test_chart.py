@@ -70,31 +70,56 @@ def test_values_schema_rejects_unknown_and_bad_values(helm: str) -> None:
 def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
     docs = render()
     role = find(docs, "ClusterRole", "aggapi-apiserver")
-    assert _rules(role) == {(g, r, v) for g, r in [("", "pods"), ("", "events"),
-                                                   ("discovery.k8s.io", "endpointslices")]
-                            for v in ("get", "list", "watch")}
+    assert _rules(role) == {(g, r, v) for g, r in [
+        ("", "pods"), ("", "events"), ("certificates.k8s.io", "certificatesigningrequests")]
+        for v in ("get", "list", "watch")}
+    # EndpointSlices (the agents') and ConfigMaps (its public token key) only in its own
+    # namespace: a Role, not a ClusterRole.
+    ns_role = find(docs, "Role", "aggapi-apiserver")
+    assert ns_role["metadata"]["namespace"] == "aggapi"
+    assert _rules(ns_role) == {("discovery.k8s.io", "endpointslices", v)
+                               for v in ("get", "list", "watch")} | {
+        ("", "configmaps", v) for v in ("get", "create", "update")}
     sa = {"kind": "ServiceAccount", "name": "aggapi-apiserver", "namespace": "aggapi"}
     crbs = {d["roleRef"]["name"]: d for d in docs if d["kind"] == "ClusterRoleBinding"
             and d["metadata"]["name"].startswith("aggapi-apiserver")}
     assert set(crbs) == {"aggapi-apiserver", "system:auth-delegator"}
     for b in crbs.values():
         assert b["subjects"] == [sa]
-    rb = find(docs, "RoleBinding")
-    assert rb["metadata"]["namespace"] == "kube-system"
-    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                             "name": "extension-apiserver-authentication-reader"}
-    assert rb["subjects"] == [sa]
+    rbs = {(d["metadata"]["namespace"], d["roleRef"]["name"]): d for d in docs
+           if d["kind"] == "RoleBinding" and d["subjects"] == [sa]}
+    assert set(rbs) == {("kube-system", "extension-apiserver-authentication-reader"),
+                        ("aggapi", "aggapi-apiserver")}
+    for (_ns, name), rb in rbs.items():
+        assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                 "name": name}
     # No Role/ClusterRole besides ours; the agent is bound to system:auth-delegator
-    # only (its metrics port's TokenReviews and SubjectAccessReviews).
-    roles = {d["metadata"]["name"] for d in docs if d["kind"] in ("Role", "ClusterRole")}
-    assert roles == {"aggapi-apiserver", "aggapi-view", "aggapi-edit"}
+    # (its metrics port's TokenReviews and SubjectAccessReviews) and reads ConfigMaps in
+    # its namespace (the published token keys).
+    roles = {(d["kind"], d["metadata"]["name"]) for d in docs
+             if d["kind"] in ("Role", "ClusterRole")}
+    assert roles == {("ClusterRole", "aggapi-apiserver"), ("Role", "aggapi-apiserver"),
+                     ("Role", "aggapi-agent"), ("ClusterRole", "aggapi-agent"),
+                     ("ClusterRole", "aggapi-view"), ("ClusterRole", "aggapi-edit")}
+    assert _rules(find(docs, "Role", "aggapi-agent")) == {
+        ("", "configmaps", v) for v in ("get", "list", "watch")}
+    # Its per-node serving identity: create a CSR (agent.servingIdentity=ephemeral).
+    assert _rules(find(docs, "ClusterRole", "aggapi-agent")) == {
+        ("certificates.k8s.io", "certificatesigningrequests", "create")}
     agent_sa = find(docs, "ServiceAccount", "aggapi-agent")
     assert agent_sa["automountServiceAccountToken"] is False
     agent_sa_ref = {"kind": "ServiceAccount", "name": "aggapi-agent", "namespace": "aggapi"}
     agent_bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
                       and agent_sa_ref in d["subjects"]]
-    assert [(b["kind"], b["roleRef"]["name"]) for b in agent_bindings] == [
-        ("ClusterRoleBinding", "system:auth-delegator")]
+    assert sorted((b["kind"], b["roleRef"]["name"]) for b in agent_bindings) == [
+        ("ClusterRoleBinding", "aggapi-agent"), ("ClusterRoleBinding", "system:auth-delegator"),
+        ("RoleBinding", "aggapi-agent")]
+    # With a key file, nobody needs ConfigMaps.
+    files = render(["tokenSigning.mode=existingSecret"])
+    assert _rules(find(files, "Role", "aggapi-apiserver")) == {
+        ("discovery.k8s.io", "endpointslices", v) for v in ("get", "list", "watch")}
+    assert not [d for d in files if d["metadata"]["name"] == "aggapi-agent"
+                and d["kind"] in ("Role", "RoleBinding")]
 
 
 def test_aggregated_roles(render: Render) -> None:
@@ -111,7 +136,7 @@ def test_aggregated_roles(render: Render) -> None:
     assert _rules(edit) == {(GROUP, "pods/copy", v) for v in ("get", "create", "watch")}
     off = render(["rbac.aggregateToDefaultRoles=false"])
     assert not [d for d in off if d["kind"] == "ClusterRole"
-                and d["metadata"]["name"] != "aggapi-apiserver"]
+                and d["metadata"]["name"] not in ("aggapi-apiserver", "aggapi-agent")]
 
 
 def _pod_spec(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -121,7 +146,9 @@ def _pod_spec(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", sorted(TLS_MODES))
 def test_agents_get_only_public_token_material(render: Render, mode: str) -> None:
-    docs = render(TLS_MODES[mode])
+    sets = TLS_MODES[mode] if "tokenSigning.mode=existingSecret" in TLS_MODES[mode] else [
+        *TLS_MODES[mode], "tokenSigning.mode=helm"]
+    docs = render(sets)
     signing = "aggapi-token-signing"
     agent = _pod_spec(docs, "DaemonSet")
     refs = json.dumps(agent)
@@ -134,10 +161,44 @@ def test_agents_get_only_public_token_material(render: Render, mode: str) -> Non
     tok = next(v for v in api["volumes"] if v["name"] == "token-signing")
     assert tok["secret"] == {"secretName": signing, "defaultMode": 0o440,
                              "items": [{"key": "tls.key", "path": "tls.key"}]}
-    if mode != "existingSecret":
+    if "tokenSigning.mode=helm" in sets:
         cm = find(docs, "ConfigMap", "aggapi-token-public")
         pem = cm["data"]["token-public.pem"]
         assert "PRIVATE" not in pem and pem.startswith("-----BEGIN CERTIFICATE-----")
+
+
+@pytest.mark.parametrize("mode", sorted(TLS_MODES))
+def test_no_signing_key_at_rest_by_default(render: Render, mode: str) -> None:
+    """tokenSigning.mode=ephemeral (the default): no Secret or ConfigMap holds token
+    material; each apiserver replica makes its key in memory and publishes the public
+    half itself, and the agents follow the published keys."""
+    if "tokenSigning.mode=existingSecret" in TLS_MODES[mode]:
+        pytest.skip("this TLS mode's set chooses existingSecret token signing")
+    docs = render(TLS_MODES[mode])
+    assert not [d for d in docs if "token" in d["metadata"]["name"]
+                and d["kind"] in ("Secret", "ConfigMap")]
+    api = _pod_spec(docs, "Deployment")
+    c = api["containers"][0]
+    assert "token-signing" not in json.dumps(api)
+    assert {"--token-key-set=aggapi", "--pod-namespace=$(POD_NAMESPACE)",
+            "--pod-name=$(POD_NAME)", "--pod-uid=$(POD_UID)"} <= set(c["args"])
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]} == {
+        "POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name",
+        "POD_UID": "metadata.uid"}
+    agent = _pod_spec(docs, "DaemonSet")
+    assert "token-public" not in json.dumps(agent)
+    args = agent["containers"][0]["args"]
+    assert {"--token-key-set=aggapi", "--token-key-namespace=aggapi"} <= set(args)
+    assert not [a for a in args if a.startswith("--token-public-key-file")]
+
+
+def test_apiserver_on_control_plane_preset(render: Render) -> None:
+    docs = render(["apiserver.onControlPlane=true", "apiserver.nodeSelector.zone=a"])
+    api = _pod_spec(docs, "Deployment")
+    assert api["nodeSelector"] == {"node-role.kubernetes.io/control-plane": "", "zone": "a"}
+    assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+            "effect": "NoSchedule"} in api["tolerations"]
+    assert "nodeSelector" not in _pod_spec(render(), "Deployment")
 
 
 def test_workload_security(render: Render) -> None:
@@ -160,8 +221,13 @@ def test_workload_security(render: Render) -> None:
     assert ag["hostPID"] is True and ag["automountServiceAccountToken"] is False
     assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
-    assert c["securityContext"]["privileged"] is True
-    assert c["securityContext"]["runAsUser"] == 0
+    # Explicit capabilities, not privileged; no privilege escalation (issue 24, finding 10).
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": [
+        "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "SETGID", "SETUID",
+        "SYS_PTRACE"]}
+    assert sc["runAsUser"] == 0 and sc["readOnlyRootFilesystem"] is True
     assert ag["tolerations"] == [{"operator": "Exists"}]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     host = {v["name"]: v["hostPath"] for v in ag["volumes"] if "hostPath" in v}
@@ -205,6 +271,16 @@ def test_servicemonitor_only_with_the_crd(render: Render) -> None:
         assert len(hits) == 1, sm["metadata"]["name"]
         port = sm["spec"]["endpoints"][0]["port"]
         assert port in {p["name"] for p in hits[0]["spec"]["ports"]}
+    # The apiservers' certificate chains to the CA; the agents' are each their own
+    # (agent.servingIdentity=ephemeral), so Prometheus cannot verify them.
+    assert monitors["aggapi"]["spec"]["endpoints"][0]["tlsConfig"]["ca"]["secret"] == {
+        "name": "aggapi-apiserver-tls", "key": "ca.crt"}
+    assert monitors["aggapi-agent"]["spec"]["endpoints"][0]["tlsConfig"] == {
+        "insecureSkipVerify": True}
+    shared = render(["serviceMonitor.enabled=true", "agent.servingIdentity=certificate"],
+                    extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"])
+    sm = find(shared, "ServiceMonitor", "aggapi-agent")
+    assert sm["spec"]["endpoints"][0]["tlsConfig"]["ca"]["secret"]["name"] == "aggapi-agent-tls"
     agent_svc = find(docs, "Service", "aggapi-agent-metrics")
     assert agent_svc["spec"]["ports"] == [{"name": "metrics", "port": 10445,
                                            "targetPort": 10445, "protocol": "TCP"}]
@@ -229,7 +305,7 @@ def test_servicemonitor_only_with_the_crd(render: Render) -> None:
 
 
 def test_helm_mode_pki_is_consistent(render: Render) -> None:
-    docs = render()
+    docs = render(["tokenSigning.mode=helm"])
     secrets = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "Secret"}
     pem = {n: {k: base64.b64decode(v) for k, v in d.items()} for n, d in secrets.items()}
     ca_pem = pem["aggapi-apiserver-tls"]["ca.crt"]
@@ -267,7 +343,7 @@ def test_capability_tokens_verify_with_the_agents_material(render: Render) -> No
     """The apiserver's key signs, and the public key inside the agents' ConfigMap verifies."""
     import jwt
 
-    docs = render()
+    docs = render(["tokenSigning.mode=helm"])
     key_pem = base64.b64decode(find(docs, "Secret", "aggapi-token-signing")["data"]["tls.key"])
     cert_pem = find(docs, "ConfigMap", "aggapi-token-public")["data"]["token-public.pem"]
     key = serialization.load_pem_private_key(key_pem, None)
@@ -317,3 +393,23 @@ def test_agent_metrics_port_and_its_credentials(render: Render) -> None:
     assert sources["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
     assert find(docs, "ClusterRoleBinding", "aggapi-agent:system:auth-delegator")
 
+
+
+def test_agents_serve_per_node_identities_by_default(render: Render) -> None:
+    """agent.servingIdentity=ephemeral: no agent mounts a serving key; each publishes its
+    own, and the apiserver pins agent pods to what they published."""
+    docs = render()
+    agent = _pod_spec(docs, "DaemonSet")
+    args = agent["containers"][0]["args"]
+    assert "--identity-key-set=aggapi" in args
+    assert not [a for a in args if a.startswith(("--tls-cert-file", "--tls-private-key"))]
+    tls = next(v for v in agent["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    api_args = _pod_spec(docs, "Deployment")["containers"][0]["args"]
+    assert {"--agent-identity-key-set=aggapi",
+            "--agent-service-account=aggapi-agent"} <= set(api_args)
+    shared = render(["agent.servingIdentity=certificate"])
+    shared_args = _pod_spec(shared, "DaemonSet")["containers"][0]["args"]
+    assert "--tls-private-key-file=/etc/aggapi/agent/tls.key" in shared_args
+    assert not [d for d in shared if d["kind"] == "ClusterRole"
+                and d["metadata"]["name"] == "aggapi-agent"]

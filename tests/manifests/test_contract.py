@@ -35,7 +35,7 @@ def test_agent_verifier_accepts_the_charts_token_public_material(render: Render)
 
     from aggapi.capability import CapabilitySigner, CapabilityVerifier
 
-    docs = render()
+    docs = render(["tokenSigning.mode=helm"])
     key_pem = base64.b64decode(find(docs, "Secret", "aggapi-token-signing")["data"]["tls.key"])
     public = find(docs, "ConfigMap", "aggapi-token-public")["data"]["token-public.pem"]
     token = CapabilitySigner(key_pem).sign(node="n1", subject="alice", operation="imagepulls")

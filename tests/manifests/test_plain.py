@@ -53,16 +53,12 @@ def test_kustomize_install_overlay(tmp_path: Path) -> None:
     api = find(docs, "APIService")
     assert base64.b64decode(api["spec"]["caBundle"]) == (out / "ca.crt").read_bytes()
     sec = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
-    assert set(sec) == {"aggapi-apiserver-tls", "aggapi-agent-tls", "aggapi-agent-client-tls",
-                        "aggapi-token-signing"}
+    # No token signing key at rest: the replicas make theirs in memory.
+    assert set(sec) == {"aggapi-apiserver-tls", "aggapi-agent-tls", "aggapi-agent-client-tls"}
     for s in sec.values():
         assert s["metadata"]["namespace"] == "aggapi"
-    assert base64.b64decode(sec["aggapi-token-signing"]["data"]["tls.key"]) == \
-        (out / "token-signing.key").read_bytes()
-    cm = find(docs, "ConfigMap", "aggapi-token-public")
-    assert cm["data"]["token-public.pem"] == (out / "token-signing.pub").read_text()
-    ds = find(docs, "DaemonSet")
-    assert "aggapi-token-signing" not in yaml.safe_dump(ds)
+    assert not [d for d in docs if d["kind"] == "ConfigMap"]
+    assert "token-signing" not in yaml.safe_dump(docs)
 
 
 def test_certs_dirs_are_gitignored() -> None:

@@ -147,13 +147,14 @@ def test_lookup_off_never_regenerates_keys(helm: str) -> None:
     assert _template(helm).stdout != _template(helm).stdout
     # lookup off with generated keys: refused, saying what to use instead.
     for sets in (["tls.helm.lookup=false"],
-                 ["tls.helm.lookup=false", "tls.mode=certManager"],
+                 ["tls.helm.lookup=false", "tls.mode=certManager", "tokenSigning.mode=helm"],
                  ["tls.helm.lookup=false", "tls.mode=existingSecret",
                   "tokenSigning.mode=existingSecret"]):  # no caBundle
         r = _template(helm, *sets)
         assert r.returncode != 0 and "tls.helm.lookup=false" in r.stderr, (sets, r.stderr)
     # The modes that work without lookup render the same bytes every time.
-    for sets in (["tls.helm.lookup=false", "tls.mode=certManager",
+    for sets in (["tls.helm.lookup=false", "tls.mode=certManager"],  # ephemeral token keys
+                 ["tls.helm.lookup=false", "tls.mode=certManager",
                   "tokenSigning.mode=existingSecret"],
                  ["tls.helm.lookup=false", "tls.mode=existingSecret",
                   "tokenSigning.mode=existingSecret", "tls.existingSecret.caBundle=PEM"]):

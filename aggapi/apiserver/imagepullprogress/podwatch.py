@@ -13,6 +13,7 @@ from typing import Any
 
 from aggapi.apiserver.imagepullprogress.pullstate import event_time
 from aggapi.kube import KubeClient, path_segment
+from aggapi.kubeevents import from_kubelet
 from aggapi.kubewatch import Informer
 
 
@@ -58,8 +59,10 @@ class PodWatch:
     @property
     def events(self) -> list[dict[str, Any]]:
         uid = ((self.pod or {}).get("metadata") or {}).get("uid")
+        node = ((self.pod or {}).get("spec") or {}).get("nodeName")
         evs = [e for e in self._events.items.values()
-               if not uid or (e.get("involvedObject") or {}).get("uid") in (uid, None)]
+               if (not uid or (e.get("involvedObject") or {}).get("uid") in (uid, None))
+               and from_kubelet(e, node)]
         return sorted(evs, key=event_time)
 
     async def wait_changed(self, since: int, timeout: float) -> int:

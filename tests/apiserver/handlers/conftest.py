@@ -88,7 +88,10 @@ class Stack:
             "involvedObject": {"kind": "Pod", "name": meta["name"],
                                "namespace": meta["namespace"], "uid": meta["uid"],
                                "fieldPath": f"spec.{kind}{{{container}}}"},
-            "reason": reason, "message": message, "lastTimestamp": t, "type": "Normal"})
+            "reason": reason, "message": message, "lastTimestamp": t, "type": "Normal",
+            # As kubelet reports: only its events from the pod's node count.
+            "source": {"component": "kubelet",
+                       "host": (pod.get("spec") or {}).get("nodeName", "")}})
 
 
 @pytest.fixture
@@ -105,6 +108,7 @@ async def stack(tmp_path: Path, make_server: Any, kube: FakeKube, cri: CRIClient
         server: Server = await make_server(
             stub_handlers=False, stream_deadline=55.0,
             agent_namespace=AGENT_NS, agent_service=AGENT_SVC,
+            agent_pod_check=False,  # the agent runs in this process, not in a pod
             agent_ca_file=str(agent_pki / "ca.crt"),
             agent_client_cert_file=str(agent_pki / "agent-client.crt"),
             agent_client_key_file=str(agent_pki / "agent-client.key"),

@@ -102,7 +102,7 @@ agentClientKey, tokenKey, tokenCrt (PEM strings; absent when the mode is not hel
 {{- /* Without lookup every render would mint new keys (a GitOps sync loop that also
 breaks the running pods' trust): refuse, and say what works instead. */ -}}
 {{- if or (eq .Values.tls.mode "helm") (eq .Values.tokenSigning.mode "helm") -}}
-{{- fail "tls.helm.lookup=false: the chart cannot keep keys it generates without lookup, so tls.mode=helm and tokenSigning.mode=helm would change on every render. Use tls.mode=certManager (tokenSigning.mode=existingSecret), or tls.mode=existingSecret and tokenSigning.mode=existingSecret with Secrets made once (aggapi certs) and tls.existingSecret.caBundle; see the chart README." -}}
+{{- fail "tls.helm.lookup=false: the chart cannot keep keys it generates without lookup, so tls.mode=helm and tokenSigning.mode=helm would change on every render. Use tls.mode=certManager (tokenSigning.mode=ephemeral, the default, or existingSecret), or tls.mode=existingSecret with Secrets made once (aggapi certs) and tls.existingSecret.caBundle; see the chart README." -}}
 {{- end -}}
 {{- if and (eq .Values.tls.mode "existingSecret") (not .Values.tls.existingSecret.caBundle) -}}
 {{- fail "tls.helm.lookup=false with tls.mode=existingSecret: set tls.existingSecret.caBundle (the CA PEM), the chart cannot read it from the Secret without lookup." -}}
@@ -255,10 +255,21 @@ container port it targets. */}}
 - --agent-service={{ include "aggapi.agentName" . }}
 - --agent-namespace={{ .Release.Namespace }}
 - --agent-port-name={{ include "aggapi.agentPortName" . }}
+{{- if eq .Values.agent.servingIdentity "ephemeral" }}
+- --agent-identity-key-set={{ include "aggapi.fullname" . }}
+- --agent-service-account={{ include "aggapi.agentSA" . }}
+{{- end }}
 - --agent-ca-file=/etc/aggapi/agent-client/ca.crt
 - --agent-client-cert-file=/etc/aggapi/agent-client/tls.crt
 - --agent-client-key-file=/etc/aggapi/agent-client/tls.key
+{{- if eq .Values.tokenSigning.mode "ephemeral" }}
+- --token-key-set={{ include "aggapi.fullname" . }}
+- --pod-namespace=$(POD_NAMESPACE)
+- --pod-name=$(POD_NAME)
+- --pod-uid=$(POD_UID)
+{{- else }}
 - --token-signing-key-file=/etc/aggapi/token-signing/tls.key
+{{- end }}
 - --authz-allow-ttl={{ .Values.apiserver.sarCacheTTL }}
 - --authz-deny-ttl={{ .Values.apiserver.sarCacheTTL }}
 - --shutdown-grace={{ .Values.apiserver.shutdownGracePeriod }}
@@ -277,13 +288,22 @@ container port it targets. */}}
 - --bind-address=0.0.0.0
 - --secure-port={{ .Values.agent.port }}
 - --node-name=$(NODE_NAME)
+{{- if eq .Values.agent.servingIdentity "ephemeral" }}
+- --identity-key-set={{ include "aggapi.fullname" . }}
+{{- else }}
 - --tls-cert-file=/etc/aggapi/agent/tls.crt
 - --tls-private-key-file=/etc/aggapi/agent/tls.key
+{{- end }}
 - --client-ca-file=/etc/aggapi/agent/ca.crt
 {{- range .Values.agent.allowedClientCNs }}
 - --allowed-client-cn={{ . }}
 {{- end }}
+{{- if eq .Values.tokenSigning.mode "ephemeral" }}
+- --token-key-set={{ include "aggapi.fullname" . }}
+- --token-key-namespace={{ .Release.Namespace }}
+{{- else }}
 - --token-public-key-file=/etc/aggapi/token-public/token-public.pem
+{{- end }}
 - --cri-address={{ .Values.agent.criSocketDir }}/{{ .Values.agent.criSocketName }}
 - --containerd-address={{ .Values.agent.criSocketDir }}/{{ .Values.agent.criSocketName }}
 {{- /* Through the host's root as PID 1 sees it (hostPID), not a hostPath mount: a
