@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aggapi.apiserver.authz import Authorizer, Permits
 from aggapi.apiserver.imagepullprogress import producer as producer_mod
@@ -264,3 +266,72 @@ async def test_two_tenants_waiting_for_a_slot(kube: FakeKube, user: str, sees: b
                     if c["spec"]["resourceAttributes"]["resource"] == "nodes"]
     assert len(node_reviews) == 1
     assert node_reviews[0]["spec"]["resourceAttributes"]["namespace"] == ""
+
+
+async def test_snapshot_ends_with_the_agents_failure_when_kubelet_has_not_said(
+        kube: FakeKube) -> None:
+    """The runtime saw the pull fail before kubelet's events arrived: the snapshot's one
+    final object is the agent's Error."""
+    pod = pod_object()
+    kube.put("api/v1", "pods", pod)
+    kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
+                                       "2026-01-01T00:00:01Z"))
+    agent = ScriptedAgent()
+    lines = agent.stream()
+    lines.send(progress("app", IMG, "Failed", error="lease released"),
+               {"kind": "Error", "container": "app", "image": IMG, "phase": "Failed",
+                "error": "lease released"})
+    lines.end()
+    async with running(kube, pod, agent, follow=False) as (got, _):
+        pass
+    assert got.phases() == ["Failed"]
+    assert [(o["kind"], o["error"]) for o in got.finals()] == [("Error", "lease released")]
+    assert got.objs[-1]["kind"] == "Error"
+
+
+AGENT_PHASES = ("Waiting", "Unknown", "Resolving", "Downloading", "Extracting", "Done",
+                "AlreadyPresent", "Failed")
+KUBELET = st.lists(st.sampled_from(["Pulling", "Failed", "BackOff", "Pulled"]), max_size=4)
+AGENT = st.lists(st.sampled_from(AGENT_PHASES), max_size=5)
+END = st.sampled_from(["eof", "summary", "error"])
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kubelet=KUBELET, agent_phases=AGENT, end=END, scheduled=st.booleans())
+def test_a_snapshot_always_ends_with_exactly_one_final_object(
+        kubelet: list[str], agent_phases: list[str], end: str, scheduled: bool) -> None:
+    """Whatever kubelet said and the agent sent, a follow=false stream's last object
+    is its only Summary/Error."""
+
+    async def run() -> Collected:
+        kube = FakeKube()
+        await kube.start()
+        try:
+            pod = pod_object(node="node-a" if scheduled else "")
+            kube.put("api/v1", "pods", pod)
+            for i, reason in enumerate(kubelet):
+                msg = (f'Failed to pull image "{IMG}": boom' if reason == "Failed"
+                       else f'{reason} image "{IMG}"')
+                kube.put("api/v1", "events", event(pod, reason, "app", msg,
+                                                   f"2026-01-01T00:00:0{i}Z"))
+            agent = ScriptedAgent()
+            lines = agent.stream()
+            lines.send(*(progress("app", IMG, p) for p in agent_phases))
+            if end == "summary":
+                lines.send({"kind": "Summary", "phase": "Done", "progress": -1, "total": -1,
+                            "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+            elif end == "error":
+                lines.send({"kind": "Error", "container": "app", "image": IMG,
+                            "phase": "Failed", "error": "gone"})
+            lines.end()
+            async with running(kube, pod, agent, follow=False) as (got, _):
+                pass
+            return got
+        finally:
+            await kube.stop()
+
+    got = asyncio.run(run())
+    assert len(got.finals()) == 1, got.objs
+    assert got.objs[-1] is got.finals()[0]
+    assert all(o.get("phase") != "Waiting" or "waiting" in o for o in got.objs)
