@@ -83,9 +83,14 @@ class Merger:
         return None
 
     def retrying(self) -> bool:
-        """kubelet is pulling again after a failure (a new attempt is under way)."""
-        return any(v.phase == PULLING and v.attempt > v.failures >= 1
-                   for v in self.k8s.values())
+        """Worth asking the agent again after it said a pull failed: kubelet is pulling
+        again (a new attempt is under way), or says every image the agent saw fail
+        arrived after all."""
+        failed = set(self._agent_failed_at)
+        vs = [self.k8s.get(c.name, K8sView()) for c in self.containers
+              if not failed or "" in failed or c.name in failed]
+        return any(v.phase == PULLING and v.attempt > v.failures >= 1 for v in vs) or (
+            bool(vs) and all(v.phase == PULLED for v in vs))
 
     def agent_failure_stale(self, container: str) -> bool:
         """The agent's Failed for ``container`` is from an earlier attempt."""

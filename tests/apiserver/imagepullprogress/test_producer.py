@@ -289,6 +289,33 @@ async def test_snapshot_ends_with_the_agents_failure_when_kubelet_has_not_said(
     assert got.objs[-1]["kind"] == "Error"
 
 
+async def test_agent_failure_contradicted_by_kubelet_is_asked_again(kube: FakeKube) -> None:
+    """The agent saw a lease go without an image, but kubelet says Pulled: the
+    stream asks the agent again (not after RETRY_POLL) and ends with its Summary."""
+    pod = pod_object()
+    kube.put("api/v1", "pods", pod)
+    kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
+                                       "2026-01-01T00:00:01Z"))
+    agent = ScriptedAgent()
+    first = agent.stream()
+    async with running(kube, pod, agent, follow=True) as (got, _):
+        first.send(progress("app", IMG, "Failed", error="lease released"),
+                   {"kind": "Error", "container": "app", "image": IMG, "phase": "Failed",
+                    "error": "lease released"})
+        first.end()
+        await until(lambda: "Failed" in got.phases())
+        second = agent.stream()
+        kube.put("api/v1", "events", event(
+            pod, "Pulled", "app", f'Successfully pulled image "{IMG}" in 1s',
+            "2026-01-01T00:00:02Z"))
+        await until(lambda: len(agent.opened) == 2, within=3)
+        second.send(progress("app", IMG, "Done", 5, 5),
+                    {"kind": "Summary", "phase": "Done", "progress": 5, "total": 5,
+                     "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+        second.end()
+    assert [o["kind"] for o in got.finals()] == ["Summary"]
+
+
 AGENT_PHASES = ("Waiting", "Unknown", "Resolving", "Downloading", "Extracting", "Done",
                 "AlreadyPresent", "Failed")
 KUBELET = st.lists(st.sampled_from(["Pulling", "Failed", "BackOff", "Pulled"]), max_size=4)
