@@ -130,7 +130,9 @@ class Merger:
                    if isinstance(p, Mapping))
 
     def waiting(self, image: str) -> dict[str, Any] | None:
-        """The node's pull slots are all taken, by pulls other than this image's own."""
+        """The node's pull slots are all taken by pulls of other images. A pull that
+        names no image yet (no manifest fetched) may be this image's own, just
+        starting: it does not count as another's."""
         nv = self.node_view
         if not nv:
             return None
@@ -139,9 +141,18 @@ class Merger:
             return None
         ref = _ref(image)
         pulls = [p for p in nv.get("pulls") or [] if isinstance(p, Mapping)]
-        if ref is not None and any(str(ref) in (p.get("images") or []) for p in pulls):
+        if ref is None:
+            return None
+        repo = f"{ref.host}/{ref.path}"
+        others = [p for p in pulls
+                  if (p.get("images") and str(ref) not in p["images"])
+                  or (not p.get("images") and p.get("repositories")
+                      and repo not in p["repositories"])]
+        if any(str(ref) in (p.get("images") or []) for p in pulls):
             return None  # the busy slot is this image's own pull, just starting
         slots = slots_of(nv)
+        if not others or (slots["limit"] is not None and len(others) < slots["limit"]):
+            return None
         count = nv.get("inFlight")
         return {"inFlight": [p for p in pulls if self.see_node_pulls or self._own(p)],
                 "inFlightCount": count if isinstance(count, int) else len(pulls),
@@ -159,7 +170,9 @@ class Merger:
         self._note_agent_phase(container, phase)
         v = self.view_of(container)
         out["attempt"] = v.attempt
-        if v.failed:
+        if v.failed and (phase in IDLE_PHASES or phase == "Failed"):
+            # (when the runtime shows bytes moving or the image there, that is a newer
+            # attempt than kubelet's failure: the runtime's phase stands)
             out.update(phase=v.phase, error=v.error)
             if v.back_off_seconds is not None:
                 out["backOffSeconds"] = v.back_off_seconds

@@ -277,7 +277,8 @@ class Producer:
         except StatusError:
             self.merger.node_view = None
             return
-        ask, self._may_see_node_pulls = self._may_see_node_pulls, None
+        ask = self._may_see_node_pulls
         if ask is not None and self.merger.others_pulling():
             # One review per stream, and only when other pods' pulls would show.
+            self._may_see_node_pulls = None
             self.merger.see_node_pulls = await ask()

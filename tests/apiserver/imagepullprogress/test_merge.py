@@ -136,3 +136,31 @@ def test_a_layer_not_started_in_a_pull_under_way_is_pending() -> None:
     m.node_view = full_node([{"images": ["reg.example/app:1"]}])
     got = m.apply(progress("app", APP.image, "Waiting", 0, 100, layer="sha256:ab"))
     assert got["phase"] == "Pending"
+
+
+def test_a_pull_that_names_no_image_yet_may_be_our_own() -> None:
+    """kubelet pulls one at a time and the only pull in flight names no image yet (no
+    manifest fetched): it may be this image's own, so Pulling, not Waiting. A pull of
+    another repository fills the slot: Waiting."""
+    m = Merger((APP,))
+    m.update(pod(), [ev("Pulling", "app", 'Pulling image "reg.example/app:1"',
+                        "2026-01-01T00:00:01Z")])
+    m.node_view = full_node([{"lease": "l", "images": [], "repositories": []}])
+    assert m.apply(progress("app", APP.image, "Unknown"))["phase"] == "Pulling"
+    m.node_view = full_node([{"lease": "l", "images": [], "repositories": ["reg.example/x"]}])
+    assert m.apply(progress("app", APP.image, "Unknown"))["phase"] == "Waiting"
+
+
+def test_the_runtime_moving_beats_kubelets_older_failure() -> None:
+    """kubelet's retry is under way but its events still say BackOff: bytes moving (or
+    the image there) are the newer truth."""
+    m = Merger((APP,))
+    m.update(pod(), [ev("Pulling", "app", 'Pulling image "reg.example/app:1"',
+                        "2026-01-01T00:00:01Z"),
+                     ev("Failed", "app", 'Failed to pull image "reg.example/app:1": x',
+                        "2026-01-01T00:00:02Z"),
+                     ev("BackOff", "app", 'Back-off pulling image "reg.example/app:1"',
+                        "2026-01-01T00:00:03Z")])
+    assert m.apply(progress("app", APP.image, "Waiting"))["phase"] == "BackOff"
+    assert m.apply(progress("app", APP.image, "Downloading", 5, 9))["phase"] == "Downloading"
+    assert m.apply(progress("app", APP.image, "Done", 9, 9))["phase"] == "Done"
