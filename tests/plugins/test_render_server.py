@@ -8,6 +8,7 @@ what a client receives. A change of either shape changes this fixture with it.
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import re
@@ -45,7 +46,13 @@ class _OnePull:
 async def node_view(tmp_path: Path, config: str) -> dict[str, Any]:
     path = tmp_path / "kubelet.yaml"
     path.write_text(config)
-    handlers = ProgressHandlers(_OnePull(), KubeletConfigReader(str(path)),  # type: ignore[arg-type]
+    # Readers that also look for a running kubelet's flags get an empty /proc: the
+    # test's file is the whole configuration, whatever runs on this machine.
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    extra = ({"proc": str(proc)}
+             if "proc" in inspect.signature(KubeletConfigReader).parameters else {})
+    handlers = ProgressHandlers(_OnePull(), KubeletConfigReader(str(path), **extra),  # type: ignore[arg-type]
                                 "node-a")
     resp = await handlers.imagepulls(make_mocked_request("GET", "/v1/imagepulls"))
     body: dict[str, Any] = json.loads(resp.body)  # type: ignore[arg-type]
