@@ -48,12 +48,34 @@ class Merger:
         # container -> kubelet's attempt when the agent first said Failed: a later
         # attempt makes that Failed stale (the agent keeps it until a new lease shows).
         self._agent_failed_at: dict[str, int] = {}
+        self._always: set[str] = set()  # containers with imagePullPolicy Always
         refs = [r for c in containers if (r := _ref(c.image)) is not None]
         self._own_images = {str(r) for r in refs}
         self._own_repos = {f"{r.host}/{r.path}" for r in refs}
 
     def update(self, pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
         self.k8s = views(pod, events, self.containers)
+        spec = pod.get("spec") or {}
+        self._always = {str(c.get("name")) for key in ("initContainers", "containers",
+                                                        "ephemeralContainers")
+                        for c in spec.get(key) or () if c.get("imagePullPolicy") == "Always"}
+
+    def _pull_ahead(self, container: str) -> bool:
+        """kubelet pulls (or, under imagePullPolicy Always, will pull) this image even
+        though it is present: the present record is not the end of it."""
+        names = [container] if container else [c.name for c in self.containers]
+        return any(self.k8s.get(n, K8sView()).phase == PULLING
+                   or (self.k8s.get(n, K8sView()).phase == "" and n in self._always)
+                   for n in names)
+
+    def hold_summary(self, summary: Mapping[str, Any]) -> bool:
+        """The agent's Summary (every image present) is not the end yet: an image it
+        found already present is being pulled again by kubelet (imagePullPolicy
+        Always, a tag that moved), or is about to be. An image it saw arrive (Done)
+        is the end of that pull."""
+        images = [i for i in summary.get("images") or () if isinstance(i, Mapping)]
+        return any(i.get("phase") == "AlreadyPresent"
+                   and self._pull_ahead(str(i.get("container") or "")) for i in images)
 
     def view_of(self, container: str) -> K8sView:
         """kubelet's view for one container, or at pod granularity (container "") for
@@ -176,6 +198,10 @@ class Merger:
             out.update(phase=v.phase, error=v.error)
             if v.back_off_seconds is not None:
                 out["backOffSeconds"] = v.back_off_seconds
+            return out
+        if phase == "AlreadyPresent" and self._pull_ahead(container):
+            # Present, but kubelet pulls again: the runtime has shown nothing new yet.
+            out.update(phase="Pulling" if v.phase == PULLING else PENDING)
             return out
         if v.phase == PULLING and self._idle(obj):
             # A layer with no bytes yet in a pull under way has not started: Pending.

@@ -61,6 +61,7 @@ class Producer:
         self._node_view_at = 0.0
         self._ended = False
         self._agent_failure: dict[str, Any] | None = None  # a snapshot's, held to the end
+        self._held = False  # the agent's Summary came while kubelet pulls again
         # The agent's latest Progress objects and what we published for them: kubelet's
         # view (a Pulling event) or the node's slots can change while the agent has
         # nothing new to say, and the merged object must follow.
@@ -138,6 +139,15 @@ class Producer:
                     if failure is not None:
                         self._publish(failure)
                 return
+            if self._held:
+                # kubelet pulls an image the agent found present: ask again shortly,
+                # until the agent follows that pull or kubelet says it is done.
+                self._held = False
+                await asyncio.sleep(RETRY_DELAY)
+                if not self._pod_update():
+                    return
+                await self._remerge(node)
+                continue
             if not await self._await_retry(node):
                 return
 
@@ -239,6 +249,11 @@ class Producer:
             if not self.merger.agent_failure_stale(str(obj["container"])):
                 self._agent_failure = obj
             return None
+        if kind == "Summary" and self.merger.hold_summary(obj):
+            # Present, but kubelet pulls again: follow that pull (ask the agent again);
+            # a snapshot ends with a Summary of what it shows.
+            self._held = self.follow
+            return self.follow
         if self.merger.queued(obj):
             await self._refresh_node_view(node)
         self._publish_merged(obj)

@@ -316,6 +316,40 @@ async def test_agent_failure_contradicted_by_kubelet_is_asked_again(kube: FakeKu
     assert [o["kind"] for o in got.finals()] == ["Summary"]
 
 
+async def test_always_repull_of_a_present_image_is_followed(kube: FakeKube) -> None:
+    """imagePullPolicy Always and the image is there: the agent's first answer is
+    AlreadyPresent and a Summary, but kubelet pulls again. The stream follows that pull
+    and ends with the agent's Summary once it saw the bytes. At 622964a the first
+    Summary ended it."""
+    pod = pod_object()
+    pod["spec"]["containers"][0]["imagePullPolicy"] = "Always"
+    kube.put("api/v1", "pods", pod)
+    present = {"kind": "Summary", "phase": "AlreadyPresent", "progress": None, "total": None,
+               "images": [{"container": "app", "image": IMG, "phase": "AlreadyPresent"}]}
+    agent = ScriptedAgent()
+    first = agent.stream()
+    first.send(progress("app", IMG, "AlreadyPresent", 9, 9), present)
+    first.end()
+    async with running(kube, pod, agent, follow=True) as (got, _):
+        await until(lambda: got.phases() == ["Pending"] and len(agent.opened) == 2)
+        kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
+                                           "2026-01-01T00:00:01Z"))
+        # the agent, asked again, still finds the old record (no lease seen yet)
+        again = agent.stream()
+        again.send(progress("app", IMG, "AlreadyPresent", 9, 9), present)
+        again.end()
+        await until(lambda: got.phases()[-1:] == ["Pulling"])
+        pull = agent.stream()
+        pull.send(progress("app", IMG, "Downloading", 3, 12))
+        await until(lambda: got.phases()[-1:] == ["Downloading"])
+        pull.send(progress("app", IMG, "Done", 12, 12),
+                  {**present, "phase": "Done",
+                   "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+        pull.end()
+    assert got.phases() == ["Pending", "Pulling", "Downloading", "Done"]
+    assert [o["phase"] for o in got.finals()] == ["Done"]
+
+
 AGENT_PHASES = ("Waiting", "Unknown", "Resolving", "Downloading", "Extracting", "Done",
                 "AlreadyPresent", "Failed")
 KUBELET = st.lists(st.sampled_from(["Pulling", "Failed", "BackOff", "Pulled"]), max_size=4)
