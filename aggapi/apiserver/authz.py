@@ -47,11 +47,16 @@ class Also:
     resource: str
     subresource: str
     methods: frozenset[str]  # the request methods that need it
+    # A cluster-scoped resource (nodes/imagepulls): no namespace, and no name, so
+    # the permission is on every object of the resource.
+    cluster: bool = False
 
     def attributes(self, info: RequestInfo) -> RequestInfo:
-        return dataclasses.replace(info, verb=self.verb, api_group=self.group,
-                                   api_version=self.version, resource=self.resource,
-                                   subresource=self.subresource)
+        return dataclasses.replace(
+            info, verb=self.verb, api_group=self.group, api_version=self.version,
+            resource=self.resource, subresource=self.subresource,
+            namespace="" if self.cluster else info.namespace,
+            name="" if self.cluster else info.name)
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,10 @@ class Authz:
     # user who may only watch cannot write through the long-running /watch/ path.
     operation_verb: bool = False
     also: tuple[Also, ...] = ()
+    # Asked, not required: what a handler shows depends on them (e.g. other
+    # namespaces' pulls on the node). Decided by this layer when the handler first
+    # needs one (request[PERMITS]), so requests that never need it cost no review.
+    optional: tuple[Also, ...] = ()
 
     def attributes(self, info: RequestInfo, method: str) -> list[RequestInfo]:
         """Every set of attributes that must be allowed, in the order they are checked."""
@@ -127,6 +136,33 @@ async def check(authorizer: Authorizer, user: UserInfo, attrs: RequestInfo) -> N
     raise path_forbidden(user, attrs.verb, attrs.path, decision.reason)
 
 
+class Permits:
+    """A request's optional permissions (``Authz.optional``), reviewed on demand."""
+
+    def __init__(self, authorizer: Authorizer | None, user: UserInfo | None,
+                 info: RequestInfo, method: str, optional: tuple[Also, ...]) -> None:
+        self._authorizer, self._user, self._info = authorizer, user, info
+        self._optional = tuple(o for o in optional if method.upper() in o.methods)
+        self._decided: dict[Also, bool] = {}
+
+    async def allows(self, perm: Also) -> bool:
+        """Whether the caller has ``perm``; False for one the route did not declare,
+        and when no decision could be had (fail closed)."""
+        if perm not in self._optional or self._authorizer is None or self._user is None:
+            return False
+        if perm not in self._decided:
+            try:
+                decision = await self._authorizer.authorize(
+                    self._user, perm.attributes(self._info))
+            except AuthorizationError:
+                return False  # not remembered: the next ask may get an answer
+            self._decided[perm] = decision.allowed
+        return self._decided[perm]
+
+
+PERMITS: web.RequestKey[Permits] = web.RequestKey("permits", Permits)
+
+
 def authz_middleware(authorizer: Authorizer,
                      authz_of: Callable[[web.Request], Authz]) -> Middleware:
     """Checks what the matched route declares (``authz_of``) for the request's one
@@ -135,11 +171,14 @@ def authz_middleware(authorizer: Authorizer,
     @web.middleware
     async def authorize(request: web.Request, handler: Handler) -> web.StreamResponse:
         info = request[INFO]
-        for attrs in authz_of(request).attributes(info, request.method):
+        authz = authz_of(request)
+        for attrs in authz.attributes(info, request.method):
             user = request.get(USER)
             if user is None:  # only unauthenticated paths lack a user: never allow
                 raise StatusError(401, "Unauthorized")
             await check(authorizer, user, attrs)
+        request[PERMITS] = Permits(authorizer, request.get(USER), info, request.method,
+                                   authz.optional)
         return await handler(request)
 
     return authorize

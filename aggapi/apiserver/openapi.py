@@ -39,8 +39,17 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {
             "image": {"type": "string", "description": "image reference; empty: whole pod"},
             "layer": {"type": "string", "description": "layer digest; empty: whole image"},
-            "progress": {"type": "integer", "format": "int64", "description": "bytes so far"},
-            "total": {"type": "integer", "format": "int64", "description": "bytes expected"},
+            "kind": {"type": "string", "description": "Progress; the stream's one final "
+                     "object is Summary, Error or Timeout"},
+            "phase": {"type": "string", "description": "Unscheduled, Pending, Pulling, "
+                      "Waiting (at the node's pull limit), Resolving, Downloading, "
+                      "Extracting, Done, AlreadyPresent, Failed, BackOff or Unknown"},
+            "progress": {"type": "integer", "format": "int64", "x-nullable": True,
+                         "description": "bytes so far; null when not known"},
+            "total": {"type": "integer", "format": "int64", "x-nullable": True,
+                      "description": "bytes expected; null when not known"},
+            "attempt": {"type": "integer", "format": "int32",
+                        "description": "pulls of the image kubelet has started"},
             "error": {"type": "string"},
         },
     },

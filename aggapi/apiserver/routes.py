@@ -24,7 +24,7 @@ from aggapi import GROUP
 from aggapi.apiserver import discovery, health, openapi
 from aggapi.apiserver.authz import OPEN, OWN, Also, Authz, default_authz
 from aggapi.apiserver.handlers.copy import CopyHandler
-from aggapi.apiserver.imagepullprogress.handler import PodProgressHandler
+from aggapi.apiserver.imagepullprogress.handler import SEE_NODE_PULLS, PodProgressHandler
 from aggapi.apiserver.imagepullprogress.nodeview import NodePullsHandler
 from aggapi.apiserver.metrics import metrics_handler
 from aggapi.apiserver.parts import Parts
@@ -42,6 +42,9 @@ READ = ("GET", "HEAD")
 # `kubectl exec` needs, unless --copy-require-exec=false.
 EXEC_FOR_COPY = Also(verb="create", group="", version="v1", resource="pods",
                      subresource="exec", methods=frozenset({"GET", "HEAD", "POST"}))
+# pods/imagepullprogress shows other pods' pulls on the node (other namespaces'
+# images) only to whoever may read the node's pulls themselves.
+PROGRESS_AUTHZ = Authz(optional=(SEE_NODE_PULLS,))
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def route_table(parts: Parts) -> list[Route]:
     ]
     for prefix in (GV, f"{GV}/watch"):
         table += [
-            Route(READ, f"{prefix}{POD}/imagepullprogress", progress),
+            Route(READ, f"{prefix}{POD}/imagepullprogress", progress, PROGRESS_AUTHZ),
             Route((*READ, "POST"), f"{prefix}{POD}/copy", copy,
                   copy_authz(cfg.copy_require_exec)),
         ]

@@ -107,14 +107,17 @@ async def run_set(args: argparse.Namespace, conn: Connection, target: Target) ->
             view.close()
     finally:
         await conn.close()
+    from aggapi.plugins.sanitize import clean
+
     for f in failures:
-        print(f"error: {f}", file=sys.stderr)
+        print(f"error: {clean(f)}", file=sys.stderr)
     return EXIT_FAIL if failures else EXIT_OK
 
 
 async def run(args: argparse.Namespace) -> int:
     from aggapi.client.errors import ClientError
     from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
+    from aggapi.plugins.sanitize import clean
     from aggapi.plugins.targets import parse_target
 
     try:
@@ -153,14 +156,21 @@ async def run(args: argparse.Namespace) -> int:
         pending = sorted({k[1] or "pod" for k, ph in rows.items() if ph not in PRESENT_PHASES})
         if rows and not pending:
             return EXIT_OK
-        print(f"error: images not present yet: {', '.join(pending) or 'no progress reported'}",
-              file=sys.stderr)
+        print(clean(f"error: images not present yet: "
+                    f"{', '.join(pending) or 'no progress reported'}"),
+              file=sys.stderr)  # servers before 'every stream ends with a final object'
         return EXIT_FAIL
     if final.get("kind") == "Summary" and all_present(final):
         return EXIT_OK
+    if final.get("kind") == "Summary":  # a --no-follow snapshot: what is not there yet
+        pending = [f"{i.get('container')} ({i.get('phase')})" for i in final.get("images") or []
+                   if i.get("phase") not in PRESENT_PHASES]
+        print(clean(f"error: images not present yet: "
+                    f"{', '.join(pending) or final.get('phase')}"), file=sys.stderr)
+        return EXIT_FAIL
     msg = final.get("error") or f"pull ended in phase {final.get('phase')}"
     where = " ".join(str(x) for x in (final.get("container"), final.get("image")) if x)
-    print(f"error: {where + ': ' if where else ''}{msg}", file=sys.stderr)
+    print(clean(f"error: {where + ': ' if where else ''}{msg}"), file=sys.stderr)
     return EXIT_FAIL
 
 

@@ -19,6 +19,7 @@ from aggapi.client.connection import Connection
 from aggapi.client.errors import AggapiError
 from aggapi.client.progress import PRESENT_PHASES, all_present, watch_progress
 from aggapi.plugins.pacing import MAX_STREAMS, STALL_SECONDS
+from aggapi.plugins.sanitize import clean, clean_obj
 from aggapi.plugins.targets import Target, follow_pods
 
 # kubelet's waiting reasons for an image that cannot be pulled.
@@ -91,7 +92,11 @@ class PullSet:
     def pod_seen(self, name: str, obj: Obj) -> PodPull:
         """Rows from the pod object: its containers, and kubelet's BackOff reasons."""
         pod = self.pods.setdefault(name, PodPull(name))
-        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        # Only what is shown is cleaned (names, images, kubelet's messages).
+        spec = clean_obj({k: (obj.get("spec") or {}).get(k)
+                          for k in ("initContainers", "containers", "nodeName")})
+        status = clean_obj({k: (obj.get("status") or {}).get(k)
+                            for k in ("initContainerStatuses", "containerStatuses")})
         for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
             row = self._row(pod, str(c.get("name", "")), str(c.get("image", "")))
             if not spec.get("nodeName") and row.phase == "Pending":
@@ -107,6 +112,7 @@ class PullSet:
         return pod
 
     def progress(self, pod: PodPull, o: Obj) -> None:
+        o = clean_obj(o)
         kind = o.get("kind")
         if kind == "Progress":
             row = self._row(pod, str(o.get("container", "")), str(o.get("image", "")))
@@ -174,7 +180,7 @@ class Runner:
                     self.set.progress(pod, o)
                     self._touch()
             except AggapiError as exc:
-                pod.failed = str(exc)
+                pod.failed = clean(str(exc))
                 self._touch()
 
     async def _watch(self) -> None:

@@ -1,8 +1,10 @@
 """How the plugins show progress: rich bars on a terminal, plain lines otherwise.
 
 Image pulls: one bar per (container, image, layer) and one aggregate bar, each
-with bytes, the server's speed and ETA and the phase; Waiting (pull slot limit),
-Extracting and errors stand out. Copies: one bar with bytes, speed and ETA.
+with bytes, the server's speed and ETA (per layer at layer granularity) and the
+phase; Waiting (pull slot limit), BackOff, Extracting and errors stand out. Every
+object from the server is cleaned of control characters first (``sanitize``), and
+no server text is read as rich markup. Copies: one bar with bytes, speed and ETA.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -24,9 +27,12 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from aggapi.plugins.sanitize import clean, clean_obj
+
 Obj = dict[str, Any]
 DONE_PHASES = ("Done", "AlreadyPresent")
-PHASE_STYLE = {"Waiting": "yellow", "Resolving": "blue", "Downloading": "white",
+PHASE_STYLE = {"Pending": "dim", "Pulling": "blue", "Waiting": "yellow",
+               "Resolving": "blue", "Downloading": "white",
                "Extracting": "cyan", "Done": "green", "AlreadyPresent": "green",
                "Failed": "bold red", "BackOff": "red", "Unknown": "dim",
                "Unscheduled": "yellow"}
@@ -47,12 +53,47 @@ def human_eta(s: float | None) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def slot_text(w: Obj) -> str:
+    """The node's pull slots from a Waiting object's ``waiting``: ``limit`` is an int
+    (or null) with ``slots`` beside it; servers before that sent the kubelet
+    config's dict as ``limit``."""
+    raw_pulls = w.get("inFlight")
+    pulls: list[Any] = raw_pulls if isinstance(raw_pulls, list) else []
+    busy = _int(w.get("inFlightCount"))
+    busy = len(pulls) if busy is None else busy
+    raw_slots = w.get("slots")
+    slots: dict[str, Any] = raw_slots if isinstance(raw_slots, dict) else {}
+    raw_limit = w.get("limit")
+    if isinstance(raw_limit, dict):  # an older server: the kubelet config's fields
+        slots = {"limit": raw_limit.get("parallelSlots"), "error": raw_limit.get("error")}
+        raw_limit = None
+    limit = _int(raw_limit)
+    if limit is None:
+        limit = _int(slots.get("limit"))
+    text = f"{busy}/{limit} in use" if limit is not None else f"{busy} in flight"
+    others = busy - len(pulls)
+    if others > 0 and pulls:
+        text += f", {others} of other pods"
+    if limit is None and slots.get("error"):
+        text += f"; limit unknown: {slots['error']}"
+    return text
+
+
 def phase_text(o: Obj) -> str:
     phase = str(o.get("phase") or "")
     w = o.get("waiting")
     if phase == "Waiting" and isinstance(w, dict):
-        busy = len(w.get("inFlight") or [])
-        return f"Waiting for a pull slot ({busy}/{w.get('limit', '?')} in use)"
+        return f"Waiting for a pull slot ({slot_text(w)})"
+    if phase == "BackOff":
+        attempt, back_off = _int(o.get("attempt")), _int(o.get("backOffSeconds"))
+        bits = [f"attempt {attempt}" if attempt else "",
+                f"retry in ~{back_off}s" if back_off is not None else ""]
+        detail = ", ".join(b for b in bits if b)
+        phase = f"BackOff ({detail})" if detail else phase
     if o.get("error"):
         return f"{phase}: {o['error']}"
     return phase
@@ -145,6 +186,7 @@ class RichPullView(PullView):
                              eta=eta, phase=phase, style=style)
 
     def update(self, o: Obj) -> None:
+        o = clean_obj(o)
         kind = o.get("kind")
         if kind == "Progress":
             self._row(o)
@@ -163,7 +205,8 @@ class RichPullView(PullView):
     def _row(self, o: Obj) -> None:
         k = key(o)
         if k not in self.rows:
-            self.rows[k] = self.progress.add_task(row_label(o, self.granularity), total=None)
+            self.rows[k] = self.progress.add_task(escape(row_label(o, self.granularity)),
+                                                  total=None)
         total = o.get("total")
         phase = str(o.get("phase") or "")
         self._set(self.rows[k], int(o.get("progress") or 0),
@@ -182,7 +225,7 @@ class RichPullView(PullView):
                   "bold red" if failed else "", all(p in DONE_PHASES for p in phases))
 
     def retrying(self, exc: BaseException, delay: float) -> None:
-        self.console.print(Text(f"stream interrupted ({exc or type(exc).__name__}); "
+        self.console.print(Text(f"stream interrupted ({clean(str(exc)) or type(exc).__name__}); "
                                 f"reconnecting in {delay:.1f}s", style="yellow"))
 
     def close(self) -> None:
@@ -199,13 +242,17 @@ class PlainPullView(PullView):
         self.err = err or sys.stderr
 
     def update(self, o: Obj) -> None:
+        o = clean_obj(o)
         kind = o.get("kind")
         if kind == "Progress":
-            total = o.get("total")
-            prog = int(o.get("progress") or 0)
-            size = (f"{human_bytes(prog)}/{human_bytes(total)}"
-                    if isinstance(total, int) and total >= 0 else human_bytes(prog))
-            pct = (f"{100 * prog // total}%" if isinstance(total, int) and total > 0
+            # Unknown sizes: null from the server, -1 from servers before it.
+            total = _int(o.get("total"))
+            total = total if total is not None and total >= 0 else None
+            got = _int(o.get("progress"))
+            prog = got if got is not None and got >= 0 else 0
+            size = (f"{human_bytes(prog)}/{human_bytes(total)}" if total is not None
+                    else human_bytes(prog) if got is not None and got >= 0 else "-")
+            pct = (f"{100 * prog // total}%" if total
                    else "100%" if o.get("phase") in DONE_PHASES else "-")
             rate = o.get("bytesPerSecond")
             line = (f"{row_label(o, self.granularity)}  {phase_text(o)}  {size}  {pct}  "
@@ -223,7 +270,7 @@ class PlainPullView(PullView):
         print(line, file=self.out, flush=True)
 
     def retrying(self, exc: BaseException, delay: float) -> None:
-        print(f"stream interrupted ({exc or type(exc).__name__}); reconnecting in "
+        print(f"stream interrupted ({clean(str(exc)) or type(exc).__name__}); reconnecting in "
               f"{delay:.1f}s", file=self.err, flush=True)
 
 
@@ -272,7 +319,7 @@ def set_table(rows: list[Any], now: float) -> Any:
         size = f"{human_bytes(r.progress)}/{human_bytes(r.total)}" if r.total >= 0 else "-"
         why = r.backoff if state == "BackOff" else r.error if state == "Failed" else ""
         phase = f"{state}: {why}" if why else state
-        table.add_row(r.pod, r.container, r.image, bar, size,
+        table.add_row(escape(r.pod), escape(r.container), escape(r.image), bar, size,
                       f"{human_bytes(r.rate)}/s" if r.rate else "-",
                       human_eta(r.eta) if not done else "-",
                       Text(phase, style=PHASE_STYLE.get(state, "yellow")))

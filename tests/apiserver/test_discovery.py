@@ -48,8 +48,11 @@ async def test_openapi_v2(server: Server) -> None:
     op = doc["paths"][path]["get"]
     assert [p["name"] for p in op["parameters"]] == ["namespace", "name"]
     ref = op["responses"]["200"]["schema"]["$ref"].removeprefix("#/definitions/")
-    assert set(doc["definitions"][ref]["properties"]) == {"image", "layer", "progress",
-                                                          "total", "error"}
+    props = doc["definitions"][ref]["properties"]
+    # KEP-5334's fields, with aggapi's kind, phase and attempt
+    assert set(props) == {"image", "layer", "progress", "total", "error", "kind", "phase",
+                          "attempt"}
+    assert props["total"]["x-nullable"] is True  # unknown sizes are null
     assert GV + "/watch/namespaces/{namespace}/pods/{name}/copy" in doc["paths"]
     assert set(doc["paths"][GV + "/namespaces/{namespace}/pods/{name}/copy"]) == {
         "get", "head", "post"}

@@ -144,8 +144,10 @@ async def test_failed_pull_ends_with_the_registry_error(
     try:
         text = pod.pull_errors["app"]
         assert "not found" in text, text
+        # A snapshot: following would stay open for kubelet's retries.
         r = await kubectl_stream(control_plane, E2EPod("default", "bad-image", "app", image,
-                                                       pod).path("imagepullprogress"),
+                                                       pod).path("imagepullprogress",
+                                                                 {"follow": "false"}),
                                  timeout=30)
     finally:
         async def delete(k: StandinKubelet) -> None:

@@ -5,11 +5,16 @@ what kubelet decided (scheduled yet, pull started, pull failed with the registry
 text, back-off). The feature merges the two into one stream:
 
 - unscheduled pod: ``Unscheduled`` objects until it has a node;
-- kubelet failed or backs off: the object carries the error, then a final
-  ``kind: Error`` ends the stream (so ``kubectl get --raw`` exits);
-- kubelet said ``Pulling`` but the runtime shows nothing while the node is at its
-  pull limit (KEP-3673): ``Waiting`` with the node's in-flight pulls and the limit;
-- every image present: the agent's ``kind: Summary`` ends the stream.
+- kubelet has not asked for an image yet (e.g. behind an init container):
+  ``Pending``; it asked and the runtime shows nothing: ``Pulling``, or ``Waiting``
+  when the node is at its pull limit (KEP-3673), with the node's pull slots and
+  its in-flight pulls (other pods' as a count, unless the caller may get
+  nodes/imagepulls);
+- kubelet failed or backs off: ``Failed``/``BackOff`` with the error; when
+  following, the stream goes on to kubelet's next attempt (``attempt``), and only
+  a failure kubelet never retries ends it with a ``kind: Error``;
+- every image present: the agent's ``kind: Summary`` ends the stream; a
+  ``follow=false`` snapshot ends with a Summary of its own (``complete: false``).
 
 On the plain path (verb get) kube-apiserver cuts the request at 60 s, possibly
 mid-line, so the stream ends itself before ``--stream-deadline`` with a

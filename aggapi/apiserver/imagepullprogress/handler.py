@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 
+from aggapi import GROUP, VERSION
 from aggapi.apiserver.agentclient import AgentClient, require_agent
+from aggapi.apiserver.authz import PERMITS, Also
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast, SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import timeout
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
@@ -27,6 +29,11 @@ from aggapi.status import StatusError, not_found
 from aggapi.wire import GROUP_VERSION_PATH
 
 GRANULARITIES = ("layer", "image", "pod")
+# Declared optional on the route (routes.py): who may see every pull on the node
+# sees other pods' (other namespaces') pulls while Waiting, not just their count.
+SEE_NODE_PULLS = Also(verb="get", group=GROUP, version=VERSION, resource="nodes",
+                      subresource="imagepulls", methods=frozenset({"GET", "HEAD"}),
+                      cluster=True)
 SYNC_TIMEOUT = 10.0
 
 
@@ -94,6 +101,10 @@ class PodProgressHandler:
         resume = _watch_path(info.namespace, info.name,
                              {k: v for k, v in request.query.items() if k != "timeout"})
         user = request[USER].name
+        permits = request.get(PERMITS)
+
+        async def see_node_pulls() -> bool:
+            return permits is not None and await permits.allows(SEE_NODE_PULLS)
         # Clients asking the same thing share one producer (agent stream + merge). The
         # user is part of the key so the agent's audit trail names who asked.
         key = (user, target.namespace, target.name, target.uid,
@@ -103,7 +114,7 @@ class PodProgressHandler:
         async def produce(out: Broadcast) -> None:
             async with hub.watch(target.namespace, target.name) as watch:
                 await Producer(out, agent, watch, target, containers, granularity, follow,
-                               user).run()
+                               user, may_see_node_pulls=see_node_pulls).run()
 
         stream = ObjectStream(request)
         await stream.start()

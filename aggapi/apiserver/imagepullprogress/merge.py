@@ -1,5 +1,12 @@
 """The merge policy: Kubernetes' view (what kubelet decided) applied to the agent's
-objects (what the runtime shows), for one stream."""
+objects (what the runtime shows), for one stream.
+
+The phases a client sees follow a pull as kubelet lives it: ``Pending`` (kubelet has
+not asked for the image yet, e.g. behind an init container), ``Pulling`` (kubelet
+asked, the runtime shows nothing yet), ``Waiting`` (that, and the node is at its pull
+limit), then the runtime's ``Resolving``/``Downloading``/``Extracting``/``Done``; a
+failure is ``Failed`` then ``BackOff`` until kubelet's next ``Pulling``.
+"""
 
 from __future__ import annotations
 
@@ -7,71 +14,205 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aggapi import imageref
-from aggapi.apiserver.imagepullprogress.objects import now
-from aggapi.apiserver.imagepullprogress.pullstate import K8sView, views
+from aggapi.apiserver.imagepullprogress.nodeview import slots_of
+from aggapi.apiserver.imagepullprogress.objects import now, unknown_to_null
+from aggapi.apiserver.imagepullprogress.pullstate import PULLED, PULLING, K8sView, views
 from aggapi.capability import ContainerRef
 
 # Agent phases that mean "the runtime shows no activity for this image yet".
 IDLE_PHASES = ("Unknown", "Waiting", "Resolving")
 K8S_FAILURES = ("Failed", "BackOff")
+PENDING, WAITING = "Pending", "Waiting"
+
+
+def _ref(image: str) -> imageref.ImageRef | None:
+    try:
+        return imageref.parse(image)
+    except imageref.InvalidReference:
+        return None
 
 
 class Merger:
-    """Applies Kubernetes' view to the agent's objects for one stream."""
+    """Applies Kubernetes' view to the agent's objects for one stream.
 
-    def __init__(self, containers: Sequence[ContainerRef]) -> None:
+    ``see_node_pulls``: the caller may ``get nodes/imagepulls``; otherwise the node's
+    pulls for other pods' images are shown as a count only (they name other
+    namespaces' images and repositories)."""
+
+    def __init__(self, containers: Sequence[ContainerRef], *,
+                 see_node_pulls: bool = False) -> None:
         self.containers = containers
+        self.see_node_pulls = see_node_pulls
         self.k8s: dict[str, K8sView] = {}
         self.node_view: dict[str, Any] | None = None
+        # container -> kubelet's attempt when the agent first said Failed: a later
+        # attempt makes that Failed stale (the agent keeps it until a new lease shows).
+        self._agent_failed_at: dict[str, int] = {}
+        self._always: set[str] = set()  # containers with imagePullPolicy Always
+        refs = [r for c in containers if (r := _ref(c.image)) is not None]
+        self._own_images = {str(r) for r in refs}
+        self._own_repos = {f"{r.host}/{r.path}" for r in refs}
 
     def update(self, pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
         self.k8s = views(pod, events, self.containers)
+        spec = pod.get("spec") or {}
+        self._always = {str(c.get("name")) for key in ("initContainers", "containers",
+                                                        "ephemeralContainers")
+                        for c in spec.get(key) or () if c.get("imagePullPolicy") == "Always"}
 
-    def failure(self) -> dict[str, Any] | None:
-        """The Error object that ends the stream if kubelet gave up on an image."""
+    def _pull_ahead(self, container: str) -> bool:
+        """kubelet pulls (or, under imagePullPolicy Always, will pull) this image even
+        though it is present: the present record is not the end of it."""
+        names = [container] if container else [c.name for c in self.containers]
+        return any(self.k8s.get(n, K8sView()).phase == PULLING
+                   or (self.k8s.get(n, K8sView()).phase == "" and n in self._always)
+                   for n in names)
+
+    def hold_summary(self, summary: Mapping[str, Any]) -> bool:
+        """The agent's Summary (every image present) is not the end yet: an image it
+        found already present is being pulled again by kubelet (imagePullPolicy
+        Always, a tag that moved), or is about to be. An image it saw arrive (Done)
+        is the end of that pull."""
+        images = [i for i in summary.get("images") or () if isinstance(i, Mapping)]
+        return any(i.get("phase") == "AlreadyPresent"
+                   and self._pull_ahead(str(i.get("container") or "")) for i in images)
+
+    def view_of(self, container: str) -> K8sView:
+        """kubelet's view for one container, or at pod granularity (container "") for
+        the pod: the first failure, else the latest pull in progress."""
+        if container:
+            return self.k8s.get(container, K8sView())
+        vs = [self.k8s.get(c.name, K8sView()) for c in self.containers]
+        for v in vs:
+            if v.failed:
+                return v
+        pulling = [v for v in vs if v.phase == PULLING]
+        if pulling:
+            return max(pulling, key=lambda v: v.attempt)
+        if vs and all(v.phase == PULLED for v in vs):
+            return vs[0]
+        return K8sView()
+
+    def failure(self, follow: bool) -> dict[str, Any] | None:
+        """The Error object that ends the stream: when following, only a failure
+        kubelet will not retry; for a snapshot, any failure."""
         for c in self.containers:
             v = self.k8s.get(c.name)
-            if v is not None and v.phase in K8S_FAILURES:
+            if v is not None and v.failed and (v.permanent or not follow):
                 return {"kind": "Error", "container": c.name, "image": c.image,
                         "phase": v.phase, "error": v.error or f"image pull {v.phase}",
-                        "time": now()}
+                        "attempt": v.attempt, "time": now()}
         return None
+
+    def retrying(self) -> bool:
+        """Worth asking the agent again after it said a pull failed: kubelet is pulling
+        again (a new attempt is under way), or says every image the agent saw fail
+        arrived after all."""
+        failed = set(self._agent_failed_at)
+        vs = [self.k8s.get(c.name, K8sView()) for c in self.containers
+              if not failed or "" in failed or c.name in failed]
+        return any(v.phase == PULLING and v.attempt > v.failures >= 1 for v in vs) or (
+            bool(vs) and all(v.phase == PULLED for v in vs))
+
+    def agent_failure_stale(self, container: str) -> bool:
+        """The agent's Failed for ``container`` is from an earlier attempt."""
+        v = self.view_of(container)
+        at = self._agent_failed_at.get(container)
+        return at is not None and v.phase == PULLING and v.attempt > at
+
+    def _note_agent_phase(self, container: str, phase: str) -> None:
+        if phase == "Failed":
+            self._agent_failed_at.setdefault(container, self.view_of(container).attempt)
+        elif phase not in IDLE_PHASES:
+            self._agent_failed_at.pop(container, None)
+
+    def _idle(self, obj: Mapping[str, Any]) -> bool:
+        phase = obj.get("phase")
+        container = str(obj.get("container") or "")
+        return phase in IDLE_PHASES or (phase == "Failed" and
+                                        self.agent_failure_stale(container))
 
     def queued(self, obj: Mapping[str, Any]) -> bool:
         """kubelet is pulling this image but the runtime shows nothing yet."""
-        v = self.k8s.get(str(obj.get("container") or ""))
-        return (v is not None and v.phase == "Pulling" and obj.get("phase") in IDLE_PHASES
+        v = self.view_of(str(obj.get("container") or ""))
+        return (v.phase == PULLING and self._idle(obj)
                 and int(obj.get("progress") or 0) <= 0)
 
+    def _own(self, pull: Mapping[str, Any]) -> bool:
+        """A pull of this pod's own images (it shows nothing of another tenant's)."""
+        images = set(pull.get("images") or [])
+        if images:
+            return images <= self._own_images
+        repos = set(pull.get("repositories") or [])
+        return bool(repos) and repos <= self._own_repos
+
+    def others_pulling(self) -> bool:
+        """The node view holds pulls that are not this pod's."""
+        return any(not self._own(p) for p in (self.node_view or {}).get("pulls") or []
+                   if isinstance(p, Mapping))
+
     def waiting(self, image: str) -> dict[str, Any] | None:
-        """The node's pull slots are all taken, by pulls other than this image's own."""
+        """The node's pull slots are all taken by pulls of other images. A pull that
+        names no image yet (no manifest fetched) may be this image's own, just
+        starting: it does not count as another's."""
         nv = self.node_view
         if not nv:
             return None
         free = nv.get("slotsFree")
         if free is None or free > 0:
             return None
-        try:
-            ref = imageref.parse(image)
-        except imageref.InvalidReference:
+        ref = _ref(image)
+        pulls = [p for p in nv.get("pulls") or [] if isinstance(p, Mapping)]
+        if ref is None:
             return None
-        for pull in nv.get("pulls") or []:
-            if str(ref) in (pull.get("images") or []):
-                return None  # the busy slot is this image's own pull, just starting
-        return {"inFlight": nv.get("pulls") or [], "limit": (nv.get("kubelet") or {}),
-                "inFlightCount": nv.get("inFlight")}
+        repo = f"{ref.host}/{ref.path}"
+        others = [p for p in pulls
+                  if (p.get("images") and str(ref) not in p["images"])
+                  or (not p.get("images") and p.get("repositories")
+                      and repo not in p["repositories"])]
+        if any(str(ref) in (p.get("images") or []) for p in pulls):
+            return None  # the busy slot is this image's own pull, just starting
+        slots = slots_of(nv)
+        if not others or (slots["limit"] is not None and len(others) < slots["limit"]):
+            return None
+        count = nv.get("inFlight")
+        return {"inFlight": [p for p in pulls if self.see_node_pulls or self._own(p)],
+                "inFlightCount": count if isinstance(count, int) else len(pulls),
+                "limit": slots["limit"], "slots": slots}
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        if obj.get("kind") != "Progress":
+        kind = obj.get("kind")
+        if kind == "Summary":
+            return {**unknown_to_null(obj), "complete": True}
+        if kind != "Progress":
             return obj
-        name = str(obj.get("container") or "")
-        v = self.k8s.get(name)
-        if v is None:
-            return obj
-        if v.phase in K8S_FAILURES:
-            return {**obj, "phase": v.phase, "error": v.error}
-        if self.queued(obj):
-            waiting = self.waiting(str(obj.get("image") or ""))
-            if waiting is not None:
-                return {**obj, "phase": "Waiting", "waiting": waiting}
-        return obj
+        out = unknown_to_null(obj)
+        container = str(obj.get("container") or "")
+        phase = str(obj.get("phase") or "")
+        self._note_agent_phase(container, phase)
+        v = self.view_of(container)
+        out["attempt"] = v.attempt
+        if v.failed and (phase in IDLE_PHASES or phase == "Failed"):
+            # (when the runtime shows bytes moving or the image there, that is a newer
+            # attempt than kubelet's failure: the runtime's phase stands)
+            out.update(phase=v.phase, error=v.error)
+            if v.back_off_seconds is not None:
+                out["backOffSeconds"] = v.back_off_seconds
+            return out
+        if phase == "AlreadyPresent" and self._pull_ahead(container):
+            # Present, but kubelet pulls again: the runtime has shown nothing new yet.
+            out.update(phase="Pulling" if v.phase == PULLING else PENDING)
+            return out
+        if v.phase == PULLING and self._idle(obj):
+            # A layer with no bytes yet in a pull under way has not started: Pending.
+            out.update(phase=PENDING if obj.get("layer") else "Pulling", error="")
+            if self.queued(obj):
+                waiting = self.waiting(str(obj.get("image") or ""))
+                if waiting is not None:
+                    out.update(phase=WAITING, waiting=waiting)
+            return out
+        if phase == WAITING or (v.phase == "" and phase in IDLE_PHASES):
+            # kubelet has not asked for this image yet (or its Pulled event is ahead
+            # of the runtime): Waiting is only ever "at the node's pull limit".
+            out["phase"] = PENDING
+        return out

@@ -27,6 +27,25 @@ async def fetch_node_view(agent: AgentClient, node: str, subject: str) -> dict[s
         resp.release()
 
 
+def slots_of(view: Mapping[str, Any]) -> dict[str, Any]:
+    """The node's pull slots (KEP-3673) as ``{limit, serialize, source, error}``,
+    from the agent's ``slots`` or from older agents' ``kubelet`` member. ``limit``
+    is an int or null (unknown, or no limit: ``error`` then says which)."""
+    raw = view.get("slots")
+    if isinstance(raw, Mapping):
+        limit, serialize = raw.get("limit"), raw.get("serialize")
+        source, error = raw.get("source"), raw.get("error")
+    else:
+        old = view.get("kubelet")
+        old = old if isinstance(old, Mapping) else {}
+        limit, serialize = old.get("parallelSlots"), old.get("serializeImagePulls")
+        source, error = old.get("source"), old.get("error")
+    return {"limit": limit if isinstance(limit, int) and not isinstance(limit, bool)
+            and limit > 0 else None,
+            "serialize": serialize if isinstance(serialize, bool) else None,
+            "source": str(source or ""), "error": str(error or "")}
+
+
 class NodePullsHandler:
     """Every in-flight pull on a node, with the pods on that node waiting for it."""
 
@@ -40,6 +59,7 @@ class NodePullsHandler:
         pods = await pods_on_node(self.kube_api, node)
         for pull in view.get("pulls") or []:
             pull["pods"] = _waiting_pods(pull, pods)
+        view["slots"] = slots_of(view)
         return web.json_response(view)
 
 

@@ -1,13 +1,19 @@
 """The producer of one shared progress stream: waits for scheduling, relays the
 agent's stream, merges Kubernetes' view in, and reads the node's pull slots while
-a pull looks queued."""
+a pull looks queued.
+
+Every stream it produces ends with exactly one final object: the agent's Summary,
+an Error, or (a ``follow=false`` snapshot or unscheduled pod) a Summary of its own
+with ``complete: false``. While following, a failed pull does not end the stream:
+kubelet retries after its back-off, and the producer reopens the agent's stream
+for each new attempt; only a failure kubelet never retries ends it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -16,7 +22,12 @@ from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast
 from aggapi.apiserver.imagepullprogress.merge import Merger
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
-from aggapi.apiserver.imagepullprogress.objects import is_terminal, now, object_key
+from aggapi.apiserver.imagepullprogress.objects import (
+    is_terminal,
+    now,
+    object_key,
+    snapshot_summary,
+)
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch
 from aggapi.apiserver.pods import PodTarget, target_from_pod
 from aggapi.capability import ContainerRef
@@ -24,6 +35,11 @@ from aggapi.status import StatusError
 from aggapi.wire import AGENT_PROGRESS_PATH, OP_PROGRESS
 
 NODE_VIEW_INTERVAL = 2.0  # seconds between node-view fetches while a pull looks queued
+# After the agent said a pull failed: how soon to look again while kubelet retries
+# (the agent shows the failure until the new attempt's lease appears), and at the
+# latest without any news from kubelet.
+RETRY_DELAY = 1.0
+RETRY_POLL = 30.0
 
 
 class Producer:
@@ -34,24 +50,40 @@ class Producer:
 
     def __init__(self, out: Broadcast, agent: AgentClient, pw: PodWatch, target: PodTarget,
                  containers: Sequence[ContainerRef], granularity: str, follow: bool,
-                 user: str) -> None:
+                 user: str, *,
+                 may_see_node_pulls: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.out, self.agent, self.pw = out, agent, pw
         self.target, self.containers = target, containers
         self.granularity, self.follow, self.user = granularity, follow, user
         self.merger = Merger(containers)
+        self._may_see_node_pulls = may_see_node_pulls
         self.loop = asyncio.get_running_loop()
         self._node_view_at = 0.0
+        self._ended = False
+        self._agent_failure: dict[str, Any] | None = None  # a snapshot's, held to the end
+        self._held = False  # the agent's Summary came while kubelet pulls again
         # The agent's latest Progress objects and what we published for them: kubelet's
         # view (a Pulling event) or the node's slots can change while the agent has
         # nothing new to say, and the merged object must follow.
         self._raw: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self._sent: dict[tuple[str, str, str, str], dict[str, Any]] = {}
 
+    def _publish(self, obj: dict[str, Any]) -> None:
+        if self._ended:
+            return
+        self._ended = is_terminal(obj)
+        self.out.publish(obj)
+
     def _error(self, message: str, **extra: Any) -> None:
-        self.out.publish({"kind": "Error", "phase": "Unknown", "time": now(),
-                          "error": message, **extra})
+        self._publish({"kind": "Error", "phase": "Unknown", "time": now(),
+                       "error": message, **extra})
 
     async def run(self) -> None:
+        await self._run()
+        if not self._ended:  # a snapshot (follow=false) ends with its own Summary
+            self._publish(snapshot_summary(self.containers, list(self._sent.values())))
+
+    async def _run(self) -> None:
         version = -1
         while True:
             pod = self.pw.pod
@@ -62,43 +94,95 @@ class Producer:
             if not (pod.get("spec") or {}).get("nodeName"):
                 if self.pw.version != version:
                     for c in self.containers:
-                        self.out.publish({
+                        self._publish_merged({
                             "kind": "Progress", "container": c.name, "image": c.image,
-                            "layer": "", "phase": "Unscheduled", "progress": -1, "total": -1,
-                            "error": "", "bytesPerSecond": None, "etaSeconds": None,
-                            "time": now()})
+                            "layer": "", "phase": "Unscheduled", "progress": None,
+                            "total": None, "error": "", "bytesPerSecond": None,
+                            "etaSeconds": None, "time": now()}, merge=False)
                 if not self.follow:
                     return
                 version = self.pw.version
                 await self.pw.wait_changed(version, 3600)
                 continue
             self.target = target_from_pod(pod)
+            for key in [k for k, o in self._raw.items() if o.get("phase") == "Unscheduled"]:
+                del self._raw[key], self._sent[key]
             await self._relay_agent()
             return
 
     async def _relay_agent(self) -> None:
-        failure = self.merger.failure()
-        if failure is not None:
-            self.out.publish(failure)
-            return
         node = self.target.node
-        try:
-            upstream = await self.agent.open(
-                "GET", AGENT_PROGRESS_PATH, node=node, subject=self.user,
-                operation=OP_PROGRESS, pod_namespace=self.target.namespace,
-                pod_name=self.target.name, pod_uid=self.target.uid,
-                containers=self.containers, params={"granularity": self.granularity},
-                query={"granularity": self.granularity,
-                       "follow": "true" if self.follow else "false"})
-        except StatusError as err:
-            self._error(err.message, code=err.code)
-            return
-        try:
-            await self._pump(upstream, node)
-        finally:
-            upstream.close()
+        while True:
+            # A snapshot shows a failure on its objects first, and ends with it below.
+            failure = self.merger.failure(self.follow) if self.follow else None
+            if failure is not None:
+                self._publish(failure)
+                return
+            try:
+                upstream = await self.agent.open(
+                    "GET", AGENT_PROGRESS_PATH, node=node, subject=self.user,
+                    operation=OP_PROGRESS, pod_namespace=self.target.namespace,
+                    pod_name=self.target.name, pod_uid=self.target.uid,
+                    containers=self.containers, params={"granularity": self.granularity},
+                    query={"granularity": self.granularity,
+                           "follow": "true" if self.follow else "false"})
+            except StatusError as err:
+                self._error(err.message, code=err.code)
+                return
+            try:
+                again = await self._pump(upstream, node)
+            finally:
+                upstream.close()
+            if not again:
+                if not self.follow:
+                    failure = self.merger.failure(False) or self._agent_failure
+                    if failure is not None:
+                        self._publish(failure)
+                return
+            if self._held:
+                # kubelet pulls an image the agent found present: ask again shortly,
+                # until the agent follows that pull or kubelet says it is done.
+                self._held = False
+                await asyncio.sleep(RETRY_DELAY)
+                if not self._pod_update():
+                    return
+                await self._remerge(node)
+                continue
+            if not await self._await_retry(node):
+                return
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, node: str) -> None:
+    async def _await_retry(self, node: str) -> bool:
+        """The agent said the pull failed: follow kubelet's back-off until it pulls
+        again. False when the stream ended meanwhile."""
+        version = self.pw.version
+        deadline = self.loop.time() + RETRY_POLL
+        while not self.merger.retrying():
+            left = deadline - self.loop.time()
+            if left <= 0:
+                return True
+            version = await self.pw.wait_changed(version, left)
+            if not self._pod_update():
+                return False
+            await self._remerge(node)
+        await asyncio.sleep(RETRY_DELAY)
+        return True
+
+    def _pod_update(self) -> bool:
+        """Read the pod's latest state; False (and the final object) if it ends the stream."""
+        pod = self.pw.pod
+        if pod is None or (pod.get("metadata") or {}).get("uid") != self.target.uid:
+            self._error("the pod was deleted or replaced")
+            return False
+        self.merger.update(pod, self.pw.events)
+        failure = self.merger.failure(self.follow)
+        if failure is not None:
+            self._publish(failure)
+            return False
+        return True
+
+    async def _pump(self, upstream: aiohttp.ClientResponse, node: str) -> bool:
+        """Relay the agent's stream; True when it ended on a failed pull that kubelet
+        will retry (follow only), False when the stream is over."""
         line_task: asyncio.Task[bytes] | None = None
         pod_version = self.pw.version
         pod_task: asyncio.Task[int] | None = None
@@ -106,28 +190,22 @@ class Producer:
             while True:
                 if line_task is None:
                     line_task = asyncio.ensure_future(upstream.content.readline())
-                if pod_task is None:
+                if pod_task is None and self.follow:
                     pod_task = asyncio.ensure_future(self.pw.wait_changed(pod_version, 3600))
                 # While a pull looks queued, wake up to re-read the node's slots: the
                 # agent has nothing new to say until that pull starts.
+                waits = {t for t in (line_task, pod_task) if t is not None}
                 done, _ = await asyncio.wait(
-                    {line_task, pod_task}, return_when=asyncio.FIRST_COMPLETED,
+                    waits, return_when=asyncio.FIRST_COMPLETED,
                     timeout=NODE_VIEW_INTERVAL if self._any_queued() else None)
                 if not done:
                     await self._remerge(node)
                     continue
-                if pod_task in done:
+                if pod_task is not None and pod_task in done:
                     pod_version = pod_task.result()
                     pod_task = None
-                    pod = self.pw.pod
-                    if pod is None:
-                        self._error("the pod was deleted")
-                        return
-                    self.merger.update(pod, self.pw.events)
-                    failure = self.merger.failure()
-                    if failure is not None:
-                        self.out.publish(failure)
-                        return
+                    if not self._pod_update():
+                        return False
                     await self._remerge(node)
                 if line_task in done:
                     try:
@@ -141,9 +219,10 @@ class Producer:
                         if self.follow:
                             self._error(f'lost the stream from the aggapi agent on node '
                                         f'"{node}" ({lost}); retry the request')
-                        return
-                    if await self._forward(line, node):
-                        return
+                        return False
+                    verdict = await self._forward(line, node)
+                    if verdict is not None:
+                        return verdict
         finally:
             for t in (line_task, pod_task):
                 if t is not None:
@@ -151,31 +230,42 @@ class Producer:
                     with contextlib.suppress(BaseException):
                         await t
 
-    async def _forward(self, line: bytes, node: str) -> bool:
-        """Publish one agent object, merged; True when it ended the stream."""
+    async def _forward(self, line: bytes, node: str) -> bool | None:
+        """Publish one agent object, merged. None: go on; False: the stream ended;
+        True: the agent ended on a failed pull kubelet retries (see _pump)."""
         try:
             obj = json.loads(line)
         except ValueError:
-            return False
+            return None
         if not isinstance(obj, dict):
-            return False
+            return None
+        kind = obj.get("kind")
+        if kind == "Error" and obj.get("phase") == "Failed" and obj.get("container"):
+            # The agent's view of one image's failed pull: kubelet retries it.
+            if self.follow:
+                return True
+            # A snapshot ends with kubelet's failure (it has the registry's text) if
+            # there is one, else this one unless it is an earlier attempt's.
+            if not self.merger.agent_failure_stale(str(obj["container"])):
+                self._agent_failure = obj
+            return None
+        if kind == "Summary" and self.merger.hold_summary(obj):
+            # Present, but kubelet pulls again: follow that pull (ask the agent again);
+            # a snapshot ends with a Summary of what it shows.
+            self._held = self.follow
+            return self.follow
         if self.merger.queued(obj):
             await self._refresh_node_view(node)
         self._publish_merged(obj)
-        if obj.get("kind") == "Progress":
-            failure = self.merger.failure()
-            if failure is not None:
-                self.out.publish(failure)
-                return True
-        return is_terminal(obj)
+        return False if is_terminal(obj) else None
 
-    def _publish_merged(self, obj: dict[str, Any]) -> None:
-        merged = self.merger.apply(obj)
+    def _publish_merged(self, obj: dict[str, Any], *, merge: bool = True) -> None:
+        merged = self.merger.apply(obj) if merge else obj
         if obj.get("kind") == "Progress":
             key = object_key(obj)
             self._raw[key] = obj
             self._sent[key] = merged
-        self.out.publish(merged)
+        self._publish(merged)
 
     def _any_queued(self) -> bool:
         return any(self.merger.queued(o) for o in self._raw.values())
@@ -185,10 +275,12 @@ class Producer:
         if self._any_queued():
             await self._refresh_node_view(node)
         for key, obj in list(self._raw.items()):
+            if obj.get("phase") == "Unscheduled":
+                continue
             merged = self.merger.apply(obj)
-            if merged != self._sent.get(key):
+            if {**merged, "time": ""} != {**self._sent.get(key, {}), "time": ""}:
                 self._sent[key] = merged
-                self.out.publish({**merged, "time": now()})
+                self._publish({**merged, "time": now()})
 
     async def _refresh_node_view(self, node: str) -> None:
         now = self.loop.time()
@@ -199,3 +291,9 @@ class Producer:
             self.merger.node_view = await fetch_node_view(self.agent, node, self.user)
         except StatusError:
             self.merger.node_view = None
+            return
+        ask = self._may_see_node_pulls
+        if ask is not None and self.merger.others_pulling():
+            # One review per stream, and only when other pods' pulls would show.
+            self._may_see_node_pulls = None
+            self.merger.see_node_pulls = await ask()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aggapi.capability import ContainerRef
@@ -24,6 +24,15 @@ _FIELD_PATH = re.compile(r"^spec\.(initContainers|containers|ephemeralContainers
 _QUOTED = re.compile(r'"([^"]+)"')
 
 
+# Failures kubelet never retries: the stream ends on them even while following.
+PERMANENT_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
+# kubelet's image pull back-off (pkg/kubelet: backOffPeriod, MaxContainerBackOff):
+# 10 s after the first failure, doubling per failure, at most 300 s.
+BACKOFF_INITIAL, BACKOFF_MAX = 10, 300
+# Events of one second sort in the order kubelet emits them within one attempt.
+_RANK = {PULLING: 0, PULLED: 1, FAILED: 2, BACKOFF: 3}
+
+
 @dataclass(frozen=True)
 class K8sView:
     """Kubernetes' view of one container's image."""
@@ -32,6 +41,28 @@ class K8sView:
     error: str = ""          # the registry's / kubelet's error text
     already_present: bool = False
     since: str = ""          # timestamp of the event that set the phase
+    attempt: int = 0         # pulls kubelet started (its Pulling events, counted)
+    failures: int = 0        # pulls that failed (its 'Failed to pull image' events)
+    permanent: bool = False  # a failure kubelet will not retry
+
+    @property
+    def failed(self) -> bool:
+        return self.phase in (FAILED, BACKOFF)
+
+    @property
+    def back_off_seconds(self) -> int | None:
+        """kubelet's back-off after ``failures`` failed pulls (an estimate from its
+        fixed schedule: the retry comes with the first pod sync after it)."""
+        if not self.failed or self.permanent:
+            return None
+        n = max(self.failures, 1)
+        return min(BACKOFF_INITIAL << min(n - 1, 16), BACKOFF_MAX)
+
+
+def _count(ev: Mapping[str, Any]) -> int:
+    """How many times kubelet emitted this (deduplicated) event."""
+    n = (ev.get("series") or {}).get("count") or ev.get("count") or 1
+    return n if isinstance(n, int) and n > 0 else 1
 
 
 def _container_of(ev: Mapping[str, Any]) -> str | None:
@@ -58,15 +89,21 @@ def _statuses(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return out
 
 
+def _order(ev: Mapping[str, Any]) -> tuple[str, int]:
+    return event_time(ev), _RANK.get(str(ev.get("reason") or ""), len(_RANK))
+
+
 def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
           containers: Sequence[ContainerRef]) -> dict[str, K8sView]:
-    """One K8sView per container name, from the pod and its events (oldest first)."""
+    """One K8sView per container name, from the pod and its events (any order)."""
     if not (pod.get("spec") or {}).get("nodeName"):
         return {c.name: K8sView(phase="Unscheduled") for c in containers}
 
     by_name = {c.name: c for c in containers}
     latest: dict[str, K8sView] = {}
-    for ev in sorted(events, key=event_time):
+    attempts: dict[str, int] = {}
+    failures: dict[str, int] = {}
+    for ev in sorted(events, key=_order):
         reason = ev.get("reason") or ""
         if reason not in (PULLING, PULLED, FAILED, BACKOFF):
             continue
@@ -78,39 +115,58 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
             continue
         message = ev.get("message") or ""
         when = event_time(ev)
+        prev = latest.get(name)
         if reason == PULLING:
-            latest[name] = K8sView(phase="Pulling", since=when)
+            attempts[name] = attempts.get(name, 0) + _count(ev)
+            latest[name] = K8sView(phase=PULLING, since=when)
         elif reason == PULLED:
-            latest[name] = K8sView(phase="Pulled", since=when,
+            latest[name] = K8sView(phase=PULLED, since=when,
                                    already_present="already present" in message)
         elif reason == FAILED and (message.startswith("Error: ") or "pull" in message.lower()):
             # kubelet follows 'Failed to pull image "x": <registry text>' with a bare
             # 'Error: ErrImagePull': keep the registry's text, it is what users need.
-            prev = latest.get(name)
+            if not message.startswith("Error: "):
+                failures[name] = failures.get(name, 0) + _count(ev)
             keep = prev.error if prev and prev.error and message.startswith("Error: ") else ""
-            phase = "BackOff" if "ImagePullBackOff" in message else "Failed"
+            phase = BACKOFF if "ImagePullBackOff" in message else FAILED
             latest[name] = K8sView(phase=phase, error=keep or _strip_prefix(message),
-                                   since=when)
+                                   since=when,
+                                   permanent=any(r in message for r in PERMANENT_REASONS))
         elif reason == BACKOFF and "pull" in message.lower():
-            prev = latest.get(name)
-            latest[name] = K8sView(phase="BackOff", since=when,
+            latest[name] = K8sView(phase=BACKOFF, since=when,
                                    error=prev.error if prev and prev.error else message)
 
-    # Container statuses are authoritative for the present: a running container's
-    # image is there; a waiting reason names a pull failure with kubelet's text.
+    # Container statuses tell the present, except that kubelet leaves the last
+    # failure's waiting reason in place while it pulls again: a Pulling event newer
+    # than a failure event is the retry, and wins.
     for name, cs in _statuses(pod).items():
         if name not in by_name:
             continue
-        waiting = (cs.get("state") or {}).get("waiting") or {}
+        state = cs.get("state") or {}
+        waiting = state.get("waiting") or {}
         reason = waiting.get("reason") or ""
+        prev = latest.get(name, K8sView())
         if reason in PULL_ERROR_REASONS:
-            prev = latest.get(name, K8sView())
-            phase = "BackOff" if reason == "ImagePullBackOff" else "Failed"
+            retrying = prev.phase == PULLING and failures.get(name, 0) > 0
+            if retrying and reason not in PERMANENT_REASONS:
+                continue
+            phase = BACKOFF if reason == "ImagePullBackOff" else FAILED
             latest[name] = K8sView(phase=phase, since=prev.since,
-                                   error=prev.error or waiting.get("message") or reason)
-        elif cs.get("imageID") and latest.get(name, K8sView()).phase in ("", "Pulling"):
-            latest[name] = K8sView(phase="Pulled", since=latest.get(name, K8sView()).since)
-    return latest
+                                   error=prev.error or waiting.get("message") or reason,
+                                   permanent=reason in PERMANENT_REASONS or prev.permanent)
+        elif cs.get("imageID") and (prev.phase == "" or (
+                prev.phase == PULLING and _started_since(state, prev.since))):
+            # The image a container runs (or ran) is there; an older run's imageID
+            # says nothing about a re-pull that began after it (imagePullPolicy Always).
+            latest[name] = K8sView(phase=PULLED, since=prev.since)
+    return {name: replace(v, attempt=attempts.get(name, 0), failures=failures.get(name, 0))
+            for name, v in latest.items()}
+
+
+def _started_since(state: Mapping[str, Any], since: str) -> bool:
+    started = str(((state.get("running") or state.get("terminated") or {})
+                   .get("startedAt")) or "")
+    return bool(started) and started >= since
 
 
 def _strip_prefix(message: str) -> str:

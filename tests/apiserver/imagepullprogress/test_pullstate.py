@@ -67,3 +67,53 @@ def test_kubelets_bare_error_events_keep_the_registry_text() -> None:
     ]
     v = views(pod(), evs, C)["app"]
     assert (v.phase, v.error) == ("BackOff", "manifest unknown")
+
+
+def test_retry_wins_over_the_stale_backoff_status() -> None:
+    """kubelet keeps ImagePullBackOff in the status while it pulls again; its Pulling
+    event (deduplicated: count 2) is newer than the failure. At 622964a the status
+    overrode it and the retry was never shown."""
+    evs = [
+        {**ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T00:00:21Z"),
+         "count": 2},
+        ev("Failed", "app", 'Failed to pull image "reg/app:1": not found',
+           "2026-01-01T00:00:02Z"),
+        ev("BackOff", "app", 'Back-off pulling image "reg/app:1"', "2026-01-01T00:00:09Z"),
+    ]
+    st = [{"name": "app", "state": {"waiting": {"reason": "ImagePullBackOff"}}}]
+    v = views(pod(statuses=st), evs, C)["app"]
+    assert (v.phase, v.attempt, v.failures) == ("Pulling", 2, 1)
+
+
+def test_failure_in_the_same_second_as_its_pull_is_after_it() -> None:
+    evs = [ev("Failed", "app", 'Failed to pull image "reg/app:1": denied',
+              "2026-01-01T00:00:02Z"),
+           ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T00:00:02Z")]
+    v = views(pod(), evs, C)["app"]
+    assert (v.phase, v.error, v.back_off_seconds) == ("Failed", "denied", 10)
+
+
+def test_backoff_doubles_to_five_minutes() -> None:
+    for failures, want in ((1, 10), (2, 20), (3, 40), (5, 160), (6, 300), (40, 300)):
+        evs = [{**ev("Failed", "app", 'Failed to pull image "reg/app:1": x',
+                     "2026-01-01T00:00:02Z"), "count": failures}]
+        assert views(pod(), evs, C)["app"].back_off_seconds == want
+
+
+def test_never_retried_failures_are_permanent() -> None:
+    st = [{"name": "app", "state": {"waiting": {"reason": "InvalidImageName",
+                                                "message": "bad ref"}}}]
+    v = views(pod(statuses=st), [], C)["app"]
+    assert v.permanent and v.error == "bad ref" and v.back_off_seconds is None
+
+
+def test_repull_after_a_run_is_pulling_not_pulled() -> None:
+    """imagePullPolicy Always: the container ran (imageID set), restarts, and kubelet
+    pulls again. At 622964a the old imageID turned that Pulling into Pulled."""
+    st = [{"name": "app", "imageID": "reg/app@sha256:aa",
+           "state": {"waiting": {"reason": "ContainerCreating"}},
+           "lastState": {"terminated": {"startedAt": "2026-01-01T00:00:05Z"}}}]
+    evs = [ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T00:01:00Z")]
+    assert views(pod(statuses=st), evs, C)["app"].phase == "Pulling"
+    running = [{**st[0], "state": {"running": {"startedAt": "2026-01-01T00:01:09Z"}}}]
+    assert views(pod(statuses=running), evs, C)["app"].phase == "Pulled"

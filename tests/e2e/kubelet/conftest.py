@@ -145,6 +145,7 @@ class ProgressStream:
     name: str
     granularity: str = "layer"
     namespace: str = "default"
+    user: str | None = None  # an e2e user of the harness (None: admin)
     objects: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
     thread: threading.Thread | None = None
@@ -156,8 +157,10 @@ class ProgressStream:
                 f"?granularity={self.granularity}")
 
     def start(self) -> ProgressStream:
+        kubeconfig = (self.cp.admin_kubeconfig if self.user is None
+                      else self.cp.user_kubeconfig(self.user))
         self.proc = subprocess.Popen(
-            [binary("kubectl"), f"--kubeconfig={self.cp.admin_kubeconfig}", "get", "--raw",
+            [binary("kubectl"), f"--kubeconfig={kubeconfig}", "get", "--raw",
              self.path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.thread = follow_json_lines(self.proc, self.objects, clock=time.time)
         return self

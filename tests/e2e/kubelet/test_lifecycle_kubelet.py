@@ -1,0 +1,212 @@
+"""A pull's lifecycle as the real kubelet lives it (issue 23): a BackOff retry followed
+to the end, images behind an init container Pending (not Waiting), and a re-pull
+under imagePullPolicy Always of a tag that moved."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.e2e.kubelet.conftest import (
+    KImages,
+    ProgressStream,
+    create_pods,
+    delete_pods,
+    events,
+    forget_images,
+    pod,
+    wait_for,
+    wait_running,
+)
+from tests.framework import oci
+from tests.framework.controlplane import ControlPlane
+from tests.framework.kubelet import Kubelet
+from tests.framework.node import OCI_CACHE, Node
+
+MiB = 1 << 20
+PRESENT = ("Done", "AlreadyPresent")
+
+
+def push(node: Node, ref: str, size: int, seed: str) -> None:
+    """A busybox image with one random layer of ``size`` bytes, pushed as ``ref``."""
+    cache = oci.BlobCache(OCI_CACHE)
+    repo, tag = ref.split(":")
+    oci.push_image(node.info.registry_host, repo, oci.build_image(
+        [cache.busybox_layer(), cache.random_layer(size, seed=seed)],
+        cmd=["/bin/busybox", "sleep", "3600"], labels={"io.aggapi.test": repo}), tag)
+
+
+def progress(objs: list[dict[str, Any]], container: str = "c") -> list[dict[str, Any]]:
+    return [o for o in objs if o.get("kind") == "Progress" and o.get("container") == container]
+
+
+def finals(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o.get("kind") in ("Summary", "Error", "Timeout")]
+
+
+def test_backoff_retry_is_followed_to_the_summary(control_plane: ControlPlane, node: Node,
+                                                  real_node: Kubelet) -> None:
+    """The image does not exist yet: Failed, BackOff; it is pushed while kubelet backs
+    off, and the same stream (follow=true) shows kubelet's next attempt Pulling, then
+    Done, and ends with one Summary. At 622964a it ended at the first failure."""
+    cp = control_plane
+    ref = f"aggapi-test/late:{uuid.uuid4().hex[:12]}"  # never there before this run
+    image = node.via_throttle(ref)
+    delete_pods(cp, "klate")
+    stream = None
+    try:
+        create_pods(cp, [pod(node, "klate", [{"name": "c", "image": image}])])
+        stream = ProgressStream(cp, "klate", granularity="image").start()
+        wait_for(lambda: any(o.get("phase") == "BackOff" for _, o in stream.objects), 120,
+                 "BackOff on the stream")
+        node.set_rate(1 * MiB)  # the retry's 4 MiB take seconds: its phases are seen
+        push(node, ref, 4 * MiB, seed=ref)
+        assert stream.wait(240) == 0, stream.stderr
+    finally:
+        node.set_rate(None)
+        if stream is not None:
+            stream.stop()
+    objs = [o for _, o in stream.objects]
+    assert [o["kind"] for o in finals(objs)] == ["Summary"], finals(objs)
+    assert objs[-1]["kind"] == "Summary" and objs[-1]["complete"] is True, objs[-1]
+    mine = progress(objs)
+    phases = [o["phase"] for o in mine]
+    backoff = phases.index("BackOff")
+    assert "not found" in mine[backoff]["error"], mine[backoff]
+    assert mine[backoff]["backOffSeconds"] >= 10
+    after = mine[backoff + 1:]
+    retry = next(i for i, o in enumerate(after) if o["phase"] == "Pulling"
+                 and o["attempt"] > mine[backoff]["attempt"])
+    assert any(o["phase"] == "Downloading" for o in after[retry:]), phases
+    assert after[-1]["phase"] == "Done", phases
+    attempts = [o["attempt"] for o in mine]
+    assert attempts == sorted(attempts), attempts
+    # kubelet's own account: it pulled more than once, the last time successfully.
+    pulling = [e for e in events(cp, "klate") if e.get("reason") == "Pulling"]
+    assert sum(int(e.get("count") or 1) for e in pulling) >= 2
+    delete_pods(cp, "klate")
+
+
+def test_images_behind_an_init_container_are_pending(control_plane: ControlPlane,
+                                                    node: Node, real_node: Kubelet,
+                                                    kimages: KImages) -> None:
+    """While the init container's image pulls, the app's is Pending: kubelet has not
+    asked for it. At 622964a it was Waiting, which means 'at the node's pull limit'."""
+    cp = control_plane
+    forget_images(node, kimages.init, kimages.app_a)
+    init, app = node.via_throttle(kimages.init), node.via_throttle(kimages.app_a)
+    node.set_rate(512 * 1024)  # the init image's 3 MiB: ~6 s of Downloading
+    delete_pods(cp, "kinit2")
+    stream = None
+    try:
+        create_pods(cp, [pod(node, "kinit2", [{"name": "app", "image": app}],
+                             init_containers=[{"name": "init", "image": init,
+                                               "command": ["/bin/busybox", "true"]}])])
+        stream = ProgressStream(cp, "kinit2", granularity="image").start()
+        assert stream.wait(180) == 0, stream.stderr
+    finally:
+        node.set_rate(None)
+        if stream is not None:
+            stream.stop()
+    objs = [o for _, o in stream.objects]
+    assert objs[-1]["kind"] == "Summary" and len(finals(objs)) == 1, objs[-3:]
+    init_objs, app_objs = progress(objs, "init"), progress(objs, "app")
+    assert any(o["phase"] == "Downloading" for o in init_objs), init_objs
+    init_done = next(i for i, o in enumerate(objs)
+                     if o.get("container") == "init" and o.get("phase") in PRESENT)
+    before = [o["phase"] for o in objs[:init_done]
+              if o.get("kind") == "Progress" and o.get("container") == "app"]
+    assert before and set(before) == {"Pending"}, before
+    assert all(o["phase"] != "Waiting" for o in app_objs)
+    assert app_objs[-1]["phase"] in PRESENT
+    delete_pods(cp, "kinit2")
+
+
+@pytest.mark.xfail(strict=True, reason="needs the agent's re-pull detection under "
+                   "imagePullPolicy Always (issue 23, agent side, another branch): the "
+                   "agent alone still reports the old image record as AlreadyPresent. "
+                   "Drop this marker when both are merged.")
+def test_always_repull_of_a_moved_tag_is_followed(control_plane: ControlPlane, node: Node,
+                                                  real_node: Kubelet) -> None:
+    """A tag the node has, moved to new content in the registry: kubelet pulls again
+    under imagePullPolicy Always, and the stream follows that pull's bytes to Done."""
+    cp = control_plane
+    ref = f"aggapi-test/moving:{uuid.uuid4().hex[:12]}"
+    image = node.via_throttle(ref)
+    push(node, ref, 1 * MiB, seed=ref + "-v1")
+    delete_pods(cp, "kold", "knew")
+    create_pods(cp, [pod(node, "kold", [{"name": "c", "image": image}])])
+    wait_running(cp, "kold")
+    delete_pods(cp, "kold")
+    push(node, ref, 6 * MiB, seed=ref + "-v2")  # the tag moves
+    stream = None
+    try:
+        node.set_rate(1 * MiB)
+        create_pods(cp, [pod(node, "knew", [{"name": "c", "image": image}],
+                             pull_policy="Always")])
+        stream = ProgressStream(cp, "knew").start()
+        assert stream.wait(180) == 0, stream.stderr
+    finally:
+        node.set_rate(None)
+        if stream is not None:
+            stream.stop()
+    objs = [o for _, o in stream.objects]
+    assert objs[-1]["kind"] == "Summary" and len(finals(objs)) == 1, objs[-3:]
+    assert objs[-1]["phase"] == "Done", objs[-1]
+    layers = {o["layer"] for o in progress(objs)
+              if o["phase"] == "Downloading" and 0 < (o["progress"] or 0) < (o["total"] or 0)}
+    assert layers, [(o["layer"][:19], o["phase"], o["progress"]) for o in progress(objs)]
+    pulled = [e for e in events(cp, "knew") if e.get("reason") == "Pulled"]
+    assert pulled and "Successfully pulled" in pulled[-1]["message"]
+    delete_pods(cp, "knew")
+
+
+def test_other_tenants_pulls_are_a_count(control_plane: ControlPlane, node: Node,
+                                         real_node: Kubelet, kimages: KImages) -> None:
+    """kubelet pulls one image at a time; a pod in namespace tenant-a holds the slot,
+    victor's pod in default waits. victor (aggapi-view in default, nothing on nodes)
+    sees the other pull as a count; the admin, who may get nodes/imagepulls, sees it.
+    At 622964a victor's Waiting objects named tenant-a's image."""
+    cp, k = control_plane, real_node
+    delete_pods(cp, "tb")
+    cp.kubectl("delete", "pod", "ta", "-n", "tenant-a", "--grace-period=0", "--force",
+               "--wait=true", "--ignore-not-found", check=False)
+    cp.kubectl("create", "namespace", "tenant-a", check=False)
+    k.restart(serialize_image_pulls=True, max_parallel_image_pulls=None)
+    forget_images(node, kimages.kep_a, kimages.kep_b)
+    a_img, b_img = node.via_throttle(kimages.kep_a), node.via_throttle(kimages.kep_b)
+    node.set_rate(3 * MiB)  # 40 MiB each: ~13 s per pull, one at a time
+    streams: list[ProgressStream] = []
+    try:
+        create_pods(cp, [pod(node, "ta", [{"name": "c", "image": a_img}],
+                             namespace="tenant-a")])
+        wait_for(lambda: any(e.get("reason") == "Pulling" for e in events(cp, "ta", "tenant-a")),
+                 60, "tenant-a's pull to start")
+        create_pods(cp, [pod(node, "tb", [{"name": "c", "image": b_img}])])
+        streams = [ProgressStream(cp, "tb", granularity="image", user="victor").start(),
+                   ProgressStream(cp, "tb", granularity="image").start()]
+        for s in streams:
+            assert s.wait(180) == 0, s.stderr
+    finally:
+        node.set_rate(None)
+        for s in streams:
+            s.stop()
+    victor, admin = ([o for _, o in s.objects] for s in streams)
+    for objs in (victor, admin):
+        assert objs[-1]["kind"] == "Summary" and len(finals(objs)) == 1, objs[-3:]
+    v_wait = [o["waiting"] for o in victor if o.get("phase") == "Waiting"]
+    a_wait = [o["waiting"] for o in admin if o.get("phase") == "Waiting"]
+    assert v_wait and a_wait, ([o.get("phase") for o in victor], [o.get("phase") for o in admin])
+    assert all(w["inFlight"] == [] and w["inFlightCount"] >= 1 for w in v_wait), v_wait
+    assert kimages.kep_a.split(":")[0] not in json.dumps(victor)
+    # The admin sees tenant-a's pull: by its repository (containerd's distribution
+    # source), or by image once someone follows tenant-a's pod.
+    repo = kimages.kep_a.split(":")[0]
+    assert any(any(r.endswith("/" + repo) for r in p.get("repositories") or [])
+               or a_img in (p.get("images") or [])
+               for w in a_wait for p in w["inFlight"]), a_wait
+    delete_pods(cp, "tb")
+    cp.kubectl("delete", "namespace", "tenant-a", "--wait=false", check=False)
