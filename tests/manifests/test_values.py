@@ -74,7 +74,12 @@ def test_every_new_key_lands_in_the_pod(render: Render, tmp_path: Path,
         assert tsc["labelSelector"]["matchLabels"] == \
             find(docs, "Deployment")["spec"]["selector"]["matchLabels"]
     else:
-        assert c["securityContext"]["privileged"] is True
+        # The chart's defaults merge under the override: explicit capabilities, never
+        # privileged, no privilege escalation.
+        sc = c["securityContext"]
+        assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert "SYS_PTRACE" in sc["capabilities"]["add"]
 
 
 def test_selector_labels_win_over_pod_labels(render: Render) -> None:

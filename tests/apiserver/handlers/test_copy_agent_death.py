@@ -69,7 +69,8 @@ async def test_agent_dies_mid_upload_503_at_once_and_the_body_is_not_read_on(
             agent_ca_file=str(pki / "ca.crt"),
             agent_client_cert_file=str(pki / "agent-client.crt"),
             agent_client_key_file=str(pki / "agent-client.key"),
-            token_signing_key_file=str(pki / "token-signing.key"))
+            token_signing_key_file=str(pki / "token-signing.key"),
+            agent_pod_check=False)  # the dying agent runs in this process, not in a pod
         # A raw client that goes on sending whatever is answered, as a proxy does
         # (kube-apiserver's aggregator relays the user's body as it comes).
         cert, key = srv.certs.client_pair(srv.certs.client_ca, "carol")

@@ -100,7 +100,8 @@ def event(pod: dict[str, Any], reason: str, container: str, message: str, t: str
                                "namespace": meta["namespace"], "uid": meta["uid"],
                                "fieldPath": f"spec.containers{{{container}}}"},
             "reason": reason, "message": message, "lastTimestamp": t, "count": count,
-            "type": "Normal"}
+            "type": "Normal",
+            "source": {"component": "kubelet", "host": pod["spec"].get("nodeName", "")}}
 
 
 def progress(container: str, image: str, phase: str, prog: int | None = -1,

@@ -8,8 +8,6 @@ import json
 import uuid
 from typing import Any
 
-import pytest
-
 from tests.e2e.kubelet.conftest import (
     KImages,
     ProgressStream,
@@ -125,10 +123,6 @@ def test_images_behind_an_init_container_are_pending(control_plane: ControlPlane
     delete_pods(cp, "kinit2")
 
 
-@pytest.mark.xfail(strict=True, reason="needs the agent's re-pull detection under "
-                   "imagePullPolicy Always (issue 23, agent side, another branch): the "
-                   "agent alone still reports the old image record as AlreadyPresent. "
-                   "Drop this marker when both are merged.")
 def test_always_repull_of_a_moved_tag_is_followed(control_plane: ControlPlane, node: Node,
                                                   real_node: Kubelet) -> None:
     """A tag the node has, moved to new content in the registry: kubelet pulls again
