@@ -122,7 +122,7 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
         elif reason == PULLED:
             latest[name] = K8sView(phase=PULLED, since=when,
                                    already_present="already present" in message)
-        elif reason == FAILED and (message.startswith("Error: ") or "pull" in message.lower()):
+        elif reason == FAILED and _pull_failure(message):
             # kubelet follows 'Failed to pull image "x": <registry text>' with a bare
             # 'Error: ErrImagePull': keep the registry's text, it is what users need.
             if not message.startswith("Error: "):
@@ -167,6 +167,15 @@ def _started_since(state: Mapping[str, Any], since: str) -> bool:
     started = str(((state.get("running") or state.get("terminated") or {})
                    .get("startedAt")) or "")
     return bool(started) and started >= since
+
+
+def _pull_failure(message: str) -> bool:
+    """Whether a ``Failed`` event is about the image. kubelet uses the same reason for
+    a container that fails to start ('Error: failed to create containerd task: ...'):
+    a bare 'Error: X' counts only when X is one of kubelet's pull error reasons."""
+    if message.startswith("Error: "):
+        return message.removeprefix("Error: ").split(":", 1)[0].strip() in PULL_ERROR_REASONS
+    return "pull" in message.lower()
 
 
 def _strip_prefix(message: str) -> str:

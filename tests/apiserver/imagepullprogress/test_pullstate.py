@@ -117,3 +117,19 @@ def test_repull_after_a_run_is_pulling_not_pulled() -> None:
     assert views(pod(statuses=st), evs, C)["app"].phase == "Pulling"
     running = [{**st[0], "state": {"running": {"startedAt": "2026-01-01T00:01:09Z"}}}]
     assert views(pod(statuses=running), evs, C)["app"].phase == "Pulled"
+
+
+def test_a_container_that_fails_to_start_is_not_a_failed_pull() -> None:
+    """kubelet reports a start failure with reason Failed and a bare 'Error: ...' too:
+    the image was pulled, so the pull view stays Pulled."""
+    evs = [
+        ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T00:00:01Z"),
+        ev("Pulled", "app", 'Successfully pulled image "reg/app:1" in 1s',
+           "2026-01-01T00:00:02Z"),
+        ev("Failed", "app", 'Error: failed to create containerd task: failed to create '
+           'shim task: OCI runtime create failed: exec: "/app": no such file or directory',
+           "2026-01-01T00:00:03Z"),
+        ev("Failed", "app", "Error: RunContainerError", "2026-01-01T00:00:03Z"),
+    ]
+    v = views(pod(), evs, C)
+    assert v["app"].phase == "Pulled" and not v["app"].error
