@@ -26,7 +26,6 @@ import datetime as dt
 import hashlib
 import logging
 import os
-import random
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
-from aggapi.kube import KubeClient
+from aggapi.kube import KubeClient, keep_publishing
 from aggapi.kubewatch import Informer
 
 log = logging.getLogger(__name__)
@@ -224,22 +223,13 @@ class IdentityPublisher:
         self.published = asyncio.Event()
 
     async def run(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                created = await self._api.post(CSRS, self.object)
-                self.published.set()
-                log.info("published the agent identity", extra={
-                    "csr": (created.get("metadata") or {}).get("name", "")})
-                backoff = 0.5
-                await asyncio.sleep(self._every)
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # keep trying through API outages
-                log.warning("cannot publish the agent identity: %r", exc)
-            await asyncio.sleep(backoff * (1 + random.random() / 2))
-            backoff = min(backoff * 2, 30.0)
+        await keep_publishing(self._publish_once, self._every, "the agent identity", log)
+
+    async def _publish_once(self) -> None:
+        created = await self._api.post(CSRS, self.object)
+        self.published.set()
+        log.info("published the agent identity", extra={
+            "csr": (created.get("metadata") or {}).get("name", "")})
 
     async def check(self) -> None:
         """For /readyz: the apiservers cannot reach an agent before it published."""

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import random
 import ssl
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -301,3 +303,22 @@ def client_for_url(url: str, *, token: str | None = None, ca_file: str | None = 
         ctx = ssl_context(ca_file=ca_file, cert_file=cert_file, key_file=key_file,
                           verify=verify)
     return KubeClient(url, ssl_context=ctx, token=token)
+
+
+async def keep_publishing(publish: Callable[[], Awaitable[None]], every: float, what: str,
+                          log: logging.Logger) -> None:
+    """Publish, then again every ``every`` seconds (an object someone may delete), and
+    through API outages with a jittered back-off (0.5 s doubling to 30 s)."""
+    backoff = 0.5
+    while True:
+        try:
+            await publish()
+            backoff = 0.5
+            await asyncio.sleep(every)
+            continue
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # keep trying through API outages
+            log.warning("cannot publish %s: %r", what, exc)
+        await asyncio.sleep(backoff * (1 + random.random() / 2))
+        backoff = min(backoff * 2, 30.0)

@@ -20,14 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Mapping
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 from aggapi.capability import CapabilitySigner, KeySet, key_id, load_verification_key
-from aggapi.kube import KubeClient, KubeError, path_segment
+from aggapi.kube import KubeClient, KubeError, keep_publishing, path_segment
 from aggapi.kubewatch import Informer
 
 log = logging.getLogger(__name__)
@@ -120,19 +119,8 @@ class KeyPublisher:
                  extra={"configmap": self._path, "keyId": self.object["data"][KEY_ID]})
 
     async def run(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                await self.publish_once()
-                backoff = 0.5
-                await asyncio.sleep(self._recheck)
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # keep trying through API outages
-                log.warning("cannot publish the capability token key: %r", exc)
-            await asyncio.sleep(backoff * (1 + random.random() / 2))
-            backoff = min(backoff * 2, 30.0)
+        await keep_publishing(self.publish_once, self._recheck,
+                              "the capability token key", log)
 
 
 class KeyWatch:

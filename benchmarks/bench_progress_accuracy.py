@@ -47,12 +47,11 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,23 +338,10 @@ class Stack:
         self.cp.down()
 
 
-@contextlib.contextmanager
-def link(node: Node, rate: int) -> Iterator[ThrottleProxy]:
+def link(node: Node, rate: int) -> contextlib.AbstractContextManager[ThrottleProxy]:
     """A throttle of this process's own in front of the node's registry (so its record is
-    readable here), on the host bridge address, registered in containerd's certs.d the way
-    tests.framework.containerd registers hosts (hosts.toml is read at each pull)."""
-    proxy = ThrottleProxy(node.info.registry_host, rate, bind=node.bind)
-    proxy.start()
-    hosts = Path(node.info.containerd_dir) / "certs.d" / proxy.host
-    hosts.mkdir(parents=True, exist_ok=True)
-    (hosts / "hosts.toml").write_text(
-        f'server = "http://{proxy.host}"\n\n'
-        f'[host."http://{proxy.host}"]\n  capabilities = ["pull", "resolve"]\n')
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
-        shutil.rmtree(hosts, ignore_errors=True)
+    readable here), on the host bridge address."""
+    return node.own_throttle(rate, bind=node.bind)
 
 
 @dataclass

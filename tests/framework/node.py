@@ -34,11 +34,13 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -264,6 +266,26 @@ class Node:
         self._save()
         _wait(lambda: _http_ok(f"http://{self.info.throttle_host}/v2/"), 20,
               "throttle proxy", proc)
+
+    @contextlib.contextmanager
+    def own_throttle(self, rate: float | None = None, *,
+                     bind: str = "127.0.0.1") -> Iterator[ThrottleProxy]:
+        """A throttle of the caller's own in front of the node's registry (the node's
+        proxy paces every blob together; this one's record and rate are the caller's),
+        registered in containerd's certs.d the way tests.framework.containerd registers
+        hosts (hosts.toml is read at each pull), removed again at the end."""
+        proxy = ThrottleProxy(self.info.registry_host, rate, bind=bind)
+        proxy.start()
+        hosts = Path(self.info.containerd_dir) / "certs.d" / proxy.host
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / "hosts.toml").write_text(
+            f'server = "http://{proxy.host}"\n\n'
+            f'[host."http://{proxy.host}"]\n  capabilities = ["pull", "resolve"]\n')
+        try:
+            yield proxy
+        finally:
+            proxy.stop()
+            shutil.rmtree(hosts, ignore_errors=True)
 
     def set_rate(self, rate: float | None, timeout: float = 10.0) -> None:
         """Limit pulls through :meth:`via_throttle` to ``rate`` bytes/s (None: unlimited).

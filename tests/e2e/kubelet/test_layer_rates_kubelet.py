@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -50,19 +49,8 @@ def blob_throttle(node: Node) -> Iterator[ThrottleProxy]:
     """A proxy of this module's own in front of the node's registry (the node's proxy
     paces all blobs together); containerd is told to pull from it over plain HTTP the
     way tests.framework.containerd registers hosts (hosts.toml, read at each pull)."""
-    proxy = ThrottleProxy(node.info.registry_host)
-    proxy.start()
-    hosts = Path(node.info.containerd_dir) / "certs.d" / proxy.host
-    hosts.mkdir(parents=True, exist_ok=True)
-    (hosts / "hosts.toml").write_text(
-        f'server = "http://{proxy.host}"\n\n'
-        f'[host."http://{proxy.host}"]\n  capabilities = ["pull", "resolve"]\n')
-    try:
+    with node.own_throttle() as proxy:
         yield proxy
-    finally:
-        proxy.stop()
-        (hosts / "hosts.toml").unlink(missing_ok=True)
-        hosts.rmdir()
 
 
 def test_parallel_layers_have_their_own_rate_and_eta(
