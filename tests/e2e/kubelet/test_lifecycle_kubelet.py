@@ -14,6 +14,7 @@ from tests.e2e.kubelet.conftest import (
     create_pods,
     delete_pods,
     events,
+    follow_pull,
     forget_images,
     pod,
     wait_for,
@@ -98,19 +99,12 @@ def test_images_behind_an_init_container_are_pending(control_plane: ControlPlane
     init, app = node.via_throttle(kimages.init), node.via_throttle(kimages.app_a)
     node.set_rate(512 * 1024)  # the init image's 3 MiB: ~6 s of Downloading
     delete_pods(cp, "kinit2")
-    stream = None
-    try:
-        create_pods(cp, [pod(node, "kinit2", [{"name": "app", "image": app}],
-                             init_containers=[{"name": "init", "image": init,
-                                               "command": ["/bin/busybox", "true"]}])])
-        stream = ProgressStream(cp, "kinit2", granularity="image").start()
-        assert stream.wait(180) == 0, stream.stderr
-    finally:
-        node.set_rate(None)
-        if stream is not None:
-            stream.stop()
-    objs = [o for _, o in stream.objects]
-    assert objs[-1]["kind"] == "Summary" and len(finals(objs)) == 1, objs[-3:]
+    objs = follow_pull(cp, [pod(node, "kinit2", [{"name": "app", "image": app}],
+                                init_containers=[{"name": "init", "image": init,
+                                                  "command": ["/bin/busybox", "true"]}])],
+                       "kinit2", reset=lambda: node.set_rate(None), timeout=180,
+                       granularity="image")
+    assert len(finals(objs)) == 1, objs[-3:]
     init_objs, app_objs = progress(objs, "init"), progress(objs, "app")
     assert any(o["phase"] == "Downloading" for o in init_objs), init_objs
     init_done = next(i for i, o in enumerate(objs)
@@ -136,19 +130,11 @@ def test_always_repull_of_a_moved_tag_is_followed(control_plane: ControlPlane, n
     wait_running(cp, "kold")
     delete_pods(cp, "kold")
     push(node, ref, 6 * MiB, seed=ref + "-v2")  # the tag moves
-    stream = None
-    try:
-        node.set_rate(1 * MiB)
-        create_pods(cp, [pod(node, "knew", [{"name": "c", "image": image}],
-                             pull_policy="Always")])
-        stream = ProgressStream(cp, "knew").start()
-        assert stream.wait(180) == 0, stream.stderr
-    finally:
-        node.set_rate(None)
-        if stream is not None:
-            stream.stop()
-    objs = [o for _, o in stream.objects]
-    assert objs[-1]["kind"] == "Summary" and len(finals(objs)) == 1, objs[-3:]
+    node.set_rate(1 * MiB)
+    objs = follow_pull(cp, [pod(node, "knew", [{"name": "c", "image": image}],
+                                pull_policy="Always")],
+                       "knew", reset=lambda: node.set_rate(None), timeout=180)
+    assert len(finals(objs)) == 1, objs[-3:]
     assert objs[-1]["phase"] == "Done", objs[-1]
     layers = {o["layer"] for o in progress(objs)
               if o["phase"] == "Downloading" and 0 < (o["progress"] or 0) < (o["total"] or 0)}
