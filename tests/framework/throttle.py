@@ -4,6 +4,9 @@ The proxy runs its own asyncio loop in a daemon thread, so it serves at a steady
 rate whatever the test's loop is doing, and one instance can be shared by tests
 that run on different loops. All public methods are thread-safe and blocking
 (they return once the proxy's loop has applied them).
+
+It also records when each registry blob's bytes left it (:meth:`ThrottleProxy.blob_log`):
+the ground truth that benchmarks/bench_progress_accuracy.py compares reported progress with.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import re
 import threading
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -21,6 +25,58 @@ T = TypeVar("T")
 CHUNK = 64 * 1024
 # A registry blob request: which blob the answer on this connection carries.
 BLOB_REQUEST = re.compile(rb"(?:GET|HEAD) /v2/\S+/blobs/(sha256:[0-9a-f]{64})")
+# Any request line: a request for something else ends the recording of the last blob.
+REQUEST_LINE = re.compile(rb"(?:GET|HEAD|POST|PUT|PATCH|DELETE) /\S* HTTP/1\.[01]\r\n")
+HEAD_END = b"\r\n\r\n"
+# Bounds of the blob log: samples per fetch (halved when reached), fetches kept in all.
+MAX_SAMPLES = 4096
+MAX_FETCHES = 1024
+
+
+@dataclass
+class BlobFetch:
+    """One GET of one blob through the proxy: when its body bytes left the proxy.
+
+    ``samples`` are (monotonic s, wall-clock s, body bytes sent so far), one per write
+    (at most 64 KiB apart) until :data:`MAX_SAMPLES`, then every other one is dropped
+    (the first and last are kept). The HTTP response head is not counted."""
+
+    digest: str
+    started: float  # wall clock, when the request was seen
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
+    head: bytearray = field(default_factory=bytearray, repr=False)
+    in_body: bool = False
+
+    @property
+    def received(self) -> int:
+        return self.samples[-1][2] if self.samples else 0
+
+    def add(self, data: bytes) -> None:
+        """``data`` was just written to the client: count what of it is body."""
+        if not self.in_body:
+            self.head += data
+            end = self.head.find(HEAD_END)
+            if end < 0:
+                if len(self.head) > 65536:  # not HTTP: stop looking
+                    self.in_body = True
+                    self.head.clear()
+                return
+            body = len(self.head) - end - len(HEAD_END)
+            self.head.clear()
+            self.in_body = True
+        else:
+            body = len(data)
+        if body <= 0:
+            return
+        self.samples.append((time.monotonic(), time.time(), self.received + body))
+        if len(self.samples) >= MAX_SAMPLES:
+            last = self.samples[-1]
+            del self.samples[1::2]
+            if self.samples[-1] is not last:
+                self.samples.append(last)
+
+    def copy(self) -> BlobFetch:
+        return BlobFetch(self.digest, self.started, list(self.samples), in_body=self.in_body)
 
 
 class TokenBucket:
@@ -80,6 +136,7 @@ class ThrottleProxy:
         self._flowing: asyncio.Event | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self._blob_buckets: dict[str, TokenBucket] = {}
+        self._fetches: list[BlobFetch] = []  # every blob GET, in the order seen
 
     @property
     def host(self) -> str:
@@ -130,6 +187,24 @@ class ThrottleProxy:
             self._blob_buckets = {d: TokenBucket(r) for d, r in rates.items()}
 
         self._run(apply())
+
+    def blob_log(self, digest: str | None = None) -> dict[str, list[BlobFetch]]:
+        """Per blob digest (or only ``digest``), each GET of it in order (a retried or
+        repeated download is a separate :class:`BlobFetch`): copies, safe to keep."""
+        async def read() -> dict[str, list[BlobFetch]]:
+            out: dict[str, list[BlobFetch]] = {}
+            for f in self._fetches:
+                if digest is None or f.digest == digest:
+                    out.setdefault(f.digest, []).append(f.copy())
+            return out
+
+        return self._run(read())
+
+    def clear_blob_log(self) -> None:
+        async def clear() -> None:
+            self._fetches = []
+
+        self._run(clear())
 
     def pause(self) -> None:
         """Stall every connection: bytes stop flowing but sockets stay open."""
@@ -187,10 +262,14 @@ class ThrottleProxy:
         uw: asyncio.StreamWriter | None = None
         try:
             ur, uw = await asyncio.open_connection(*self.upstream)
-            # The bucket pacing this connection's answers: per blob if one is set.
+            # The bucket pacing this connection's answers: per blob if one is set; and
+            # the blob GET the answer carries, if any (recorded in the blob log).
             current: list[TokenBucket | None] = [None]
-            up = asyncio.ensure_future(self._pump(cr, uw, throttle=False, current=current))
-            down = asyncio.ensure_future(self._pump(ur, cw, throttle=True, current=current))
+            fetch: list[BlobFetch | None] = [None]
+            up = asyncio.ensure_future(self._pump(cr, uw, throttle=False, current=current,
+                                                  fetch=fetch))
+            down = asyncio.ensure_future(self._pump(ur, cw, throttle=True, current=current,
+                                                    fetch=fetch))
             try:
                 await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
                 # Client finished sending: keep relaying the answer until upstream closes.
@@ -209,7 +288,8 @@ class ThrottleProxy:
                     w.transport.abort()
 
     async def _pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, *,
-                    throttle: bool, current: list[TokenBucket | None]) -> None:
+                    throttle: bool, current: list[TokenBucket | None],
+                    fetch: list[BlobFetch | None]) -> None:
         assert self._bucket is not None and self._flowing is not None
         while True:
             bucket = current[0] or self._bucket
@@ -218,11 +298,18 @@ class ThrottleProxy:
                 if w.can_write_eof():
                     w.write_eof()
                 return
-            if not throttle and self._blob_buckets:
+            if not throttle:
                 # Requests on a connection are sequential (no pipelining from Go's client).
                 m = BLOB_REQUEST.search(data)
                 if m is not None:
                     current[0] = self._blob_buckets.get(m.group(1).decode())
+                    fetch[0] = (self._record(m.group(1).decode())
+                                if m.group(0).startswith(b"GET") else None)
+                elif REQUEST_LINE.search(data) is not None:
+                    fetch[0] = None
+            # The GET this answer belongs to, taken before any wait: the client may send
+            # its next request as soon as this answer's last bytes reach it.
+            rec = fetch[0] if throttle else None
             await self._flowing.wait()
             if throttle:
                 # Looked up again: a new request may have been sent while we read.
@@ -230,6 +317,16 @@ class ThrottleProxy:
                 self.bytes_down += len(data)
             w.write(data)
             await w.drain()
+            if rec is not None:
+                # After drain: the bytes are in the kernel's hands, on their way out.
+                rec.add(data)
+
+    def _record(self, digest: str) -> BlobFetch:
+        f = BlobFetch(digest, time.time())
+        self._fetches.append(f)
+        if len(self._fetches) > MAX_FETCHES:
+            del self._fetches[: len(self._fetches) - MAX_FETCHES]
+        return f
 
     def _chunk(self, bucket: TokenBucket | None) -> int:
         # ~20 slices per second at the current rate: smooth progress, not bursts.

@@ -97,3 +97,33 @@ def test_per_blob_rate(registry: Registry, blob: tuple[str, oci.Blob]) -> None:
         t = time.monotonic()
         assert len(_fetch(proxy.host, path)) == b.size
         assert time.monotonic() - t < slow
+
+
+def test_blob_log_records_each_get_apart(registry: Registry, blob: tuple[str, oci.Blob]) -> None:
+    """Two GETs of the blob on one keep-alive connection and a HEAD: two fetches in the
+    log, each counting the body only (the response heads are not bytes of the blob), with
+    times that rise and span what the rate allows."""
+    path, b = blob
+    with ThrottleProxy(registry.host, rate=8 * MiB) as proxy:
+        conn = http.client.HTTPConnection(proxy.host, timeout=30)
+        try:
+            for method in ("GET", "HEAD", "GET"):
+                conn.request(method, path)
+                resp = conn.getresponse()
+                body = resp.read()
+                assert len(body) == (b.size if method == "GET" else 0)
+        finally:
+            conn.close()
+        log = proxy.blob_log()
+        assert list(log) == [b.digest]
+        assert proxy.blob_log("sha256:" + "0" * 64) == {}
+    fetches = log[b.digest]
+    assert len(fetches) == 2
+    for f in fetches:
+        assert f.received == b.size
+        mono = [s[0] for s in f.samples]
+        offsets = [s[2] for s in f.samples]
+        assert mono == sorted(mono) and offsets == sorted(offsets) and offsets[0] > 0
+        # 2 MiB at 8 MiB/s: about 0.25 s between first and last byte (burst allowance aside).
+        assert mono[-1] - mono[0] >= 0.15
+    assert fetches[0].samples[-1][0] <= fetches[1].samples[0][0]

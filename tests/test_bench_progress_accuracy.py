@@ -1,0 +1,161 @@
+"""The pure parts of benchmarks/bench_progress_accuracy.py on synthetic byte logs and
+streams: where 25/50/75% of an item's bytes fall, the real rate around a moment, the
+object a user saw then, and how errors and goals are scored."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.bench_progress_accuracy import (
+    ByteLog,
+    bytes_at,
+    checks_for,
+    eta_error,
+    latest_before,
+    merge_logs,
+    quantile,
+    rate_error,
+    real_rate,
+    summarize,
+    time_at_fraction,
+)
+
+
+def chunk(rate: float) -> int:
+    """The throttle's write size at ``rate`` (ThrottleProxy._chunk): ~1/20 s of it."""
+    return min(65536, max(4096, int(rate / 20)))
+
+
+def steady(t0: float, rate: float, total: int, step: int = 0) -> ByteLog:
+    """What the throttle records for one blob sent at ``rate`` from ``t0``."""
+    step = step or chunk(rate)
+    out: ByteLog = []
+    n = 0
+    while n < total:
+        n = min(total, n + step)
+        out.append((t0 + n / rate, n))
+    return out
+
+
+logs_st = st.lists(st.lists(st.tuples(st.floats(0, 100), st.integers(1, 10**6)),
+                            min_size=1, max_size=30), min_size=1, max_size=6)
+
+
+def as_log(points: list[tuple[float, int]]) -> ByteLog:
+    """Sorted times, cumulative sums of the increments."""
+    out: ByteLog = []
+    total = 0
+    for t, d in sorted(points):
+        total += d
+        out.append((t, total))
+    return out
+
+
+@given(logs_st, st.floats(-1, 101))
+def test_merged_log_is_the_sum_at_every_moment(raw: list[list[tuple[float, int]]],
+                                               t: float) -> None:
+    logs = [as_log(p) for p in raw]
+    merged = merge_logs(logs)
+    assert merged[-1][1] == sum(lg[-1][1] for lg in logs)
+    assert [s for s, _ in merged] == sorted({s for s, _ in merged})
+    # Exact at every sample and outside them all; between, one of the logs' first
+    # samples (a step, not spread) may fall inside a spread of the merged log.
+    for m in {*(s for lg in logs for s, _ in lg), t if t < merged[0][0] else -1.0,
+              t if t >= merged[-1][0] else 101.0}:
+        assert bytes_at(merged, m) == pytest.approx(sum(bytes_at(lg, m) for lg in logs))
+
+
+@given(st.floats(0, 1000), st.floats(1e5, 1e7), st.integers(1 << 20, 200 << 20),
+       st.sampled_from([0.25, 0.5, 0.75]))
+def test_fraction_time_and_rate_of_a_steady_blob(t0: float, rate: float, total: int,
+                                                 f: float) -> None:
+    log = steady(t0, rate, total)
+    t = time_at_fraction(log, f)
+    assert t == pytest.approx(t0 + f * total / rate, abs=1e-6)
+    real = real_rate(log, t)
+    assert real is not None
+    # Only the first write is counted at once (its time before the first sample unknown).
+    span = min(log[-1][0], t + 2) - max(log[0][0], t - 2)
+    assert abs(real - rate) <= 1.01 * chunk(rate) / max(span, 1e-9) + 1e-6 * rate
+
+
+def test_real_rate_sees_a_stall_in_the_window() -> None:
+    # 100 kB/s for 10 s, nothing for 10 s, then 100 kB/s again.
+    log = steady(0.0, 1e5, 1_000_000, 10_000)
+    log += [(t + 10.0, n + 1_000_000) for t, n in steady(10.0, 1e5, 1_000_000, 10_000)]
+    assert real_rate(log, 5.0) == pytest.approx(1e5, rel=0.01)
+    assert real_rate(log, 15.0) == 0.0
+    assert real_rate(log, 10.0) == pytest.approx(0.5e5, rel=0.03)  # half stalled
+
+
+def test_latest_before_is_strictly_before() -> None:
+    objs = [(1.0, {"n": 1}), (2.0, {"n": 2}), (3.0, {"n": 3})]
+    assert latest_before(objs, 0.5) is None
+    assert latest_before(objs, 2.0) == {"n": 1}
+    assert latest_before(objs, 2.5) == {"n": 2}
+    assert latest_before(objs, 9.0) == {"n": 3}
+
+
+@pytest.mark.parametrize(("eta", "remaining", "want"), [
+    (10, 10.0, 0.0), (15, 10.0, 0.5), (5.0, 10.0, 0.5), (30, 10.0, 2.0),
+    (None, 10.0, 1.0), (-1, 10.0, 1.0), ("3", 10.0, 1.0), (True, 10.0, 1.0)])
+def test_eta_error(eta: object, remaining: float, want: float) -> None:
+    assert eta_error(eta, remaining) == pytest.approx(want)
+
+
+def test_rate_error() -> None:
+    assert rate_error(400_000, 400_000.0) == 0.0
+    assert rate_error(968_000, 350_000.0) == pytest.approx(618 / 350)  # the issue's pod
+    assert rate_error(None, 1.0) == 1.0
+    assert rate_error(5, None) is None  # no real rate to compare with
+
+
+def test_quantile_nearest_rank() -> None:
+    assert quantile([0.3, 0.1, 0.2], 0.5) == 0.2
+    assert quantile(list(range(1, 11)), 0.9) == 9
+    assert math.isnan(quantile([], 0.5))
+
+
+def stream(log: ByteLog, every: float, eta_scale: float, rate: float
+           ) -> list[tuple[float, dict[str, object]]]:
+    """An agent reporting every ``every`` s: the true ETA times ``eta_scale``."""
+    end = log[-1][0]
+    t = log[0][0]
+    out = []
+    while t < end:
+        out.append((t, {"kind": "Progress", "phase": "Downloading", "layer": "sha256:a",
+                        "bytesPerSecond": rate, "etaSeconds": eta_scale * (end - t)}))
+        t += every
+    return out
+
+
+def test_true_reports_score_near_zero_and_meet_the_goals() -> None:
+    log = steady(100.0, 4e5, 20 << 20)
+    rows = [c.row() for c in checks_for("image", "i", log, stream(log, 0.1, 1.0, 4e5))]
+    assert [r["fraction"] for r in rows] == [0.25, 0.5, 0.75]
+    assert all(r["eta_error"] < 0.01 and r["rate_error"] < 0.02 for r in rows)
+    s = summarize(rows, 0.9)
+    assert s["goal_met"] and s["eta_error_median"] < 0.01
+
+
+def test_wrong_or_missing_reports_fail_the_goals() -> None:
+    log = steady(0.0, 4e5, 20 << 20)
+    late = [c.row() for c in checks_for("pod", "p", log, stream(log, 0.1, 1.4, 7e5))]
+    assert all(r["eta_error"] == pytest.approx(0.4, abs=0.02) for r in late)
+    s = summarize(late, 0.5)
+    assert not s["goals"]["eta_median"] and not s["goals"]["eta_p90"]
+    assert s["rate_error_max"] == pytest.approx(0.75, abs=0.02) and not s["goals"]["rate"]
+    # No object before the moment (stream still silent): a missing ETA, error 1.0.
+    silent = [c.row() for c in checks_for("layer", "L1", log, [])]
+    assert all(r["eta_error"] == 1.0 and r["said_eta"] is None for r in silent)
+    # A layer shown faster than the link fails that goal alone.
+    fast = summarize([c.row() for c in checks_for("image", "i", log,
+                                                  stream(log, 0.1, 1.0, 4e5))], 1.3)
+    assert fast["goals"] == {"eta_median": True, "eta_p90": True, "rate": True,
+                             "layer_rate_within_link": False}
+    assert math.isnan(summarize([], 0.0)["eta_error_median"])
+    assert not summarize([], 0.0)["goal_met"]
