@@ -126,3 +126,21 @@ def test_the_plan_conserves_work(sizes: list[int], link: float) -> None:
     flows = [Flow(str(i), "L", s, float(i % 3 + 1), i < 3) for i, s in enumerate(sizes)]
     p = plan(flows, link, {"L": 3})
     assert abs(max(p.finish.values()) - sum(sizes) / link) <= 1e-6 * sum(sizes) / link
+
+
+@given(rate=st.floats(20e3, 5e6), late=st.floats(0.0, 30.0))
+def test_started_at_makes_the_first_step_a_measurement(rate: float, late: float) -> None:
+    """First seen ``late`` seconds into the download, one 1 MiB step in or not: with the
+    ingest's started_at as offset 0, the first step gives the rate (it had none before
+    its second step); without started_at it still has none."""
+    t1 = MiB / rate
+    seen = min(late, t1 * 0.99)
+    for started in (100.0, None):
+        c = Counter()
+        c.observe(100.0 + seen, 0, None, started)
+        c.observe(100.0 + t1 + 0.1, MiB, 100.0 + t1, started)
+        got = c.frozen().rate(100.0 + t1)
+        if started is None:
+            assert got is None
+        else:
+            assert got is not None and abs(got - rate) / rate < 1e-6

@@ -147,7 +147,7 @@ class ContainerdBackend:
             if s.kind == "layer" and s.digest:
                 # updated_at is the data file's mtime: when the last step landed.
                 self._counters.observe(s.digest, wall, s.offset, s.updated_at or None,
-                                       s.total)
+                                       s.total, s.started_at or None)
         done = self._counters.sweep(wall, self.leases.created)
         rates = self._rates = self._counters.snapshot(wall)
         for digest, at in sorted(done.items(), key=lambda x: x[1]):

@@ -53,9 +53,10 @@ class Trace:
         return self.points[-1][1] - self.points[-2][1]
 
     def rate(self, now: float) -> float | None:
-        """Bytes per second over whole steps; None until it has moved twice."""
+        """Bytes per second over whole steps; None until it has moved twice, or once
+        from a known start (its first point is when it began, not when first seen)."""
         pts = self.points
-        if self.moves < 2 or len(pts) < 2:
+        if self.moves < (1 if self.exact_start else 2) or len(pts) < 2:
             return None
         t_last, v_last = pts[-1]
         start = _span_start(pts, MIN_CHANGES, MIN_SPAN)
@@ -130,9 +131,11 @@ class Counter:
     def value(self) -> int:
         return self.points[-1][1] if self.points else 0
 
-    def observe(self, now: float, value: int, changed_at: float | None = None) -> None:
-        """A poll at ``now`` saw ``value``; ``changed_at`` is when it last changed, if
-        the runtime says (ignored unless plausible)."""
+    def observe(self, now: float, value: int, changed_at: float | None = None,
+                started_at: float | None = None) -> None:
+        """A poll at ``now`` saw ``value``; ``changed_at`` is when it last changed and
+        ``started_at`` when the transfer began, if the runtime says (each ignored
+        unless plausible)."""
         last = self.points[-1] if self.points else None
         exact = changed_at is not None and 0 < changed_at <= now + 1.0 and (
             last is None or changed_at >= last[0])
@@ -140,8 +143,19 @@ class Counter:
         if last is None or value < last[1]:
             # New, or a restarted transfer: old points say nothing of this one.
             self.points.clear()
-            self.points.append((t, value))
             self.moves, self.exact_start, self.finished_at = 0, exact, None
+            if started_at is not None and 0 < started_at <= t and (
+                    last is None or started_at >= last[0]):
+                # containerd opens the ingest just before it sends the GET: offset 0
+                # at started_at is a real sample, so the first step already spans a
+                # whole step's time (at 50 kB/s a 1 MiB step takes 21 s).
+                self.points.append((started_at, 0))
+                self.exact_start = True
+                if value > 0:
+                    self.points.append((t, value))
+                    self.moves = 1
+                return
+            self.points.append((t, value))
             return
         if value == last[1]:
             return
@@ -247,9 +261,12 @@ class Rates:
         """Bytes per second of the counters' bytes together, over one common window
         (or over [since, until] when given)."""
         trs = {k: t for k in set(keys) if (t := self.traces.get(k)) is not None and t.points}
-        if (sum(t.moves for t in trs.values()) < 2
+        # Fewer than two steps say nothing, unless each counter has stepped from its
+        # known start (one step of one of several leaves the others' pace unknown).
+        if ((sum(t.moves for t in trs.values()) < 2
+                and not all(t.exact_start and t.moves for t in trs.values()))
                 or all(len(t.points) < 2 for t in trs.values())):
-            return None  # fewer than two steps, or none measured from a known start
+            return None
         first = min(t.points[0][0] for t in trs.values())
         start = max(self.now - self.span(trs), first, since or first)
         end = self.now if until is None else min(until, self.now)
@@ -274,11 +291,11 @@ class CounterBook:
         self._touched: set[str] = set()
 
     def observe(self, key: str, now: float, value: int, changed_at: float | None = None,
-                total: int | None = None) -> None:
+                total: int | None = None, started_at: float | None = None) -> None:
         c = self.counters.get(key)
         if c is None or c.finished_at is not None:
             c = self.counters[key] = Counter()
-        c.observe(now, value, changed_at)
+        c.observe(now, value, changed_at, started_at)
         c.total = total if total and total > 0 else None
         self._touched.add(key)
 
