@@ -44,6 +44,9 @@ class Trace:
     moves: int  # changes seen (the first point, a mere observation, is not one)
     finished: bool = False  # complete: its value will not move again
     exact_start: bool = False  # the first point is when it got there, not when seen
+    # When it likely began, if not its first point (a download that may have waited
+    # for a slot): its first bytes are spread from then, in group windows only.
+    soft_start: float | None = None
 
     @property
     def step(self) -> int:
@@ -95,6 +98,8 @@ class Trace:
         i = bisect_right(pts, (t, float("inf")))
         if i == 0:
             t0, v0 = pts[0]
+            if self.soft_start is not None and self.soft_start < t0:
+                return v0 * max(t - self.soft_start, 0.0) / (t0 - self.soft_start)
             if self.exact_start or not rate:
                 return float(v0)
             # First seen mid-transfer: it was moving before, at about this rate.
@@ -126,6 +131,8 @@ class Counter:
         self.exact_start = False
         self.finished_at: float | None = None
         self.total: int | None = None
+        self.last_exact = False  # its last point is dated by the runtime, not a poll
+        self.soft_start: float | None = None
 
     @property
     def value(self) -> int:
@@ -165,6 +172,24 @@ class Counter:
             self.points.clear()
         self.points.append((t, value))
         self.moves += 1
+        self.last_exact = exact
+
+    def queued_start(self, completions: Iterable[float]) -> None:
+        """Called at its first step: a download opened at offset 0 may have waited for
+        one of the node's download slots (containerd opens the ingest, then waits: on
+        2.x every pull on the node shares max_concurrent_downloads), and a waiting one
+        starts when another download finishes. If one finished between its start point
+        and this step, that point is not when its bytes began: drop it, and measure
+        from this step on."""
+        if self.moves != 1 or len(self.points) != 2 or self.points[0][1] != 0:
+            return
+        (t0, _), (t1, _) = self.points
+        freed = [c for c in completions if t0 < c < t1]
+        if freed:
+            self.points.popleft()
+            self.moves, self.exact_start = 0, self.last_exact
+            # If it did wait, the first slot freed was its own.
+            self.soft_start = min(freed)
 
     def finish(self, at: float, value: int | None) -> None:
         """Complete (committed) at ``at`` with ``value`` bytes."""
@@ -178,7 +203,7 @@ class Counter:
 
     def frozen(self) -> Trace:
         return Trace(tuple(self.points), self.moves, self.finished_at is not None,
-                     self.exact_start)
+                     self.exact_start, self.soft_start)
 
 
 @dataclass(frozen=True)
@@ -188,6 +213,8 @@ class Rates:
     traces: Mapping[str, Trace]
     totals: Mapping[str, int | None]
     now: float
+    completions: tuple[float, ...] = ()  # when the node's recent downloads finished
+    queued: frozenset[str] = frozenset()  # counters taken as waiting for a slot
 
     def rate(self, key: str) -> float | None:
         tr = self.traces.get(key)
@@ -222,6 +249,9 @@ class Rates:
         mean = sum(known) / len(known) if known else None
         for k in unmoved:
             t0 = self.traces[k].points[0][0]
+            if self.traces[k].points[0][1] == 0:
+                # It may have waited for a download slot until the latest completion.
+                t0 = max((c for c in self.completions if t0 < c <= self.now), default=t0)
             bound = step / (self.now - t0) if step and self.now > t0 else None
             out[k] = min(x for x in (bound, mean) if x is not None) if (bound or mean) else None
         return out
@@ -269,6 +299,11 @@ class Rates:
             return None
         first = min(t.points[0][0] for t in trs.values())
         start = max(self.now - self.span(trs), first, since or first)
+        # One of them finished: on a shared link the others' shares changed then, so
+        # the window starts after it once that leaves GROUP_MIN_SPAN.
+        done = [t.points[-1][0] for t in trs.values() if t.finished]
+        if since is None and done and self.now - max(done) >= GROUP_MIN_SPAN:
+            start = max(start, max(done))
         end = self.now if until is None else min(until, self.now)
         if end <= start:
             return None
@@ -277,6 +312,8 @@ class Rates:
         moved = 0.0
         for k, t in trs.items():
             r, total = est.get(k), self.totals.get(k)
+            if k in self.queued:
+                r = None  # waiting for a download slot: no bytes in flight
             moved += t.value_at(end, r, total, hint) - t.value_at(start, r, total, hint)
         return moved / (end - start)
 
@@ -289,13 +326,17 @@ class CounterBook:
     def __init__(self) -> None:
         self.counters: dict[str, Counter] = {}
         self._touched: set[str] = set()
+        self.completions: deque[float] = deque(maxlen=MEMORY)
 
     def observe(self, key: str, now: float, value: int, changed_at: float | None = None,
                 total: int | None = None, started_at: float | None = None) -> None:
         c = self.counters.get(key)
         if c is None or c.finished_at is not None:
             c = self.counters[key] = Counter()
+        moved = c.moves
         c.observe(now, value, changed_at, started_at)
+        if c.moves == 1 and moved == 0:
+            c.queued_start(self.completions)
         c.total = total if total and total > 0 else None
         self._touched.add(key)
 
@@ -314,6 +355,7 @@ class CounterBook:
                 last = c.points[-1][0] if c.points else at
                 c.finish(min(max(at, last), now), c.total)
                 done[key] = min(max(at, last), now)
+                self.completions.append(done[key])
             elif now - c.finished_at > FINISHED_MEMORY:
                 del self.counters[key]
         self._touched.clear()
@@ -321,7 +363,8 @@ class CounterBook:
 
     def snapshot(self, now: float) -> Rates:
         return Rates({k: c.frozen() for k, c in self.counters.items()},
-                     {k: c.total for k, c in self.counters.items()}, now)
+                     {k: c.total for k, c in self.counters.items()}, now,
+                     tuple(self.completions))
 
     def __len__(self) -> int:
         return len(self.counters)
