@@ -14,7 +14,9 @@ is compared with the truth:
 - ETA error = |etaSeconds - (the item's last byte - T)| / (the item's last byte - T);
   no object yet, or a null/negative etaSeconds, counts as an error of 1.0 (100%);
 - rate error = |bytesPerSecond - real| / real, real = the item's bytes that left the
-  throttle in [T-2 s, T+2 s] (clipped to the item's first and last byte) over that window.
+  throttle in [T-2 s, T+2 s] (clipped to the item's first and last byte) over that window;
+  not scored while the object says progress 0 and no rate (containerd has shown no byte of
+  it yet, and no rate is made up).
   For an image or pod this is its share of the link (all of the link when it is alone);
 - every Downloading object of every layer: its bytesPerSecond against the link's rate: its
   limit, or the rate its bytes really flowed at if higher (the throttle's token bucket
@@ -150,9 +152,13 @@ def eta_error(eta: Any, remaining: float) -> float:
     return abs(float(eta) - remaining) / max(remaining, 1e-3)
 
 
-def rate_error(reported: Any, real: float | None) -> float | None:
-    """|reported - real| / real; a missing rate counts as 1.0; None if no real rate."""
+def rate_error(reported: Any, real: float | None, progress: Any = None) -> float | None:
+    """|reported - real| / real; a missing rate counts as 1.0; None if no real rate, or
+    if the rate is missing while the item's reported progress is still 0: nothing has
+    moved on the node yet, so there is nothing to measure (issue 23: no made-up rate)."""
     if real is None or real <= 0:
+        return None
+    if reported is None and progress == 0:
         return None
     if not isinstance(reported, int | float) or isinstance(reported, bool) or reported < 0:
         return 1.0
@@ -203,7 +209,7 @@ def checks_for(kind: str, item: str, log: ByteLog,
         real = real_rate(log, t)
         out.append(Check(kind, item, f, t, end - t, real, o.get("bytesPerSecond"),
                          o.get("etaSeconds"), eta_error(o.get("etaSeconds"), end - t),
-                         rate_error(o.get("bytesPerSecond"), real)))
+                         rate_error(o.get("bytesPerSecond"), real, o.get("progress"))))
     return out
 
 

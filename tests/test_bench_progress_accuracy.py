@@ -112,6 +112,9 @@ def test_rate_error() -> None:
     assert rate_error(968_000, 350_000.0) == pytest.approx(618 / 350)  # the pod
     assert rate_error(None, 1.0) == 1.0
     assert rate_error(5, None) is None  # no real rate to compare with
+    # Nothing shown yet (progress 0): no rate to measure, not scored; once it moved, it is.
+    assert rate_error(None, 50_000.0, 0) is None
+    assert rate_error(None, 50_000.0, 1 << 20) == 1.0
 
 
 def test_quantile_nearest_rank() -> None:
