@@ -183,6 +183,8 @@ class ContainerdBackend:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
         link = rates.group(rates.traces)
+        if link:
+            self._counters.link = link
         timing = self._plan(pull_layers, ingests, link, waiting)
         images = {ref: self._timed(st, timing, link) for ref, st in images.items()}
         pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link) for p in pulls]

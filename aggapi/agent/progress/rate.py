@@ -122,6 +122,9 @@ def _between(a: tuple[float, int], b: tuple[float, int]) -> float | None:
     return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else None
 
 
+SLACK = 1.05  # a step's rate may read this much over the link's before it is impossible
+
+
 class Counter:
     """A byte counter's change points, bounded to MEMORY of them."""
 
@@ -174,17 +177,18 @@ class Counter:
         self.moves += 1
         self.last_exact = exact
 
-    def queued_start(self, completions: Iterable[float]) -> None:
+    def queued_start(self, completions: Iterable[float], link: float | None) -> None:
         """Called at its first step: a download opened at offset 0 may have waited for
         one of the node's download slots (containerd opens the ingest, then waits: on
         2.x every pull on the node shares max_concurrent_downloads), and a waiting one
         starts when another download finishes. If one finished between its start point
-        and this step, that point is not when its bytes began: drop it, and measure
-        from this step on."""
-        if self.moves != 1 or len(self.points) != 2 or self.points[0][1] != 0:
+        and this step, soon enough before it that the step could have come from there
+        within the node's ``link`` rate, its start point may not be when its bytes
+        began: drop it, and measure from this step on."""
+        if self.moves != 1 or len(self.points) != 2 or self.points[0][1] != 0 or not link:
             return
-        (t0, _), (t1, _) = self.points
-        freed = [c for c in completions if t0 < c < t1]
+        (t0, _), (t1, v1) = self.points
+        freed = [c for c in completions if t0 < c < t1 and v1 / (t1 - c) <= link * SLACK]
         if freed:
             self.points.popleft()
             self.moves, self.exact_start = 0, self.last_exact
@@ -283,8 +287,19 @@ class Rates:
                 continue
             if len(t.points) >= 2:
                 longest = max(longest, t.points[-1][0] - t.points[-2][0])
-            longest = max(longest, self.now - t.points[-1][0])
+            if k in self.queued:
+                continue  # not downloading: its idle time says nothing of a step
+            longest = max(longest, self.now - self.began(t))
         return min(max(2 * longest, minimum), GROUP_MAX_SPAN)
+
+    def began(self, t: Trace) -> float:
+        """Its last point's time; for one opened at offset 0 that has not stepped, the
+        latest time it can have begun: a download that waited for a slot began when
+        the last one before now finished."""
+        t0 = t.points[-1][0]
+        if len(t.points) == 1 and t.points[0][1] == 0:
+            return max((c for c in self.completions if t0 < c <= self.now), default=t0)
+        return t0
 
     def group(self, keys: Iterable[str], since: float | None = None,
               until: float | None = None) -> float | None:
@@ -313,7 +328,14 @@ class Rates:
         for k, t in trs.items():
             r, total = est.get(k), self.totals.get(k)
             if k in self.queued:
-                r = None  # waiting for a download slot: no bytes in flight
+                continue  # waiting for a download slot: no bytes in flight
+            if len(t.points) == 1 and t.points[0][1] == 0:
+                # Not stepped yet: its bytes in flight since it can have begun.
+                if r:
+                    s0, cap = self.began(t), float(t.step or hint)
+                    moved += (min(r * max(end - s0, 0.0), cap)
+                              - min(r * max(start - s0, 0.0), cap))
+                continue
             moved += t.value_at(end, r, total, hint) - t.value_at(start, r, total, hint)
         return moved / (end - start)
 
@@ -327,6 +349,7 @@ class CounterBook:
         self.counters: dict[str, Counter] = {}
         self._touched: set[str] = set()
         self.completions: deque[float] = deque(maxlen=MEMORY)
+        self.link: float | None = None  # the node's link rate, as last measured
 
     def observe(self, key: str, now: float, value: int, changed_at: float | None = None,
                 total: int | None = None, started_at: float | None = None) -> None:
@@ -336,7 +359,7 @@ class CounterBook:
         moved = c.moves
         c.observe(now, value, changed_at, started_at)
         if c.moves == 1 and moved == 0:
-            c.queued_start(self.completions)
+            c.queued_start(self.completions, self.link)
         c.total = total if total and total > 0 else None
         self._touched.add(key)
 
