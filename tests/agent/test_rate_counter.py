@@ -144,3 +144,24 @@ def test_started_at_makes_the_first_step_a_measurement(rate: float, late: float)
             assert got is None
         else:
             assert got is not None and abs(got - rate) / rate < 1e-6
+
+
+@given(after=st.floats(0.05, 20.0), link=st.sampled_from([400e3, 5e6]))
+def test_a_first_step_is_timed_from_a_completion_only_if_it_could_have_begun_there(
+        after: float, link: float) -> None:
+    """Opened at offset 0 at t=100 (started_at), another download finished at t=130,
+    its first 1 MiB step came ``after`` s later. Faster than the link from the
+    completion: it was running before, its start stands. Otherwise it may have waited
+    for that slot: its start is dropped and its first bytes spread from the completion
+    (a download that waited 30 s would otherwise read 30 times too slow)."""
+    c = Counter()
+    c.observe(100.5, 0, 100.0, 100.0)
+    c.observe(130.0 + after + 0.1, MiB, 130.0 + after, 100.0)
+    c.queued_start([130.0], link)
+    tr = c.frozen()
+    if MiB / after > link * 1.05:
+        assert tr.points[0] == (100.0, 0) and tr.rate(130.0 + after) is not None
+    else:
+        assert tr.points == ((130.0 + after, MiB),) and tr.soft_start == 130.0
+        assert tr.rate(130.0 + after) is None  # measured from its next step on
+        assert abs(tr.value_at(130.0 + after / 2, None) - MiB / 2) < 1e-3

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -63,6 +64,7 @@ from aggapi.runtime.containerd import (
 )
 
 NODE_SLOTS = 3  # containerd's default max_concurrent_downloads
+LINK_MEMORY = 60.0  # seconds of link rates kept for its capacity
 PULL_INGESTS = frozenset({"layer", "manifest", "index", "config"})
 BARE_LEASE_SECONDS = 30.0
 
@@ -116,6 +118,7 @@ class ContainerdBackend:
         # Layers the node downloads at once: containerd's max_concurrent_downloads
         # (default 3; shared by every pull on 2.x), raised when more are seen moving.
         self._node_slots = NODE_SLOTS
+        self._links: deque[tuple[float, float]] = deque()  # (time, link rate) measured
         self._sharing = Sharing()  # is the link shared? (measured at completions)
         self._last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
         self.leases = LeaseIndex(client, self.manifests, monotonic=monotonic,
@@ -184,7 +187,13 @@ class ContainerdBackend:
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
         link = rates.group(rates.traces)
         if link:
-            self._counters.link = link
+            # The link's capacity, for judging whether a step could have come from a
+            # completion: its best rate of the last minute (while downloads wait for
+            # slots, what is measured is only what runs).
+            self._links.append((wall, link))
+        while self._links and wall - self._links[0][0] > LINK_MEMORY:
+            self._links.popleft()
+        self._counters.link = max((x for _, x in self._links), default=None)
         timing = self._plan(pull_layers, ingests, link, waiting)
         images = {ref: self._timed(st, timing, link) for ref, st in images.items()}
         pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link) for p in pulls]
