@@ -19,8 +19,9 @@ is compared with the truth:
   it yet, and no rate is made up).
   For an image or pod this is its share of the link (all of the link when it is alone);
 - every Downloading object of every layer: its bytesPerSecond against the link's rate: its
-  limit, or the rate its bytes really flowed at if higher (the throttle's token bucket
-  runs 0.5-3% over its limit: 51 kB/s through a 50 kB/s one).
+  limit, or the rate its bytes really flowed at if higher, over the whole pull or over
+  any 1 MiB (containerd's step): the throttle runs 0.5-3% over its limit (51 kB/s through
+  50 kB/s) and sends its first 64 KiB at once (the first MiB at 53 kB/s).
 
 Goals (issue 23): ETA error at 50% median <= 15% and p90 <= 30% over all scenarios;
 image and pod rates within 15% of the real rate; no layer's rate above the link rate.
@@ -136,6 +137,23 @@ def real_rate(log: ByteLog, t: float, window: float = WINDOW) -> float | None:
     # At ``start`` the first sample's bytes are already out: count from just before.
     before = 0 if a <= start else bytes_at(log, a)
     return (bytes_at(log, b) - before) / (b - a)
+
+
+def peak_rate(log: ByteLog, span: float = MiB) -> float:
+    """The link's highest rate over any ``span`` bytes (a step of containerd's): the
+    throttle sends its first chunk at once (its bucket goes into debt), so the first
+    MiB of a pull arrives faster than the limit (53 kB/s through 50 kB/s)."""
+    pts = [(log[0][0], 0.0), *log] if log else []
+    best, j = 0.0, 0
+    for i, (ti, ni) in enumerate(pts):
+        j = max(j, i + 1)
+        while j < len(pts) and pts[j][1] - ni < span:
+            j += 1
+        if j == len(pts):
+            break
+        if pts[j][0] > ti:
+            best = max(best, (pts[j][1] - ni) / (pts[j][0] - ti))
+    return best
 
 
 def latest_before(objs: Sequence[tuple[float, dict[str, Any]]], t: float
@@ -511,7 +529,8 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
     link_log = merge_logs(link_logs)
     all_bytes = link_log[-1][1]
     seconds = link_log[-1][0] - link_log[0][0]
-    link_rate = max(float(sc.rate), all_bytes / seconds if seconds > 0 else 0.0)
+    link_rate = max(float(sc.rate), all_bytes / seconds if seconds > 0 else 0.0,
+                    peak_rate(link_log))
     return {"scenario": sc.name, "layers_mib": list(sc.layers_mib), "pods": sc.pods,
             "link_rate": sc.rate, "containerd": sc.containerd,
             "pull_seconds": round(seconds, 2),

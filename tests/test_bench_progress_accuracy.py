@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from benchmarks.bench_progress_accuracy import (
     ByteLog,
+    MiB,
     bytes_at,
     checks_for,
     eta_error,
     latest_before,
     merge_logs,
+    peak_rate,
     quantile,
     rate_error,
     real_rate,
@@ -105,6 +107,14 @@ def test_latest_before_is_strictly_before() -> None:
     (None, 10.0, 1.0), (-1, 10.0, 1.0), ("3", 10.0, 1.0), (True, 10.0, 1.0)])
 def test_eta_error(eta: object, remaining: float, want: float) -> None:
     assert eta_error(eta, remaining) == pytest.approx(want)
+
+
+def test_peak_rate_is_the_fastest_mib() -> None:
+    # 64 KiB at once at t=0, then 50 kB/s: the first MiB came faster than the rest.
+    log = [(0.0, 65536.0)] + [(t / 10, 65536 + 5000.0 * t) for t in range(1, 600)]
+    first = MiB / ((MiB - 65536) / 50_000)
+    assert peak_rate(log) == pytest.approx(first, rel=0.01)
+    assert peak_rate([(t, 50_000.0 * t) for t in range(1, 60)]) == pytest.approx(50_000, rel=0.05)
 
 
 def test_rate_error() -> None:
