@@ -304,4 +304,10 @@ async def test_every_ingest_opened_at_once_three_downloading(rate: float,
     started_at), and the running ones must not lose their start when one finishes."""
     e = await run_trace(rate, [Pull(A, [m * MiB for m in mib], [1.0] * 6)], node_slots=3,
                         per_pull=6)
-    _assert_goals(e, 1)
+    assert not e.missing, e.missing
+    assert max(e.image_rate + e.pod_rate) <= 0.15, (e.image_rate, e.pod_rate)
+    assert max(e.layer_over_link) <= 1.0 + 1e-9
+    assert max(e.image_eta + e.pod_eta) <= 0.30, (e.image_eta, e.pod_eta)
+    # Which idle ingest gets the next slot is not shown (taken first opened first):
+    # the waiting layers' own ETAs are looser than the image's.
+    assert statistics.median(e.layer_eta) <= 0.15 and _p90(e.layer_eta) <= 0.35, e.layer_eta

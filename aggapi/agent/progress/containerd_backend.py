@@ -158,6 +158,7 @@ class ContainerdBackend:
         done = self._counters.sweep(wall, self.leases.created)
         self._rates = self._counters.snapshot(wall)
         waiting = self._unstarted(ingests)
+        self._counters.queued = sorted(waiting, key=lambda d: waiting[d])
         rates = self._rates = replace(self._rates, queued=frozenset(waiting))
         for digest, at in sorted(done.items(), key=lambda x: x[1]):
             self._sharing.finished(at, self._last_est.get(digest),

@@ -47,6 +47,7 @@ class Trace:
     # When it likely began, if not its first point (a download that may have waited
     # for a slot): its first bytes are spread from then, in group windows only.
     soft_start: float | None = None
+    slot_at: float | None = None  # when a slot freed for it, if it waited for one
 
     @property
     def step(self) -> int:
@@ -136,6 +137,8 @@ class Counter:
         self.total: int | None = None
         self.last_exact = False  # its last point is dated by the runtime, not a poll
         self.soft_start: float | None = None
+        # Taken as waiting for a download slot, the time a completion freed one for it.
+        self.slot_at: float | None = None
 
     @property
     def value(self) -> int:
@@ -177,23 +180,22 @@ class Counter:
         self.moves += 1
         self.last_exact = exact
 
-    def queued_start(self, completions: Iterable[float], link: float | None) -> None:
+    def queued_start(self, link: float | None) -> None:
         """Called at its first step: a download opened at offset 0 may have waited for
         one of the node's download slots (containerd opens the ingest, then waits: on
-        2.x every pull on the node shares max_concurrent_downloads), and a waiting one
-        starts when another download finishes. If one finished between its start point
-        and this step, soon enough before it that the step could have come from there
-        within the node's ``link`` rate, its start point may not be when its bytes
-        began: drop it, and measure from this step on."""
-        if self.moves != 1 or len(self.points) != 2 or self.points[0][1] != 0 or not link:
+        2.x every pull on the node shares max_concurrent_downloads). If it was taken as
+        waiting and got the slot a completion freed (``slot_at``), and its step could
+        have come from there within the node's ``link`` rate, its start point is not
+        when its bytes began: drop it, spread its first bytes from the slot, and
+        measure its rate from this step on."""
+        if (self.moves != 1 or len(self.points) != 2 or self.points[0][1] != 0
+                or not link or self.slot_at is None):
             return
         (t0, _), (t1, v1) = self.points
-        freed = [c for c in completions if t0 < c < t1 and v1 / (t1 - c) <= link * SLACK]
-        if freed:
+        if t0 < self.slot_at < t1 and v1 / (t1 - self.slot_at) <= link * SLACK:
             self.points.popleft()
             self.moves, self.exact_start = 0, self.last_exact
-            # If it did wait, the first slot freed was its own.
-            self.soft_start = min(freed)
+            self.soft_start = self.slot_at
 
     def finish(self, at: float, value: int | None) -> None:
         """Complete (committed) at ``at`` with ``value`` bytes."""
@@ -207,7 +209,7 @@ class Counter:
 
     def frozen(self) -> Trace:
         return Trace(tuple(self.points), self.moves, self.finished_at is not None,
-                     self.exact_start, self.soft_start)
+                     self.exact_start, self.soft_start, self.slot_at)
 
 
 @dataclass(frozen=True)
@@ -252,10 +254,8 @@ class Rates:
         known = [r for r in out.values() if r]
         mean = sum(known) / len(known) if known else None
         for k in unmoved:
-            t0 = self.traces[k].points[0][0]
-            if self.traces[k].points[0][1] == 0:
-                # It may have waited for a download slot until the latest completion.
-                t0 = max((c for c in self.completions if t0 < c <= self.now), default=t0)
+            # It may have waited for a download slot.
+            t0 = self.began(self.traces[k])
             bound = step / (self.now - t0) if step and self.now > t0 else None
             out[k] = min(x for x in (bound, mean) if x is not None) if (bound or mean) else None
         return out
@@ -293,12 +293,11 @@ class Rates:
         return min(max(2 * longest, minimum), GROUP_MAX_SPAN)
 
     def began(self, t: Trace) -> float:
-        """Its last point's time; for one opened at offset 0 that has not stepped, the
-        latest time it can have begun: a download that waited for a slot began when
-        the last one before now finished."""
+        """Its last point's time; for one opened at offset 0 that has not stepped and
+        was taken as waiting for a download slot, when a completion freed one for it."""
         t0 = t.points[-1][0]
-        if len(t.points) == 1 and t.points[0][1] == 0:
-            return max((c for c in self.completions if t0 < c <= self.now), default=t0)
+        if len(t.points) == 1 and t.points[0][1] == 0 and t.slot_at is not None:
+            return max(t0, t.slot_at)
         return t0
 
     def group(self, keys: Iterable[str], since: float | None = None,
@@ -349,7 +348,8 @@ class CounterBook:
         self.counters: dict[str, Counter] = {}
         self._touched: set[str] = set()
         self.completions: deque[float] = deque(maxlen=MEMORY)
-        self.link: float | None = None  # the node's link rate, as last measured
+        self.link: float | None = None  # the node's link capacity, as last measured
+        self.queued: list[str] = []  # taken as waiting for a slot, first opened first
 
     def observe(self, key: str, now: float, value: int, changed_at: float | None = None,
                 total: int | None = None, started_at: float | None = None) -> None:
@@ -359,7 +359,7 @@ class CounterBook:
         moved = c.moves
         c.observe(now, value, changed_at, started_at)
         if c.moves == 1 and moved == 0:
-            c.queued_start(self.completions, self.link)
+            c.queued_start(self.link)
         c.total = total if total and total > 0 else None
         self._touched.add(key)
 
@@ -381,6 +381,14 @@ class CounterBook:
                 self.completions.append(done[key])
             elif now - c.finished_at > FINISHED_MEMORY:
                 del self.counters[key]
+        # Each completion frees a slot for the download that waited longest.
+        for at in sorted(done.values()):
+            for key in self.queued:
+                w = self.counters.get(key)
+                if (w is not None and w.slot_at is None and w.finished_at is None
+                        and w.points and w.points[0][0] < at):
+                    w.slot_at = at
+                    break
         self._touched.clear()
         return done
 
