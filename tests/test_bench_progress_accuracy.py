@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from benchmarks.bench_progress_accuracy import (
     ByteLog,
+    MiB,
     bytes_at,
     checks_for,
     eta_error,
     latest_before,
     merge_logs,
+    peak_rate,
     quantile,
     rate_error,
     real_rate,
@@ -107,11 +109,22 @@ def test_eta_error(eta: object, remaining: float, want: float) -> None:
     assert eta_error(eta, remaining) == pytest.approx(want)
 
 
+def test_peak_rate_is_the_fastest_mib() -> None:
+    # 64 KiB at once at t=0, then 50 kB/s: the first MiB came faster than the rest.
+    log = [(0.0, 65536.0)] + [(t / 10, 65536 + 5000.0 * t) for t in range(1, 600)]
+    first = MiB / ((MiB - 65536) / 50_000)
+    assert peak_rate(log) == pytest.approx(first, rel=0.01)
+    assert peak_rate([(t, 50_000.0 * t) for t in range(1, 60)]) == pytest.approx(50_000, rel=0.05)
+
+
 def test_rate_error() -> None:
     assert rate_error(400_000, 400_000.0) == 0.0
     assert rate_error(968_000, 350_000.0) == pytest.approx(618 / 350)  # the pod
     assert rate_error(None, 1.0) == 1.0
     assert rate_error(5, None) is None  # no real rate to compare with
+    # Nothing shown yet (progress 0): no rate to measure, not scored; once it moved, it is.
+    assert rate_error(None, 50_000.0, 0) is None
+    assert rate_error(None, 50_000.0, 1 << 20) == 1.0
 
 
 def test_quantile_nearest_rank() -> None:

@@ -6,6 +6,11 @@ measured 221 vs 123 kB/s), a pull runs at most ``per_pull`` layers at once in ma
 order, and a finished layer's share goes to the layers still running. Everything is
 computed exactly (piecewise-constant rates), so a test knows the true rate at any
 moment and the true time each layer will finish.
+
+``node_slots``: at most this many layers download at once on the whole node (containerd
+2.x's transfer service shares max_concurrent_downloads among every pull). A layer
+waiting for a slot already has its ingest, opened at offset 0 when its pull reached it:
+its started_at is then earlier than its first byte.
 """
 
 from __future__ import annotations
@@ -37,10 +42,13 @@ class Ingest:
 
 class SharedLink:
     def __init__(self, rate: float, layers: Sequence[SimLayer], per_pull: int = 3,
-                 step: int = MiB, shared: bool = True) -> None:
+                 step: int = MiB, shared: bool = True, node_slots: int | None = None) -> None:
         """``shared=False``: no common link; each layer is limited on its own (a
         registry's per-connection limit) to ``weight`` bytes per second."""
         self.shared = shared
+        self.node_slots = node_slots
+        self.opened: dict[str, float] = {}  # ingest opened (started_at)
+        self.waiting: list[SimLayer] = []  # opened, waiting for a node slot
         self.rate = rate
         self.step = step
         self.per_pull = per_pull
@@ -55,6 +63,7 @@ class SharedLink:
             self._queues.setdefault(la.pull, []).append(la)
         for pull in self._queues:
             self._start(pull)
+        self._admit()
 
     def _running(self, pull: str | None = None) -> list[SimLayer]:
         return [la for d, la in self.layers.items() if d in self.started
@@ -62,11 +71,19 @@ class SharedLink:
 
     def _start(self, pull: str) -> None:
         q = self._queues[pull]
-        while q and len(self._running(pull)) < self.per_pull:
+        while q and len(self._running(pull)) + sum(
+                1 for w in self.waiting if w.pull == pull) < self.per_pull:
             la = q.pop(0)
+            self.opened[la.digest] = self.t
+            self.written[la.digest] = (0, self.t)
+            self.waiting.append(la)
+
+    def _admit(self) -> None:
+        while self.waiting and (self.node_slots is None
+                                or len(self._running()) < self.node_slots):
+            la = self.waiting.pop(0)
             self.started[la.digest] = self.t
             self.got[la.digest] = 0.0
-            self.written[la.digest] = (0, self.t)
 
     def shares(self) -> dict[str, float]:
         """Each running layer's rate now (bytes per second)."""
@@ -101,10 +118,11 @@ class SharedLink:
                 self.written[d] = (self.layers[d].size, t1)
             for pull in {self.layers[d].pull for d in finishing}:
                 self._start(pull)
+            self._admit()
 
     def ingests(self) -> list[Ingest]:
-        return [Ingest(la.digest, *self.written[la.digest], self.started[la.digest],
-                       la.size, la.pull) for la in self._running()]
+        return [Ingest(la.digest, *self.written[la.digest], self.opened[la.digest],
+                       la.size, la.pull) for la in self._running() + self.waiting]
 
     def finished(self) -> bool:
         return len(self.done) == len(self.layers)
@@ -112,7 +130,7 @@ class SharedLink:
     def finish_times(self) -> dict[str, float]:
         """Run a copy to the end: when each layer's last byte arrives."""
         twin = SharedLink(self.rate, list(self.layers.values()), self.per_pull, self.step,
-                          self.shared)
+                          self.shared, self.node_slots)
         while not twin.finished():
             twin.run_until(twin.t + 3600.0)
         return dict(twin.done)

@@ -55,8 +55,9 @@ async def test_a_pull_goes_through_the_phases_in_order() -> None:
     assert st.bytes_per_second == 1500.0
     # Layer 0 is complete; layer 1 then has the whole link: 1000 bytes at 1500 B/s.
     assert st.eta_seconds == 0.7
-    # Each layer has moved once: no rate of its own yet.
-    assert [la.bytes_per_second for la in st.layers] == [None, None]
+    # Each layer has moved from its ingest's started_at (offset 0 then): 1000 bytes in
+    # the second since, a rate of its own.
+    assert [la.bytes_per_second for la in st.layers] == [1000.0, 1000.0]
     fake.commit(d0, s0, "L1")
     fake.extract(img.chains[0])
     st = await look()

@@ -126,3 +126,59 @@ def test_the_plan_conserves_work(sizes: list[int], link: float) -> None:
     flows = [Flow(str(i), "L", s, float(i % 3 + 1), i < 3) for i, s in enumerate(sizes)]
     p = plan(flows, link, {"L": 3})
     assert abs(max(p.finish.values()) - sum(sizes) / link) <= 1e-6 * sum(sizes) / link
+
+
+@given(rate=st.floats(20e3, 5e6), late=st.floats(0.0, 30.0))
+def test_started_at_makes_the_first_step_a_measurement(rate: float, late: float) -> None:
+    """First seen ``late`` seconds into the download, one 1 MiB step in or not: with the
+    ingest's started_at as offset 0, the first step gives the rate (it had none before
+    its second step); without started_at it still has none."""
+    t1 = MiB / rate
+    seen = min(late, t1 * 0.99)
+    for started in (100.0, None):
+        c = Counter()
+        c.observe(100.0 + seen, 0, None, started)
+        c.observe(100.0 + t1 + 0.1, MiB, 100.0 + t1, started)
+        got = c.frozen().rate(100.0 + t1)
+        if started is None:
+            assert got is None
+        else:
+            assert got is not None and abs(got - rate) / rate < 1e-6
+
+
+@given(after=st.floats(0.05, 20.0), link=st.sampled_from([400e3, 5e6]))
+def test_a_first_step_is_timed_from_its_slot_only_if_it_could_have_begun_there(
+        after: float, link: float) -> None:
+    """Opened at offset 0 at t=100 (started_at) and taken as waiting for a download
+    slot; a completion freed one at t=130 and its first 1 MiB step came ``after`` s
+    later. Faster than the link from the slot: it was running before, its start
+    stands. Otherwise its start is dropped and its first bytes spread from the slot
+    (a download that waited 30 s would otherwise read 30 times too slow)."""
+    c = Counter()
+    c.observe(100.5, 0, 100.0, 100.0)
+    c.slot_at = 130.0
+    c.observe(130.0 + after + 0.1, MiB, 130.0 + after, 100.0)
+    c.queued_start(link)
+    tr = c.frozen()
+    if MiB / after > link * 1.05:
+        assert tr.points[0] == (100.0, 0) and tr.rate(130.0 + after) is not None
+    else:
+        assert tr.points == ((130.0 + after, MiB),) and tr.soft_start == 130.0
+        assert tr.rate(130.0 + after) is None  # measured from its next step on
+        assert abs(tr.value_at(130.0 + after / 2, None) - MiB / 2) < 1e-3
+
+
+def test_each_completion_frees_a_slot_for_the_download_that_waited_longest() -> None:
+    """Six ingests opened at once, three slots (bench l6-400k): the two taken as waiting
+    get the slots of the next two completions, first opened first."""
+    book = CounterBook()
+    for k, t0 in (("run1", 1.0), ("run2", 1.0), ("wait1", 1.01), ("wait2", 1.02)):
+        book.observe(k, 1.5, 0, t0, 4 * MiB, t0)
+    book.sweep(1.5, {})
+    book.queued = ["wait1", "wait2"]
+    for t, live in ((7.0, ("run2", "wait1", "wait2")), (31.0, ("wait1", "wait2"))):
+        for k in live:
+            book.observe(k, t + 0.1, 0, 1.0, 4 * MiB, 1.0)
+        book.sweep(t + 0.1, {"run1": 7.0, "run2": 31.0})
+    assert book.counters["wait1"].slot_at == 7.0
+    assert book.counters["wait2"].slot_at == 31.0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -62,6 +63,8 @@ from aggapi.runtime.containerd import (
     SnapshotInfo,
 )
 
+NODE_SLOTS = 3  # containerd's default max_concurrent_downloads
+LINK_MEMORY = 60.0  # seconds of link rates kept for its capacity
 PULL_INGESTS = frozenset({"layer", "manifest", "index", "config"})
 BARE_LEASE_SECONDS = 30.0
 
@@ -112,6 +115,10 @@ class ContainerdBackend:
         self._counters = CounterBook()  # every layer ingest on the node, by digest
         self._rates = self._counters.snapshot(0.0)
         self._slots: dict[str, int] = {}  # lease -> most layers seen downloading at once
+        # Layers the node downloads at once: containerd's max_concurrent_downloads
+        # (default 3; shared by every pull on 2.x), raised when more are seen moving.
+        self._node_slots = NODE_SLOTS
+        self._links: deque[tuple[float, float]] = deque()  # (time, link rate) measured
         self._sharing = Sharing()  # is the link shared? (measured at completions)
         self._last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
         self.leases = LeaseIndex(client, self.manifests, monotonic=monotonic,
@@ -147,9 +154,12 @@ class ContainerdBackend:
             if s.kind == "layer" and s.digest:
                 # updated_at is the data file's mtime: when the last step landed.
                 self._counters.observe(s.digest, wall, s.offset, s.updated_at or None,
-                                       s.total)
+                                       s.total, s.started_at or None)
         done = self._counters.sweep(wall, self.leases.created)
-        rates = self._rates = self._counters.snapshot(wall)
+        self._rates = self._counters.snapshot(wall)
+        waiting = self._unstarted(ingests)
+        self._counters.queued = sorted(waiting, key=lambda d: waiting[d])
+        rates = self._rates = replace(self._rates, queued=frozenset(waiting))
         for digest, at in sorted(done.items(), key=lambda x: x[1]):
             self._sharing.finished(at, self._last_est.get(digest),
                                    {k: r for k, r in self._last_est.items() if k not in done})
@@ -177,7 +187,15 @@ class ContainerdBackend:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
         link = rates.group(rates.traces)
-        timing = self._plan(pull_layers, ingests, link)
+        if link:
+            # The link's capacity, for judging whether a step could have come from a
+            # completion: its best rate of the last minute (while downloads wait for
+            # slots, what is measured is only what runs).
+            self._links.append((wall, link))
+        while self._links and wall - self._links[0][0] > LINK_MEMORY:
+            self._links.popleft()
+        self._counters.link = max((x for _, x in self._links), default=None)
+        timing = self._plan(pull_layers, ingests, link, waiting)
         images = {ref: self._timed(st, timing, link) for ref, st in images.items()}
         pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link) for p in pulls]
         return NodeState("containerd", images, tuple(pulls), time=wall, rates=self._rates,
@@ -390,7 +408,8 @@ class ContainerdBackend:
     # -- rates and ETAs on the node's link ----------------------------------------------
 
     def _plan(self, pull_layers: Mapping[str, tuple[LayerState, ...]],
-              ingests: Mapping[str, IngestStatus], link: float | None) -> Mapping[str, float]:
+              ingests: Mapping[str, IngestStatus], link: float | None,
+              waiting: Mapping[str, float]) -> Mapping[str, float]:
         """Seconds until each layer's last byte: the link shared among every layer the
         node downloads, queued layers of a pull starting as its running ones finish."""
         rates = self._rates
@@ -408,7 +427,7 @@ class ContainerdBackend:
                     seen.add(la.digest)
                     r = est.get(la.digest)
                     left = la.total - la.progress - rates.in_flight(la.digest, r)
-                    flows.append(Flow(la.digest, lease, left, r, True))
+                    flows.append(Flow(la.digest, lease, left, r, la.digest not in waiting))
                 elif la.phase == WAITING:
                     seen.add(la.digest)
                     flows.append(Flow(la.digest, lease, la.total, None, False))
@@ -417,8 +436,34 @@ class ContainerdBackend:
                 # A layer of a pull not resolved (yet): it shares the link all the same.
                 r = est.get(digest)
                 left = ing.total - ing.offset - rates.in_flight(digest, r)
-                flows.append(Flow(digest, "", left, r, True))
-        return plan(flows, link, self._slots, self._sharing.conserve).finish
+                flows.append(Flow(digest, "", left, r, digest not in waiting))
+        # Running first; then the ingests waiting for a slot, first opened first; then
+        # layers not reached yet (stable: in their pull's order).
+        flows.sort(key=lambda f: (f.active, f.key in waiting, -waiting.get(f.key, 0.0)),
+                   reverse=True)
+        return plan(flows, link, self._slots, self._sharing.conserve,
+                    self._node_slots).finish
+
+    def _unstarted(self, ingests: Mapping[str, IngestStatus]) -> dict[str, float]:
+        """Layer ingests open at offset 0 that have not stepped and for which no
+        download slot is free: containerd 2.x opens a layer's ingest, then waits for one
+        of the node's slots, so such an ingest may be queued. Those beyond the free
+        slots (latest opened last) are taken as queued, with when they were opened."""
+        traces = self._rates.traces
+        moving: list[str] = []
+        idle: list[tuple[float, str]] = []
+        for d, ing in ingests.items():
+            tr = traces.get(d)
+            if ing.kind != "layer" or tr is None or tr.finished or not tr.points:
+                continue
+            if len(tr.points) == 1 and tr.points[0][1] == 0:
+                idle.append((tr.points[0][0], d))
+            else:
+                moving.append(d)
+        self._node_slots = max(self._node_slots, len(moving))
+        idle.sort()
+        free = max(self._node_slots - len(moving), 0)
+        return {d: t for t, d in idle[free:]}
 
     def _timed(self, st: ImageState, finish: Mapping[str, float],
                link: float | None) -> ImageState:

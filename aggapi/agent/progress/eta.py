@@ -40,11 +40,14 @@ class Plan:
 
 
 def plan(flows: Sequence[Flow], link: float | None, slots: Mapping[str, int],
-         conserve: float = 1.0) -> Plan:
+         conserve: float = 1.0, node_slots: int | None = None) -> Plan:
     """Finish times of every flow on a link of ``link`` bytes per second; ``slots``
-    is how many layers each pull downloads at once (1 when not given). ``conserve``
-    is how much of a finished flow's rate the others take over: 1 on a shared link,
-    0 when each flow is limited on its own (then a queued flow adds its own rate)."""
+    is how many layers each pull downloads at once (1 when not given), ``node_slots``
+    how many the whole node does (containerd 2.x shares its max_concurrent_downloads
+    among all pulls; None: no such limit). Queued flows start in the order given.
+    ``conserve`` is how much of a finished flow's rate the others take over: 1 on a
+    shared link, 0 when each flow is limited on its own (then a queued flow adds its
+    own rate)."""
     if not link or link <= 0 or not flows:
         return Plan({}, {})
     known = [f.weight for f in flows if f.weight and f.weight > 0]
@@ -75,14 +78,16 @@ def plan(flows: Sequence[Flow], link: float | None, slots: Mapping[str, int],
         """Start what the pull has room for; the rate they bring to the link."""
         added = 0.0
         q = queues.get(pull)
-        while q and running.get(pull, 0) < max(slots.get(pull, 1), 1):
+        while q and running.get(pull, 0) < max(slots.get(pull, 1), 1) and (
+                node_slots is None or sum(running.values()) < node_slots):
             f = q.pop(0)
             left[f.key], w[f.key] = max(f.remaining, 0.0), weight(f)
             running[pull] = running.get(pull, 0) + 1
             added += lost * w[f.key] if later else 0.0
         return added
 
-    for pull in list(queues):
+    order = list(queues)  # pulls by their first queued flow
+    for pull in order:
         start(pull, False)
     total_w = sum(w.values())
     share = {k: link * w[k] / total_w for k in left} if total_w else {}
@@ -101,7 +106,9 @@ def plan(flows: Sequence[Flow], link: float | None, slots: Mapping[str, int],
             link -= lost * rates[k]
             del left[k]
             running[pull_of[k]] -= 1
-        for pull in {pull_of[k] for k in done}:
+        # A freed slot goes to the pull that finished a layer, then (node-wide slots)
+        # to any pull's queued layers, first queued first.
+        for pull in [*{pull_of[k]: None for k in done}, *order]:
             link += start(pull, True)
         if left and link <= 0:
             break  # nothing left to carry the rest: unknown

@@ -44,6 +44,10 @@ class Trace:
     moves: int  # changes seen (the first point, a mere observation, is not one)
     finished: bool = False  # complete: its value will not move again
     exact_start: bool = False  # the first point is when it got there, not when seen
+    # When it likely began, if not its first point (a download that may have waited
+    # for a slot): its first bytes are spread from then, in group windows only.
+    soft_start: float | None = None
+    slot_at: float | None = None  # when a slot freed for it, if it waited for one
 
     @property
     def step(self) -> int:
@@ -53,9 +57,10 @@ class Trace:
         return self.points[-1][1] - self.points[-2][1]
 
     def rate(self, now: float) -> float | None:
-        """Bytes per second over whole steps; None until it has moved twice."""
+        """Bytes per second over whole steps; None until it has moved twice, or once
+        from a known start (its first point is when it began, not when first seen)."""
         pts = self.points
-        if self.moves < 2 or len(pts) < 2:
+        if self.moves < (1 if self.exact_start else 2) or len(pts) < 2:
             return None
         t_last, v_last = pts[-1]
         start = _span_start(pts, MIN_CHANGES, MIN_SPAN)
@@ -94,6 +99,8 @@ class Trace:
         i = bisect_right(pts, (t, float("inf")))
         if i == 0:
             t0, v0 = pts[0]
+            if self.soft_start is not None and self.soft_start < t0:
+                return v0 * max(t - self.soft_start, 0.0) / (t0 - self.soft_start)
             if self.exact_start or not rate:
                 return float(v0)
             # First seen mid-transfer: it was moving before, at about this rate.
@@ -116,6 +123,9 @@ def _between(a: tuple[float, int], b: tuple[float, int]) -> float | None:
     return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else None
 
 
+SLACK = 1.05  # a step's rate may read this much over the link's before it is impossible
+
+
 class Counter:
     """A byte counter's change points, bounded to MEMORY of them."""
 
@@ -125,14 +135,20 @@ class Counter:
         self.exact_start = False
         self.finished_at: float | None = None
         self.total: int | None = None
+        self.last_exact = False  # its last point is dated by the runtime, not a poll
+        self.soft_start: float | None = None
+        # Taken as waiting for a download slot, the time a completion freed one for it.
+        self.slot_at: float | None = None
 
     @property
     def value(self) -> int:
         return self.points[-1][1] if self.points else 0
 
-    def observe(self, now: float, value: int, changed_at: float | None = None) -> None:
-        """A poll at ``now`` saw ``value``; ``changed_at`` is when it last changed, if
-        the runtime says (ignored unless plausible)."""
+    def observe(self, now: float, value: int, changed_at: float | None = None,
+                started_at: float | None = None) -> None:
+        """A poll at ``now`` saw ``value``; ``changed_at`` is when it last changed and
+        ``started_at`` when the transfer began, if the runtime says (each ignored
+        unless plausible)."""
         last = self.points[-1] if self.points else None
         exact = changed_at is not None and 0 < changed_at <= now + 1.0 and (
             last is None or changed_at >= last[0])
@@ -140,8 +156,19 @@ class Counter:
         if last is None or value < last[1]:
             # New, or a restarted transfer: old points say nothing of this one.
             self.points.clear()
-            self.points.append((t, value))
             self.moves, self.exact_start, self.finished_at = 0, exact, None
+            if started_at is not None and 0 < started_at <= t and (
+                    last is None or started_at >= last[0]):
+                # containerd opens the ingest just before it sends the GET: offset 0
+                # at started_at is a real sample, so the first step already spans a
+                # whole step's time (at 50 kB/s a 1 MiB step takes 21 s).
+                self.points.append((started_at, 0))
+                self.exact_start = True
+                if value > 0:
+                    self.points.append((t, value))
+                    self.moves = 1
+                return
+            self.points.append((t, value))
             return
         if value == last[1]:
             return
@@ -151,6 +178,24 @@ class Counter:
             self.points.clear()
         self.points.append((t, value))
         self.moves += 1
+        self.last_exact = exact
+
+    def queued_start(self, link: float | None) -> None:
+        """Called at its first step: a download opened at offset 0 may have waited for
+        one of the node's download slots (containerd opens the ingest, then waits: on
+        2.x every pull on the node shares max_concurrent_downloads). If it was taken as
+        waiting and got the slot a completion freed (``slot_at``), and its step could
+        have come from there within the node's ``link`` rate, its start point is not
+        when its bytes began: drop it, spread its first bytes from the slot, and
+        measure its rate from this step on."""
+        if (self.moves != 1 or len(self.points) != 2 or self.points[0][1] != 0
+                or not link or self.slot_at is None):
+            return
+        (t0, _), (t1, v1) = self.points
+        if t0 < self.slot_at < t1 and v1 / (t1 - self.slot_at) <= link * SLACK:
+            self.points.popleft()
+            self.moves, self.exact_start = 0, self.last_exact
+            self.soft_start = self.slot_at
 
     def finish(self, at: float, value: int | None) -> None:
         """Complete (committed) at ``at`` with ``value`` bytes."""
@@ -164,7 +209,7 @@ class Counter:
 
     def frozen(self) -> Trace:
         return Trace(tuple(self.points), self.moves, self.finished_at is not None,
-                     self.exact_start)
+                     self.exact_start, self.soft_start, self.slot_at)
 
 
 @dataclass(frozen=True)
@@ -174,6 +219,8 @@ class Rates:
     traces: Mapping[str, Trace]
     totals: Mapping[str, int | None]
     now: float
+    completions: tuple[float, ...] = ()  # when the node's recent downloads finished
+    queued: frozenset[str] = frozenset()  # counters taken as waiting for a slot
 
     def rate(self, key: str) -> float | None:
         tr = self.traces.get(key)
@@ -207,7 +254,8 @@ class Rates:
         known = [r for r in out.values() if r]
         mean = sum(known) / len(known) if known else None
         for k in unmoved:
-            t0 = self.traces[k].points[0][0]
+            # It may have waited for a download slot.
+            t0 = self.began(self.traces[k])
             bound = step / (self.now - t0) if step and self.now > t0 else None
             out[k] = min(x for x in (bound, mean) if x is not None) if (bound or mean) else None
         return out
@@ -239,19 +287,37 @@ class Rates:
                 continue
             if len(t.points) >= 2:
                 longest = max(longest, t.points[-1][0] - t.points[-2][0])
-            longest = max(longest, self.now - t.points[-1][0])
+            if k in self.queued:
+                continue  # not downloading: its idle time says nothing of a step
+            longest = max(longest, self.now - self.began(t))
         return min(max(2 * longest, minimum), GROUP_MAX_SPAN)
+
+    def began(self, t: Trace) -> float:
+        """Its last point's time; for one opened at offset 0 that has not stepped and
+        was taken as waiting for a download slot, when a completion freed one for it."""
+        t0 = t.points[-1][0]
+        if len(t.points) == 1 and t.points[0][1] == 0 and t.slot_at is not None:
+            return max(t0, t.slot_at)
+        return t0
 
     def group(self, keys: Iterable[str], since: float | None = None,
               until: float | None = None) -> float | None:
         """Bytes per second of the counters' bytes together, over one common window
         (or over [since, until] when given)."""
         trs = {k: t for k in set(keys) if (t := self.traces.get(k)) is not None and t.points}
-        if (sum(t.moves for t in trs.values()) < 2
+        # Fewer than two steps say nothing, unless each counter has stepped from its
+        # known start (one step of one of several leaves the others' pace unknown).
+        if ((sum(t.moves for t in trs.values()) < 2
+                and not all(t.exact_start and t.moves for t in trs.values()))
                 or all(len(t.points) < 2 for t in trs.values())):
-            return None  # fewer than two steps, or none measured from a known start
+            return None
         first = min(t.points[0][0] for t in trs.values())
         start = max(self.now - self.span(trs), first, since or first)
+        # One of them finished: on a shared link the others' shares changed then, so
+        # the window starts after it once that leaves GROUP_MIN_SPAN.
+        done = [t.points[-1][0] for t in trs.values() if t.finished]
+        if since is None and done and self.now - max(done) >= GROUP_MIN_SPAN:
+            start = max(start, max(done))
         end = self.now if until is None else min(until, self.now)
         if end <= start:
             return None
@@ -260,6 +326,15 @@ class Rates:
         moved = 0.0
         for k, t in trs.items():
             r, total = est.get(k), self.totals.get(k)
+            if k in self.queued:
+                continue  # waiting for a download slot: no bytes in flight
+            if len(t.points) == 1 and t.points[0][1] == 0:
+                # Not stepped yet: its bytes in flight since it can have begun.
+                if r:
+                    s0, cap = self.began(t), float(t.step or hint)
+                    moved += (min(r * max(end - s0, 0.0), cap)
+                              - min(r * max(start - s0, 0.0), cap))
+                continue
             moved += t.value_at(end, r, total, hint) - t.value_at(start, r, total, hint)
         return moved / (end - start)
 
@@ -272,13 +347,19 @@ class CounterBook:
     def __init__(self) -> None:
         self.counters: dict[str, Counter] = {}
         self._touched: set[str] = set()
+        self.completions: deque[float] = deque(maxlen=MEMORY)
+        self.link: float | None = None  # the node's link capacity, as last measured
+        self.queued: list[str] = []  # taken as waiting for a slot, first opened first
 
     def observe(self, key: str, now: float, value: int, changed_at: float | None = None,
-                total: int | None = None) -> None:
+                total: int | None = None, started_at: float | None = None) -> None:
         c = self.counters.get(key)
         if c is None or c.finished_at is not None:
             c = self.counters[key] = Counter()
-        c.observe(now, value, changed_at)
+        moved = c.moves
+        c.observe(now, value, changed_at, started_at)
+        if c.moves == 1 and moved == 0:
+            c.queued_start(self.link)
         c.total = total if total and total > 0 else None
         self._touched.add(key)
 
@@ -297,14 +378,24 @@ class CounterBook:
                 last = c.points[-1][0] if c.points else at
                 c.finish(min(max(at, last), now), c.total)
                 done[key] = min(max(at, last), now)
+                self.completions.append(done[key])
             elif now - c.finished_at > FINISHED_MEMORY:
                 del self.counters[key]
+        # Each completion frees a slot for the download that waited longest.
+        for at in sorted(done.values()):
+            for key in self.queued:
+                w = self.counters.get(key)
+                if (w is not None and w.slot_at is None and w.finished_at is None
+                        and w.points and w.points[0][0] < at):
+                    w.slot_at = at
+                    break
         self._touched.clear()
         return done
 
     def snapshot(self, now: float) -> Rates:
         return Rates({k: c.frozen() for k, c in self.counters.items()},
-                     {k: c.total for k, c in self.counters.items()}, now)
+                     {k: c.total for k, c in self.counters.items()}, now,
+                     tuple(self.completions))
 
     def __len__(self) -> int:
         return len(self.counters)
