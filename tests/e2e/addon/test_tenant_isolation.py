@@ -337,8 +337,11 @@ def _head_is_bounded(a: Api) -> bool:
 def test_tenant_b_copies_keep_working_while_tenant_a_abuses_copy(
         tenants: tuple[Api, Api, str]) -> None:
     a, b, big_digest = tenants
+    cpu0, w0 = time.process_time(), time.time()
     idle = _measure_b(b, 10, big_digest)
     print(f"\ntenant B idle:         {idle.line()}")
+    print(f"test process CPU idle: {time.process_time() - cpu0:.1f} s in "
+          f"{time.time() - w0:.1f} s; window {w0:.0f}..{time.time():.0f}")
 
     attack = Attack(a)
     t_attack = time.monotonic()
@@ -359,8 +362,16 @@ def test_tenant_b_copies_keep_working_while_tenant_a_abuses_copy(
         attack.spawn(attack.slow_upload, p, 2 * i + 1)
     try:
         time.sleep(3)
+        # This process's own CPU while B measures: the attack generator and B's client
+        # share the machine's cores with aggapi, so its cost is reported with the figures.
+        cpu0, b0, w0 = time.process_time(), time.thread_time(), time.time()
         loaded = _measure_b(b, 20, big_digest)
+        cpu, b_cpu, wall = (time.process_time() - cpu0, time.thread_time() - b0,
+                            time.time() - w0)
         print(f"tenant B under attack: {loaded.line()}")
+        print(f"test process CPU under attack: {cpu:.1f} s in {wall:.1f} s "
+              f"({cpu / wall:.0%} of a core; B's client {b_cpu:.1f} s, tenant A's "
+              f"attack {cpu - b_cpu:.1f} s); window {w0:.0f}..{w0 + wall:.0f}")
         # Wait for the agent to cut the slow uploads and the unread downloads.
         deadline = t_attack + RATE_WINDOW * 2 + 20
         while time.monotonic() < deadline:
