@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from aggapi.runtime.cri import CRIClient
 from tests.agent.agentserver import NODE, Agent, run_agent
 from tests.framework.fakekube import FakeKube
 from tests.framework.frontproxy import FrontProxy
+from tests.kubeobjects import pod_object as pod_object  # re-exported to the handler tests
 
 from ..conftest import ALICE, FRONT_PROXY_CN, GV, Server
 
@@ -31,17 +32,6 @@ AGENT_NS, AGENT_SVC = "aggapi", "aggapi-agent"
 USER = {"Authorization": "Bearer alice-token"}
 
 
-def pod_object(name: str, containers: Sequence[tuple[str, str]], *, node: str = NODE,
-               uid: str | None = None, namespace: str = "default",
-               init: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": n, "image": i} for n, i in containers]}
-    if init:
-        spec["initContainers"] = [{"name": n, "image": i} for n, i in init]
-    if node:
-        spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
-            "spec": spec, "status": {}}
 
 
 def endpoint_slice(port: int, *, node: str = NODE, ready: bool = True) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from aggapi.apiserver.imagepullprogress.fanout import Broadcast
 from aggapi.apiserver.imagepullprogress.objects import is_terminal, object_key
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch
 from aggapi.wire import AGENT_NODE_PULLS_PATH
+from tests import kubeobjects
 from tests.framework.fakekube import FakeKube
 
 NODE = "node-a"
@@ -79,14 +80,8 @@ class ScriptedAgent:
 def pod_object(name: str = "p", containers: tuple[tuple[str, str], ...] = (("app", "reg/app:1"),),
                *, namespace: str = "default", node: str = NODE,
                init: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": n, "image": i} for n, i in containers]}
-    if init:
-        spec["initContainers"] = [{"name": n, "image": i} for n, i in init]
-    if node:
-        spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())},
-            "spec": spec, "status": {}}
+    """tests.kubeobjects.pod_object with this suite's defaults (one app container)."""
+    return kubeobjects.pod_object(name, containers, namespace=namespace, node=node, init=init)
 
 
 def event(pod: dict[str, Any], reason: str, container: str, message: str, t: str, *,
