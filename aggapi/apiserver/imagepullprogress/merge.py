@@ -151,6 +151,11 @@ class Merger:
         return any(not self._own(p) for p in (self.node_view or {}).get("pulls") or []
                    if isinstance(p, Mapping))
 
+    def _pulled_images(self) -> set[str]:
+        return {str(r) for c in self.containers
+                if self.k8s.get(c.name, K8sView()).phase == PULLED
+                and (r := _ref(c.image)) is not None}
+
     def waiting(self, image: str) -> dict[str, Any] | None:
         """The node's pull slots are all taken by pulls of other images. A pull that
         names no image yet (no manifest fetched) may be this image's own, just
@@ -166,10 +171,14 @@ class Merger:
         if ref is None:
             return None
         repo = f"{ref.host}/{ref.path}"
+        # kubelet said Pulled for these: a pull of them still on the node view is the
+        # agent's view lagging (its lease not yet released), not a slot in use.
+        pulled = self._pulled_images()
         others = [p for p in pulls
-                  if (p.get("images") and str(ref) not in p["images"])
-                  or (not p.get("images") and p.get("repositories")
-                      and repo not in p["repositories"])]
+                  if ((p.get("images") and str(ref) not in p["images"])
+                      or (not p.get("images") and p.get("repositories")
+                          and repo not in p["repositories"]))
+                  and not (p.get("images") and set(p["images"]) <= pulled)]
         if any(str(ref) in (p.get("images") or []) for p in pulls):
             return None  # the busy slot is this image's own pull, just starting
         slots = slots_of(nv)

@@ -53,6 +53,25 @@ def test_images_kubelet_has_not_asked_for_are_pending_not_waiting() -> None:
     assert init["phase"] == "Pulling"
 
 
+def test_a_pull_kubelet_said_pulled_holds_no_slot() -> None:
+    """kubelet pulled the init image and now asks for the app's; the node view still
+    lists the init pull (its lease outlives the pull by a poll): the app is Pulling.
+    CI at ebba24c saw Waiting here once, in test_images_behind_an_init_container."""
+    m = Merger((INIT, APP))
+    m.update(pod(), [ev("Pulling", "init", 'Pulling image "reg.example/init:1"',
+                        "2026-01-01T00:00:01Z", kind="initContainers"),
+                     ev("Pulled", "init", 'Successfully pulled image "reg.example/init:1"',
+                        "2026-01-01T00:00:05Z", kind="initContainers"),
+                     ev("Pulling", "app", 'Pulling image "reg.example/app:1"',
+                        "2026-01-01T00:00:06Z")])
+    m.node_view = full_node([{"images": ["reg.example/init:1"],
+                              "repositories": ["reg.example/init"]}])
+    assert m.apply(progress("app", APP.image, "Unknown"))["phase"] == "Pulling"
+    # another image's pull in that slot is a real wait
+    m.node_view = full_node([{"images": ["reg.example/x:1"]}])
+    assert m.apply(progress("app", APP.image, "Unknown"))["phase"] == "Waiting"
+
+
 def test_waiting_only_at_the_limit() -> None:
     m = Merger((APP,))
     m.update(pod(), [ev("Pulling", "app", 'Pulling image "reg.example/app:1"',
