@@ -507,8 +507,9 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
         layer_max = max(layer_max, max_layer_rate(progress["layer"]))
     rows = [c.row() for c in checks]
     if dump := os.environ.get("BENCH_ACC_DUMP"):
-        # Every object received and the throttle's record, for a closer look.
-        Path(dump).write_text(json.dumps({
+        # Every object received and the throttle's record, for a closer look ("{scenario}"
+        # in the name: one file per scenario).
+        Path(dump.replace("{scenario}", sc.name)).write_text(json.dumps({
             "pods": {p.name: {g: s.objects for g, s in p.streams.items()} for p in pods},
             "logs": {b.digest: [(w, n) for _, w, n in (record.get(b.digest) or [])[-1].samples]
                      for p in pods for b in p.blobs}}, default=str))

@@ -24,7 +24,7 @@ from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.view import objects
 from aggapi.capability import ContainerRef
 from tests.agent.fakectd import FakeContainerd, FakeImage, make_image
-from tests.agent.linksim import MiB, SharedLink, SimLayer
+from tests.agent.linksim import MiB, RecordedLink, SharedLink, SimLayer
 
 T0 = 1_000_000.0
 CHECKPOINTS = (0.25, 0.5, 0.75)
@@ -67,7 +67,8 @@ def _err(reported: float | None, real: float, what: str, out: list[float],
         out.append(abs(reported - real) / real)
 
 
-def _moves(link: SharedLink, keys: Sequence[str] | None = None, exact: bool = True) -> int:
+def _moves(link: SharedLink | RecordedLink, keys: Sequence[str] | None = None,
+           exact: bool = True) -> int:
     """Steps measured: without update times a counter's first step only dates it."""
     n = 0
     for d in keys if keys is not None else list(link.written):
@@ -80,7 +81,9 @@ def _moves(link: SharedLink, keys: Sequence[str] | None = None, exact: bool = Tr
 async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
                     poll: float = 0.25, exact_times: bool = True,
                     shared: bool = True, min_moves: int = 2,
-                    node_slots: int | None = None, per_pull: int = 3) -> Errors:
+                    node_slots: int | None = None, per_pull: int = 3,
+                    admit: Sequence[int] | None = None,
+                    recorded: dict[str, object] | None = None) -> Errors:
     """Pull everything through the simulated link, observing every ``poll`` s."""
     fake = FakeContainerd(now=T0)
     be = ContainerdBackend(fake, Platform("linux", "amd64"), clock=lambda: fake.now,
@@ -94,8 +97,10 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
         fake.fetch_manifest(img, lease)
         for (digest, size), w in zip(img.layers, p.weights, strict=True):
             sim_layers.append(SimLayer(digest, size, w, lease))
-    link = SharedLink(rate, sim_layers, per_pull, step=step, shared=shared,
-                      node_slots=node_slots)
+    link: SharedLink | RecordedLink = (
+        SharedLink(rate, sim_layers, per_pull, step=step, shared=shared,
+                   node_slots=node_slots, admit=admit) if recorded is None else
+        RecordedLink(recorded, [la.digest for la in sim_layers], "L0", step))
     finish = link.finish_times()
     of_image = {ref: [d for d, _ in img.layers] for ref, img in images.items()}
     sizes = {la.digest: la.size for la in sim_layers}
@@ -125,7 +130,7 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
     return errs
 
 
-def _check(state: NodeState, link: SharedLink, finish: dict[str, float],
+def _check(state: NodeState, link: SharedLink | RecordedLink, finish: dict[str, float],
            of_image: dict[str, list[str]], sizes: dict[str, int], total_all: int,
            pod: Sequence[ContainerRef], pending: set[tuple[str, str, float]],
            errs: Errors, exact: bool, min_moves: int = 2) -> None:
