@@ -10,9 +10,11 @@ and the time still left until the last byte.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -202,12 +204,11 @@ SCENARIOS = {
 
 def _assert_goals(e: Errors, pulls: int, exact: bool = True) -> None:
     assert not e.missing, e.missing
-    # The pod's rate is the link's; an image's is its share, which moves when another
-    # pull's layers finish (one window behind). Steps dated by polls make the first
-    # figures rougher.
+    # The pod's rate is the link's; an image's is its layers' shares of it now. Steps
+    # dated by polls make the first figures rougher.
     assert max(e.pod_rate) <= (0.15 if exact else 0.30), e.pod_rate
     assert statistics.median(e.image_rate) <= 0.15, e.image_rate
-    assert max(e.image_rate) <= (0.15 if pulls == 1 and exact else 0.30), e.image_rate
+    assert max(e.image_rate) <= (0.15 if exact else 0.30), e.image_rate
     assert max(e.layer_over_reported) <= 1.0 + 1e-9
     # Steps dated by polls (0.25 s apart) can make a fast layer's step look shorter.
     assert max(e.layer_over_link) <= (1.0 + 1e-9 if exact else 1.1)
@@ -240,10 +241,10 @@ async def test_smooth_offsets_as_on_containerd_16(name: str) -> None:
     _assert_goals(await run_trace(rate, pulls, step=32 << 10), len(pulls))
 
 
-# derandomize: the same 12 draws every run. Random draws found a known gap (the image's
-# rate lags one window after a layer completes on a slow link: 22% on 120 kB/s with
-# 5.7 and 8.3 MB layers at shares 1.5/0.75), reported in issue 23's note and still open;
-# a run must not pass or fail by the draw.
+# derandomize: the same 12 draws every run, so a run never passes or fails by the draw.
+# Over 120 random draws (seed 11) the worst were 17% (rate) and 31% (ETA); before the
+# link was measured across completions, 46% and 91% (the link read 60% of itself for a
+# step's time after each completion on a slow link).
 @settings(max_examples=12, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(rate=st.sampled_from([120 * KB, 400 * KB, 1500 * KB]),
@@ -258,7 +259,7 @@ async def test_any_image_on_any_link(rate: float, layers: list[tuple[int, float]
                                     [w for _, w in layers])])
     assert not [m for m in e.missing if not m.startswith("layer")], e.missing
     assert max(e.image_rate) <= 0.20, e.image_rate
-    assert statistics.median(e.image_eta) <= 0.15 and max(e.image_eta) <= 0.50, e.image_eta
+    assert statistics.median(e.image_eta) <= 0.15 and max(e.image_eta) <= 0.35, e.image_eta
     assert max(e.layer_over_link) <= 1.0 + 1e-9
 
 
@@ -320,3 +321,23 @@ async def test_every_ingest_opened_at_once_three_downloading(rate: float,
     # Which idle ingest gets the next slot is not shown (taken first opened first):
     # the waiting layers' own ETAs are looser than the image's.
     assert statistics.median(e.layer_eta) <= 0.15 and _p90(e.layer_eta) <= 0.35, e.layer_eta
+
+
+TRACES = Path(__file__).parent / "traces"
+
+
+@pytest.mark.parametrize("trace", sorted(p.name for p in TRACES.glob("*.json")))
+async def test_a_recorded_bench_pull_replays_within_the_goals(trace: str) -> None:
+    """A pull the accuracy bench recorded on the real kubelet and containerd 2.4.2 (each
+    layer's bytes as they left the throttle, at every whole MiB), replayed with every
+    ingest open from the start as containerd 2.4 opens them. l6-5m: layers got slots in
+    the order 1, 3, 6, then 4, 2, 5; before c9dc579 the image's ETA at 25% and 50% was
+    7x and 9x the time left (the bench saw 107 s for 16.5 s)."""
+    rec = json.loads((TRACES / trace).read_text())
+    sizes = [int(la["steps"][-1][1]) for la in rec["layers"]]
+    e = await run_trace(float(rec["rate"]), [Pull(A, sizes, [1.0] * len(sizes))],
+                        recorded=rec)
+    assert not [m for m in e.missing if not m.startswith("layer")], e.missing
+    assert max(e.image_rate + e.pod_rate) <= 0.15, (e.image_rate, e.pod_rate)
+    assert max(e.image_eta + e.pod_eta) <= 0.30, (e.image_eta, e.pod_eta)
+    assert statistics.median(e.layer_eta) <= 0.15, e.layer_eta

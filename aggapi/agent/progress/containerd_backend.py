@@ -193,7 +193,10 @@ class ContainerdBackend:
             if ref not in images:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
-        link = rates.group(rates.traces)
+        # On a shared link a completion hands its share to the others: the link's rate
+        # is measured across it (the survivors' faster bytes show only at their next
+        # steps, up to ~8 s later at 120 kB/s; restarting the window there read 60%).
+        link = rates.group(rates.traces, whole_link=self._sharing.conserve >= 0.5)
         if link:
             # The link's capacity, for judging whether a step could have come from a
             # completion: its best rate of the last minute (while downloads wait for

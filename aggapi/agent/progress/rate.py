@@ -301,9 +301,10 @@ class Rates:
         return t0
 
     def group(self, keys: Iterable[str], since: float | None = None,
-              until: float | None = None) -> float | None:
+              until: float | None = None, whole_link: bool = False) -> float | None:
         """Bytes per second of the counters' bytes together, over one common window
-        (or over [since, until] when given)."""
+        (or over [since, until] when given). ``whole_link``: the keys are every
+        download on a shared link, whose total does not change when one finishes."""
         trs = {k: t for k in set(keys) if (t := self.traces.get(k)) is not None and t.points}
         # Fewer than two steps say nothing, unless each counter has stepped from its
         # known start (one step of one of several leaves the others' pace unknown).
@@ -316,7 +317,7 @@ class Rates:
         # One of them finished: on a shared link the others' shares changed then, so
         # the window starts after it once that leaves GROUP_MIN_SPAN.
         done = [t.points[-1][0] for t in trs.values() if t.finished]
-        if since is None and done and self.now - max(done) >= GROUP_MIN_SPAN:
+        if since is None and done and not whole_link and self.now - max(done) >= GROUP_MIN_SPAN:
             start = max(start, max(done))
         end = self.now if until is None else min(until, self.now)
         if end <= start:
