@@ -52,6 +52,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -615,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     if instance not in INSTANCES:  # a private instance: a subnet of its own
         INSTANCES[instance] = max(INSTANCES.values()) + 1
     stack = Stack(ControlPlane(instance=instance), a.up)
+    # Stopped (timeout, kill): unwind, so --up takes down what it brought up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     nonce = f"{int(time.time())}"
     results: list[dict[str, Any]] = []
     skipped: list[str] = []
