@@ -144,13 +144,11 @@ class CollectionHandler:
                                                "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
             await resp.prepare(request)
-            visible: set[tuple[str, str]] = set()
             out: list[bytes] = []
             if rv is None or send_initial:
                 # "Start at the most recent": the current state as ADDED first.
                 for obj in col.objects.values():
                     if sel.matches(obj):
-                        visible.add(_key(obj))
                         out.append(self._encode("ADDED", obj, version, include))
                 pos = col.rv
                 if send_initial and bookmarks:
@@ -158,7 +156,6 @@ class CollectionHandler:
                                             None, include))
             else:
                 pos = rv
-                visible = {_key(o) for o in col.objects.values() if sel.matches(o)}
             if out:
                 await resp.write(b"".join(out))
             bookmark_at = loop.time() + BOOKMARK_EVERY
@@ -175,7 +172,7 @@ class CollectionHandler:
                             None, include))
                         break
                     if events:
-                        chunk = self._events(events, sel, visible, version, include)
+                        chunk = self._events(events, sel, version, include)
                         pos = events[-1].rv
                         if chunk:
                             await resp.write(chunk)
@@ -188,27 +185,23 @@ class CollectionHandler:
         await resp.write_eof()
         return resp
 
-    def _events(self, events: list[Event], sel: Selector, visible: set[tuple[str, str]],
-                version: str | None, include: str) -> bytes:
-        """The events this watcher sees: an object leaving the selection is DELETED
-        for it, one entering it ADDED (as kube-apiserver's watch cache does)."""
+    def _events(self, events: list[Event], sel: Selector, version: str | None,
+                include: str) -> bytes:
+        """The events this watcher sees, judged on the object before and after as
+        kube-apiserver's watch cache does: one leaving the selection is DELETED for
+        it, one entering it ADDED."""
         out = []
         for ev in events:
-            key = _key(ev.obj)
-            was = key in visible
-            now = ev.type != "DELETED" and sel.matches(ev.obj)
+            if ev.type == "DELETED":
+                was, now = sel.matches(ev.obj), False
+            else:
+                was = ev.prev is not None and sel.matches(ev.prev)
+                now = sel.matches(ev.obj)
             if now:
-                visible.add(key)
-                kind = ev.type if was else "ADDED"
+                kind = "MODIFIED" if was else "ADDED"
             elif was:
-                visible.discard(key)
                 kind = "DELETED"
             else:
                 continue
             out.append(self._encode(kind, ev.obj, version, include))
         return b"".join(out)
-
-
-def _key(obj: Obj) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")

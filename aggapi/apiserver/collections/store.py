@@ -46,6 +46,8 @@ class Event:
     rv: int
     type: str
     obj: Obj
+    prev: Obj | None  # the object before (None for ADDED): did a watcher's selector
+    #                   match it? (an object leaving a selection is DELETED for it)
 
 
 def parse_rv(raw: str | None) -> int | None:
@@ -89,6 +91,7 @@ class Collection:
                 return None
             del self.objects[key]
             rv, kind, obj = self._clock.next(), DELETED, dict(old)
+            old = None
         else:
             if old is not None and _same(old, obj):
                 return None
@@ -96,7 +99,7 @@ class Collection:
             self.objects[key] = obj
         obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
         self.rv = rv
-        ev = Event(rv, kind, obj)
+        ev = Event(rv, kind, obj, old)
         self._history.append(ev)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
