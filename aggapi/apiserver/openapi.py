@@ -42,7 +42,7 @@ _META = {"type": "object", "description": "Standard object metadata (name, names
 _INT = {"type": "integer", "format": "int64"}
 _NUM = {"type": "number", "format": "double"}
 _STR = {"type": "string"}
-_NULLABLE = {"x-nullable": True, "nullable": True}
+_NULLABLE = {"x-nullable": True}
 
 
 def _obj(description: str, props: dict[str, Any]) -> dict[str, Any]:
@@ -295,8 +295,11 @@ def _v3_op(op: dict[str, Any]) -> dict[str, Any]:
 
 def _v3_schema(schema: Any) -> Any:
     if isinstance(schema, dict):
-        return {k: (v.replace("#/definitions/", "#/components/schemas/")
-                    if k == "$ref" else _v3_schema(v)) for k, v in schema.items()}
+        out = {k: (v.replace("#/definitions/", "#/components/schemas/")
+                   if k == "$ref" else _v3_schema(v)) for k, v in schema.items()}
+        if out.get("x-nullable") is True:  # v2's extension is v3's keyword
+            out["nullable"] = True
+        return out
     if isinstance(schema, list):
         return [_v3_schema(s) for s in schema]
     return schema
