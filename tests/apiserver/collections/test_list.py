@@ -142,3 +142,19 @@ async def test_watches_follow_namespaces_not_pods(env: Env) -> None:
     # 60 pods followed: one pod watch and one event watch, one poll per node.
     assert env.kube.watching("pods") == 1 and env.kube.watching("events") == 1
     assert env.feeds.watches() == 2 and env.feeds.agent_polls() == 3
+
+
+async def test_one_poll_per_node_whatever_the_feeds(env: Env) -> None:
+    env.kube.put("api/v1", "pods", pod("a", node="node-a"))
+    env.kube.put("api/v1", "pods", pod("b", namespace="ns2", node="node-a"))
+    env.agent.views["node-a"] = node_view(pull("registry.test/app", progress=5, total=10,
+                                               rate=1.0))
+    _, ns1 = await env.get("/namespaces/ns1/podimagepulls")
+    _, every = await env.get("/podimagepulls")
+    _, nodes = await env.get("/nodeimagepulls")
+    # three feeds (ns1, all namespaces, nodes) read node-a through one poll
+    assert env.feeds.agent_polls() == 1
+    assert len(every["items"]) == 2 and nodes["items"][0]["status"]["pulling"] == 1
+    assert ns1["items"][0]["status"]["images"][0]["progress"] == 5
+    # the all-namespaces feed is shared by podimagepulls -A and nodeimagepulls
+    assert env.feeds.watches() == 4
