@@ -128,7 +128,8 @@ class PodFeed(_Batcher):
         self.flush()
 
     def _view_changed(self, node: str) -> None:
-        self.mark(self.on_node.get(node, set()))
+        # Only pods still pulling read the view: the others' objects cannot change.
+        self.mark(set(self._needs.get(node, ())))
 
     def _poll(self, node: str) -> None:
         if self.polls is None:
@@ -137,7 +138,7 @@ class PodFeed(_Batcher):
         poll = self.polls.acquire(node)
         poll.listeners.append(self._view_changed)
         if poll.polled.is_set():  # another feed's poll: its view is there already
-            self.mark(self.on_node.get(node, set()))
+            self.mark(set(self._needs.get(node, ())))
 
     def _unpoll(self, node: str) -> None:
         self._polled.discard(node)
