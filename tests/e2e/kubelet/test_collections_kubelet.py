@@ -117,6 +117,9 @@ def test_collections_through_kubectl(control_plane: ControlPlane, node: Node,
         bad = cp.kubectl("get", "podimagepulls", "--field-selector=status.phase=x",
                          check=False)
         assert bad.returncode == 1 and "field label not supported" in bad.stderr, bad.stderr
+        # kubectl explain reads the OpenAPI schema the aggregator merged in
+        explain = cp.kubectl("explain", "podimagepulls.status.images").stdout
+        assert "waitingForSlot" in explain and "etaSeconds" in explain, explain
         # nodeimagepulls: the node's table, columns from the server
         nodes = cp.kubectl("get", "nodeimagepulls").stdout.splitlines()
         assert nodes[0].split() == ["NAME", "PULLING", "SLOTS", "WAITING", "PODS"], nodes
