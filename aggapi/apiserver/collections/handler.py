@@ -96,7 +96,7 @@ class CollectionHandler:
                           key=lambda o: (o["metadata"].get("namespace", ""),
                                          o["metadata"]["name"]))
             current = str(col.rv)
-        if info.name:
+        if info.verb == "get":  # the object's own path (a list by name stays a list)
             if not objs:
                 raise not_found(self.res.name, info.name, group=GROUP_VERSION.split("/")[0])
             if version is not None:

@@ -52,7 +52,7 @@ async def env(make_server: Any, kube: FakeKube) -> AsyncIterator[Env]:
 
     def setup(parts: Parts) -> list[Route]:
         # The scripted agent behind the collections (the routes take parts.feeds).
-        parts.feeds = Feeds(parts.kube_api, cast(AgentClient, agent), linger=0.2,
+        parts.feeds = Feeds(parts.kube_api, cast(AgentClient, agent), linger=1.0,
                             poll_interval=0.05)
         return []
 

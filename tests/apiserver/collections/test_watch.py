@@ -109,6 +109,7 @@ async def test_shared_watches_stop_when_idle(env: Env) -> None:
     await env.get("/namespaces/ns1/podimagepulls")
     await env.get("/namespaces/ns2/podimagepulls")
     assert env.kube.watching("pods") == 2 and env.feeds.watches() == 4
-    # past the linger (0.2 s in these tests) nothing is held on kube-apiserver
-    await until(lambda: env.kube.watching("pods") == 0 and env.kube.watching("events") == 0)
+    # past the linger (1 s in these tests) nothing is held on kube-apiserver
+    await until(lambda: env.kube.watching("pods") == 0 and env.kube.watching("events") == 0,
+                within=10)
     assert env.feeds.watches() == 0
