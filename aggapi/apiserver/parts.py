@@ -116,6 +116,10 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
 
         source.subscribe(_cas_changed)
     agent = _agent_client(config, kube_api)
+    feeds = Feeds(kube_api, agent, linger=config.collection_linger,
+                  poll_interval=config.collection_poll_interval)
+    metrics.collection_watches.set_function(feeds.watches)
+    metrics.collection_node_polls.set_function(feeds.agent_polls)
     return Parts(
         config=config, kube_api=kube_api, metrics=metrics, auth_source=source,
         authenticator=Authenticator(source, tokens, metrics,
@@ -129,5 +133,4 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                               timeout=config.review_timeout),
         lifecycle=Lifecycle(metrics), tls=tls, agent=agent,
         pod_watches=PodWatchHub(kube_api), progress_streams=new_progress_streams(),
-        feeds=Feeds(kube_api, agent, linger=config.collection_linger,
-                    poll_interval=config.collection_poll_interval))
+        feeds=feeds)

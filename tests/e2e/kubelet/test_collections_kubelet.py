@@ -6,8 +6,11 @@ nobody gets 403)."""
 from __future__ import annotations
 
 import json
+import re
+import ssl
 import subprocess
 import threading
+import urllib.request
 from typing import Any
 
 import yaml
@@ -22,7 +25,7 @@ from tests.e2e.kubelet.conftest import (
     wait_for,
     wait_running,
 )
-from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.controlplane import AGGAPI_PORT, ControlPlane, binary
 from tests.framework.kubelet import Kubelet
 from tests.framework.node import Node
 
@@ -75,6 +78,19 @@ def _rbac(cp: ControlPlane) -> None:
                        "namespace": "default"}]}])
 
 
+def _aggapi_metric(cp: ControlPlane, name: str) -> float:
+    """A gauge of the harness's aggapi apiserver, scraped as admin (client certificate)."""
+    ctx = ssl.create_default_context(cafile=str(cp.aggapi_certs / "ca.crt"))
+    ctx.check_hostname = False  # the serving certificate names the Service, not the IP
+    ctx.load_cert_chain(cp.pki_dir / "admin.crt", cp.pki_dir / "admin.key")
+    url = f"https://{cp.api_host.address}:{AGGAPI_PORT}/metrics"
+    with urllib.request.urlopen(url, context=ctx, timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
 def _items(cp: ControlPlane, *args: str) -> list[dict[str, Any]]:
     out = json.loads(cp.kubectl("get", "podimagepulls", "-o", "json", *args).stdout)
     items: list[dict[str, Any]] = out["items"]
@@ -117,6 +133,12 @@ def test_collections_through_kubectl(control_plane: ControlPlane, node: Node,
         bad = cp.kubectl("get", "podimagepulls", "--field-selector=status.phase=x",
                          check=False)
         assert bad.returncode == 1 and "field label not supported" in bad.stderr, bad.stderr
+        # What following these pods costs on kube-apiserver: the namespace's pod and
+        # event watch (the -w, the lists and the selectors all share them).
+        watches = _aggapi_metric(cp, "aggapi_apiserver_collection_watches")
+        print(f"collections: {watches:.0f} watches on kube-apiserver, "
+              f"{_aggapi_metric(cp, 'aggapi_apiserver_collection_node_polls'):.0f} node polls")
+        assert watches == 2
         # kubectl explain reads the OpenAPI schema the aggregator merged in
         explain = cp.kubectl("explain", "podimagepulls.status.images").stdout
         assert "waitingForSlot" in explain and "etaSeconds" in explain, explain
