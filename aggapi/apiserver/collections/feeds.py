@@ -206,6 +206,7 @@ class NodeFeed(_Batcher):
         self.collection = Collection(clock)
         self._feed: PodFeed | None = None
         self._nodes: set[str] = set()
+        self._listed = asyncio.Event()  # the first read of which nodes have an agent
         self._task: asyncio.Task[None] | None = None
 
     def _pod_changed(self, ev: Event) -> None:
@@ -229,6 +230,7 @@ class NodeFeed(_Batcher):
                 self._release(node)
             changed = nodes ^ self._nodes
             self._nodes = nodes
+            self._listed.set()
             if changed:
                 self.mark(changed)
             await asyncio.sleep(NODE_LIST_EVERY)
@@ -260,6 +262,8 @@ class NodeFeed(_Batcher):
     async def ready(self) -> None:
         assert self._feed is not None
         await self._feed.ready()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listed.wait(), SYNC_TIMEOUT)
         polls = [p for n in self._nodes if (p := self.polls.get(n)) is not None]
         if polls:
             with contextlib.suppress(TimeoutError):
