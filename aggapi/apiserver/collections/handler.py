@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from aggapi import GROUP_VERSION
+from aggapi import GROUP, GROUP_VERSION
 from aggapi.apiserver.collections import nodeimagepulls, podimagepulls
 from aggapi.apiserver.collections.feeds import Feed, Feeds
 from aggapi.apiserver.collections.selectors import FieldTerm, Selector, selector
@@ -98,7 +98,7 @@ class CollectionHandler:
             current = str(col.rv)
         if info.verb == "get":  # the object's own path (a list by name stays a list)
             if not objs:
-                raise not_found(self.res.name, info.name, group=GROUP_VERSION.split("/")[0])
+                raise not_found(self.res.name, info.name, group=GROUP)
             if version is not None:
                 return web.json_response(self._table(objs, version, include, current))
             return web.json_response(objs[0])
