@@ -27,6 +27,7 @@ from aggapi.status import StatusError, not_found, status_body
 # kube-apiserver's default watch length is 30-60 min (--min-request-timeout).
 DEFAULT_WATCH_SECONDS = 1800
 BOOKMARK_EVERY = 15.0
+ENCODE_INLINE = 200  # objects a list encodes on the event loop; more go to a thread
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 Obj = Mapping[str, Any]
 
@@ -102,11 +103,15 @@ class CollectionHandler:
             if version is not None:
                 return web.json_response(self._table(objs, version, include, current))
             return web.json_response(objs[0])
-        if version is not None:
-            return web.json_response(self._table(objs, version, include, current))
-        return web.json_response({"apiVersion": GROUP_VERSION, "kind": self.res.list_kind,
-                                  "metadata": {"resourceVersion": current},
-                                  "items": objs})
+        body: dict[str, Any] = self._table(objs, version, include, current) \
+            if version is not None else {
+                "apiVersion": GROUP_VERSION, "kind": self.res.list_kind,
+                "metadata": {"resourceVersion": current}, "items": objs}
+        # Thousands of objects take a while to encode: off the event loop (stored
+        # objects are replaced, never changed, so another thread may read them).
+        text = await asyncio.to_thread(json.dumps, body) if len(objs) > ENCODE_INLINE \
+            else json.dumps(body)
+        return web.Response(text=text, content_type="application/json")
 
     def _table(self, objs: Sequence[Obj], version: str, include: str, rv: str) -> dict[str, Any]:
         return table(objs, self.res.columns, self.res.cells, version=version,

@@ -3,6 +3,10 @@ Table output, authorization, and what they cost on kube-apiserver."""
 
 from __future__ import annotations
 
+import pytest
+
+from aggapi.apiserver.collections import handler
+
 from .conftest import TABLE, Env
 from .fakes import event, node_view, pod, pull
 
@@ -133,7 +137,9 @@ async def test_authorized_as_served(env: Env) -> None:
     assert code == 403 and 'cannot list resource "podimagepulls"' in body["message"]
 
 
-async def test_watches_follow_namespaces_not_pods(env: Env) -> None:
+async def test_watches_follow_namespaces_not_pods(env: Env,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handler, "ENCODE_INLINE", 10)  # this list is encoded in a thread
     for i in range(60):
         env.kube.put("api/v1", "pods", pod(f"p{i}", node=f"node-{i % 3}"))
     env.agent.views.update({f"node-{i}": node_view() for i in range(3)})
