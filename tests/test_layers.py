@@ -148,6 +148,7 @@ LAYERS: list[set[str]] = [
      "agentclient", "authconfig", "discovery", "openapi", "health"},  # foundation
     {"authn", "authz"},                      # the authentication and authorization layer
     {"handlers", "imagepullprogress"},       # the subresources: never authorize
+    {"collections"},                         # the collections, on the merge policy
     {"parts"},                               # Complete(): builds every part
     {"routes"},                              # the route table and its authorization
     {"app"},                                 # New(): middlewares, routes, background

@@ -162,6 +162,10 @@ class AgentDirectory:
                             ep.address, ep.node, why)
         self._by_node, self._refused = by_node, refused
 
+    async def wait_synced(self, timeout: float) -> None:
+        """Until the first list of agents is in (TimeoutError after ``timeout``)."""
+        await asyncio.wait_for(self._informer.synced.wait(), timeout)
+
     async def endpoint(self, node: str, sync_timeout: float = 5.0) -> AgentEndpoint:
         """Like :meth:`lookup`, but first waits (briefly) for the initial list."""
         if not self.synced:

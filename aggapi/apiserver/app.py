@@ -44,6 +44,7 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await parts.progress_streams.close()
+        await parts.feeds.close()
         await parts.pod_watches.close()
         if agent is not None:
             await agent.directory.stop()

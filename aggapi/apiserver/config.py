@@ -65,6 +65,12 @@ class ApiServerConfig:
     copy_require_exec: bool = True
     # A request head (and the TLS handshake before it) must arrive within this time.
     read_header_timeout: float = DEFAULT_READ_HEADER_TIMEOUT
+    # podimagepulls/nodeimagepulls: their pod and event watches (and node polls) stay
+    # this long after the last request, so a list then a watch finds them warm.
+    collection_linger: float = 30.0
+    # Seconds between reads of a node's pulls from its agent while a collection
+    # follows a pod there.
+    collection_poll_interval: float = 1.0
 
 
 # flag name -> (type, help); the env name is AGGAPI_<FLAG_WITH_UNDERSCORES>.
@@ -125,6 +131,10 @@ _FLAGS: dict[str, tuple[type, str]] = {
                                 "core pods/exec"),
     "read-header-timeout": (float, "seconds a client has to complete the TLS handshake "
                                    "and then each request head; 0 = no limit"),
+    "collection-linger": (float, "seconds the collections' pod/event watches and node "
+                                 "polls outlive their last request"),
+    "collection-poll-interval": (float, "seconds between reads of a node's pulls while "
+                                        "a collection follows a pod there"),
 }
 
 

@@ -12,6 +12,8 @@ from aggapi import GROUP, GROUP_VERSION, VERSION
 KIND_IMAGE_PULL_PROGRESS = "ImagePullProgress"
 KIND_POD_COPY = "PodCopyOptions"
 KIND_NODE_IMAGE_PULLS = "NodeImagePulls"
+KIND_POD_IMAGE_PULL = "PodImagePull"
+KIND_NODE_IMAGE_PULL = "NodeImagePull"
 
 # Verbs as RBAC sees them: the /watch/ path prefix turns any method into "watch".
 RESOURCES: list[dict[str, Any]] = [
@@ -21,6 +23,12 @@ RESOURCES: list[dict[str, Any]] = [
      "kind": KIND_POD_COPY, "verbs": ["create", "get", "watch"]},
     {"name": "nodes/imagepulls", "singularName": "", "namespaced": False,
      "kind": KIND_NODE_IMAGE_PULLS, "verbs": ["get"]},
+    # The read-only collections (one object per pod, per node), like metrics.k8s.io's.
+    {"name": "podimagepulls", "singularName": "podimagepull", "namespaced": True,
+     "kind": KIND_POD_IMAGE_PULL, "verbs": ["get", "list", "watch"], "shortNames": ["pip"]},
+    {"name": "nodeimagepulls", "singularName": "nodeimagepull", "namespaced": False,
+     "kind": KIND_NODE_IMAGE_PULL, "verbs": ["get", "list", "watch"],
+     "shortNames": ["nip"]},
 ]
 
 

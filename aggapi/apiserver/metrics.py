@@ -48,6 +48,13 @@ class Metrics:
                                    ["result"], registry=r)
         self.token_cache = Counter(f"{_NS}_token_cache", "Token authentication cache lookups.",
                                    ["result"], registry=r)
+        # The collections' cost (issue 25's goal: a few watches whatever the pod count).
+        self.collection_watches = Gauge(
+            f"{_NS}_collection_watches",
+            "Watches the collections hold on kube-apiserver.", registry=r)
+        self.collection_node_polls = Gauge(
+            f"{_NS}_collection_node_polls",
+            "Nodes whose agent the collections poll.", registry=r)
         self.authn_failures = Counter(f"{_NS}_authentication_failures",
                                       "Rejected authentications by reason.", ["reason"],
                                       registry=r)

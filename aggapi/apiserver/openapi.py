@@ -18,8 +18,10 @@ from aiohttp import web
 from aggapi import GROUP, VERSION, __version__
 from aggapi.apiserver.discovery import (
     KIND_IMAGE_PULL_PROGRESS,
+    KIND_NODE_IMAGE_PULL,
     KIND_NODE_IMAGE_PULLS,
     KIND_POD_COPY,
+    KIND_POD_IMAGE_PULL,
 )
 
 PREFIX = f"/apis/{GROUP}/{VERSION}"
@@ -30,6 +32,85 @@ RESOURCE_LIST = "io.k8s.apimachinery.pkg.apis.meta.v1.APIResourceList"
 JSON = "application/json"
 WATCH_JSON = "application/json;stream=watch"
 OCTETS = "application/octet-stream"
+
+def _gvk(kind: str) -> list[dict[str, str]]:
+    return [{"group": GROUP, "version": VERSION, "kind": kind}]
+
+
+_META = {"type": "object", "description": "Standard object metadata (name, namespace, "
+         "labels copied from the pod, resourceVersion)."}
+_INT = {"type": "integer", "format": "int64"}
+_NUM = {"type": "number", "format": "double"}
+_STR = {"type": "string"}
+_NULLABLE = {"x-nullable": True}
+
+
+def _obj(description: str, props: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "type": "object", "properties": props}
+
+
+def collection_schemas() -> dict[str, dict[str, Any]]:
+    """PodImagePull and NodeImagePull, with their lists: what `kubectl explain` shows."""
+    image = _obj("One image of the pod.", {
+        "container": {**_STR, "description": "the container (or image volume) pulling it"},
+        "image": {**_STR, "description": "the image reference"},
+        "phase": {**_STR, "description": "Unscheduled, Pending, Pulling, Waiting (for a "
+                  "pull slot), Resolving, Downloading, Extracting, Done, AlreadyPresent, "
+                  "Failed, BackOff or Unknown"},
+        "progress": {**_INT, **_NULLABLE, "description": "bytes downloaded; null: unknown"},
+        "total": {**_INT, **_NULLABLE, "description": "bytes to download; null: unknown"},
+        "bytesPerSecond": {**_NUM, **_NULLABLE, "description": "download rate"},
+        "etaSeconds": {**_NUM, **_NULLABLE, "description": "estimated seconds left"},
+        "attempt": {**_INT, "description": "pulls of the image kubelet has started"},
+        "waitingForSlot": {"type": "boolean", "description": "kubelet waits for one of "
+                           "the node's pull slots (maxParallelImagePulls)"},
+        "slots": _obj("The node's pull slots while waiting.", {
+            "used": {**_INT, **_NULLABLE}, "limit": {**_INT, **_NULLABLE}}),
+        "reason": {**_STR, "description": "why the pull is stuck (Failed/BackOff): "
+                   "kubelet's or the registry's words"},
+        "backOffSeconds": {**_INT, "description": "kubelet's back-off before its next try"},
+    })
+    pod = {**_obj("Image pulls of one pod, merged from its node's agent and kubelet's "
+                  "events (read-only).", {
+        "apiVersion": _STR, "kind": _STR, "metadata": _META,
+        "spec": _obj("Where the pod pulls.", {"nodeName": {
+            **_STR, "description": "the node the pod is bound to; empty: unscheduled"}}),
+        "status": _obj("The pod's pulls.", {
+            "phase": {**_STR, "description": "the images' phases summed up: a failure "
+                      "first, then the most advanced activity"},
+            "progress": {**_INT, **_NULLABLE}, "total": {**_INT, **_NULLABLE},
+            "bytesPerSecond": {**_NUM, **_NULLABLE}, "etaSeconds": {**_NUM, **_NULLABLE},
+            "imagesPresent": {**_INT, "description": "images already on the node"},
+            "images": {"type": "array", "items": image}})}),
+           "x-kubernetes-group-version-kind": _gvk(KIND_POD_IMAGE_PULL)}
+    node = {**_obj("Image pulls on one node (read-only; names every namespace's images).", {
+        "apiVersion": _STR, "kind": _STR, "metadata": _META,
+        "status": _obj("The node's pulls.", {
+            "pulling": {**_INT, "description": "pulls in flight"},
+            "slots": _obj("kubelet's pull slots.", {
+                "used": {**_INT, **_NULLABLE}, "limit": {**_INT, **_NULLABLE,
+                                                        "description": "null: no limit"},
+                "serialize": {"type": "boolean", **_NULLABLE}}),
+            "pulls": {"type": "array", "items": _obj("One in-flight pull.", {
+                "images": {"type": "array", "items": _STR},
+                "repositories": {"type": "array", "items": _STR},
+                "phase": _STR, "progress": {**_INT, **_NULLABLE},
+                "total": {**_INT, **_NULLABLE}, "bytesPerSecond": {**_NUM, **_NULLABLE},
+                "startedAt": _STR})},
+            "waitingPods": {"type": "array", "items": _STR,
+                            "description": "namespace/name of pods waiting for a slot"},
+            "linkBytesPerSecond": {**_NUM, **_NULLABLE},
+            "error": _STR})}),
+            "x-kubernetes-group-version-kind": _gvk(KIND_NODE_IMAGE_PULL)}
+    out = {_DEF + KIND_POD_IMAGE_PULL: pod, _DEF + KIND_NODE_IMAGE_PULL: node}
+    for kind in (KIND_POD_IMAGE_PULL, KIND_NODE_IMAGE_PULL):
+        out[_DEF + kind + "List"] = {
+            **_obj(f"A list of {kind}.", {
+                "apiVersion": _STR, "kind": _STR, "metadata": {"type": "object"},
+                "items": {"type": "array", "items": {"$ref": "#/definitions/" + _DEF + kind}}}),
+            "x-kubernetes-group-version-kind": _gvk(kind + "List")}
+    return out
+
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     _DEF + KIND_IMAGE_PULL_PROGRESS: {
@@ -60,6 +141,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                                  "items": {"$ref": "#/definitions/" + _DEF
                                            + KIND_IMAGE_PULL_PROGRESS}}},
     },
+    **collection_schemas(),
     STATUS: {
         "description": "Status is a return value for calls that don't return other objects.",
         "type": "object",
@@ -92,8 +174,20 @@ _COPY_PATH: dict[str, Any] = {"name": "path", "in": "query", "required": True, "
               "description": "absolute path inside the container"}
 
 
+_LIST_PARAMS: list[dict[str, Any]] = [
+    {"name": n, "in": "query", "type": t, "description": d} for n, t, d in (
+        ("labelSelector", "string", "select by the pod's labels"),
+        ("fieldSelector", "string", "metadata.name, metadata.namespace, spec.nodeName "
+                                    "(podimagepulls) or metadata.name (nodeimagepulls)"),
+        ("watch", "boolean", "stream ADDED/MODIFIED/DELETED events"),
+        ("resourceVersion", "string", "watch from this version (410 when too old)"),
+        ("allowWatchBookmarks", "boolean", "send BOOKMARK events"),
+        ("timeoutSeconds", "integer", "end the watch after this long"))]
+
+
 def _op(op_id: str, desc: str, *, params: list[dict[str, Any]], produces: list[str],
-        schema: str | None, consumes: list[str] | None = None) -> dict[str, Any]:
+        schema: str | None, consumes: list[str] | None = None,
+        action: str = "") -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "OK"}
     if schema:
         ok["schema"] = {"$ref": "#/definitions/" + schema}
@@ -112,6 +206,8 @@ def _op(op_id: str, desc: str, *, params: list[dict[str, Any]], produces: list[s
     }
     if consumes:
         op["consumes"] = consumes
+    if action:
+        op["x-kubernetes-action"] = action
     return op
 
 
@@ -130,6 +226,24 @@ def _paths() -> dict[str, dict[str, Any]]:
             "readNodeImagePulls", "image pulls in progress on a node", params=[_NODE],
             produces=[JSON], schema=_DEF + KIND_NODE_IMAGE_PULLS)},
     }
+    for kind, plural, namespaced in ((KIND_POD_IMAGE_PULL, "podimagepulls", True),
+                                     (KIND_NODE_IMAGE_PULL, "nodeimagepulls", False)):
+        ns = "Namespaced" if namespaced else ""
+        scope = PREFIX + ("/namespaces/{namespace}" if namespaced else "")
+        one = [_NS, _POD] if namespaced else [_NODE]
+        coll = [_NS] if namespaced else []
+        paths[f"{scope}/{plural}"] = {"get": _op(
+            f"list{ns}{kind}", f"list or watch (watch=true) {plural}",
+            params=coll + _LIST_PARAMS, produces=[JSON, WATCH_JSON],
+            schema=_DEF + kind + "List", action="list")}
+        paths[f"{scope}/{plural}/{{name}}"] = {"get": _op(
+            f"read{ns}{kind}", f"read the {kind}", params=one, produces=[JSON],
+            schema=_DEF + kind, action="get")}
+        if namespaced:
+            paths[f"{PREFIX}/{plural}"] = {"get": _op(
+                f"list{kind}ForAllNamespaces", f"list or watch {plural} of every namespace",
+                params=_LIST_PARAMS, produces=[JSON, WATCH_JSON], schema=_DEF + kind + "List",
+                action="list")}
     for base, verb in ((pod, ""), (watch_pod, "Watch")):
         paths[base + "/imagepullprogress"] = {"get": _op(
             f"{verb.lower() or 'read'}PodImagePullProgress",
@@ -181,8 +295,11 @@ def _v3_op(op: dict[str, Any]) -> dict[str, Any]:
 
 def _v3_schema(schema: Any) -> Any:
     if isinstance(schema, dict):
-        return {k: (v.replace("#/definitions/", "#/components/schemas/")
-                    if k == "$ref" else _v3_schema(v)) for k, v in schema.items()}
+        out = {k: (v.replace("#/definitions/", "#/components/schemas/")
+                   if k == "$ref" else _v3_schema(v)) for k, v in schema.items()}
+        if out.get("x-nullable") is True:  # v2's extension is v3's keyword
+            out["nullable"] = True
+        return out
     if isinstance(schema, list):
         return [_v3_schema(s) for s in schema]
     return schema

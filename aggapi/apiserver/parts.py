@@ -18,6 +18,7 @@ from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
 from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
+from aggapi.apiserver.collections.feeds import Feeds
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import new_progress_streams
@@ -46,6 +47,7 @@ class Parts:
     agent: AgentClient | None  # None when not configured: the subresources answer 503
     pod_watches: PodWatchHub  # shared pod + event watches for progress streams
     progress_streams: SharedStreams  # progress producers shared by identical requests
+    feeds: Feeds  # podimagepulls/nodeimagepulls: shared pod/event watches and node polls
 
 
 def _signer(config: ApiServerConfig, kube_api: KubeClient
@@ -113,6 +115,11 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
             await tls.set_client_cas([cfg.client_ca_pem, cfg.requestheader_ca_pem, extra_pem])
 
         source.subscribe(_cas_changed)
+    agent = _agent_client(config, kube_api)
+    feeds = Feeds(kube_api, agent, linger=config.collection_linger,
+                  poll_interval=config.collection_poll_interval)
+    metrics.collection_watches.set_function(feeds.watches)
+    metrics.collection_node_polls.set_function(feeds.agent_polls)
     return Parts(
         config=config, kube_api=kube_api, metrics=metrics, auth_source=source,
         authenticator=Authenticator(source, tokens, metrics,
@@ -124,5 +131,6 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
         authorizer=Authorizer(kube_api, metrics, allow_ttl=config.authz_allow_ttl,
                               deny_ttl=config.authz_deny_ttl, maxsize=config.authz_cache_size,
                               timeout=config.review_timeout),
-        lifecycle=Lifecycle(metrics), tls=tls, agent=_agent_client(config, kube_api),
-        pod_watches=PodWatchHub(kube_api), progress_streams=new_progress_streams())
+        lifecycle=Lifecycle(metrics), tls=tls, agent=agent,
+        pod_watches=PodWatchHub(kube_api), progress_streams=new_progress_streams(),
+        feeds=feeds)

@@ -56,6 +56,13 @@ def _segment(raw: str) -> str:
     return seg
 
 
+def _exact_name(field_selector: str) -> str:
+    names = {v.strip() for term in field_selector.split(",")
+             for k, sep, v in [term.partition("==") if "==" in term else term.partition("=")]
+             if sep and not k.endswith("!") and k.strip() == "metadata.name"}
+    return names.pop() if len(names) == 1 else ""
+
+
 def split_path(raw_path: str) -> list[str]:
     """The decoded segments of a raw (still percent-encoded) path; 400 for a bad one."""
     try:
@@ -103,8 +110,12 @@ def parse(method: str, raw_path: str, query: Mapping[str, str] | None = None) ->
     name = parts[1] if len(parts) > 1 else ""
     subresource = parts[2] if len(parts) > 2 else ""
 
-    if not name and verb == "get":
-        verb = "watch" if _truthy(query.get("watch")) else "list"
+    if not name and verb in ("get", "watch"):
+        if verb == "get":
+            verb = "watch" if _truthy(query.get("watch")) else "list"
+        # As kube-apiserver: a list or watch of one name (metadata.name=N) is
+        # authorized for that name (RBAC resourceNames apply).
+        name = _exact_name(query.get("fieldSelector") or "")
     elif not name and verb == "delete":
         verb = "deletecollection"
     return RequestInfo(verb=verb, api_group=group, api_version=version, namespace=namespace,

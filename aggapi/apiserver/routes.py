@@ -23,6 +23,7 @@ from aiohttp.web_urldispatcher import AbstractRoute
 from aggapi import GROUP
 from aggapi.apiserver import discovery, health, openapi
 from aggapi.apiserver.authz import OPEN, OWN, Also, Authz, default_authz
+from aggapi.apiserver.collections.handler import NODES, PODS, CollectionHandler
 from aggapi.apiserver.handlers.copy import CopyHandler
 from aggapi.apiserver.imagepullprogress.handler import SEE_NODE_PULLS, PodProgressHandler
 from aggapi.apiserver.imagepullprogress.nodeview import NodePullsHandler
@@ -85,7 +86,20 @@ def route_table(parts: Parts) -> list[Route]:
         Route(READ, f"{GV}/nodes/{{name}}/imagepulls", NodePullsHandler(parts.kube_api,
                                                                           parts.agent)),
     ]
+    pod_pulls = CollectionHandler(PODS, parts.feeds, parts.lifecycle)
+    node_pulls = CollectionHandler(NODES, parts.feeds, parts.lifecycle)
     for prefix in (GV, f"{GV}/watch"):
+        # The collections: get/list/watch as the request's own attributes say
+        # (a namespaced list authorizes that namespace, an all-namespaces one the
+        # cluster); nodeimagepulls is cluster-scoped.
+        table += [
+            Route(("GET",), f"{prefix}/{PODS.name}", pod_pulls),
+            Route(("GET",), f"{prefix}/namespaces/{{namespace}}/{PODS.name}", pod_pulls),
+            Route(("GET",), f"{prefix}/namespaces/{{namespace}}/{PODS.name}/{{name}}",
+                  pod_pulls),
+            Route(("GET",), f"{prefix}/{NODES.name}", node_pulls),
+            Route(("GET",), f"{prefix}/{NODES.name}/{{name}}", node_pulls),
+        ]
         table += [
             Route(READ, f"{prefix}{POD}/imagepullprogress", progress, PROGRESS_AUTHZ),
             Route((*READ, "POST"), f"{prefix}{POD}/copy", copy,

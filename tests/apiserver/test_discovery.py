@@ -22,7 +22,8 @@ async def test_group_version_resource_list(server: Server) -> None:
     assert doc["kind"] == "APIResourceList" and doc["apiVersion"] == "v1"
     assert doc["groupVersion"] == "subresources.aggapi.io/v1alpha1"
     by_name = {r["name"]: r for r in doc["resources"]}
-    assert set(by_name) == {"pods/imagepullprogress", "pods/copy", "nodes/imagepulls"}
+    assert set(by_name) == {"pods/imagepullprogress", "pods/copy", "nodes/imagepulls",
+                            "podimagepulls", "nodeimagepulls"}
     for r in doc["resources"]:
         assert r["kind"] and r["verbs"], r
     assert by_name["pods/imagepullprogress"]["namespaced"] is True
@@ -30,6 +31,10 @@ async def test_group_version_resource_list(server: Server) -> None:
     assert {"get", "create"} <= set(by_name["pods/copy"]["verbs"])
     assert by_name["nodes/imagepulls"]["namespaced"] is False
     assert by_name["nodes/imagepulls"]["verbs"] == ["get"]
+    # the collections: list/watch, one namespaced (per pod), one per node
+    for name, namespaced in (("podimagepulls", True), ("nodeimagepulls", False)):
+        assert by_name[name]["verbs"] == ["get", "list", "watch"]
+        assert by_name[name]["namespaced"] is namespaced
 
 
 async def test_group_and_group_list(server: Server) -> None:
@@ -57,6 +62,16 @@ async def test_openapi_v2(server: Server) -> None:
     assert set(doc["paths"][GV + "/namespaces/{namespace}/pods/{name}/copy"]) == {
         "get", "head", "post"}
     assert GV + "/nodes/{name}/imagepulls" in doc["paths"]
+    # kubectl explain finds the collections' kinds by their GVK
+    kinds = {d["x-kubernetes-group-version-kind"][0]["kind"]: d
+             for d in doc["definitions"].values() if "x-kubernetes-group-version-kind" in d}
+    assert {"PodImagePull", "PodImagePullList", "NodeImagePull", "NodeImagePullList"} <= set(kinds)
+    image = kinds["PodImagePull"]["properties"]["status"]["properties"]["images"]["items"]
+    assert {"phase", "progress", "total", "bytesPerSecond", "etaSeconds", "waitingForSlot",
+            "reason"} <= set(image["properties"])
+    for path in ("/namespaces/{namespace}/podimagepulls", "/podimagepulls", "/nodeimagepulls",
+                 "/namespaces/{namespace}/podimagepulls/{name}", "/nodeimagepulls/{name}"):
+        assert GV + path in doc["paths"], path
 
 
 async def test_openapi_v3_discovery_and_document(server: Server) -> None:

@@ -29,6 +29,19 @@ def test_verbs(method: str, path: str, query: dict[str, str], verb: str) -> None
     assert parse(method, path, query).verb == verb
 
 
+@pytest.mark.parametrize(("query", "name"), [
+    ({"fieldSelector": "metadata.name=web-0"}, "web-0"),
+    ({"fieldSelector": "spec.nodeName=n1,metadata.name==web-0", "watch": "true"}, "web-0"),
+    ({"fieldSelector": "metadata.name!=web-0"}, ""),
+    ({"fieldSelector": "metadata.name=a,metadata.name=b"}, ""),
+    ({"fieldSelector": "spec.nodeName=n1"}, ""),
+])
+def test_list_of_one_name_is_authorized_for_it(query: dict[str, str], name: str) -> None:
+    # As kube-apiserver's RequestInfoFactory: RBAC resourceNames then apply to it.
+    info = parse("GET", f"{G}/namespaces/n/podimagepulls", query)
+    assert (info.verb, info.name) == ("watch" if "watch" in query else "list", name)
+
+
 def test_namespaced_subresource() -> None:
     assert parse("GET", f"{G}/watch/namespaces/n1/pods/p1/imagepullprogress") == RequestInfo(
         verb="watch", api_group="subresources.aggapi.io", api_version="v1alpha1",

@@ -143,6 +143,10 @@ class FakeKube:
             if w.api == api and w.resource == resource and w.namespace in ("", ns):
                 w.queue.put_nowait((event, copy.deepcopy(obj)))
 
+    def watching(self, resource: str) -> int:
+        """Watches open now on ``resource`` (pods, events, ...), any namespace."""
+        return sum(1 for w in self._watchers if w.resource == resource)
+
     def close_watches(self) -> None:
         """End every open watch (as an apiserver restart or timeout would)."""
         for w in self._watchers:
@@ -307,7 +311,14 @@ class FakeKube:
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    event, obj = await watcher.queue.get()
+                    try:
+                        # (woken now and then to notice a client that went away, so
+                        # watching() counts only watches really held)
+                        event, obj = await asyncio.wait_for(watcher.queue.get(), 0.05)
+                    except TimeoutError:
+                        if request.transport is None or request.transport.is_closing():
+                            break
+                        continue
                     if event == "__END__":
                         break
                     if event != "ERROR" and not _matches(obj, fsel, lsel):

@@ -100,7 +100,8 @@ def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
              if d["kind"] in ("Role", "ClusterRole")}
     assert roles == {("ClusterRole", "aggapi-apiserver"), ("Role", "aggapi-apiserver"),
                      ("Role", "aggapi-agent"), ("ClusterRole", "aggapi-agent"),
-                     ("ClusterRole", "aggapi-view"), ("ClusterRole", "aggapi-edit")}
+                     ("ClusterRole", "aggapi-view"), ("ClusterRole", "aggapi-edit"),
+                     ("ClusterRole", "aggapi-node-image-pulls-reader")}
     assert _rules(find(docs, "Role", "aggapi-agent")) == {
         ("", "configmaps", v) for v in ("get", "list", "watch")}
     # Its per-node serving identity: create a CSR (agent.servingIdentity=ephemeral).
@@ -132,7 +133,13 @@ def test_aggregated_roles(render: Render) -> None:
         AGG + "edit": "true", AGG + "admin": "true"}
     assert _rules(view) == {(GROUP, "pods/imagepullprogress", "get"),
                             (GROUP, "pods/imagepullprogress", "watch"),
-                            (GROUP, "nodes/imagepulls", "get")}
+                            (GROUP, "nodes/imagepulls", "get")} | {
+        (GROUP, "podimagepulls", v) for v in ("get", "list", "watch")}
+    # nodeimagepulls names every namespace's images: cluster readers only, never view
+    nodes = find(docs, "ClusterRole", "aggapi-node-image-pulls-reader")
+    assert _rules(nodes) == {(GROUP, "nodeimagepulls", v) for v in ("get", "list", "watch")}
+    assert {k for k in nodes["metadata"]["labels"] if k.startswith(AGG)} == {
+        AGG + "cluster-reader"}
     assert _rules(edit) == {(GROUP, "pods/copy", v) for v in ("get", "create", "watch")}
     off = render(["rbac.aggregateToDefaultRoles=false"])
     assert not [d for d in off if d["kind"] == "ClusterRole"

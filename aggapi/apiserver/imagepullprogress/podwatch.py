@@ -11,9 +11,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from aggapi.apiserver.imagepullprogress.pullstate import event_time
+from aggapi.apiserver.imagepullprogress.pullstate import kubelet_events
 from aggapi.kube import KubeClient, path_segment
-from aggapi.kubeevents import from_kubelet
 from aggapi.kubewatch import Informer
 
 
@@ -58,12 +57,7 @@ class PodWatch:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        uid = ((self.pod or {}).get("metadata") or {}).get("uid")
-        node = ((self.pod or {}).get("spec") or {}).get("nodeName")
-        evs = [e for e in self._events.items.values()
-               if (not uid or (e.get("involvedObject") or {}).get("uid") in (uid, None))
-               and from_kubelet(e, node)]
-        return sorted(evs, key=event_time)
+        return kubelet_events(self.pod or {}, self._events.items.values())
 
     async def wait_changed(self, since: int, timeout: float) -> int:
         """Wait until ``version`` moves past ``since`` or ``timeout``; return the version."""

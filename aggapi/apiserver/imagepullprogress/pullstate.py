@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from aggapi.capability import ContainerRef
+from aggapi.kubeevents import from_kubelet
 
 # Kubelet's event reasons for image pulls (pkg/kubelet/events).
 PULLING, PULLED, FAILED, BACKOFF = "Pulling", "Pulled", "Failed", "BackOff"
@@ -78,6 +79,20 @@ def _image_of(ev: Mapping[str, Any]) -> str | None:
 def event_time(ev: Mapping[str, Any]) -> str:
     return str(ev.get("lastTimestamp") or ev.get("eventTime")
                or (ev.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+E = TypeVar("E", bound=Mapping[str, Any])
+
+
+def kubelet_events(pod: Mapping[str, Any], events: Iterable[E]) -> list[E]:
+    """The events that count for ``pod``, oldest first: kubelet's on the pod's node,
+    about this pod (not an earlier one of the same name)."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    node = (pod.get("spec") or {}).get("nodeName")
+    evs = [e for e in events
+           if (not uid or (e.get("involvedObject") or {}).get("uid") in (uid, None))
+           and from_kubelet(e, node)]
+    return sorted(evs, key=event_time)
 
 
 def _statuses(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

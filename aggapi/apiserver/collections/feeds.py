@@ -1,0 +1,326 @@
+"""The feeds behind the collections: pods and events (``sources``) plus the nodes'
+views (``nodepolls``) turned into PodImagePull and NodeImagePull ``store``s.
+
+One PodFeed per namespace in use ("" for all namespaces) and one NodeFeed, each
+shared by every request and lingering after the last (``shared``). A change marks
+the pods it touches dirty; they are rebuilt together a moment later, so a burst of
+events (a rollout) costs one rebuild per pod, not one per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections.nodeimagepulls import node_image_pull
+from aggapi.apiserver.collections.nodepolls import NodePoll
+from aggapi.apiserver.collections.podimagepulls import needs_node_view, pod_image_pull
+from aggapi.apiserver.collections.shared import Shared
+from aggapi.apiserver.collections.sources import PodKey, Source
+from aggapi.apiserver.collections.store import Clock, Collection, Event
+from aggapi.kube import KubeClient
+from aggapi.status import StatusError
+
+log = logging.getLogger(__name__)
+
+FLUSH_DELAY = 0.05  # seconds: changes within it are rebuilt together
+FIRST_VIEWS = 2.0  # seconds a first list waits for the nodes' first views
+NODE_LIST_EVERY = 5.0  # seconds between reads of which nodes have an agent
+SYNC_TIMEOUT = 10.0
+
+
+class Feed(Protocol):
+    collection: Collection
+
+    async def ready(self) -> None: ...
+
+
+class _Batcher:
+    """Dirty keys, rebuilt together FLUSH_DELAY after the first change."""
+
+    def __init__(self) -> None:
+        self.dirty: set[Any] = set()
+        self.everything = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def mark(self, keys: Iterable[Any] | None) -> None:
+        if keys is None:
+            self.everything = True
+        else:
+            self.dirty.update(keys)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self.flush()
+
+    def take(self) -> tuple[set[Any], bool]:
+        dirty, everything = self.dirty, self.everything
+        self.dirty, self.everything = set(), False
+        return dirty, everything
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class PodFeed(_Batcher):
+    """PodImagePulls of one namespace ("" for all): one Source, and a poll of each
+    node where a pod still has an image to pull."""
+
+    def __init__(self, api: KubeClient, namespace: str, polls: Shared[str, NodePoll] | None,
+                 clock: Clock) -> None:
+        super().__init__()
+        self.namespace = namespace
+        self.source = Source(api, namespace)
+        self.polls = polls
+        self.collection = Collection(clock)
+        self.on_node: dict[str, set[PodKey]] = {}  # every pod, by node
+        self._node_of: dict[PodKey, str] = {}
+        self._needs: dict[str, set[PodKey]] = {}  # pods that need their node's view
+        self._polled: set[str] = set()  # nodes whose poll this feed holds
+        self.synced = asyncio.Event()
+        self._sync: asyncio.Task[None] | None = None
+        self.source.listeners.append(lambda key: self.mark(None if key is None else (key,)))
+
+    def start(self) -> None:
+        self.source.start()
+        self._sync = asyncio.create_task(self._first_sync())
+
+    async def _first_sync(self) -> None:
+        await self.source.wait_synced(timeout=None)
+        self.mark(None)
+        self.flush()
+        self.synced.set()
+
+    async def stop(self) -> None:
+        self.cancel()
+        if self._sync is not None:
+            self._sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sync
+        for node in list(self._polled):
+            self._unpoll(node)
+        await self.source.stop()
+
+    async def ready(self) -> None:
+        """The first complete state: synced, and the first view of each node needed."""
+        try:
+            await asyncio.wait_for(self.synced.wait(), SYNC_TIMEOUT)
+        except TimeoutError:
+            raise StatusError(503, "timed out reading pods from the Kubernetes API",
+                              retry_after=2) from None
+        polls = [p for n in self._polled
+                 if self.polls is not None and (p := self.polls.get(n)) is not None]
+        if polls:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(p.polled.wait() for p in polls)),
+                                       FIRST_VIEWS)
+        self.flush()
+
+    def _view_changed(self, node: str) -> None:
+        # Only pods still pulling read the view: the others' objects cannot change.
+        self.mark(set(self._needs.get(node, ())))
+
+    def _poll(self, node: str) -> None:
+        if self.polls is None:
+            return
+        self._polled.add(node)
+        poll = self.polls.acquire(node)
+        poll.listeners.append(self._view_changed)
+        if poll.polled.is_set():  # another feed's poll: its view is there already
+            self.mark(set(self._needs.get(node, ())))
+
+    def _unpoll(self, node: str) -> None:
+        self._polled.discard(node)
+        if self.polls is None:
+            return
+        poll = self.polls.get(node)
+        if poll is not None:
+            with contextlib.suppress(ValueError):
+                poll.listeners.remove(self._view_changed)
+        self.polls.release(node)
+
+    def _index(self, key: PodKey, node: str | None, needs: bool) -> None:
+        old = self._node_of.pop(key, None)
+        if old is not None:
+            self.on_node.get(old, set()).discard(key)
+            self._needs.get(old, set()).discard(key)
+        if node is None:
+            return
+        self._node_of[key] = node
+        self.on_node.setdefault(node, set()).add(key)
+        if needs:
+            self._needs.setdefault(node, set()).add(key)
+
+    def flush(self) -> None:
+        if not self.source.synced:
+            return
+        dirty, everything = self.take()
+        if everything:
+            dirty |= {(str((p.get("metadata") or {}).get("namespace") or ""),
+                       str((p.get("metadata") or {}).get("name") or ""))
+                      for p in self.source.pods.items.values()}
+            dirty |= set(self.collection.objects)
+        for key in dirty:
+            pod = self.source.pods.items.get(f"{key[0]}/{key[1]}")
+            if pod is None:
+                self._index(key, None, False)
+                self.collection.set(key, None)
+                continue
+            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            poll = self.polls.get(node) if self.polls is not None and node in self._polled \
+                else None
+            obj = pod_image_pull(pod, self.source.events_of(key),
+                                 poll.view if poll is not None else None)
+            self._index(key, node, needs_node_view(obj))
+            self.collection.set(key, obj)
+        for node, keys in list(self._needs.items()):
+            if keys and node not in self._polled:
+                self._poll(node)
+            elif not keys:
+                del self._needs[node]
+        for node in [n for n in self._polled if not self._needs.get(n)]:
+            self._unpoll(node)
+        for node in [n for n, keys in self.on_node.items() if not keys]:
+            del self.on_node[node]
+
+
+class NodeFeed(_Batcher):
+    """NodeImagePulls: every node with an agent, polled while anyone watches, and the
+    cluster-wide PodFeed for the pods waiting on each."""
+
+    def __init__(self, agent: AgentClient, pods: Shared[str, PodFeed],
+                 polls: Shared[str, NodePoll], clock: Clock) -> None:
+        super().__init__()
+        self.agent, self.pods, self.polls = agent, pods, polls
+        self.collection = Collection(clock)
+        self._feed: PodFeed | None = None
+        self._nodes: set[str] = set()
+        self._listed = asyncio.Event()  # the first read of which nodes have an agent
+        self._task: asyncio.Task[None] | None = None
+
+    def _pod_changed(self, ev: Event) -> None:
+        node = str((ev.obj.get("spec") or {}).get("nodeName") or "")
+        if node in self._nodes:
+            self.mark((node,))
+
+    def start(self) -> None:
+        self._feed = self.pods.acquire("")
+        self._feed.collection.listeners.append(self._pod_changed)
+        self._task = asyncio.create_task(self._follow_nodes())
+
+    async def _follow_nodes(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await self.agent.directory.wait_synced(SYNC_TIMEOUT)
+        while True:
+            nodes = set(self.agent.directory.nodes())
+            for node in nodes - self._nodes:
+                self.polls.acquire(node).listeners.append(self._view_changed)
+            for node in self._nodes - nodes:
+                self._release(node)
+            changed = nodes ^ self._nodes
+            self._nodes = nodes
+            self._listed.set()
+            if changed:
+                self.mark(changed)
+            await asyncio.sleep(NODE_LIST_EVERY)
+
+    def _view_changed(self, node: str) -> None:
+        self.mark((node,))
+
+    def _release(self, node: str) -> None:
+        poll = self.polls.get(node)
+        if poll is not None:
+            with contextlib.suppress(ValueError):
+                poll.listeners.remove(self._view_changed)
+        self.polls.release(node)
+
+    async def stop(self) -> None:
+        self.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for node in self._nodes:
+            self._release(node)
+        self._nodes = set()
+        if self._feed is not None:
+            with contextlib.suppress(ValueError):
+                self._feed.collection.listeners.remove(self._pod_changed)
+            self.pods.release("")
+
+    async def ready(self) -> None:
+        assert self._feed is not None
+        await self._feed.ready()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listed.wait(), SYNC_TIMEOUT)
+        polls = [p for n in self._nodes if (p := self.polls.get(n)) is not None]
+        if polls:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(p.polled.wait() for p in polls)),
+                                       FIRST_VIEWS)
+        self.mark(None)
+        self.flush()
+
+    def flush(self) -> None:
+        feed = self._feed
+        if feed is None or not feed.synced.is_set():
+            return
+        dirty, everything = self.take()
+        if everything:
+            dirty |= self._nodes | {str(o['metadata']['name'])
+                                   for o in self.collection.objects.values()}
+        for node in dirty:
+            if node not in self._nodes:
+                self.collection.set(("", node), None)
+                continue
+            poll = self.polls.get(node)
+            pods = [feed.collection.objects[k] for k in feed.on_node.get(node, ())
+                    if k in feed.collection.objects]
+            self.collection.set(("", node), node_image_pull(
+                node, poll.view if poll else None, poll.error if poll else "", pods))
+
+
+class Feeds:
+    """The shared feeds, built once (parts.py) and handed to the collection handlers."""
+
+    def __init__(self, api: KubeClient, agent: AgentClient | None, *, linger: float,
+                 poll_interval: float) -> None:
+        self.clock = Clock()
+        self.agent = agent
+        self.polls: Shared[str, NodePoll] | None = None
+        if agent is not None:
+            polls: Shared[str, NodePoll] = Shared(
+                lambda node: NodePoll(agent, node, interval=poll_interval), linger=0)
+            self.polls = polls
+        self.pods: Shared[str, PodFeed] = Shared(
+            lambda ns: PodFeed(api, ns, self.polls, self.clock), linger=linger)
+        self.nodes: Shared[str, NodeFeed] | None = None
+        if agent is not None and self.polls is not None:
+            node_polls = self.polls
+            self.nodes = Shared(lambda _k: NodeFeed(agent, self.pods, node_polls, self.clock),
+                                linger=linger)
+
+    def watches(self) -> int:
+        """Watches held on kube-apiserver for the collections now."""
+        return sum(Source.WATCHES for _ in self.pods.parts())
+
+    def agent_polls(self) -> int:
+        return len(self.polls.parts()) if self.polls is not None else 0
+
+    async def close(self) -> None:
+        if self.nodes is not None:
+            await self.nodes.close()
+        await self.pods.close()
+        if self.polls is not None:
+            await self.polls.close()

@@ -1,0 +1,70 @@
+"""One poll of a node's agent serves every pod followed on that node.
+
+The agent's node view (``/v1/imagepulls``: every in-flight pull with its bytes,
+rate and phase, and kubelet's pull slots) is read once per ``interval`` while any
+feed is interested in the node, whatever the number of pods or clients. It is the
+same endpoint nodes/imagepulls and the per-pod stream's slot check read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
+from aggapi.status import StatusError
+
+log = logging.getLogger(__name__)
+
+# Who the agent's audit log names for the shared polls (no one user asked for them).
+POLL_SUBJECT = "aggapi:collections"
+
+
+def _bare(view: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if view is None else {k: v for k, v in view.items() if k != "time"}
+
+
+class NodePoll:
+    """The latest node view of one node (None until read, or while unreadable)."""
+
+    def __init__(self, agent: AgentClient, node: str, *, interval: float) -> None:
+        self.agent, self.node, self.interval = agent, node, interval
+        self.view: dict[str, Any] | None = None
+        self.error = ""
+        self.polled = asyncio.Event()  # one answer (or failure) came
+        self.listeners: list[Callable[[str], None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"nodepoll:{self.node}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                view: dict[str, Any] | None = await fetch_node_view(
+                    self.agent, self.node, POLL_SUBJECT)
+                error = ""
+            except StatusError as exc:
+                view, error = None, exc.message
+            except Exception as exc:  # an agent hiccup must not end the poll
+                log.warning("node view of %s: %r", self.node, exc)
+                view, error = None, repr(exc)
+            changed = _bare(view) != _bare(self.view) or error != self.error
+            self.view, self.error = view, error
+            self.polled.set()
+            if changed:
+                for fn in self.listeners:
+                    fn(self.node)
+            await asyncio.sleep(self.interval)

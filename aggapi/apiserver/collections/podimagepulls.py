@@ -1,0 +1,185 @@
+"""PodImagePull: one pod's image pulls as one object, and its table columns.
+
+Built by the per-pod subresource's merge policy (``imagepullprogress.merge``): the
+node view gives the bytes (one pull per repository), kubelet's events and the pod's
+statuses give the phase, and the merge decides Pending / Pulling / Waiting (for a
+pull slot) / Failed / BackOff exactly as the stream does. Another tenant's pulls on
+the node never show: only this pod's images' own pulls are read, and the slots as
+counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aggapi import GROUP_VERSION, imageref
+from aggapi.apiserver.imagepullprogress.merge import Merger
+from aggapi.apiserver.imagepullprogress.objects import overall_phase
+from aggapi.apiserver.imagepullprogress.pullstate import PULLED, kubelet_events
+from aggapi.apiserver.pods import target_from_pod
+
+KIND, LIST_KIND, RESOURCE = "PodImagePull", "PodImagePullList", "podimagepulls"
+PRESENT = ("Done", "AlreadyPresent")
+STUCK = ("Failed", "BackOff")
+
+
+def _pull_of(image: str, view: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The node's in-flight pull that brings ``image``: by image when the agent named
+    it, else by repository (containerd's distribution-source labels)."""
+    try:
+        ref = imageref.parse(image)
+    except imageref.InvalidReference:
+        return None
+    repo = f"{ref.host}/{ref.path}"
+    for p in (view or {}).get("pulls") or ():
+        if not isinstance(p, Mapping):
+            continue
+        if str(ref) in (p.get("images") or ()) or (
+                not p.get("images") and repo in (p.get("repositories") or ())):
+            return p
+    return None
+
+
+def _eta(progress: Any, total: Any, rate: Any) -> float | None:
+    if not (isinstance(progress, int) and isinstance(total, int)
+            and isinstance(rate, (int, float)) and rate > 0):
+        return None
+    return round(max(total - progress, 0) / rate, 1)
+
+
+def _image(merger: Merger, container: str, image: str, scheduled: bool,
+           view: Mapping[str, Any] | None) -> dict[str, Any]:
+    k8s = merger.view_of(container)
+    pull = _pull_of(image, view) if k8s.phase != PULLED else None
+    if not scheduled:
+        phase = "Unscheduled"
+    elif k8s.phase == PULLED:
+        phase = "AlreadyPresent" if k8s.already_present else "Done"
+    else:
+        phase = str(pull.get("phase") or "Unknown") if pull else "Unknown"
+    raw = {"kind": "Progress", "container": container, "image": image, "layer": "",
+           "phase": phase, "progress": pull.get("progress") if pull else None,
+           "total": pull.get("total") if pull else None, "error": ""}
+    merged = merger.apply(raw) if scheduled else raw
+    rate = pull.get("bytesPerSecond") if pull else None
+    out: dict[str, Any] = {
+        "container": container, "image": image, "phase": merged.get("phase"),
+        "progress": merged.get("progress"), "total": merged.get("total"),
+        "bytesPerSecond": rate if merged.get("phase") not in PRESENT + STUCK else None,
+        "etaSeconds": None, "attempt": merged.get("attempt", 0),
+        "waitingForSlot": merged.get("phase") == "Waiting"}
+    if out["bytesPerSecond"] is not None:
+        out["etaSeconds"] = _eta(out["progress"], out["total"], rate)
+    waiting = merged.get("waiting")
+    if isinstance(waiting, Mapping):
+        out["slots"] = {"used": waiting.get("inFlightCount"), "limit": waiting.get("limit")}
+    if merged.get("phase") in STUCK:
+        out["reason"] = merged.get("error") or merged.get("phase")
+        if merged.get("backOffSeconds") is not None:
+            out["backOffSeconds"] = merged["backOffSeconds"]
+    return out
+
+
+def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
+                   view: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The PodImagePull of ``pod``: its events (any order) and its node's view merged."""
+    target = target_from_pod(pod)
+    meta = pod.get("metadata") or {}
+    merger = Merger(target.containers)
+    merger.update(pod, kubelet_events(pod, events))
+    merger.node_view = dict(view) if view is not None else None
+    images = [_image(merger, c.name, c.image, bool(target.node), view)
+              for c in target.containers]
+    known = [i for i in images if i["phase"] not in PRESENT]
+    sums = {k: sum(i[k] for i in known) if known and all(isinstance(i[k], int) for i in known)
+            else None for k in ("progress", "total")}
+    rates = [i["bytesPerSecond"] for i in known if i["bytesPerSecond"] is not None]
+    etas = [i["etaSeconds"] for i in known if i["etaSeconds"] is not None]
+    return {
+        "apiVersion": GROUP_VERSION, "kind": KIND,
+        "metadata": {"name": target.name, "namespace": target.namespace,
+                     "uid": target.uid,
+                     "creationTimestamp": meta.get("creationTimestamp"),
+                     "labels": dict(meta.get("labels") or {})},
+        "spec": {"nodeName": target.node},
+        "status": {"phase": overall_phase([str(i["phase"]) for i in images]),
+                   "progress": sums["progress"], "total": sums["total"],
+                   "bytesPerSecond": sum(rates) if rates else None,
+                   "etaSeconds": max(etas) if etas else None,
+                   "imagesPresent": sum(i["phase"] in PRESENT for i in images),
+                   "images": images},
+    }
+
+
+def needs_node_view(obj: Mapping[str, Any]) -> bool:
+    """Bytes and slots matter while an image of the scheduled pod is not present."""
+    status = obj.get("status") or {}
+    return bool((obj.get("spec") or {}).get("nodeName")) and any(
+        i.get("phase") not in PRESENT for i in status.get("images") or ())
+
+
+FIELDS = {
+    "metadata.name": lambda o: str((o.get("metadata") or {}).get("name") or ""),
+    "metadata.namespace": lambda o: str((o.get("metadata") or {}).get("namespace") or ""),
+    "spec.nodeName": lambda o: str((o.get("spec") or {}).get("nodeName") or ""),
+}
+
+
+# --- table ---------------------------------------------------------------------
+
+COLUMNS: list[dict[str, Any]] = [
+    {"name": "Name", "type": "string", "format": "name", "priority": 0,
+     "description": "Name of the pod"},
+    {"name": "Node", "type": "string", "format": "", "priority": 0,
+     "description": "The node the pod is bound to"},
+    {"name": "Images", "type": "string", "format": "", "priority": 0,
+     "description": "Images present of the pod's images"},
+    {"name": "Phase", "type": "string", "format": "", "priority": 0,
+     "description": "The pod's pulls summed up: a failure first, then the most "
+                    "advanced activity"},
+    {"name": "Progress", "type": "string", "format": "", "priority": 0,
+     "description": "Bytes downloaded of the bytes known, in percent"},
+    {"name": "Rate", "type": "string", "format": "", "priority": 0,
+     "description": "Download rate"},
+    {"name": "ETA", "type": "string", "format": "", "priority": 0,
+     "description": "Estimated time left"},
+    {"name": "Reason", "type": "string", "format": "", "priority": 1,
+     "description": "Why a pull is stuck (kubelet's or the registry's words)"},
+]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1000
+    return f"{n:.1f}TB"
+
+
+def human_seconds(secs: float) -> str:
+    s = round(secs)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60}s"
+    return f"{s // 3600}h{s % 3600 // 60}m"
+
+
+def cells(obj: Mapping[str, Any]) -> list[Any]:
+    status = obj.get("status") or {}
+    images = status.get("images") or []
+    progress, total = status.get("progress"), status.get("total")
+    pct = f"{100 * progress // total}%" if isinstance(progress, int) and \
+        isinstance(total, int) and total > 0 else ("100%" if status.get("phase") in PRESENT
+                                                   else "-")
+    rate, eta = status.get("bytesPerSecond"), status.get("etaSeconds")
+    reasons = [f"{i['container']}: {i['reason']}" for i in images if i.get("reason")]
+    return [(obj.get("metadata") or {}).get("name"),
+            (obj.get("spec") or {}).get("nodeName") or "<none>",
+            f"{status.get('imagesPresent', 0)}/{len(images)}",
+            status.get("phase"), pct,
+            f"{human_bytes(rate)}/s" if isinstance(rate, (int, float)) else "-",
+            human_seconds(eta) if isinstance(eta, (int, float)) else "-",
+            "; ".join(reasons) or "<none>"]
+

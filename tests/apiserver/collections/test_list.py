@@ -1,0 +1,166 @@
+"""podimagepulls and nodeimagepulls through the front proxy: list, get, selectors,
+Table output, authorization, and what they cost on kube-apiserver."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggapi.apiserver.collections import handler
+
+from .conftest import TABLE, Env
+from .fakes import event, node_view, pod, pull
+
+
+async def test_list_merges_kubelet_and_the_node_view(env: Env) -> None:
+    web = env.kube.put("api/v1", "pods", pod("web-0", labels={"app": "web"}))
+    env.kube.put("api/v1", "pods", pod("db-0", "registry.test/db:1", labels={"app": "db"}))
+    env.kube.put("api/v1", "events", event(web, "Pulling", 'Pulling image "registry.test/app:1"'))
+    env.agent.views["node-a"] = node_view(
+        pull("registry.test/app", progress=250, total=1000, rate=50.0))
+    code, body = await env.get("/namespaces/ns1/podimagepulls?labelSelector=app%3Dweb")
+    assert code == 200, body
+    assert body["kind"] == "PodImagePullList" and int(body["metadata"]["resourceVersion"]) > 0
+    [item] = body["items"]
+    assert item["metadata"]["name"] == "web-0" and item["metadata"]["labels"] == {"app": "web"}
+    assert item["spec"] == {"nodeName": "node-a"}
+    [image] = item["status"]["images"]
+    assert (image["phase"], image["progress"], image["total"]) == ("Downloading", 250, 1000)
+    assert image["bytesPerSecond"] == 50.0 and image["etaSeconds"] == 15.0
+    assert image["waitingForSlot"] is False
+
+
+async def test_stuck_reason_and_waiting_for_a_slot(env: Env) -> None:
+    bad = env.kube.put("api/v1", "pods", pod("bad", "registry.test/nope:1"))
+    env.kube.put("api/v1", "events", event(bad, "Pulling", 'Pulling image "x"'))
+    env.kube.put("api/v1", "events", event(
+        bad, "Failed", 'Failed to pull image "registry.test/nope:1": not found',
+        when="2026-01-01T00:00:02Z"))
+    queued = env.kube.put("api/v1", "pods", pod("queued", "registry.test/q:1", node="node-b"))
+    env.kube.put("api/v1", "events", event(queued, "Pulling", 'Pulling image "x"'))
+    # node-b's one slot is taken by another namespace's pull.
+    env.agent.views["node-b"] = node_view(
+        pull("registry.test/other", progress=1, total=9), limit=1)
+    code, body = await env.get("/namespaces/ns1/podimagepulls")
+    assert code == 200
+    by_name = {i["metadata"]["name"]: i["status"]["images"][0] for i in body["items"]}
+    assert by_name["bad"]["phase"] == "Failed" and by_name["bad"]["reason"] == "not found"
+    assert by_name["queued"]["phase"] == "Waiting" and by_name["queued"]["waitingForSlot"]
+    assert by_name["queued"]["slots"] == {"used": 1, "limit": 1}
+    # the other tenant's pull is a count, never its image or bytes
+    assert "registry.test/other" not in str(body) and by_name["queued"]["progress"] is None
+
+
+async def test_field_selectors_and_get(env: Env) -> None:
+    for name, node in (("a", "node-a"), ("b", "node-b"), ("c", "node-b")):
+        env.kube.put("api/v1", "pods", pod(name, node=node))
+    env.kube.put("api/v1", "pods", pod("x", namespace="ns2", node="node-b"))
+    code, body = await env.get("/namespaces/ns1/podimagepulls?fieldSelector=spec.nodeName%3Dnode-b")
+    assert [i["metadata"]["name"] for i in body["items"]] == ["b", "c"]
+    code, body = await env.get("/podimagepulls?fieldSelector=spec.nodeName%3Dnode-b,"
+                               "metadata.namespace!%3Dns1")
+    assert code == 200 and [i["metadata"]["name"] for i in body["items"]] == ["x"]
+    code, body = await env.get("/podimagepulls?fieldSelector=metadata.name%3Da")
+    assert [i["metadata"]["name"] for i in body["items"]] == ["a"]
+    code, body = await env.get("/namespaces/ns1/podimagepulls/c")
+    assert code == 200 and body["kind"] == "PodImagePull" and body["spec"]["nodeName"] == "node-b"
+    code, body = await env.get("/namespaces/ns1/podimagepulls/nope")
+    assert code == 404 and body["kind"] == "Status"
+
+
+async def test_bad_selectors_and_versions_are_400(env: Env) -> None:
+    for query in ("fieldSelector=status.phase%3DRunning", "labelSelector=a%20in%20(b",
+                  "labelSelector=-bad-%3Dx", "fieldSelector=metadata.name",
+                  "resourceVersion=abc", "watch=true&resourceVersion=12x",
+                  "includeObject=Everything"):
+        code, body = await env.get(f"/namespaces/ns1/podimagepulls?{query}")
+        assert code == 400 and body["kind"] == "Status" and body["reason"] == "BadRequest", query
+
+
+async def test_table_columns_and_include_object(env: Env) -> None:
+    env.kube.put("api/v1", "pods", pod("web-0", labels={"app": "web"}))
+    code, body = await env.get("/namespaces/ns1/podimagepulls", accept=TABLE)
+    assert code == 200 and body["kind"] == "Table" and body["apiVersion"] == "meta.k8s.io/v1"
+    names = [c["name"] for c in body["columnDefinitions"] if c["priority"] == 0]
+    assert names == ["Name", "Node", "Images", "Phase", "Progress", "Rate", "ETA"]
+    [row] = body["rows"]
+    assert row["cells"][:4] == ["web-0", "node-a", "0/1", "Pending"]
+    assert row["object"]["kind"] == "PartialObjectMetadata"  # kubectl's default
+    assert row["object"]["metadata"]["labels"] == {"app": "web"}
+    _, full = await env.get("/namespaces/ns1/podimagepulls?includeObject=Object", accept=TABLE)
+    assert full["rows"][0]["object"]["kind"] == "PodImagePull"
+    _, bare = await env.get("/namespaces/ns1/podimagepulls?includeObject=None",
+                            accept="application/json;as=Table;v=v1beta1;g=meta.k8s.io")
+    assert bare["apiVersion"] == "meta.k8s.io/v1beta1" and "object" not in bare["rows"][0]
+    code, _ = await env.get("/namespaces/ns1/podimagepulls",
+                            accept="application/json;as=PartialObjectMetadataList;v=v1;"
+                                   "g=meta.k8s.io")
+    assert code == 406
+
+
+async def test_node_image_pulls(env: Env) -> None:
+    queued = env.kube.put("api/v1", "pods", pod("queued", "registry.test/q:1", node="node-b"))
+    env.kube.put("api/v1", "events", event(queued, "Pulling", 'Pulling image "x"'))
+    env.agent.views["node-a"] = node_view()
+    env.agent.views["node-b"] = node_view(
+        pull("registry.test/other", progress=1, total=9), limit=1)
+    code, body = await env.get("/nodeimagepulls")
+    assert code == 200 and body["kind"] == "NodeImagePullList"
+    by_name = {i["metadata"]["name"]: i["status"] for i in body["items"]}
+    assert by_name["node-a"]["pulling"] == 0
+    assert by_name["node-b"]["slots"]["limit"] == 1
+    assert by_name["node-b"]["waitingPods"] == ["ns1/queued"]
+    code, table = await env.get("/nodeimagepulls/node-b", accept=TABLE)
+    assert [c["name"] for c in table["columnDefinitions"] if c["priority"] == 0] == [
+        "Name", "Pulling", "Slots", "Waiting Pods"]
+    assert table["rows"][0]["cells"][:4] == ["node-b", 1, "1/1", 1]
+
+
+async def test_authorized_as_served(env: Env) -> None:
+    env.kube.sar_calls.clear()
+    denied: set[str] = set()
+
+    def policy(spec: dict[str, object]) -> bool:
+        attrs = spec["resourceAttributes"]
+        assert isinstance(attrs, dict)
+        return attrs["namespace"] not in denied
+
+    env.kube.sar_policy = policy
+    await env.get("/namespaces/ns1/podimagepulls")
+    await env.get("/podimagepulls?watch=true&timeoutSeconds=0.1")
+    await env.get("/nodeimagepulls/node-a")
+    attrs = [c["spec"]["resourceAttributes"] for c in env.kube.sar_calls]
+    assert [(a["verb"], a["resource"], a["namespace"], a["name"]) for a in attrs] == [
+        ("list", "podimagepulls", "ns1", ""), ("watch", "podimagepulls", "", ""),
+        ("get", "nodeimagepulls", "", "node-a")]
+    denied.add("ns2")
+    code, body = await env.get("/namespaces/ns2/podimagepulls", token="bob-token")
+    assert code == 403 and 'cannot list resource "podimagepulls"' in body["message"]
+
+
+async def test_watches_follow_namespaces_not_pods(env: Env,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handler, "ENCODE_INLINE", 10)  # this list is encoded in a thread
+    for i in range(60):
+        env.kube.put("api/v1", "pods", pod(f"p{i}", node=f"node-{i % 3}"))
+    env.agent.views.update({f"node-{i}": node_view() for i in range(3)})
+    code, body = await env.get("/namespaces/ns1/podimagepulls")
+    assert code == 200 and len(body["items"]) == 60
+    # 60 pods followed: one pod watch and one event watch, one poll per node.
+    assert env.kube.watching("pods") == 1 and env.kube.watching("events") == 1
+    assert env.feeds.watches() == 2 and env.feeds.agent_polls() == 3
+
+
+async def test_one_poll_per_node_whatever_the_feeds(env: Env) -> None:
+    env.kube.put("api/v1", "pods", pod("a", node="node-a"))
+    env.kube.put("api/v1", "pods", pod("b", namespace="ns2", node="node-a"))
+    env.agent.views["node-a"] = node_view(pull("registry.test/app", progress=5, total=10,
+                                               rate=1.0))
+    _, ns1 = await env.get("/namespaces/ns1/podimagepulls")
+    _, every = await env.get("/podimagepulls")
+    _, nodes = await env.get("/nodeimagepulls")
+    # three feeds (ns1, all namespaces, nodes) read node-a through one poll
+    assert env.feeds.agent_polls() == 1
+    assert len(every["items"]) == 2 and nodes["items"][0]["status"]["pulling"] == 1
+    assert ns1["items"][0]["status"]["images"][0]["progress"] == 5
+    # the all-namespaces feed is shared by podimagepulls -A and nodeimagepulls
+    assert env.feeds.watches() == 4

@@ -1,0 +1,46 @@
+"""Label and field selectors as kube-apiserver reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggapi.apiserver.collections.podimagepulls import FIELDS
+from aggapi.apiserver.collections.selectors import selector
+from aggapi.status import StatusError
+
+
+def _obj(labels: dict[str, str], node: str = "n1") -> dict[str, object]:
+    return {"metadata": {"name": "p", "namespace": "ns", "labels": labels},
+            "spec": {"nodeName": node}}
+
+
+@pytest.mark.parametrize(("raw", "labels", "want"), [
+    ("app=web", {"app": "web"}, True),
+    ("app==web", {"app": "db"}, False),
+    ("app!=web", {}, True),
+    ("app in (web, db),tier", {"app": "db", "tier": "1"}, True),
+    ("app in (web, db),tier", {"app": "db"}, False),
+    ("app notin (web)", {"app": "db"}, True),
+    ("!canary", {"canary": "x"}, False),
+    ("example.com/team=a,!canary", {"example.com/team": "a"}, True),
+    ("", {}, True),
+])
+def test_labels(raw: str, labels: dict[str, str], want: bool) -> None:
+    assert selector({"labelSelector": raw}, FIELDS).matches(_obj(labels)) is want
+
+
+def test_fields() -> None:
+    sel = selector({"fieldSelector": "spec.nodeName=n1,metadata.namespace!=kube-system"},
+                   FIELDS)
+    assert sel.matches(_obj({})) and not sel.matches(_obj({}, node="n2"))
+
+
+@pytest.mark.parametrize("query", [
+    {"labelSelector": "app in (web"}, {"labelSelector": "a=b=c d"},
+    {"labelSelector": "_x=y"}, {"fieldSelector": "spec.schedulerName=x"},
+    {"fieldSelector": "metadata.name"},
+])
+def test_bad_is_400(query: dict[str, str]) -> None:
+    with pytest.raises(StatusError) as err:
+        selector(query, FIELDS)
+    assert err.value.code == 400

@@ -1,0 +1,86 @@
+"""The collection store's resourceVersions: a watcher at any version it hands out
+replays to exactly the current state; versions older than its history are 410."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aggapi.apiserver.collections.store import Clock, Collection, parse_rv
+from aggapi.status import StatusError
+
+# (key, value): value None deletes
+OPS = st.lists(st.tuples(st.sampled_from("abcd"), st.one_of(st.none(), st.integers(0, 3))),
+               max_size=40)
+
+
+def _apply(state: dict[str, int], col: Collection, key: str, value: int | None) -> None:
+    col.set(key, None if value is None else {"metadata": {"name": key}, "v": value})
+    if value is None:
+        state.pop(key, None)
+    else:
+        state[key] = value
+
+
+@settings(derandomize=True, database=None, max_examples=200)
+@given(OPS, OPS, st.integers(4, 64))
+def test_replay_from_any_version_reaches_the_current_state(
+        before: list[tuple[str, int | None]], after: list[tuple[str, int | None]],
+        history: int) -> None:
+    col = Collection(Clock(), history=history)
+    state: dict[str, int] = {}
+    for k, v in before:
+        _apply(state, col, k, v)
+    seen, rv = dict(state), col.rv
+    for k, v in after:
+        _apply(state, col, k, v)
+    try:
+        events = col.since(rv)
+    except StatusError as err:
+        assert err.code == 410 and len(after) > 0
+        return
+    for ev in events:
+        if ev.type == "DELETED":
+            assert ev.obj["metadata"]["name"] in seen
+            del seen[ev.obj["metadata"]["name"]]
+        else:
+            assert (ev.type == "ADDED") == (ev.obj["metadata"]["name"] not in seen)
+            seen[ev.obj["metadata"]["name"]] = ev.obj["v"]
+    assert seen == state
+    assert [e.rv for e in events] == sorted({e.rv for e in events})
+    assert all(int(o["metadata"]["resourceVersion"]) <= col.rv for o in col.objects.values())
+
+
+def test_versions_never_repeat_or_go_back() -> None:
+    times = iter([5.0, 5.0, 4.0, 6.0])
+    clock = Clock(lambda: next(times))
+    got = [clock.next() for _ in range(4)]
+    assert got == [5_000_000, 5_000_001, 5_000_002, 6_000_000]
+
+
+def test_older_than_the_collection_or_its_history_is_410() -> None:
+    col = Collection(Clock(), history=2)
+    with pytest.raises(StatusError) as err:
+        col.since(col.start_rv - 1)
+    assert err.value.code == 410 and err.value.reason == "Expired"
+    first = col.rv
+    for v in range(3):
+        col.set("a", {"metadata": {"name": "a"}, "v": v})
+    with pytest.raises(StatusError):
+        col.since(first)  # the first change fell out of the history
+    assert len(col.since(col.rv - 1)) <= 1
+
+
+def test_unchanged_objects_make_no_event() -> None:
+    col = Collection(Clock())
+    assert col.set("a", {"metadata": {"name": "a"}, "v": 1}) is not None
+    assert col.set("a", {"metadata": {"name": "a"}, "v": 1}) is None
+
+
+@pytest.mark.parametrize("raw", ["x", "-1", "1.5", "12a"])
+def test_unparsable_version_is_400(raw: str) -> None:
+    with pytest.raises(StatusError) as err:
+        parse_rv(raw)
+    assert err.value.code == 400
+    assert parse_rv("") is None and parse_rv("0") is None and parse_rv("17") == 17
