@@ -192,9 +192,18 @@ class RecordedLink:
             if until >= pts[-1][0]:
                 self.done.setdefault(d, pts[-1][0])
 
-    def shares(self) -> dict[str, float]:
-        return {d: r for d in self.points if d not in self.done
-                and (r := self._at(d, self.t)[1]) > 0}
+    def shares(self, window: float = 2.0) -> dict[str, float]:
+        """Each layer's rate as the bench reads the truth: its bytes over the common
+        window [t - window, t + window], clipped to the pull's first and last byte
+        (the recorded steps are lumpy, and a layer's next GET starts a moment after
+        the one before it ends: an instant's slopes are not the rate)."""
+        first = min(p[0][0] for p in self.points.values())
+        last = max(p[-1][0] for p in self.points.values())
+        a, b = max(first, self.t - window), min(last, self.t + window)
+        if b <= a:
+            return {}
+        out = {d: (self._at(d, b)[0] - self._at(d, a)[0]) / (b - a) for d in self.points}
+        return {d: r for d, r in out.items() if r > 0}
 
     def ingests(self) -> list[Ingest]:
         return [Ingest(d, *self.written[d], self.opened, la.size, la.pull)

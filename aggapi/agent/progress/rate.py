@@ -306,6 +306,12 @@ class Rates:
         (or over [since, until] when given). ``whole_link``: the keys are every
         download on a shared link, whose total does not change when one finishes."""
         trs = {k: t for k in set(keys) if (t := self.traces.get(k)) is not None and t.points}
+        live = [t.points[0][0] for t in trs.values() if not t.finished]
+        if live:
+            # A counter that finished before every live one began is an earlier pull's:
+            # the node was idle between them, and that is not the link's rate.
+            trs = {k: t for k, t in trs.items()
+                   if not t.finished or t.points[-1][0] > min(live)}
         # Fewer than two steps say nothing, unless each counter has stepped from its
         # known start (one step of one of several leaves the others' pace unknown).
         if ((sum(t.moves for t in trs.values()) < 2
