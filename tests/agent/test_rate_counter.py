@@ -205,3 +205,27 @@ def test_an_earlier_pull_does_not_dilute_the_link() -> None:
         book.sweep(now, {})
     link = book.snapshot(now).group(book.counters)
     assert link is not None and abs(link - 3 * MiB / 0.6) / (3 * MiB / 0.6) <= 0.2, link
+
+
+def test_a_layer_that_took_a_finished_ones_slot_is_measured_with_it() -> None:
+    """Bench 2pods-400k: a layer opened at 0 waits for a node slot; the slot of a 4 MiB
+    layer finishing at 30 s goes to it and its first step comes at 35 s. The two belong
+    to one busy spell: their bytes together have a rate (after the earlier-pull rule
+    first came in, the image's rate was null there, scored 100% at 50%)."""
+    t0 = 1000.0
+    book = CounterBook()
+    book.link = 400_000.0
+    book.queued = ["late"]
+    for i in range(1, 141):
+        now = t0 + 0.25 * i
+        got = min(int((now - t0) / 7.5) * MiB, 4 * MiB)
+        if now <= t0 + 30.0:
+            book.observe("first", now, got, t0 + 7.5 * int((now - t0) / 7.5), 4 * MiB, t0)
+        stepped = now >= t0 + 35.0
+        book.observe("late", now, MiB if stepped else 0, t0 + 35.0 if stepped else None,
+                     8 * MiB, t0)
+        book.sweep(now, {"first": t0 + 30.0} if now > t0 + 30.0 else {})
+    late = book.counters["late"].frozen()
+    assert late.slot_at == t0 + 30.0 and late.soft_start == t0 + 30.0, late
+    rate = book.snapshot(t0 + 35.0).group(["first", "late"])
+    assert rate is not None and rate > 0, rate
