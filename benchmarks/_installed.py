@@ -440,7 +440,13 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario], rounds: int,
                   variants: list[str], spy: Path | None) -> dict[str, Any]:
+    from benchmarks.tls_floor import floor
+
     results: dict[str, Any] = {}
+    # The bare TLS pair first, on this host's Python and OpenSSL (the pods run the image's).
+    tls = floor(256 * MiB)
+    print("TLS floor (a bare Python sender and receiver over 127.0.0.1), CPU-s/GiB: " + "; ".join(
+        f"{m} receiver {f['receiver']:.2f} sender {f['sender']:.2f}" for m, f in tls.items()))
     with installed(instance, up) as (cluster, addon):
         node = cluster.node(node_index)
         for text in variants or ["as installed="]:
@@ -454,6 +460,7 @@ def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario],
             with tempfile_dir() as workdir:
                 r = Bench(cluster, addon, node, workdir, vspy).run(scs, rounds)
             r["sets"] = sets
+            r["tls_floor"] = tls
             results[label] = r
             report(label, r)
     return results
