@@ -215,14 +215,19 @@ class Meter:
 
 @contextlib.contextmanager
 def profiled(out: Path | None, key: str, pids: dict[str, int]) -> Iterator[None]:
-    """py-spy (raw collapsed stacks, native frames) on the pods' Python processes."""
+    """py-spy (raw collapsed stacks, native frames) on the pods' Python processes; its
+    own messages go to ``<key>-<name>.log`` beside the stacks."""
     if out is None:
         yield
         return
-    spies = [subprocess.Popen(
-        ["py-spy", "record", "-p", str(pid), "-r", "97", "-n", "-f", "raw",
-         "-o", str(out / f"{key.replace(' ', '_')}-{name}.txt")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in pids.items()]
+    spies = []
+    for name, pid in pids.items():
+        base = out / f"{key.replace(' ', '_')}-{name}"
+        with base.with_suffix(".log").open("w") as log:
+            spies.append(subprocess.Popen(
+                ["py-spy", "record", "-p", str(pid), "-r", "97", "-n", "-f", "raw",
+                 "-o", str(base.with_suffix(".txt"))],
+                stdout=log, stderr=subprocess.STDOUT))
     time.sleep(1)  # attached before the transfer starts
     try:
         yield
@@ -234,7 +239,13 @@ def profiled(out: Path | None, key: str, pids: dict[str, int]) -> Iterator[None]
 
 
 def python_pids(cg: PodCgroup) -> list[int]:
-    return [p for p in cg.pids() if (argv := _cmdline(p)) and "python" in Path(argv[0]).name]
+    """The pod's Python processes, by the executable they run (argv[0] may be a script)."""
+    out = []
+    for p in cg.pids():
+        with contextlib.suppress(OSError):
+            if "python" in Path(os.readlink(f"/proc/{p}/exe")).name:
+                out.append(p)
+    return out
 
 
 # --- one run -------------------------------------------------------------------------
@@ -337,6 +348,10 @@ class Bench:
         def one(tool: str, way: str, argv: list[str]) -> None:
             key = f"{tool} {way}"
             spy = self.spy if tool == "kubectl ncp" else None
+            if spy is not None:  # the client too, started under py-spy
+                argv = ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o",
+                        str(spy / f"{sc.name}-{key.replace(' ', '_')}-client.txt"), "--",
+                        *argv]
             with profiled(spy, f"{sc.name}-{key}", spied), \
                     meter.window(cpu.setdefault(key, {}), thr.setdefault(key, {})):
                 secs.setdefault(key, []).append(timed(argv))
