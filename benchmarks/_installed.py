@@ -253,9 +253,9 @@ def python_pids(cg: PodCgroup) -> list[int]:
 POD = "bench-kubectl-cp"
 
 
-def timed(argv: list[str]) -> float:
+def timed(argv: list[str], cwd: Path = REPO) -> float:
     t0 = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
     took = time.monotonic() - t0
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])}... failed: {r.stderr.strip()[-2000:]}")
@@ -264,7 +264,10 @@ def timed(argv: list[str]) -> float:
 
 class Bench:
     def __init__(self, cluster: Cluster, addon: Addon, node: ClusterNode, workdir: Path,
-                 spy: Path | None) -> None:
+                 spy: Path | None, ncp_root: Path = REPO) -> None:
+        # Where ``python3 -m aggapi.plugins.ncp`` runs (its aggapi): another checkout's
+        # client side by side with this one's.
+        self.ncp_root = ncp_root
         self.cp = cluster.cp
         self.cluster = cluster
         self.addon = addon
@@ -354,7 +357,8 @@ class Bench:
                         *argv]
             with profiled(spy, f"{sc.name}-{key}", spied), \
                     meter.window(cpu.setdefault(key, {}), thr.setdefault(key, {})):
-                secs.setdefault(key, []).append(timed(argv))
+                secs.setdefault(key, []).append(
+                    timed(argv, self.ncp_root if tool == "kubectl ncp" else REPO))
 
         try:
             for r in range(rounds):
@@ -448,9 +452,14 @@ def installed(instance: str, up: bool) -> Iterator[tuple[Cluster, Addon]]:
             addon.uninstall()
 
 
-def parse_variant(text: str) -> tuple[str, list[str]]:
-    label, _, sets = text.partition("=")
-    return label, [s for s in sets.split(",") if s]
+def parse_variant(text: str) -> tuple[str, list[str], Path]:
+    """``LABEL=K=V,...``: helm ``--set`` values, and ``ncp=DIR``: the ncp client run from
+    DIR (a checkout's root holding ``aggapi/``) instead of this one."""
+    label, _, spec = text.partition("=")
+    sets = [s for s in spec.split(",") if s]
+    ncp = [s.removeprefix("ncp=") for s in sets if s.startswith("ncp=")]
+    return label, [s for s in sets if not s.startswith("ncp=")], \
+        Path(ncp[-1]).resolve() if ncp else REPO
 
 
 def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario], rounds: int,
@@ -464,17 +473,20 @@ def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario],
         f"{m} receiver {f['receiver']:.2f} sender {f['sender']:.2f}" for m, f in tls.items()))
     with installed(instance, up) as (cluster, addon):
         node = cluster.node(node_index)
+        changed = False
         for text in variants or ["as installed="]:
-            label, sets = parse_variant(text)
-            if sets:
+            label, sets, ncp_root = parse_variant(text)
+            if sets or changed:  # back to the chart's defaults after another variant
                 addon.upgrade(sets)
                 addon.wait_ready()
+            changed = bool(sets)
             vspy = spy / label if spy else None
             if vspy:
                 vspy.mkdir(parents=True, exist_ok=True)
             with tempfile_dir() as workdir:
-                r = Bench(cluster, addon, node, workdir, vspy).run(scs, rounds)
+                r = Bench(cluster, addon, node, workdir, vspy, ncp_root).run(scs, rounds)
             r["sets"] = sets
+            r["ncp_from"] = str(ncp_root)
             r["tls_floor"] = tls
             results[label] = r
             report(label, r)

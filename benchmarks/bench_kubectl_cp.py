@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("--node", type=int, default=2, help="the pod's node (aggapi-worker-N)")
     inst.add_argument("--variant", action="append", default=[], metavar="LABEL=K=V[,K=V]",
                       help="run every scenario once per chart variant (helm upgrade --set), "
-                      "side by side")
+                      "side by side; ncp=DIR among them runs the ncp client from the "
+                      "checkout DIR (e.g. main's, from git archive) instead of this one")
     inst.add_argument("--json", type=Path, metavar="FILE",
                       help="write the ratios per scenario and goal_met")
     a = p.parse_args(argv)
