@@ -4,6 +4,11 @@ same file, same kube-apiserver, same container, both ways, side by side in one r
 integrity checked on both (sha256 in the container after an upload, of the local file
 after a download).
 
+``--installed`` runs it on the path users run instead: the helm-installed add-on on the
+two-node cluster of hack/local-up.sh, with a big file, many small files and medium ones,
+CPU per pod from the cgroups and CFS throttling (:mod:`benchmarks._installed`). What
+follows is the single-node harness with aggapi as host processes.
+
 Beside MiB/s it prints the CPU-seconds per GiB of every process on either path, measured
 over each transfer: kube-apiserver, kubelet, containerd, the pod's containerd-shims, the
 pod's cgroup (tar, beside idle sleeps), aggapi apiserver, the agent, and the client
