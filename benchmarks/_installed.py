@@ -215,8 +215,9 @@ class Meter:
 
 @contextlib.contextmanager
 def profiled(out: Path | None, key: str, pids: dict[str, int]) -> Iterator[None]:
-    """py-spy (raw collapsed stacks, native frames) on the pods' Python processes; its
-    own messages go to ``<key>-<name>.log`` beside the stacks."""
+    """py-spy (raw collapsed stacks) on the pods' Python processes; its own messages go
+    to ``<key>-<name>.log`` beside the stacks. Python frames only: py-spy 0.4.3's native
+    unwinding fails on the image's Debian Python ("UNW_EBADREG: bad register number")."""
     if out is None:
         yield
         return
@@ -225,7 +226,7 @@ def profiled(out: Path | None, key: str, pids: dict[str, int]) -> Iterator[None]
         base = out / f"{key.replace(' ', '_')}-{name}"
         with base.with_suffix(".log").open("w") as log:
             spies.append(subprocess.Popen(
-                ["py-spy", "record", "-p", str(pid), "-r", "97", "-n", "-f", "raw",
+                ["py-spy", "record", "-p", str(pid), "-r", "97", "-f", "raw",
                  "-o", str(base.with_suffix(".txt"))],
                 stdout=log, stderr=subprocess.STDOUT))
     time.sleep(1)  # attached before the transfer starts
