@@ -322,6 +322,15 @@ CLUSTER_DEFAULT = ("2nodes-400k",)
 HOST_PATH = "host-process harness, 1 node"
 
 
+def pick(names: Sequence[str] | None, *, quick: bool = False, cluster: bool = False
+         ) -> list[Scenario]:
+    """The scenarios to run: ``names``, else the smoke subset, else every scenario of the
+    path (the cluster's own, or every one-node scenario on the host harness)."""
+    default = (QUICK if quick else CLUSTER_DEFAULT if cluster
+               else [s.name for s in SCENARIOS if s.nodes == 1])
+    return [s for s in SCENARIOS if s.name in (names or default)]
+
+
 # --- the stack ---------------------------------------------------------------------------
 
 def log(msg: str) -> None:
@@ -793,9 +802,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"scenarios: {', '.join(CLUSTER_DEFAULT)})")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     a = p.parse_args(argv)
-    names = a.scenario or (list(QUICK) if a.quick else list(CLUSTER_DEFAULT) if a.cluster
-                           else [s.name for s in SCENARIOS if s.nodes == 1])
-    chosen = [s for s in SCENARIOS if s.name in names]
+    chosen = pick(a.scenario, quick=a.quick, cluster=a.cluster)
     instance = a.instance or ("accbench" if a.up else
                               os.environ.get("AGGAPI_INSTANCE", "local"))
     if instance not in INSTANCES:  # a private instance: a subnet of its own
