@@ -44,8 +44,10 @@ Two paths:
   (certs.d hosts.toml, as the cluster trusts its registry: tests.framework.node
   throttle_for). Scenario ``2nodes-400k``: one pod pinned to each node (nodeName), each
   with its own image, pulling at once over the one link; each pod's real rate is its
-  share. Each node's agent sees only its node's pulls, so nothing on a node knows the
-  other node shares the link. Single-pod 2.x scenarios run there too, on node 1.
+  share. ``2nodes-400k-uneven``: node 2 pulls one 3 MiB layer, so its pull ends first and
+  node 1's share grows then. Each node's agent sees only its node's pulls, so nothing on a
+  node knows the other node shares the link. Single-pod 2.x scenarios run there too, on
+  node 1.
 
     python3 -m benchmarks.bench_progress_accuracy [--up] [--cluster]
         [--scenario NAME ...] [--quick] [--json FILE] [--instance NAME]
@@ -299,10 +301,17 @@ class Scenario:
     containerd: str = "2.x"
     pods: int = 1  # each with its own image of ``layers_mib``, pulled at once
     nodes: int = 1  # pod k on node (k-1) % nodes; more than one: the cluster path only
+    # Pod k's own layers (k >= 2: other_pods_mib[k-2]) where they differ from layers_mib.
+    other_pods_mib: tuple[tuple[float, ...], ...] = ()
+
+    def layers(self, k: int) -> tuple[float, ...]:
+        """Pod ``k``'s layers (MiB), k from 1."""
+        return self.other_pods_mib[k - 2] if 2 <= k <= len(self.other_pods_mib) + 1 \
+            else self.layers_mib
 
     @property
     def seconds(self) -> float:
-        return self.pods * sum(self.layers_mib) * MiB / self.rate
+        return sum(sum(self.layers(k)) for k in range(1, self.pods + 1)) * MiB / self.rate
 
 
 SCENARIOS = [
@@ -316,9 +325,12 @@ SCENARIOS = [
     Scenario("2pods-400k", (8, 4), 400_000, pods=2),
     Scenario("l3-400k-ctd16", (10, 6, 2), 400_000, containerd="1.6"),
     Scenario("2nodes-400k", (8, 4), 400_000, pods=2, nodes=2),
+    # Node 2's pull ends first: node 1's share of the link then grows, which nothing on
+    # node 1 can see coming.
+    Scenario("2nodes-400k-uneven", (8, 4), 400_000, pods=2, nodes=2, other_pods_mib=((3,),)),
 ]
 QUICK = ("l3-5m",)
-CLUSTER_DEFAULT = ("2nodes-400k",)
+CLUSTER_DEFAULT = ("2nodes-400k", "2nodes-400k-uneven")
 HOST_PATH = "host-process harness, 1 node"
 
 
@@ -602,7 +614,7 @@ class PodRun:
 def push(node: Node, cache: oci.BlobCache, sc: Scenario, nonce: str, k: int
          ) -> tuple[str, list[oci.Blob]]:
     layers = [cache.random_layer(int(m * MiB), seed=f"acc-{sc.name}-{nonce}-{k}-{i}")
-              for i, m in enumerate(sc.layers_mib)]
+              for i, m in enumerate(sc.layers(k))]
     # A runnable container: a start failure is a kubelet "Failed" event, which would end
     # the streams early. The base is the sandbox (pause) image's own layer, from the
     # registry node's cache: already in every node's containerd (each runs pods), so it is
@@ -667,7 +679,8 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
     link_logs: list[ByteLog] = []
     layer_max = 0.0
     for p in pods:
-        tag = f"p{p.name.rsplit('-', 1)[1]} " if len(pods) > 1 else ""
+        k = int(p.name.rsplit("-", 1)[1])
+        tag = f"p{k} " if len(pods) > 1 else ""
         logs: list[ByteLog] = []
         for b in p.blobs:
             fetches = record.get(b.digest) or []
@@ -687,7 +700,7 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
         objects[p.name] = {g: len(v) for g, v in got.items()}
         for i, (b, lg) in enumerate(zip(p.blobs, logs, strict=True)):
             objs = [(t, o) for t, o in progress["layer"] if o.get("layer") == b.digest]
-            checks += checks_for("layer", f"{tag}L{i + 1} {sc.layers_mib[i]:g}MiB", lg, objs)
+            checks += checks_for("layer", f"{tag}L{i + 1} {sc.layers(k)[i]:g}MiB", lg, objs)
         image_log = merge_logs(logs)
         # One image per pod: its objects are the image stream's (named as the spec does).
         image_objs = [(t, o) for t, o in progress["image"] if o.get("image") == p.ref]
@@ -708,7 +721,9 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
     seconds = link_log[-1][0] - link_log[0][0]
     link_rate = max(float(sc.rate), all_bytes / seconds if seconds > 0 else 0.0,
                     peak_rate(link_log))
-    return {"scenario": sc.name, "layers_mib": list(sc.layers_mib), "pods": sc.pods,
+    return {"scenario": sc.name, "pods": sc.pods,
+            "layers_mib": [list(sc.layers(k)) for k in range(1, sc.pods + 1)]
+            if sc.other_pods_mib else list(sc.layers_mib),
             "link_rate": sc.rate, "containerd": sc.containerd,
             "pull_seconds": round(seconds, 2),
             "link_real_rate": round(all_bytes / seconds) if seconds > 0 else None,
@@ -736,7 +751,7 @@ def pct(v: float | None) -> str:
 
 def print_scenario(r: dict[str, Any]) -> None:
     print(f"\n== {r['scenario']}: {r['pods']} pod(s) on {r['nodes']}, layers "
-          f"{r['layers_mib']} MiB each, link {fmt_rate(r['link_rate'])}B/s, "
+          f"{r['layers_mib']} MiB, link {fmt_rate(r['link_rate'])}B/s, "
           f"containerd {r['containerd']}, {r['path']}; bytes flowed "
           f"{r['pull_seconds']} s at "
           f"{fmt_rate(r['link_real_rate'])}B/s; retried blob GETs {r['retried_blob_gets']}; "

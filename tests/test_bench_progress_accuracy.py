@@ -184,12 +184,12 @@ def test_wrong_or_missing_reports_fail_the_goals() -> None:
 
 def test_scenarios_of_each_path(tmp_path: Path) -> None:
     """The host harness's defaults are its one-node scenarios (the two-node one needs
-    --cluster); the cluster path runs 2nodes-400k by default, one pod pinned to each node,
+    --cluster); the cluster path runs its two-node ones by default, one pod pinned to each node,
     and only what it can: containerd 2.x, never two pods on one node (that needs a kubelet
     restart with parallel pulls)."""
     host = pick(None)
     assert host and all(s.nodes == 1 for s in host)
-    assert [s.name for s in pick(None, cluster=True)] == ["2nodes-400k"]
+    assert [s.name for s in pick(None, cluster=True)] == ["2nodes-400k", "2nodes-400k-uneven"]
     assert [s.name for s in pick(["2nodes-400k", "l3-5m"])] == ["l3-5m", "2nodes-400k"]
     cp = ControlPlane(instance="e2e", state=tmp_path / "cp")
     cluster = Cluster(cp, Node(cp))
@@ -201,3 +201,7 @@ def test_scenarios_of_each_path(tmp_path: Path) -> None:
     why = {s.name: stack.cannot_run(s) for s in SCENARIOS}
     assert why["l3-400k"] is None and why["2pods-400k"] and why["l3-400k-ctd16"]
     assert Stack(cp, False).cannot_run(two) == "needs --cluster"
+    uneven = next(s for s in SCENARIOS if s.name == "2nodes-400k-uneven")
+    assert [uneven.layers(k) for k in (1, 2)] == [(8, 4), (3,)]
+    assert uneven.seconds == pytest.approx(15 * MiB / 400_000)
+    assert [two.layers(k) for k in (1, 2)] == [(8, 4), (8, 4)]
