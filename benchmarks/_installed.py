@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cgroupstats import PodCgroup
-from benchmarks._procstats import cpu_seconds
+from benchmarks._procstats import cpu_seconds, profiled
 from tests.framework.addon import IMAGE_ARCHIVE, Addon, addon_of
 from tests.framework.cluster import Cluster, registry_of
 from tests.framework.clusternode import ClusterNode
@@ -213,32 +212,6 @@ class Meter:
             acc[1] += s - thr0[k][1]
 
 
-@contextlib.contextmanager
-def profiled(out: Path | None, key: str, pids: dict[str, int]) -> Iterator[None]:
-    """py-spy (raw collapsed stacks) on the pods' Python processes; its own messages go
-    to ``<key>-<name>.log`` beside the stacks. Python frames only: py-spy 0.4.3's native
-    unwinding fails on the image's Debian Python ("UNW_EBADREG: bad register number")."""
-    if out is None:
-        yield
-        return
-    spies = []
-    for name, pid in pids.items():
-        base = out / f"{key.replace(' ', '_')}-{name}"
-        with base.with_suffix(".log").open("w") as log:
-            spies.append(subprocess.Popen(
-                ["py-spy", "record", "-p", str(pid), "-r", "97", "-f", "raw",
-                 "-o", str(base.with_suffix(".txt"))],
-                stdout=log, stderr=subprocess.STDOUT))
-    time.sleep(1)  # attached before the transfer starts
-    try:
-        yield
-    finally:
-        for spy in spies:
-            spy.send_signal(signal.SIGINT)
-        for spy in spies:
-            spy.wait()
-
-
 def python_pids(cg: PodCgroup) -> list[int]:
     """The pod's Python processes, by the executable they run (argv[0] may be a script)."""
     out = []
@@ -356,7 +329,7 @@ class Bench:
                 argv = ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o",
                         str(spy / f"{sc.name}-{key.replace(' ', '_')}-client.txt"), "--",
                         *argv]
-            with profiled(spy, f"{sc.name}-{key}", spied), \
+            with profiled(spy, f"{sc.name}-{key}", spied, native=False), \
                     meter.window(cpu.setdefault(key, {}), thr.setdefault(key, {})):
                 secs.setdefault(key, []).append(
                     timed(argv, self.ncp_root if tool == "kubectl ncp" else REPO))

@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks._procstats import cpu_seconds
+from benchmarks._procstats import cpu_seconds, profiled
 from tests.framework import nodestate, oci
 from tests.framework.controlplane import INSTANCES, ControlPlane, binary
 from tests.framework.kubelet import Kubelet, pod_manifest
@@ -193,27 +192,6 @@ class Meter:
         yield
         for k, f in self.sources.items():
             into[k] = into.get(k, 0.0) + f() - before[k]
-
-
-@contextmanager
-def profiled(out: Path | None, key: str, pids: dict[str, int | None]) -> Iterator[None]:
-    """py-spy (raw collapsed stacks, native frames) on ``pids`` while the block runs."""
-    if out is None:
-        yield
-        return
-    spies = [subprocess.Popen(
-        ["py-spy", "record", "-p", str(pid), "-r", "97", "-n", "-f", "raw",
-         "-o", str(out / f"{key.replace(' ', '_')}-{name.replace(' ', '_')}.txt")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for name, pid in pids.items() if pid is not None]
-    time.sleep(1)  # attached before the transfer starts
-    try:
-        yield
-    finally:
-        for spy in spies:
-            spy.send_signal(signal.SIGINT)
-        for spy in spies:
-            spy.wait()
 
 
 def timed(argv: list[str]) -> float:
