@@ -371,33 +371,3 @@ async def test_a_recorded_bench_pull_replays_within_the_goals(trace: str,
     assert max(e.image_rate + e.pod_rate) <= 0.15, (e.image_rate, e.pod_rate)
     assert max(e.image_eta + e.pod_eta) <= 0.30, (e.image_eta, e.pod_eta)
     assert statistics.median(e.layer_eta) <= 0.15, e.layer_eta
-
-
-async def test_before_its_first_step_a_pull_plans_on_the_link_last_measured() -> None:
-    """At 400 kB/s shared by three layers, nothing steps for 8 s (1 MiB each at 133 kB/s):
-    the bench's 1 and 2 MiB layers had no ETA at 25% and 50%. 15 s after an earlier pull
-    on the same link measured it, the new pull's layers plan on that link from the start;
-    no rate is shown until one of them has its own."""
-    fake = FakeContainerd(now=T0)
-    be = ContainerdBackend(fake, Platform("linux", "amd64"), clock=lambda: fake.now,
-                           monotonic=lambda: fake.now)
-    await _earlier_pull(fake, be, 400 * KB, 15.0, 0.25)
-    sizes = [2 * MiB, 1 * MiB, 4 * MiB]
-    img = make_image(A, sizes, "fresh")
-    fake.start_pull(img, "L0")
-    fake.fetch_manifest(img, "L0")
-    truth = SharedLink(400 * KB, [SimLayer(d, s, 1.0, "L0") for d, s in img.layers]
-                       ).finish_times()
-    state = None
-    while fake.now < T0 + 2.0:
-        fake.now += 0.25
-        for d, s in img.layers:
-            fake.download(d, 0, s, "L0", updated_at=T0, started_at=T0)
-        state = await be.observe([A])
-    assert state is not None
-    st = state.images[A]
-    for la in st.layers:
-        left = truth[la.digest] - (fake.now - T0)
-        assert la.eta_seconds is not None and abs(la.eta_seconds - left) / left <= 0.15, (
-            la, left)
-    assert st.bytes_per_second is None and state.link_bytes_per_second is None

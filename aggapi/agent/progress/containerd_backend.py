@@ -205,11 +205,7 @@ class ContainerdBackend:
         while self._links and wall - self._links[0][0] > LINK_MEMORY:
             self._links.popleft()
         self._counters.link = max((x for _, x in self._links), default=None)
-        # Before this pull's first step (at 133 kB/s a 1 MiB step takes 8 s) its ETAs
-        # plan on the link as last measured within LINK_MEMORY: the same registry link
-        # as a minute ago. No rate is shown from it.
-        prior = link or (self._links[-1][1] if self._links else None)
-        timing = self._plan(pull_layers, ingests, prior, waiting)
+        timing = self._plan(pull_layers, ingests, link, waiting)
         images = {ref: self._timed(st, timing, link) for ref, st in images.items()}
         pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link, timing.share)
                  for p in pulls]
@@ -431,16 +427,6 @@ class ContainerdBackend:
         rates = self._rates
         est = self._last_est = rates.estimates(d for d, ing in ingests.items()
                                                if ing.kind == "layer")
-        running_n = sum(1 for d, ing in ingests.items() if ing.kind == "layer"
-                        and d not in waiting)
-        fair = link / running_n if link and running_n else None
-
-        def likely(d: str) -> float | None:
-            """Its likely rate, for its bytes in flight: an unmeasured layer's bound (one
-            step over the time since it opened) is capped at a fair share of the link."""
-            r = est.get(d)
-            return min(r, fair) if r and fair and rates.rate(d) is None else r
-
         flows: list[Flow] = []
         seen: set[str] = set()
         for lease, layers in pull_layers.items():
@@ -451,8 +437,8 @@ class ContainerdBackend:
                     continue
                 if la.digest in ingests:
                     seen.add(la.digest)
-                    left = la.total - la.progress - rates.in_flight(la.digest,
-                                                                    likely(la.digest))
+                    r = est.get(la.digest)
+                    left = la.total - la.progress - rates.in_flight(la.digest, r)
                     flows.append(Flow(la.digest, lease, left, self._weight(la.digest, waiting),
                                       la.digest not in waiting))
                 elif la.phase == WAITING:
@@ -461,7 +447,8 @@ class ContainerdBackend:
         for digest, ing in ingests.items():
             if ing.kind == "layer" and digest not in seen and ing.total > 0:
                 # A layer of a pull not resolved (yet): it shares the link all the same.
-                left = ing.total - ing.offset - rates.in_flight(digest, likely(digest))
+                r = est.get(digest)
+                left = ing.total - ing.offset - rates.in_flight(digest, r)
                 flows.append(Flow(digest, "", left, self._weight(digest, waiting),
                                   digest not in waiting))
         # Running first; then the ingests waiting for a slot, first opened first; then
