@@ -37,6 +37,7 @@ from typing import Any
 
 from benchmarks._cgroupstats import PodCgroup
 from benchmarks._procstats import cpu_seconds, profiled
+from benchmarks.bench_kubectl_cp import file_sha
 from tests.framework.addon import IMAGE_ARCHIVE, Addon, addon_of
 from tests.framework.cluster import Cluster, registry_of
 from tests.framework.clusternode import ClusterNode
@@ -77,14 +78,6 @@ def scenarios(size_mib: int, small_files: int, medium_files: int,
 
 # --- payloads and their digests ------------------------------------------------------
 
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(8 * MiB):
-            h.update(block)
-    return h.hexdigest()
-
-
 def tree_digest(lines: dict[str, str]) -> str:
     """One digest of a tree: sha256 over sorted ``relpath sha256`` lines."""
     text = "".join(f"{p} {d}\n" for p, d in sorted(lines.items()))
@@ -93,8 +86,8 @@ def tree_digest(lines: dict[str, str]) -> str:
 
 def local_digest(path: Path) -> str:
     if path.is_file():
-        return _sha(path)
-    return tree_digest({str(f.relative_to(path)): _sha(f)
+        return file_sha(path)
+    return tree_digest({str(f.relative_to(path)): file_sha(f)
                         for f in path.rglob("*") if f.is_file()})
 
 
