@@ -171,6 +171,11 @@ class RecordedLink:
                                                        for d in self.points}
         self.done: dict[str, float] = {}
 
+    @property
+    def started(self) -> dict[str, float]:
+        """Layers whose first byte has come, with when."""
+        return {d: p[0][0] for d, p in self.points.items() if self.t > p[0][0]}
+
     def _at(self, d: str, t: float) -> tuple[float, float]:
         """Bytes at t and the rate then (linear between recorded steps)."""
         pts = self.points[d]

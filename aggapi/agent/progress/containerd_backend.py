@@ -480,7 +480,7 @@ class ContainerdBackend:
                 idle.append((tr.points[0][0], d))
             else:
                 moving.append(d)
-        self._node_slots = max(self._node_slots, len(moving))
+        self._node_slots = self._counters.slots = max(self._node_slots, len(moving))
         idle.sort()
         free = max(self._node_slots - len(moving), 0)
         return {d: t for t, d in idle[free:]}

@@ -140,6 +140,7 @@ class Counter:
         self.soft_start: float | None = None
         # Taken as waiting for a download slot, the time a completion freed one for it.
         self.slot_at: float | None = None
+        self.slot_inferred = False  # slot_at from the node's slots being held, not the queue
 
     @property
     def value(self) -> int:
@@ -197,6 +198,8 @@ class Counter:
             self.points.popleft()
             self.moves, self.exact_start = 0, self.last_exact
             self.soft_start = self.slot_at
+        else:
+            self.slot_at, self.slot_inferred = None, False  # it ran from its start
 
     def finish(self, at: float, value: int | None) -> None:
         """Complete (committed) at ``at`` with ``value`` bytes."""
@@ -263,17 +266,31 @@ class Rates:
 
     def in_flight(self, key: str, estimate: float | None) -> float:
         """Bytes received since the counter's last step, at ``estimate`` (its likely
-        rate): never more than one step."""
+        rate): never more than one step. One that has not stepped since it began (or
+        since its slot freed) has no rate of its own: it gets what the others get, for
+        the time since it began, short of the step it has not taken (taking the middle
+        of the step froze its ETA for the step's whole time: l6-400k's 2 MiB layer said
+        11.7 s at its first step, with 7.9 s left)."""
         tr = self.traces.get(key)
-        if tr is None or not tr.points:
+        if tr is None or not tr.points or key in self.queued:
             return 0.0
-        extra = tr.value_at(self.now, estimate, self.totals.get(key),
-                            self._step_hint()) - tr.points[-1][1]
-        if len(tr.points) == 1:
-            # No step measured: its rate is only bounded (one step over the time
-            # since), so it is anywhere within the step; take the middle at most.
-            extra = min(extra, self._step_hint() / 2)
-        return extra
+        hint = self._step_hint()
+        if len(tr.points) > 1:
+            return tr.value_at(self.now, estimate, self.totals.get(key), hint) - tr.points[-1][1]
+        extra = tr.value_at(self.now, estimate, self.totals.get(key), hint) - tr.points[-1][1]
+        typical = self._typical_rate(key)
+        if typical is None or not hint:
+            return min(extra, hint / 2)
+        total = self.totals.get(key)
+        room = float(hint - 1) if total is None else min(hint - 1.0,
+                                                         total - tr.points[-1][1] - 1.0)
+        return max(min(typical * max(self.now - self.began(tr), 0.0), room), 0.0)
+
+    def _typical_rate(self, key: str) -> float | None:
+        """The mean measured rate of the other live counters (a share of the link)."""
+        known = [r for k, t in self.traces.items()
+                 if k != key and not t.finished and (r := t.rate(self.now))]
+        return sum(known) / len(known) if known else None
 
     def _step_hint(self) -> int:
         return max((t.step for t in self.traces.values()), default=0)
@@ -359,6 +376,7 @@ class CounterBook:
         self._touched: set[str] = set()
         self.completions: deque[float] = deque(maxlen=MEMORY)
         self.link: float | None = None  # the node's link capacity, as last measured
+        self.slots = 3  # downloads the node runs at once, as last seen
         self.queued: list[str] = []  # taken as waiting for a slot, first opened first
 
     def observe(self, key: str, now: float, value: int, changed_at: float | None = None,
@@ -391,6 +409,11 @@ class CounterBook:
                 self.completions.append(done[key])
             elif now - c.finished_at > FINISHED_MEMORY:
                 del self.counters[key]
+        # Taken as waiting again: the slot inferred for it went to another after all.
+        for key in self.queued:
+            w = self.counters.get(key)
+            if w is not None and w.slot_inferred and len(w.points) == 1:
+                w.slot_at, w.slot_inferred = None, False
         # Each completion frees a slot for the download that waited longest.
         for at in sorted(done.values()):
             for key in self.queued:
@@ -399,8 +422,32 @@ class CounterBook:
                         and w.points and w.points[0][0] < at):
                     w.slot_at = at
                     break
+        self._infer_slots(now)
         self._touched.clear()
         return done
+
+    def _infer_slots(self, now: float) -> None:
+        """A download taken as running, open at offset 0 and not stepped, opened while the node's
+        slots were all held by downloads that have since proved to be running (they
+        stepped or finished), cannot have begun before one of them finished: it got
+        the slot of the latest completion since (containerd 2.4 opens every ingest at
+        once and the downloads race for the slots, so which one waits is known only
+        when the others step)."""
+        held = [(c.soft_start if c.soft_start is not None else c.points[0][0],
+                 c.finished_at if c.finished_at is not None else now)
+                for c in self.counters.values()
+                if c.points and (c.moves or c.finished_at is not None)]
+        queued = set(self.queued)  # these get the slot of the completion that frees one
+        for key, c in self.counters.items():
+            if (key in queued or c.finished_at is not None or c.slot_at is not None
+                    or len(c.points) != 1 or c.points[0][1] != 0):
+                continue
+            t0 = c.points[0][0]
+            if sum(1 for a, b in held if a <= t0 < b) < self.slots:
+                continue
+            later = [at for at in self.completions if t0 < at <= now]
+            if later:
+                c.slot_at, c.slot_inferred = max(later), True
 
     def snapshot(self, now: float) -> Rates:
         return Rates({k: c.frozen() for k, c in self.counters.items()},
