@@ -124,6 +124,7 @@ def _between(a: tuple[float, int], b: tuple[float, int]) -> float | None:
     return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else None
 
 
+OVERDUE = 1.2  # past this many steps' time at its pace, a layer is slower than that
 SLACK = 1.05  # a step's rate may read this much over the link's before it is impossible
 
 
@@ -264,33 +265,52 @@ class Rates:
             out[k] = min(x for x in (bound, mean) if x is not None) if (bound or mean) else None
         return out
 
-    def in_flight(self, key: str, estimate: float | None) -> float:
+    def in_flight(self, key: str, estimate: float | None, share: float | None = None
+                  ) -> float:
         """Bytes received since the counter's last step, at ``estimate`` (its likely
-        rate): never more than one step. One that has not stepped since it began (or
-        since its slot freed) has no rate of its own: it gets what the others get, for
-        the time since it began, short of the step it has not taken (taking the middle
-        of the step froze its ETA for the step's whole time: l6-400k's 2 MiB layer said
+        rate): never more than one step. When a download finished within the steps
+        its rate is measured over, that rate lags: from the completion on, the bytes
+        come at ``share`` (its share of the link now) if given. One that has not
+        stepped since it began (or since its slot freed) gets ``estimate`` for the
+        time since it began, short of the step it has not taken (taking the middle of
+        the step froze its ETA for the step's whole time: l6-400k's 2 MiB layer said
         11.7 s at its first step, with 7.9 s left)."""
         tr = self.traces.get(key)
         if tr is None or not tr.points or key in self.queued:
             return 0.0
         hint = self._step_hint()
-        if len(tr.points) > 1:
-            return tr.value_at(self.now, estimate, self.totals.get(key), hint) - tr.points[-1][1]
         extra = tr.value_at(self.now, estimate, self.totals.get(key), hint) - tr.points[-1][1]
-        typical = self._typical_rate(key)
-        if typical is None or not hint:
-            return min(extra, hint / 2)
+        if len(tr.points) > 1:
+            since = tr.points[max(len(tr.points) - 1 - MIN_CHANGES, 0)][0]
+            done = [at for at in self.completions if since < at <= self.now]
+            if not share or not estimate or not done or tr.finished:
+                return extra
+            t_last, v_last = tr.points[-1]
+            at = max(max(done), t_last)
+            total = self.totals.get(key)
+            cap = float(tr.step or hint) if total is None else min(
+                float(tr.step or hint), float(total - v_last))
+            return min(estimate * (at - t_last) + share * (self.now - at), cap)
         total = self.totals.get(key)
-        room = float(hint - 1) if total is None else min(hint - 1.0,
-                                                         total - tr.points[-1][1] - 1.0)
-        return max(min(typical * max(self.now - self.began(tr), 0.0), room), 0.0)
+        room = hint - 1.0 if total is None else min(hint - 1.0, total - tr.points[-1][1] - 1.0)
+        elapsed = max(self.now - self.began(tr), 0.0)
+        typical = self._typical_rate(key) or estimate
+        if not estimate or not typical or not hint or typical * elapsed > OVERDUE * room:
+            # Long past the step it would have taken at the others' pace: slower than
+            # they are (shares are uneven), so anywhere within the step.
+            return min(extra, hint / 2)
+        return max(min(estimate * elapsed, room), 0.0)
 
     def _typical_rate(self, key: str) -> float | None:
-        """The mean measured rate of the other live counters (a share of the link)."""
+        """The mean measured rate of the other live counters."""
         known = [r for k, t in self.traces.items()
                  if k != key and not t.finished and (r := t.rate(self.now))]
         return sum(known) / len(known) if known else None
+
+    def unstepped(self, key: str) -> bool:
+        """Live and not stepped since it began (or since its slot freed)."""
+        tr = self.traces.get(key)
+        return tr is not None and not tr.finished and len(tr.points) == 1
 
     def _step_hint(self) -> int:
         return max((t.step for t in self.traces.values()), default=0)
