@@ -157,6 +157,10 @@ class ByteStream(Protocol):
     async def read(self, n: int = -1) -> bytes: ...
 
 
+def _parse(parser: TarParser, data: bytes) -> list[Event]:
+    return list(parser.feed(data))
+
+
 class TarReader:
     """Pull entries from an async byte stream; read or skip each entry's data before the
     next. A thin driver over :class:`TarParser` (which holds all the parsing): it reads
@@ -180,8 +184,9 @@ class TarReader:
             if not data:
                 self.parser.close()  # raises: the stream ended before the archive did
                 return ARCHIVE_END
-            # Parsing is bounded per read but still CPU: off the event loop, as everywhere.
-            self.events.extend(await asyncio.to_thread(self.parser.feed, data))
+            # Parsing is bounded per read but still CPU: off the event loop, as everywhere
+            # (list(): feed is a generator, whose body would otherwise run on the loop).
+            self.events.extend(await asyncio.to_thread(_parse, self.parser, data))
         return self.events.popleft()
 
     async def next(self) -> TarEntry | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -78,3 +79,24 @@ async def test_a_failing_syncfs_publishes_nothing(tmp_path: Path,
         await extract(stream(reg("a/f", b"data") + reg("g", b"more")), dest)
     assert os.listdir(tmp_path) == []  # no copy, and the temp tree is removed too
     assert [k for k, _ in calls] == ["syncfs"]
+
+
+async def test_tar_headers_are_parsed_off_the_event_loop(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """TarReader hands each read to a worker to parse: the parser's body, not just the
+    creation of its generator (which on main ran the whole parse on the loop)."""
+    import threading
+
+    from aggapi import tarparse
+
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    real = tarparse.TarParser._header
+
+    def spy(self: tarparse.TarParser, blk: bytes) -> Any:
+        seen.append(threading.get_ident())
+        return real(self, blk)
+
+    monkeypatch.setattr(tarparse.TarParser, "_header", spy)
+    await extract(stream(reg("a/f", b"data") + reg("g", b"more")), tmp_path / "out")
+    assert seen and loop_thread not in seen
