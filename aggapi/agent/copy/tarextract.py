@@ -248,9 +248,13 @@ class TarExtractor:
             rel, p = next(iter(self.pending.items()))
             pfd = self.open_parent(p.parent)
             try:
-                check_replaceable(pfd, p.name, self._full(rel), self.params.overwrite)
-                o2.renameat2(pfd, p.tmp, pfd, p.name,
-                             0 if self.params.overwrite else o2.RENAME_NOREPLACE)
+                # Most names are new: the no-replace rename is then the only call, and
+                # only a name that exists now gets the checks (and a plain rename).
+                try:
+                    o2.renameat2(pfd, p.tmp, pfd, p.name, o2.RENAME_NOREPLACE)
+                except FileExistsError:
+                    check_replaceable(pfd, p.name, self._full(rel), self.params.overwrite)
+                    o2.renameat2(pfd, p.tmp, pfd, p.name)
             finally:
                 os.close(pfd)
             del self.pending[rel]

@@ -174,3 +174,35 @@ def test_commit_needs_the_container(tmp_path: Path) -> None:
         s.close()
 
 
+
+
+@pytest.mark.parametrize("overwrite, appears, result", [
+    (True, "file", "replaced"), (False, "file", 409), (True, "dir", 409),
+    (False, None, "created")])
+def test_a_name_appearing_before_commit(tmp_path: Path, overwrite: bool, appears: str | None,
+                                        result: str | int) -> None:
+    """The commit renames without replacing first; a name that appeared since the entry
+    was written gets the same checks as at its start: replaced only with overwrite, and
+    never a directory."""
+    s = Setup(tmp_path)
+    s.ex.params = UploadParams(overwrite=overwrite)
+    try:
+        s.sink.feed_many([tc.entry(b"new", b"tar") + tc.ZERO2])
+        s.sink.finish()
+        if appears == "file":
+            (s.dst / "new").write_bytes(b"theirs")
+        elif appears == "dir":
+            (s.dst / "new").mkdir()
+        if isinstance(result, int):
+            with pytest.raises(StatusError) as err:
+                s.ex.commit()
+            assert err.value.code == result
+            s.ex.rollback()
+            assert (s.dst / "new").is_dir() if appears == "dir" else \
+                (s.dst / "new").read_bytes() == b"theirs"
+        else:
+            s.ex.commit()
+            assert (s.dst / "new").read_bytes() == b"tar"
+        assert not [n for n in os.listdir(s.dst) if n.startswith(TMP_PREFIX)]
+    finally:
+        s.close()
