@@ -175,7 +175,6 @@ class Extractor:
             if ent.typeflag == DIR:
                 self._mkdir(pfd, parts, ent)
             elif ent.typeflag in (REG, CONT):
-                self._clear(pfd, parts)
                 await self._write(pfd, parts, ent, reader, on_bytes)
             elif ent.typeflag == SYM:
                 if resolve_beneath(self.root, parts[:-1], ent.linkname) is None:
@@ -206,8 +205,12 @@ class Extractor:
 
     async def _write(self, pfd: int, parts: list[str], ent: TarEntry, reader: TarReader,
                      on_bytes: Callable[[int], None]) -> None:
-        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                     0o600, dir_fd=pfd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        try:  # a new name (the usual case) costs no lstat first
+            fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
+        except FileExistsError:
+            self._clear(pfd, parts)
+            fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
         try:
             while chunk := await reader.read(CHUNK):
                 if len(chunk) <= INLINE_WRITE:

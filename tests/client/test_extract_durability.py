@@ -100,3 +100,19 @@ async def test_tar_headers_are_parsed_off_the_event_loop(tmp_path: Path,
     monkeypatch.setattr(tarparse.TarParser, "_header", spy)
     await extract(stream(reg("a/f", b"data") + reg("g", b"more")), tmp_path / "out")
     assert seen and loop_thread not in seen
+
+
+async def test_a_file_entry_over_an_earlier_name(tmp_path: Path) -> None:
+    """A file is created without an lstat first; a name taken by an earlier entry is
+    cleared as tar does (file or symlink: replaced, never followed) or, for a
+    directory, the entry is refused."""
+    from tests.client.test_extract import sym
+
+    blob = (reg("f", b"one") + reg("f", b"two") + sym("l", "f") + reg("l", b"mine")
+            + reg("d/x", b"in d") + reg("d", b"over a dir"))
+    res = await extract(stream(blob), tmp_path / "out")
+    out = tmp_path / "out"
+    assert (out / "f").read_bytes() == b"two"  # not written through the link
+    assert not (out / "l").is_symlink() and (out / "l").read_bytes() == b"mine"
+    assert (out / "d/x").read_bytes() == b"in d"
+    assert any("would replace a directory" in r for r in res.refused)
