@@ -206,3 +206,31 @@ def test_a_name_appearing_before_commit(tmp_path: Path, overwrite: bool, appears
         assert not [n for n in os.listdir(s.dst) if n.startswith(TMP_PREFIX)]
     finally:
         s.close()
+
+
+def test_a_container_exiting_mid_tar_stops_it_within_a_slice(tmp_path: Path) -> None:
+    """The liveness poll runs once per ENTRIES_PER_YIELD entries, not per entry: a
+    container that exits stops the extraction within that many entries."""
+    from aggapi.agent.copy.untar import ENTRIES_PER_YIELD
+
+    s = Setup(tmp_path)
+    polls = 0
+    dead_after = 3 * ENTRIES_PER_YIELD + 5
+
+    def alive() -> None:
+        nonlocal polls
+        polls += 1
+        if s.sink.entries >= dead_after:
+            raise StatusError(409, "container exited")
+
+    s.root.ensure_alive = alive  # type: ignore[method-assign]
+    try:
+        body = b"".join(tc.entry(f"f{i}".encode(), b"x") for i in range(10 * ENTRIES_PER_YIELD))
+        with pytest.raises(StatusError):
+            s.sink.feed_many([body + tc.ZERO2])
+        assert dead_after <= s.sink.entries <= dead_after + ENTRIES_PER_YIELD
+        assert polls <= s.sink.entries // ENTRIES_PER_YIELD + 1
+    finally:
+        s.sink.abort()
+        s.ex.rollback()
+        s.close()
