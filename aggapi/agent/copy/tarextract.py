@@ -11,8 +11,10 @@ Per-entry costs are what a tree of small files pays for: files under
 :data:`~aggapi.agent.copy.atomic.WRITEBACK_STEP` are not fsynced one by one (a
 journal commit each, most of a 10,000-file upload's time) but by one syncfs per
 file system they landed on, in :meth:`TarExtractor.commit` before the first
-rename; the temp names keep a crash before that invisible. Consecutive entries of
-one directory share one openat2 of it.
+rename; the temp names keep a crash before that invisible. syncfs also waits for
+whatever else is dirty on that file system (other pods' writes on a busy node): the
+price of one journal commit instead of one per file. Consecutive entries of one
+directory share one openat2 of it.
 """
 
 from __future__ import annotations
