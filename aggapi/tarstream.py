@@ -42,7 +42,7 @@ from aggapi.tarparse import (
 __all__ = ["ARCHIVE_END", "BLK", "BLOCK", "CHR", "CONT", "DIR", "END", "FIFO", "GNU_LONGLINK",
            "GNU_LONGNAME", "GPAX", "LNK", "MAX_META", "PAX", "REG", "SPARSE_REFUSED", "SYM",
            "ByteStream", "TarEntry", "TarError", "TarLimits", "TarParser", "TarReader",
-           "header", "pad", "pax_header"]
+           "header", "header_size", "pad", "pax_header"]
 
 
 # --- writer -----------------------------------------------------------------------------
@@ -60,38 +60,39 @@ def _pax_record(key: str, value: str) -> bytes:
     return str(n).encode() + body
 
 
+_MAX8, _MAX12 = 8 ** 7, 8 ** 11  # what 8- and 12-byte octal fields hold
+_MAGIC = b"ustar\x0000"  # magic and version
+_TAIL = b"\0" * 64 + b"0000000\0" * 2 + b"\0" * 167  # uname, gname, devmajor/minor, prefix
+
+
+def _field(value: int, width: int) -> bytes:
+    """An octal numeric field; 0 when ``value`` does not fit (the PAX record holds it)."""
+    return _octal(value, width) or b"0" * (width - 1) + b"\0"
+
+
 def _ustar(name: bytes, typeflag: bytes, size: int, mode: int, uid: int, gid: int,
            mtime: int, linkname: bytes = b"") -> bytes:
-    hdr = bytearray(BLOCK)
-
-    def put(off: int, width: int, val: bytes) -> None:
-        hdr[off:off + len(val[:width])] = val[:width]
-
-    put(0, 100, name)
-    for off, width, num in ((100, 8, mode), (108, 8, uid), (116, 8, gid), (124, 12, size),
-                            (136, 12, mtime)):
-        put(off, width, _octal(num, width) or _octal(0, width) or b"")
-    hdr[148:156] = b" " * 8
-    put(156, 1, typeflag)
-    put(157, 100, linkname)
-    put(257, 6, b"ustar\0")
-    put(263, 2, b"00")
-    put(329, 8, _octal(0, 8) or b"")
-    put(337, 8, _octal(0, 8) or b"")
-    hdr[148:156] = b"%06o\0 " % sum(hdr)
-    return bytes(hdr)
+    # One join of the fixed-width fields (a block per entry: a tree of small files
+    # builds thousands), the checksum computed over its spaces, then put in place.
+    if 0 <= min(mode, uid, gid, size, mtime) and max(mode, uid, gid) < _MAX8 \
+            and max(size, mtime) < _MAX12:
+        nums = b"%07o\0%07o\0%07o\0%011o\0%011o\0" % (mode, uid, gid, size, mtime)
+    else:
+        nums = b"".join((_field(mode, 8), _field(uid, 8), _field(gid, 8), _field(size, 12),
+                         _field(mtime, 12)))
+    hdr = b"".join((name[:100].ljust(100, b"\0"), nums, b" " * 8,
+                    typeflag[:1].ljust(1, b"\0"), linkname[:100].ljust(100, b"\0"), _MAGIC,
+                    _TAIL))
+    return b"%s%06o\0 %s" % (hdr[:148], sum(hdr), hdr[156:])
 
 
 def pad(size: int) -> bytes:
     return b"\0" * (-size % BLOCK)
 
 
-def header(name: str, typeflag: bytes, *, size: int = 0, mode: int = 0o644, uid: int = 0,
-           gid: int = 0, mtime_ns: int = 0, linkname: str = "") -> bytes:
-    """Header block(s) for one entry: a PAX ``x`` header first when ustar cannot
-    hold a field (long or non-ASCII names, sizes >= 8 GiB, big ids, sub-second mtime)."""
-    raw_name = name.encode("utf-8", "surrogateescape")
-    raw_link = linkname.encode("utf-8", "surrogateescape")
+def _pax_needed(name: str, raw_name: bytes, size: int, uid: int, gid: int, mtime_ns: int,
+                linkname: str, raw_link: bytes) -> tuple[dict[str, str], int]:
+    """The PAX records an entry needs (ustar cannot hold the field), and its ustar mtime."""
     pax: dict[str, str] = {}
     if len(raw_name) > 100 or not name.isascii():
         pax["path"] = name
@@ -106,6 +107,16 @@ def header(name: str, typeflag: bytes, *, size: int = 0, mode: int = 0o644, uid:
     if ns or mtime_ns < 0 or sec >= 8 ** 11:  # (the parser refuses a signed octal field)
         pax["mtime"] = ("-" if mtime_ns < 0 else "") + f"{sec}.{ns:09d}".rstrip("0").rstrip(".")
         sec = sec if 0 <= mtime_ns and sec < 8 ** 11 else 0
+    return pax, sec
+
+
+def header(name: str, typeflag: bytes, *, size: int = 0, mode: int = 0o644, uid: int = 0,
+           gid: int = 0, mtime_ns: int = 0, linkname: str = "") -> bytes:
+    """Header block(s) for one entry: a PAX ``x`` header first when ustar cannot
+    hold a field (long or non-ASCII names, sizes >= 8 GiB, big ids, sub-second mtime)."""
+    raw_name = name.encode("utf-8", "surrogateescape")
+    raw_link = linkname.encode("utf-8", "surrogateescape")
+    pax, sec = _pax_needed(name, raw_name, size, uid, gid, mtime_ns, linkname, raw_link)
     out = b""
     if pax:
         out = pax_header("PaxHeader/" + name[-80:], pax, typeflag=PAX)
@@ -114,6 +125,19 @@ def header(name: str, typeflag: bytes, *, size: int = 0, mode: int = 0o644, uid:
                   uid if uid < 8 ** 7 else 0, gid if gid < 8 ** 7 else 0, sec,
                   raw_link[:100])
     return out
+
+
+def header_size(name: str, *, size: int = 0, uid: int = 0, gid: int = 0, mtime_ns: int = 0,
+                linkname: str = "") -> int:
+    """``len(header(...))`` for the same fields, without building the blocks (an upload
+    sizes its whole tar before sending it)."""
+    raw_name = name.encode("utf-8", "surrogateescape")
+    raw_link = linkname.encode("utf-8", "surrogateescape")
+    pax, _ = _pax_needed(name, raw_name, size, uid, gid, mtime_ns, linkname, raw_link)
+    if not pax:
+        return BLOCK
+    n = sum(len(_pax_record(k, v)) for k, v in pax.items())
+    return 2 * BLOCK + n + (-n % BLOCK)
 
 
 def pax_header(name: str, records: Mapping[str, str], *, typeflag: bytes = GPAX) -> bytes:
@@ -131,6 +155,10 @@ class ByteStream(Protocol):
     async def readexactly(self, n: int) -> bytes: ...
 
     async def read(self, n: int = -1) -> bytes: ...
+
+
+def _parse(parser: TarParser, data: bytes) -> list[Event]:
+    return list(parser.feed(data))
 
 
 class TarReader:
@@ -156,8 +184,9 @@ class TarReader:
             if not data:
                 self.parser.close()  # raises: the stream ended before the archive did
                 return ARCHIVE_END
-            # Parsing is bounded per read but still CPU: off the event loop, as everywhere.
-            self.events.extend(await asyncio.to_thread(self.parser.feed, data))
+            # Parsing is bounded per read but still CPU: off the event loop, as everywhere
+            # (list(): feed is a generator, whose body would otherwise run on the loop).
+            self.events.extend(await asyncio.to_thread(_parse, self.parser, data))
         return self.events.popleft()
 
     async def next(self) -> TarEntry | None:

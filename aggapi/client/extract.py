@@ -18,6 +18,11 @@ goes on, like tar's "member name contains '..'"), never created:
 Files and directories get the user's umask and no setuid/setgid/sticky bits, as
 tar without -p does for a non-root user. A broken or truncated stream fails the
 whole copy and removes the temp dir.
+
+The tree is made durable before the rename that publishes it by one syncfs of the
+temp dir's file system (where the platform has it; else an fsync per file and
+directory), not a journal commit per file. Small writes go straight to the page
+cache from the loop; only big chunks take a worker thread.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aggapi import syncfs
 from aggapi.client.confine import current_umask, local_mode, resolve_beneath
 from aggapi.client.errors import LocalError, TransferError
 from aggapi.client.partial import fsync_dir
@@ -42,6 +48,7 @@ from aggapi.dirfd import descend
 from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
 
 CHUNK = 1 << 20
+INLINE_WRITE = 64 << 10  # a page-cache write this small costs less than a thread hop
 DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 RECHECK_ROUNDS = 4
 
@@ -85,9 +92,28 @@ class Extractor:
         self.root_mode = 0o777
         self.complete = False
         self.result = ExtractResult(str(tmp))
+        self.sync_each = not syncfs.available()  # else one syncfs in finish_dirs
+        self._last: tuple[tuple[str, ...], int] | None = None  # the last parent, its fd
 
     def close(self) -> None:
+        self._forget()
         os.close(self.root)
+
+    def _forget(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
+            os.close(last[1])
+
+    def _parent(self, parts: list[str], entry: str) -> int:
+        """Like :meth:`_dir` (the caller closes the fd), but the last directory is kept:
+        a tar lists a directory's entries together."""
+        key = tuple(parts)
+        if self._last is not None and self._last[0] == key:
+            return os.dup(self._last[1])
+        fd = self._dir(parts, entry=entry)
+        self._forget()
+        self._last = (key, os.dup(fd))
+        return fd
 
     def _dir(self, parts: list[str], create: bool = True, entry: str = "") -> int:
         """An fd of the directory ``parts`` below the root; never follows a symlink."""
@@ -144,12 +170,11 @@ class Extractor:
                 raise Refused("tar root entry is not a directory")
             self.root_mode = ent.mode
             return
-        pfd = self._dir(parts[:-1], entry=ent.name)
+        pfd = self._parent(parts[:-1], ent.name)
         try:
             if ent.typeflag == DIR:
                 self._mkdir(pfd, parts, ent)
             elif ent.typeflag in (REG, CONT):
-                self._clear(pfd, parts)
                 await self._write(pfd, parts, ent, reader, on_bytes)
             elif ent.typeflag == SYM:
                 if resolve_beneath(self.root, parts[:-1], ent.linkname) is None:
@@ -180,15 +205,23 @@ class Extractor:
 
     async def _write(self, pfd: int, parts: list[str], ent: TarEntry, reader: TarReader,
                      on_bytes: Callable[[int], None]) -> None:
-        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                     0o600, dir_fd=pfd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        try:  # a new name (the usual case) costs no lstat first
+            fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
+        except FileExistsError:
+            self._clear(pfd, parts)
+            fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
         try:
             while chunk := await reader.read(CHUNK):
-                await asyncio.to_thread(_write_all, fd, chunk)
+                if len(chunk) <= INLINE_WRITE:
+                    _write_all(fd, chunk)
+                else:
+                    await asyncio.to_thread(_write_all, fd, chunk)
                 self.result.bytes += len(chunk)
                 on_bytes(len(chunk))
             os.fchmod(fd, local_mode(ent.mode, self.umask))
-            await asyncio.to_thread(os.fsync, fd)
+            if self.sync_each:
+                await asyncio.to_thread(os.fsync, fd)
             os.utime(fd, ns=(ent.mtime_ns, ent.mtime_ns))
             st = os.fstat(fd)
         finally:
@@ -249,16 +282,21 @@ class Extractor:
         return removed
 
     def finish_dirs(self) -> None:
+        """Directory modes and times, deepest first; then the whole tree made durable."""
+        self._forget()
         for parts, (mode, mtime) in sorted(self.dirs.items(), key=lambda d: -len(d[0])):
             fd = self._dir(list(parts), create=False)
             try:
-                os.fsync(fd)
+                if self.sync_each:
+                    os.fsync(fd)
                 if mtime is not None:
                     os.utime(fd, ns=(mtime, mtime))
                 os.fchmod(fd, local_mode(mode, self.umask))
             finally:
                 os.close(fd)
         os.fchmod(self.root, local_mode(self.root_mode, self.umask))
+        if not self.sync_each:
+            syncfs.syncfs(self.root)  # the private temp dir holds no mount point
 
 
 def _exists(p: Path) -> bool:
@@ -286,7 +324,11 @@ async def extract_dir(reader: TarReader, dest: Path,
                     "directory stream ended without its completion record (cut short)")
             # Walks of the whole tree: off the event loop.
             await asyncio.to_thread(ex.recheck_links)
-            await asyncio.to_thread(ex.finish_dirs)
+            try:
+                await asyncio.to_thread(ex.finish_dirs)
+            except OSError as exc:  # e.g. EIO from syncfs: the tree may not be on disk
+                raise LocalError.from_message(f"cannot make the copy durable beside {dest}: "
+                                              f"{exc.strerror}") from exc
         finally:
             ex.close()
         try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aggapi.client.errors import LocalError
-from aggapi.tarstream import DIR, END, REG, SYM, header, pad
+from aggapi.tarstream import DIR, END, REG, SYM, header, header_size, pad
 
 CHUNK = 1 << 20
 # What the agent gives a new file or directory when no mode is asked for.
@@ -139,11 +139,10 @@ def tar_size(root: Path, listing: Listing) -> int:
     n = len(END)
     for rel, st in listing.entries:
         if stat.S_ISDIR(st.st_mode):
-            n += len(header(rel + "/", DIR, mode=st.st_mode, mtime_ns=st.st_mtime_ns))
+            n += header_size(rel + "/", mtime_ns=st.st_mtime_ns)
         elif stat.S_ISLNK(st.st_mode):
-            n += len(header(rel, SYM, mode=0o777, mtime_ns=st.st_mtime_ns,
-                            linkname=os.readlink(root / rel)))
+            n += header_size(rel, mtime_ns=st.st_mtime_ns, linkname=os.readlink(root / rel))
         else:
-            n += len(header(rel, REG, size=st.st_size, mode=st.st_mode,
-                            mtime_ns=st.st_mtime_ns)) + st.st_size + len(pad(st.st_size))
+            n += header_size(rel, size=st.st_size, mtime_ns=st.st_mtime_ns) + st.st_size \
+                + len(pad(st.st_size))
     return n

@@ -269,3 +269,36 @@ async def test_upload_reads_the_file_it_opened(cluster: FakeCluster, tmp_path: P
         open_source(src)
     fd, _ = open_source(src, follow_links=True)
     os.close(fd)
+
+
+@pytest.mark.parametrize("read_once_max, reads", [(64 << 20, 1), (1024, 2)])
+async def test_a_small_tree_is_read_once_for_hash_and_send(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        read_once_max: int, reads: int) -> None:
+    """Issue 27: the hash pass's tar is kept and sent when it fits READ_ONCE_MAX (each
+    file opened once); a bigger one is built again for sending (bounded memory). Both
+    arrive whole, under the sha256 sent up front."""
+    from aggapi.client import copy as copy_mod
+    from aggapi.client import packtar
+
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    files = {f"d/f{i}": os.urandom(700 * i) for i in range(12)}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    opened: list[str] = []
+    real_open = os.open
+
+    def spy(path: str | os.PathLike[str], flags: int, *a: object, **kw: object) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, flags, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(copy_mod, "READ_ONCE_MAX", read_once_max)
+    monkeypatch.setattr(packtar.os, "open", spy)
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        up = await upload_dir(c, src, rp("/data/once"))
+    monkeypatch.undo()
+    assert tree(app_root(cluster) / "data/once") == tree(src)
+    mine = sorted(p for p in opened if p.startswith(f"{src}/"))  # not the fake server's
+    assert mine == sorted(str(src / rel) for rel in files for _ in range(reads))
+    assert dict(cluster.requests[-1]["query"])["sha256"] == up.sha256

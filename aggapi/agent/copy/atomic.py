@@ -106,12 +106,16 @@ class AtomicFile:
             self._written_back = self.size if ok else None
 
     def finish(self, *, expect_size: int | None, expect_sha256: str | None, owner: Owner,
-               replaced: os.stat_result | None, mtime_ns: int | None = None) -> str:
-        """Steps 3-6; returns the sha256 hex. Raises (and leaves the temp) on mismatch."""
+               replaced: os.stat_result | None, mtime_ns: int | None = None,
+               sync: bool = True) -> str:
+        """Steps 3-6; returns the sha256 hex. Raises (and leaves the temp) on mismatch.
+        ``sync=False``: the caller makes the data durable before the rename itself (a tar's
+        small files, with one syncfs for them all: tarextract)."""
         assert self.fd is not None
         if self._direct is not None:
             self._direct.finish(self.hash)
-        os.fsync(self.fd)
+        if sync:
+            os.fsync(self.fd)
         digest = self.hash.hexdigest()
         if expect_size is not None and self.size != expect_size:
             raise StatusError(400, f"{self.path}: received {self.size} bytes, expected "
@@ -123,7 +127,7 @@ class AtomicFile:
         uid, gid, mode = self._attrs(owner, replaced)
         os.fchown(self.fd, uid, gid)
         os.fchmod(self.fd, mode)
-        if stat.S_IMODE(os.fstat(self.fd).st_mode) != mode:
+        if mode & SETID and stat.S_IMODE(os.fstat(self.fd).st_mode) != mode:
             # The kernel drops setgid silently for a group the user is not in.
             raise StatusError(403, f"{self.path}: mode {mode:04o} is not permitted for "
                               f"{self.root.who()}; target unchanged")

@@ -94,9 +94,10 @@ def stat_dict(root: FsRoot, t: Target) -> dict[str, Any]:
     }
 
 
-def reopen(fd: int, flags: int) -> int:
-    """Open the very inode behind an O_PATH fd (not whatever its name is now)."""
-    st = os.fstat(fd)
+def reopen(fd: int, flags: int, st: os.stat_result | None = None) -> int:
+    """Open the very inode behind an O_PATH fd (not whatever its name is now);
+    ``st``: its fstat, if the caller has it."""
+    st = st or os.fstat(fd)
     new = os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     nst = os.fstat(new)
     if (nst.st_dev, nst.st_ino) != (st.st_dev, st.st_ino):  # cannot happen; belt and braces
@@ -246,6 +247,7 @@ class TarWalker:
                             mtime_ns=st.st_mtime_ns - st.st_mtime_ns % 1_000_000_000))
 
     def _walk(self, dfd: int, prefix: str, depth: int) -> Iterator[bytes]:
+        dev = os.fstat(dfd).st_dev  # a real file system's (pseudo ones are not walked)
         for name in _names(dfd, self.limits, self.entries):
             rel = prefix + name
             try:
@@ -284,11 +286,12 @@ class TarWalker:
                 self._count()
                 yield ts.header(rel, ts.SYM, linkname=target, **common)
             elif stat.S_ISREG(st.st_mode):
-                yield from self._file(dfd, name, rel, common)
+                yield from self._file(dfd, dev, name, rel, common)
             else:
                 self.skip(rel, file_type(st.st_mode), "special files are not copied")
 
-    def _file(self, dfd: int, name: str, rel: str, common: dict[str, Any]) -> Iterator[bytes]:
+    def _file(self, dfd: int, dev: int, name: str, rel: str, common: dict[str, Any]
+              ) -> Iterator[bytes]:
         try:
             pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except OSError as exc:
@@ -299,7 +302,9 @@ class TarWalker:
             if not stat.S_ISREG(st.st_mode):
                 self.skip(rel, file_type(st.st_mode), "changed while being read")
                 return
-            if pseudo_fs(pfd) is not None:  # a pseudo file bind-mounted into the tree
+            # A pseudo file bind-mounted into the tree is on another file system than
+            # its directory: only then is fstatfs worth a call per file.
+            if st.st_dev != dev and pseudo_fs(pfd) is not None:
                 self.skip(rel, "file", PSEUDO_REASON)
                 return
             key = (st.st_dev, st.st_ino)
@@ -310,7 +315,7 @@ class TarWalker:
                     yield ts.header(rel, ts.LNK, linkname=first, **common)
                     return
             try:
-                fd = reopen(pfd, os.O_RDONLY)
+                fd = reopen(pfd, os.O_RDONLY, st)
             except OSError as exc:  # e.g. a file the container's user may not read
                 self.skip(rel, "file", _why(exc))
                 return

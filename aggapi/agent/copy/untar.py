@@ -80,6 +80,10 @@ class TarSink:
                     if self.af is not None:
                         self.pieces.append(ev)
                 elif isinstance(ev, TarEntry):
+                    if self.entries % ENTRIES_PER_YIELD == 0:
+                        # A container that exited stops the copy within a slice of
+                        # entries (a poll per entry cost as much as its parse).
+                        self.root.ensure_alive()
                     self._begin(ev)
                     if self.entries % ENTRIES_PER_YIELD == 0:
                         self.pause()
@@ -119,7 +123,6 @@ class TarSink:
             raise StatusError(413, f"tar entry {entry.name!r} of {entry.size} bytes exceeds "
                               f"the size limit of {lim.size_limit} bytes")
         rel = "/".join(parts)
-        self.root.ensure_alive()
         t = entry.typeflag
         if t == DIR:
             self.ex.mkdir(rel, entry.mode & ~SETID)

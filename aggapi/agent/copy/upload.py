@@ -177,4 +177,5 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
         if not ok:
             await settle(run(ex.rollback))
             await settle(run(_remove_created_target, root, path, made))
+        await settle(run(ex.close))
         await settle(run(_close_record, target_fd, record))
