@@ -33,7 +33,7 @@
 #                                                  rewrite those go.mod/go.sum
 #        hack/build-binaries.sh --check-kube v1.30.4 ...
 #                   are all staging modules of those releases served? (names the missing)
-#        AGGAPI_KUBE_VERSION=v1.37.2 hack/build-binaries.sh kube-apiserver kubelet
+#        AGGAPI_KUBE_VERSION=v1.36.3 hack/build-binaries.sh kube-apiserver kubelet
 #                   another Kubernetes release than the pin (for hack/test-matrix.sh): its
 #                   go.mod lives in hack/tools/kube-<version>; .local/bin links are left
 #                   alone (the matrix points the harness at the cached binaries)

@@ -3,8 +3,8 @@
 # the table (combination, passed, failed, skipped, seconds) to docs/support-matrix.md.
 #
 #   MATRIX_KUBE_VERSIONS  space-separated releases (default: the oldest served minor
-#                         v1.30.4, v1.34.3, and the pin in hack/tools/versions.env, the
-#                         newest served release); each one's Kubernetes commands are built by
+#                         v1.30.4, v1.34.3, the previous pin v1.36.3, and the pin in
+#                         hack/tools/versions.env, the newest served release); each one's Kubernetes commands are built by
 #                         hack/build-binaries.sh (cached; the first build of a release
 #                         takes ~5 minutes here) and picked by the harness through
 #                         AGGAPI_KUBE_VERSION (tests/framework/kubetools.py)
@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=tools/versions.env
 source hack/tools/versions.env
 
-KUBES=${MATRIX_KUBE_VERSIONS:-"v1.30.4 v1.34.3 $KUBE_VERSION"}
+KUBES=${MATRIX_KUBE_VERSIONS:-"v1.30.4 v1.34.3 v1.36.3 $KUBE_VERSION"}
 CTRDS=${MATRIX_CONTAINERDS:-"1.6 2.x"}
 TESTS=${MATRIX_TESTS:-tests/e2e}
 OUT=${MATRIX_OUT:-docs/support-matrix.md}
