@@ -16,8 +16,9 @@ first attempts failing and retried after a back-off), and measures:
 - the agents aggapi reads (aggapi_apiserver_collection_node_polls), per node with pulls;
 - aggapi apiserver CPU (mean and peak over 1 s) and RSS (peak; and the growth from
   idle per followed pod);
-- update latency: from the simulated pull's end (hollow node) to kubectl printing
-  the pod Done (both CLOCK_MONOTONIC of this host).
+- update latency: from the hollow kubelet's Pulled Event (written) to kubectl printing
+  the pod Done (both CLOCK_MONOTONIC of this host); also from the simulated pull's end,
+  and the harness's own lag between the two (a busy hollow process writes late).
 
 Each goal is printed met / NOT met (issue 25): cost proportional to nodes and
 namespaces, not pods; memory per followed pod bounded. Takes everything down after.
@@ -37,6 +38,7 @@ from typing import Any
 
 from benchmarks._procstats import MiB, cpu_seconds, status_bytes
 from tests.framework.controlplane import ControlPlane
+from tests.framework.hollow import POSTED_LOG
 from tests.framework.scale import ScaleCluster, TableWatch
 
 # Issue 25's goals (for 10,000 pods on 500 nodes; the same bounds here).
@@ -107,6 +109,9 @@ def measure(sc: ScaleCluster, pods: int, timeout: float) -> dict[str, Any]:
     sampler = Sampler(sc, pid)
     sampler.start()
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    hollow_pid = sc.hollow.pid()
+    assert hollow_pid is not None
+    hollow_cpu0 = cpu_seconds(hollow_pid)
     first_all, items = sc.list_podimagepulls()
     first_ns, ns_items = sc.list_podimagepulls(sc.namespace(0))
     watch = TableWatch(sc.cp)
@@ -115,12 +120,17 @@ def measure(sc: ScaleCluster, pods: int, timeout: float) -> dict[str, Any]:
     all_done = watch.wait_done(keys, timeout)
     follow_s = time.monotonic() - t0
     cpu_s = cpu_seconds(pid) - cpu0
+    hollow_cpu_s = cpu_seconds(hollow_pid) - hollow_cpu0
     sampler.stop()
     watch.stop()
-    sim_done = sc.done_times()
-    # Pods the simulation finished after kubectl's first list: their Done came as an update.
-    lat = [watch.done_at[k] - t for k, t in sim_done.items()
-           if k in watch.done_at and t > watch_started + 2.0]
+    sim_done, posted = sc.done_times(), sc.done_times(POSTED_LOG)
+    # Pods the simulation finished after kubectl's first list: their Done came as an
+    # update. From the pull's end (the whole chain, the harness's own lag included), and
+    # from the Pulled Event's write (kube-apiserver, aggapi, kubectl only).
+    fresh = [k for k, t in sim_done.items() if k in watch.done_at and t > watch_started + 2.0]
+    lat = [watch.done_at[k] - sim_done[k] for k in fresh]
+    lat_posted = [watch.done_at[k] - posted[k] for k in fresh if k in posted]
+    lag = [posted[k] - sim_done[k] for k in fresh if k in posted]
     nodes_with_pods = len({watch.node.get(k) for k in keys} - {None, "", "<none>"})
     peak_polls = max(sampler.node_polls, default=0.0)
     per_pod_kib = max(0, sampler.rss_peak - rss_idle) / 1024 / pods
@@ -147,7 +157,11 @@ def measure(sc: ScaleCluster, pods: int, timeout: float) -> dict[str, Any]:
         "agent_streams": peak_polls,
         "agent_streams_per_node": round(peak_polls / max(nodes_with_pods, 1), 3),
         "update_samples": len(lat),
-        "update_p50_s": _pct(lat, 0.5), "update_p99_s": _pct(lat, 0.99),
+        "update_p50_s": _pct(lat_posted, 0.5), "update_p99_s": _pct(lat_posted, 0.99),
+        "update_from_pull_end_p50_s": _pct(lat, 0.5),
+        "update_from_pull_end_p99_s": _pct(lat, 0.99),
+        "harness_lag_p50_s": _pct(lag, 0.5), "harness_lag_p99_s": _pct(lag, 0.99),
+        "hollow_cpu_mean": round(hollow_cpu_s / follow_s, 3),
         "plugin_cpu": None,  # the plugin is not run here (the lead's plugin bench has it)
     }
 
@@ -175,12 +189,16 @@ def report(r: dict[str, Any]) -> bool:
               r["apiserver_rss_peak_mib"] < GOAL_RSS_PEAK_MIB, f"< {GOAL_RSS_PEAK_MIB:.0f}"),
         _goal("memory per followed pod (KiB, RSS growth)", r["kib_per_followed_pod"],
               r["kib_per_followed_pod"] <= GOAL_KIB_PER_POD, f"<= {GOAL_KIB_PER_POD:.0f}"),
-        _goal("update latency p99 (s)", r["update_p99_s"],
+        _goal("update latency p99 (s, Pulled Event -> kubectl)", r["update_p99_s"],
               r["update_p99_s"] is not None and r["update_p99_s"] <= GOAL_UPDATE_P99_S,
               f"<= {GOAL_UPDATE_P99_S}"),
     ]
-    print(f"  update latency p50 {r['update_p50_s']} s over {r['update_samples']} pods; "
-          f"CPU peak {r['apiserver_cpu_peak']} cores; plugin CPU not measured here")
+    print(f"  update latency p50 {r['update_p50_s']} s over {r['update_samples']} pods; from "
+          f"the pull's end p50/p99 {r['update_from_pull_end_p50_s']}/"
+          f"{r['update_from_pull_end_p99_s']} s, of which the harness's own lag (hollow "
+          f"kubelet writing the Event; its process at {r['hollow_cpu_mean']} cores) "
+          f"{r['harness_lag_p50_s']}/{r['harness_lag_p99_s']} s")
+    print(f"  CPU peak {r['apiserver_cpu_peak']} cores; plugin CPU not measured here")
     met = all(ok)
     print(f"goal_met: {met}")
     return met

@@ -62,6 +62,7 @@ SLICE_MANAGER = "aggapi-hollow"
 TICK = 0.2  # seconds between simulation steps
 POSTERS = 8  # concurrent writes of Events and annotations
 DONE_LOG = "done.log"
+POSTED_LOG = "posted.log"  # when each pod's Pulled Event was written (accepted)
 
 
 def go_duration(seconds: float) -> str:
@@ -234,6 +235,7 @@ class Hollow:
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
 
     async def post(self) -> None:
+        posted = (Path(self.args.state) / "hollow" / POSTED_LOG).open("a", buffering=1)
         while True:
             r, node = await self.outbox.get()
             ns, name, _uid = r.pod
@@ -242,6 +244,9 @@ class Hollow:
                     await self.api.post(f"/api/v1/namespaces/{ns}/events",
                                         self._event(r, node, kind, reason, message))
                 if r.kind == "done":
+                    # The harness's own lag ends here: the rest is kube-apiserver,
+                    # aggapi and kubectl.
+                    posted.write(f"{time.monotonic():.3f} {ns}/{name}\n")
                     plan = self.nodes[node].sim.present[r.image]
                     await self.api.patch(f"/api/v1/namespaces/{ns}/pods/{name}", {
                         "metadata": {"annotations": {PULLED_ANNOTATION: plan.digest}}})

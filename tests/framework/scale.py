@@ -371,9 +371,10 @@ class ScaleCluster:
                 (line.split(" ", 1) for line in text.splitlines()
                  if line.startswith("aggapi_") and "{" not in line.split(" ", 1)[0])}
 
-    def done_times(self) -> dict[tuple[str, str], float]:
-        """When each pod's pull finished in the simulation (CLOCK_MONOTONIC)."""
-        path = self.hollow_dir / DONE_LOG
+    def done_times(self, log: str = DONE_LOG) -> dict[tuple[str, str], float]:
+        """When each pod's pull finished in the simulation (CLOCK_MONOTONIC); with
+        ``hollow.POSTED_LOG``, when its Pulled Event was written."""
+        path = self.hollow_dir / log
         out: dict[tuple[str, str], float] = {}
         if path.exists():
             for line in path.read_text().splitlines():
