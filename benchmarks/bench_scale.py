@@ -1,0 +1,240 @@
+"""A rollout at scale, followed whole: the cost of podimagepulls to the aggapi apiserver.
+
+Brings up (``--up``) the scale harness of ``tests.framework.scale``: real etcd,
+kube-apiserver, controllers and kubectl; ``--nodes`` Nodes simulated by kwok, each
+with a hollow agent (the real agent code over a simulated runtime, all in one
+process); and the real aggapi apiserver. Then a rollout of ``--pods`` pods, each
+pulling its own 3-layer image (synthetic, deterministic sizes and rates, a share of
+first attempts failing and retried after a back-off), and measures:
+
+- the first list of podimagepulls, all namespaces and one namespace (cold feeds);
+- a real ``kubectl get podimagepulls -A -w`` seeing every pod reach Done;
+- the watches aggapi holds on kube-apiserver (kube-apiserver's
+  apiserver_longrunning_requests, WATCH, against before aggapi started; and aggapi's
+  own aggapi_apiserver_collection_watches): while the -A watch follows, and the peak (which
+  includes the one-namespace list's feed while it lingers);
+- the agents aggapi reads (aggapi_apiserver_collection_node_polls), per node with pulls;
+- aggapi apiserver CPU (mean and peak over 1 s) and RSS (peak; and the growth from
+  idle per followed pod);
+- update latency: from the hollow kubelet's Pulled Event (written) to kubectl printing
+  the pod Done (both CLOCK_MONOTONIC of this host); also from the simulated pull's end,
+  and the harness's own lag between the two (a busy hollow process writes late).
+
+Each goal is printed met / NOT met (issue 25): cost proportional to nodes and
+namespaces, not pods; memory per followed pod bounded. Takes everything down after.
+
+    flock /tmp/aggapi-heavy.lock env PYTHONPATH=$PWD \\
+        python3 -m benchmarks.bench_scale --up --nodes 100 --pods 1000 [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._procstats import MiB, cpu_seconds, status_bytes
+from tests.framework.controlplane import ControlPlane
+from tests.framework.hollow import POSTED_LOG
+from tests.framework.scale import ScaleCluster, TableWatch
+
+# Issue 25's goals (for 10,000 pods on 500 nodes; the same bounds here).
+GOAL_CPU_MEAN = 1.0  # cores
+GOAL_RSS_PEAK_MIB = 1024.0
+GOAL_WATCHES = 4
+GOAL_FIRST_LIST_S = 5.0
+GOAL_UPDATE_P99_S = 2.0
+GOAL_KIB_PER_POD = 64.0  # as benchmarks/bench_collections_memory.py
+GOAL_STREAMS_PER_NODE = 1.0
+PREFIX = "aggapi_apiserver_collection"  # aggapi's gauges of the collections' cost
+
+
+class Sampler(threading.Thread):
+    """aggapi's CPU and RSS every second; kube-apiserver's watches every few."""
+
+    def __init__(self, sc: ScaleCluster, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.sc, self.pid = sc, pid
+        self.stop_event = threading.Event()
+        self.cores: list[float] = []
+        self.rss_peak = 0
+        self.watches: list[float] = []
+        self.node_polls: list[float] = []
+        self.collection_watches: list[float] = []
+
+    def run(self) -> None:
+        before = sum(self.sc.watches_before_aggapi.values())
+        last_cpu, last_t, n = cpu_seconds(self.pid), time.monotonic(), 0
+        while not self.stop_event.wait(1.0):
+            cpu, now = cpu_seconds(self.pid), time.monotonic()
+            self.cores.append((cpu - last_cpu) / (now - last_t))
+            last_cpu, last_t = cpu, now
+            self.rss_peak = max(self.rss_peak, status_bytes(self.pid).get("VmRSS", 0))
+            n += 1
+            if n % 3 == 1:
+                try:
+                    self.watches.append(sum(self.sc.kube_watches().values()) - before)
+                    m = self.sc.aggapi_metrics()
+                    self.node_polls.append(m.get(f"{PREFIX}_node_polls", 0.0))
+                    self.collection_watches.append(m.get(f"{PREFIX}_watches", 0.0))
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join()
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
+
+
+def _goal(name: str, value: Any, ok: bool, bound: str) -> bool:
+    print(f"  {name:44s} {value!s:>12}  {'met' if ok else 'NOT met'} ({bound})")
+    return ok
+
+
+def measure(sc: ScaleCluster, pods: int, timeout: float) -> dict[str, Any]:
+    pid = sc.cp.proc("aggapi-apiserver").pid()
+    assert pid is not None
+    rss_idle = status_bytes(pid).get("VmRSS", 0)
+    created_s = sc.create_pods(pods)
+    print(f"created {pods} pods on {sc.nodes} nodes in {created_s:.1f}s", flush=True)
+    sampler = Sampler(sc, pid)
+    sampler.start()
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    hollow_pid = sc.hollow.pid()
+    assert hollow_pid is not None
+    hollow_cpu0 = cpu_seconds(hollow_pid)
+    first_all, items = sc.list_podimagepulls()
+    first_ns, ns_items = sc.list_podimagepulls(sc.namespace(0))
+    watch = TableWatch(sc.cp)
+    watch_started = time.monotonic()
+    keys = sc.pod_keys()
+    all_done = watch.wait_done(keys, timeout)
+    follow_s = time.monotonic() - t0
+    cpu_s = cpu_seconds(pid) - cpu0
+    hollow_cpu_s = cpu_seconds(hollow_pid) - hollow_cpu0
+    sampler.stop()
+    watch.stop()
+    sim_done, posted = sc.done_times(), sc.done_times(POSTED_LOG)
+    # Pods the simulation finished after kubectl's first list: their Done came as an
+    # update. From the pull's end (the whole chain, the harness's own lag included), and
+    # from the Pulled Event's write (kube-apiserver, aggapi, kubectl only).
+    fresh = [k for k, t in sim_done.items() if k in watch.done_at and t > watch_started + 2.0]
+    lat = [watch.done_at[k] - sim_done[k] for k in fresh]
+    lat_posted = [watch.done_at[k] - posted[k] for k in fresh if k in posted]
+    lag = [posted[k] - sim_done[k] for k in fresh if k in posted]
+    nodes_with_pods = len({watch.node.get(k) for k in keys} - {None, "", "<none>"})
+    peak_polls = max(sampler.node_polls, default=0.0)
+    per_pod_kib = max(0, sampler.rss_peak - rss_idle) / 1024 / pods
+    return {
+        "nodes": sc.nodes, "pods": pods, "namespaces": sc.namespaces, "slots": sc.slots,
+        "up": sc.timings, "create_pods_s": round(created_s, 2),
+        "first_list_s": round(first_all, 3), "first_list_items": len(items),
+        "first_list_namespace_s": round(first_ns, 3), "first_list_namespace_items": len(ns_items),
+        "watch_all_done": all_done, "watch_done": watch.done(keys), "watch_rows": watch.rows,
+        "follow_s": round(follow_s, 1),
+        "apiserver_cpu_s": round(cpu_s, 1),
+        "apiserver_cpu_mean": round(cpu_s / follow_s, 3),
+        "apiserver_cpu_peak": round(max(sampler.cores, default=0.0), 3),
+        "apiserver_rss_idle_mib": round(rss_idle / MiB, 1),
+        "apiserver_rss_peak_mib": round(sampler.rss_peak / MiB, 1),
+        "kib_per_followed_pod": round(per_pod_kib, 2),
+        # While the -A watch alone follows (the last reads); the peak includes the
+        # one-namespace list's feed, lingering after it.
+        "kube_watches": sampler.watches[-1] if sampler.watches else None,
+        "kube_watches_peak": max(sampler.watches, default=None),
+        "collection_watches": sampler.collection_watches[-1]
+        if sampler.collection_watches else None,
+        "collection_watches_peak": max(sampler.collection_watches, default=None),
+        "agent_streams": peak_polls,
+        "agent_streams_per_node": round(peak_polls / max(nodes_with_pods, 1), 3),
+        "update_samples": len(lat),
+        "update_p50_s": _pct(lat_posted, 0.5), "update_p99_s": _pct(lat_posted, 0.99),
+        "update_from_pull_end_p50_s": _pct(lat, 0.5),
+        "update_from_pull_end_p99_s": _pct(lat, 0.99),
+        "harness_lag_p50_s": _pct(lag, 0.5), "harness_lag_p99_s": _pct(lag, 0.99),
+        "hollow_cpu_mean": round(hollow_cpu_s / follow_s, 3),
+        "plugin_cpu": None,  # the plugin is not run here (the lead's plugin bench has it)
+    }
+
+
+def report(r: dict[str, Any]) -> bool:
+    print(json.dumps({k: v for k, v in r.items() if k != "goal_met"}, indent=1))
+    print(f"goals ({r['pods']} pods on {r['nodes']} nodes, {r['namespaces']} namespaces):")
+    ok = [
+        _goal("every pod Done on kubectl get -A -w", f"{r['watch_done']}/{r['pods']}",
+              r["watch_all_done"], "all"),
+        _goal("first list, all namespaces (s)", r["first_list_s"],
+              r["first_list_s"] <= GOAL_FIRST_LIST_S and r["first_list_items"] == r["pods"],
+              f"<= {GOAL_FIRST_LIST_S}, every pod"),
+        _goal("first list, one namespace (s)", r["first_list_namespace_s"],
+              r["first_list_namespace_s"] <= GOAL_FIRST_LIST_S, f"<= {GOAL_FIRST_LIST_S}"),
+        _goal("watches aggapi holds on kube-apiserver", r["kube_watches"],
+              r["kube_watches"] is not None and r["kube_watches"] <= GOAL_WATCHES,
+              f"<= {GOAL_WATCHES}, whatever the pod count"),
+        _goal("agent streams per node", r["agent_streams_per_node"],
+              r["agent_streams_per_node"] <= GOAL_STREAMS_PER_NODE,
+              f"<= {GOAL_STREAMS_PER_NODE:.0f}"),
+        _goal("apiserver CPU mean (cores)", r["apiserver_cpu_mean"],
+              r["apiserver_cpu_mean"] < GOAL_CPU_MEAN, f"< {GOAL_CPU_MEAN}"),
+        _goal("apiserver RSS peak (MiB)", r["apiserver_rss_peak_mib"],
+              r["apiserver_rss_peak_mib"] < GOAL_RSS_PEAK_MIB, f"< {GOAL_RSS_PEAK_MIB:.0f}"),
+        _goal("memory per followed pod (KiB, RSS growth)", r["kib_per_followed_pod"],
+              r["kib_per_followed_pod"] <= GOAL_KIB_PER_POD, f"<= {GOAL_KIB_PER_POD:.0f}"),
+        _goal("update latency p99 (s, Pulled Event -> kubectl)", r["update_p99_s"],
+              r["update_p99_s"] is not None and r["update_p99_s"] <= GOAL_UPDATE_P99_S,
+              f"<= {GOAL_UPDATE_P99_S}"),
+    ]
+    print(f"  update latency p50 {r['update_p50_s']} s over {r['update_samples']} pods; from "
+          f"the pull's end p50/p99 {r['update_from_pull_end_p50_s']}/"
+          f"{r['update_from_pull_end_p99_s']} s, of which the harness's own lag (hollow "
+          f"kubelet writing the Event; its process at {r['hollow_cpu_mean']} cores) "
+          f"{r['harness_lag_p50_s']}/{r['harness_lag_p99_s']} s")
+    print(f"  CPU peak {r['apiserver_cpu_peak']} cores; plugin CPU not measured here")
+    met = all(ok)
+    print(f"goal_met: {met}")
+    return met
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.bench_scale",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--up", action="store_true", required=True,
+                    help="bring the harness up, and down after (the only mode)")
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--pods", type=int, default=1000)
+    ap.add_argument("--namespaces", type=int, default=4)
+    ap.add_argument("--slots", type=int, default=2, help="kubelet's maxParallelImagePulls")
+    ap.add_argument("--instance", default="e2e", choices=["e2e", "local"])
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds for every pod to reach Done on the watch")
+    ap.add_argument("--keep", action="store_true", help="leave the harness up")
+    ap.add_argument("--json", type=Path, help="write the figures there")
+    args = ap.parse_args(argv)
+    sc = ScaleCluster(ControlPlane(instance=args.instance), nodes=args.nodes,
+                      slots=args.slots, namespaces=args.namespaces)
+    sc.down()  # a previous run's leftovers (its PIDs only)
+    try:
+        t0 = time.monotonic()
+        sc.up()
+        print(f"harness up in {time.monotonic() - t0:.1f}s: {sc.timings}", flush=True)
+        r = measure(sc, args.pods, args.timeout)
+    finally:
+        if not args.keep:
+            sc.down(keep_state=True)  # logs stay for a look; the next run removes them
+    r["goal_met"] = report(r)
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
