@@ -163,12 +163,17 @@ class Addon:
 
     # --- the image -------------------------------------------------------------------------
     @property
+    def image_repository(self) -> str:
+        """The release's repository in its registry, else the imported localhost/aggapi."""
+        return self.published.image.split("@")[0] if self.published else IMAGE_REPOSITORY
+
+    @property
     def image(self) -> str:
         if self.image_tag is None:
             if self.published is None:
                 raise HarnessError("image_tag None needs a published release")
             return self.published.image
-        return f"{IMAGE_REPOSITORY}:{self.image_tag}"
+        return f"{self.image_repository}:{self.image_tag}"
 
     def load_image(self, archive: Path = IMAGE_ARCHIVE) -> float:
         """Import the image archive into every node's containerd; the seconds it took."""
@@ -182,17 +187,29 @@ class Addon:
         return time.monotonic() - t0
 
     def tag_image(self, tag: str) -> None:
-        """The loaded image under another tag on every node (same content, new name)."""
+        """The image under another tag (same content, new name): in the release's registry
+        (kubelet lets a pod use an image pulled with credentials only with credentials
+        for its own name: a local tag of it would be ErrImageNeverPull), else on every
+        node."""
+        if self.published is not None:
+            subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests",
+                            "--authfile", str(self.published.auth_dir / "config.json"),
+                            "--src-tls-verify=false", "--dest-tls-verify=false",
+                            f"docker://{self.published.image}",
+                            f"docker://{self.image_repository}:{tag}"],
+                           check=True, timeout=120, capture_output=True)
+            return
         for n in self.nodes:
             n.ctr("images", "tag", "--force", self.image, f"{IMAGE_REPOSITORY}:{tag}")
 
     # --- install ---------------------------------------------------------------------------
     def set_args(self, extra: Sequence[str] = ()) -> list[str]:
-        if self.image_tag is None:  # the chart's own image (by digest) and pull policy
-            image = [f"imagePullSecrets[0].name={PULL_SECRET}"] if self.login else []
-        else:
-            image = [f"image.repository={IMAGE_REPOSITORY}", f"image.tag={self.image_tag}",
-                     "image.digest=", "image.pullPolicy=Never"]
+        # The pull Secret stays whatever image runs, as a user's values keep it.
+        image = [f"imagePullSecrets[0].name={PULL_SECRET}"] if self.login else []
+        if self.image_tag is not None:  # else the chart's own image (by digest), pull policy
+            policy = "IfNotPresent" if self.published else "Never"
+            image += [f"image.repository={self.image_repository}", f"image.tag={self.image_tag}",
+                      "image.digest=", f"image.pullPolicy={policy}"]
         sets = [*image, *self.values, *extra]
         return [*(a for v in sets for a in ("--set", v)),
                 *(a for v in self.string_values for a in ("--set-string", v))]
