@@ -47,8 +47,9 @@ def lose_replica(a: Addon) -> dict[str, Any]:
     return _row("loss of one replica", took, p.result)
 
 
-def upgrade(a: Addon, tag: str, label: str) -> dict[str, Any]:
-    if tag != a.image_tag:
+def upgrade(a: Addon, tag: str | None, label: str) -> dict[str, Any]:
+    """helm upgrade to local tag ``tag`` of the running image (None: the release's)."""
+    if tag is not None and tag != a.image_tag:
         a.tag_image(tag)
     with Prober(a.cp, a.node_names()) as p:
         t0 = time.monotonic()

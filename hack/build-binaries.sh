@@ -20,6 +20,9 @@
 #                   tests (an older one, for skew): AGGAPI_KUBECTL_BIN=/path
 #   kwok            from the sigs.k8s.io/kwok Go module (hack/tools/kwok): simulated Nodes
 #                   and pod lifecycles for the scale bench (benchmarks/bench_scale.py)
+#   cosign, syft    from the github.com/sigstore/cosign/v2 and github.com/anchore/syft Go
+#                   modules (hack/tools/{cosign,syft}), for hack/release.sh: signatures
+#                   and the SPDX SBOM of a release
 #   etcd            Debian's etcd-server (installed by hack/install-deps.sh)
 # Built binaries are cached outside the clone in $AGGAPI_BIN_CACHE (default
 # /var/cache/aggapi-bin) as <name>-<version>, so a rebuild on the same machine, or a
@@ -27,11 +30,11 @@
 #
 # Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|kube-controller-manager|
 #                                kube-scheduler|kube-proxy|helm|helm-docs|containerd|
-#                                kubectl|kubectl-oldest|kwok|etcd]...
+#                                kubectl|kubectl-oldest|kwok|cosign|syft|etcd]...
 #        (default: all; `containerd` builds its three commands)
 #        (kubectl-oldest: kubectl at KUBECTL_OLDEST_VERSION, not linked; not in `all`)
 #        AGGAPI_KUBECTL_BIN=/path runs the tests with that kubectl instead (see README)
-#        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd kwok
+#        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd kwok cosign syft
 #                                                  rewrite those go.mod/go.sum
 #        hack/build-binaries.sh --check-kube v1.30.4 ...
 #                   are all staging modules of those releases served? (names the missing)
@@ -266,6 +269,29 @@ build_kwok() {
   log "kwok ready in $((SECONDS - t0))s"
 }
 
+# Release tools (hack/release.sh): one go.mod each, pure Go as upstream's releases.
+COSIGN_MOD=github.com/sigstore/cosign/v2
+SYFT_MOD=github.com/anchore/syft
+cosign_gomod() { gen_gomod hack/tools/cosign "$COSIGN_MOD" "$COSIGN_VERSION" "$COSIGN_MOD/cmd/cosign"; }
+syft_gomod() { gen_gomod hack/tools/syft "$SYFT_MOD" "$SYFT_VERSION" "$SYFT_MOD/cmd/syft"; }
+
+build_cosign() {
+  local t0=$SECONDS
+  [[ -x $BIN_CACHE/cosign-$COSIGN_VERSION ]] || cosign_gomod
+  # `cosign version` reads sigs.k8s.io/release-utils (as cosign's Makefile sets it).
+  go_build cosign hack/tools/cosign "$COSIGN_MOD/cmd/cosign" "$COSIGN_VERSION" \
+    "-X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION"
+  log "cosign ready in $((SECONDS - t0))s"
+}
+
+build_syft() {
+  local t0=$SECONDS
+  [[ -x $BIN_CACHE/syft-$SYFT_VERSION ]] || syft_gomod
+  # The SBOM's creator names syft's version (main.version, as its goreleaser sets it).
+  go_build syft hack/tools/syft "$SYFT_MOD/cmd/syft" "$SYFT_VERSION" "-X main.version=${SYFT_VERSION#v}"
+  log "syft ready in $((SECONDS - t0))s"
+}
+
 kubectl_minor() {
   "$1" version --client -o json 2>/dev/null |
     python3 -c 'import json,sys; print(int(json.load(sys.stdin)["clientVersion"]["minor"].rstrip("+")))' \
@@ -338,7 +364,11 @@ if [[ ${1:-} == --regen-gomod ]]; then
             containerd_gomod ;;
       kwok) rm -f hack/tools/kwok/go.sum
             kwok_gomod ;;
-      *) log "--regen-gomod kube|helm|helm-docs|containerd|kwok..."; exit 2 ;;
+      cosign) rm -f hack/tools/cosign/go.sum
+            cosign_gomod ;;
+      syft) rm -f hack/tools/syft/go.sum
+            syft_gomod ;;
+      *) log "--regen-gomod kube|helm|helm-docs|containerd|kwok|cosign|syft..."; exit 2 ;;
     esac
   done
   exit 0
@@ -353,7 +383,7 @@ for t in "${targets[@]}"; do
          for c in $KUBE_CMDS; do
            if [[ $c == kubectl ]]; then setup_kubectl; else build_kube_cmd "$c"; fi
          done
-         build_helm; build_helm_docs; build_containerd; build_kwok ;;
+         build_helm; build_helm_docs; build_containerd; build_kwok; build_cosign; build_syft ;;
     kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
          build_kube_cmd "$t" ;;
     helm) build_helm ;;
@@ -362,6 +392,8 @@ for t in "${targets[@]}"; do
     kubectl) setup_kubectl ;;
     kubectl-oldest) build_kubectl_oldest ;;
     kwok) build_kwok ;;
+    cosign) build_cosign ;;
+    syft) build_syft ;;
     etcd) setup_etcd ;;
     *) log "unknown target $t"; exit 2 ;;
   esac

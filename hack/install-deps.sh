@@ -8,6 +8,8 @@ APT_PKGS=(containerd runc docker-registry etcd-server busybox-static skopeo
           containernetworking-plugins iproute2 iptables)
 # hack/build-image.sh: the image's Debian base (mmdebstrap) and its build without a Docker engine.
 APT_PKGS+=(mmdebstrap buildah)
+# The harness's release registry: a bcrypt htpasswd file (htpasswd -B).
+APT_PKGS+=(apache2-utils)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

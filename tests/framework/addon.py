@@ -1,4 +1,4 @@
-"""aggapi installed as a user installs it: the image loaded on every node, then ``helm install``.
+"""aggapi installed as a user installs it: a signed release from a registry, ``helm install``.
 
 The harness's own aggapi objects (host processes behind hand-made Services and
 EndpointSlices, the shipped RBAC applied with kubectl) are removed first, so what serves
@@ -6,12 +6,20 @@ the APIService afterwards is only what the chart created: the apiserver Deployme
 the chart's Service, the agent DaemonSet behind its headless Service, the EndpointSlices
 kube-controller-manager makes for them, the aggregated ClusterRoles it fills in.
 
+    publish      hack/release.sh into the harness's htpasswd registry: the image by
+                 digest, the chart as an OCI artifact, SBOM, cosign signatures
+    install      with a release (``Addon.release``): ``cosign verify`` of image and chart
+                 (nothing is installed from a reference it refuses), ``helm registry
+                 login``, a dockerconfigjson pull Secret, then ``helm install aggapi
+                 oci://REGISTRY/charts/aggapi --version X`` with the image by digest and
+                 the default pull policy: each node pulls it through the Secret. Without
+                 one: ``helm install`` of manifests/charts/aggapi, the image imported.
+                 Waits until the Deployment's replicas are Ready (one per node when there
+                 are enough nodes), one Ready agent per node and the APIService Available;
+                 returns the seconds from helm install to each
     load_image   ``ctr -n k8s.io images import`` of hack/build-image.sh's OCI archive on
-                 every node's containerd (the archive carries the name localhost/aggapi:dev)
-    install      ``helm install aggapi manifests/charts/aggapi -n aggapi --create-namespace``
-                 plus the image values; waits until the Deployment's replicas are Ready (one
-                 per node when there are enough nodes), one Ready agent per node and the
-                 APIService Available; returns the seconds from helm install to each
+                 every node's containerd (the archive carries the name localhost/aggapi:dev):
+                 the harness's own pods run it as a sleeper, and tests roll to local tags
     uninstall    ``helm uninstall`` and the namespace
 
 CLI (hack/local-up.sh, after ``python3 -m tests.framework.cluster up``):
@@ -39,6 +47,7 @@ from tests.framework.controlplane import APISERVICE, GROUP, VERSION, ControlPlan
 from tests.framework.kubelet import forget_images, pod_manifest
 from tests.framework.node import Node
 from tests.framework.procs import HarnessError
+from tests.framework.release import RegistryLogin, Release, publish, verify_release
 from tests.framework.repo import REPO
 
 CHART = REPO / "manifests/charts/aggapi"
@@ -51,6 +60,7 @@ CHECKOUT_ARCHIVE = IMAGE_ARCHIVE.with_name(
 IMAGE_REPOSITORY = "localhost/aggapi"
 IMAGE_TAG = "dev"
 PSA = "pod-security.kubernetes.io"
+PULL_SECRET = "aggapi-registry"
 
 
 def log(msg: str) -> None:
@@ -116,7 +126,9 @@ class Addon:
     nodes: Sequence[NodeRuntime]
     release: str = "aggapi"
     namespace: str = "aggapi"
-    image_tag: str = IMAGE_TAG
+    # A local tag of the imported image (imagePullPolicy Never); None: the published
+    # release's image, by digest, pulled from its registry.
+    image_tag: str | None = IMAGE_TAG
     # Extra ``--set`` values (e.g. hostNetwork for a cluster without pod routes).
     values: list[str] = field(default_factory=list)
     # Extra ``--set-string`` values (e.g. environment variables that look like numbers).
@@ -128,6 +140,9 @@ class Addon:
     # Imports the archive into every node (e.g. tests.framework.cluster's); None: ``ctr
     # images import`` on each of ``nodes``.
     importer: Callable[[Path], float] | None = None
+    # Installs come from this release (hack/release.sh) when set, pulled with ``login``.
+    published: Release | None = None
+    login: RegistryLogin | None = None
 
     # --- commands --------------------------------------------------------------------------
     def helm(self, *args: str, check: bool = True,
@@ -138,8 +153,9 @@ class Addon:
             raise HarnessError(f"helm {' '.join(args)}: {r.stdout}\n{r.stderr}")
         return r
 
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.cp.kubectl(*args, check=check)
+    def kubectl(self, *args: str, check: bool = True,
+                input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.cp.kubectl(*args, check=check, input=input)
 
     def get_json(self, *args: str) -> dict[str, Any]:
         out: dict[str, Any] = json.loads(self.kubectl("get", "-o", "json", *args).stdout)
@@ -147,8 +163,17 @@ class Addon:
 
     # --- the image -------------------------------------------------------------------------
     @property
+    def image_repository(self) -> str:
+        """The release's repository in its registry, else the imported localhost/aggapi."""
+        return self.published.image.split("@")[0] if self.published else IMAGE_REPOSITORY
+
+    @property
     def image(self) -> str:
-        return f"{IMAGE_REPOSITORY}:{self.image_tag}"
+        if self.image_tag is None:
+            if self.published is None:
+                raise HarnessError("image_tag None needs a published release")
+            return self.published.image
+        return f"{self.image_repository}:{self.image_tag}"
 
     def load_image(self, archive: Path = IMAGE_ARCHIVE) -> float:
         """Import the image archive into every node's containerd; the seconds it took."""
@@ -162,16 +187,66 @@ class Addon:
         return time.monotonic() - t0
 
     def tag_image(self, tag: str) -> None:
-        """The loaded image under another tag on every node (same content, new name)."""
+        """The image under another tag (same content, new name): in the release's registry
+        (kubelet lets a pod use an image pulled with credentials only with credentials
+        for its own name: a local tag of it would be ErrImageNeverPull), else on every
+        node."""
+        if self.published is not None:
+            subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests",
+                            "--authfile", str(self.published.auth_dir / "config.json"),
+                            "--src-tls-verify=false", "--dest-tls-verify=false",
+                            f"docker://{self.published.image}",
+                            f"docker://{self.image_repository}:{tag}"],
+                           check=True, timeout=120, capture_output=True)
+            return
         for n in self.nodes:
             n.ctr("images", "tag", "--force", self.image, f"{IMAGE_REPOSITORY}:{tag}")
 
     # --- install ---------------------------------------------------------------------------
     def set_args(self, extra: Sequence[str] = ()) -> list[str]:
-        sets = [f"image.repository={IMAGE_REPOSITORY}", f"image.tag={self.image_tag}",
-                "image.pullPolicy=Never", *self.values, *extra]
+        # The pull Secret stays whatever image runs, as a user's values keep it.
+        image = [f"imagePullSecrets[0].name={PULL_SECRET}"] if self.login else []
+        if self.image_tag is not None:  # else the chart's own image (by digest), pull policy
+            policy = "IfNotPresent" if self.published else "Never"
+            image += [f"image.repository={self.image_repository}", f"image.tag={self.image_tag}",
+                      "image.digest=", f"image.pullPolicy={policy}"]
+        sets = [*image, *self.values, *extra]
         return [*(a for v in sets for a in ("--set", v)),
                 *(a for v in self.string_values for a in ("--set-string", v))]
+
+    # --- the release -----------------------------------------------------------------------
+    @property
+    def registry_config(self) -> Path:
+        """helm's registry login of this harness (not the invoking user's ~/.config/helm)."""
+        return self.cp.state / "helm" / "registry.json"
+
+    def chart_args(self) -> list[str]:
+        """The chart argument(s) of helm install/upgrade: the release's OCI chart at its
+        version, else the checkout's chart directory."""
+        if self.published is None:
+            return [str(CHART)]
+        args = [self.published.chart, "--version", self.published.chart_version]
+        return [*args, "--plain-http", "--registry-config", str(self.registry_config)]
+
+    def publish(self, archive: Path, login: RegistryLogin) -> Release:
+        """hack/release.sh of ``archive`` to ``login``'s registry; later installs use it."""
+        self.published = publish(login, archive, self.cp.state / "release")
+        self.login = login
+        self.image_tag = None
+        return self.published
+
+    def prepare_release(self) -> None:
+        """Before helm install: verify image and chart signatures (raises
+        VerificationError before anything is made), the namespace, helm's registry
+        login, the pull Secret."""
+        if self.published is not None:
+            verify_release(self.published)
+        if self.namespace_labels or (self.published and self.login):
+            self.create_namespace()  # labelled before any pod is admitted; the Secret's
+        if self.published is not None and self.login is not None:
+            self.login.helm_login(self.registry_config)
+            self.kubectl("apply", "-f", "-", input=json.dumps(
+                self.login.pull_secret(PULL_SECRET, self.namespace)))
 
     def remove_harness_objects(self) -> None:
         """What the harness's bootstrap made for its host-process aggapi: the APIService,
@@ -201,10 +276,9 @@ class Addon:
 
     def install(self, extra: Sequence[str] = (), *, timeout: float = 180) -> InstallTimes:
         """``helm install`` as the README says, then wait until everything serves."""
-        if self.namespace_labels:
-            self.create_namespace()  # labelled before any pod is admitted
+        self.prepare_release()
         t0 = time.monotonic()
-        self.helm("install", self.release, str(CHART), "-n", self.namespace,
+        self.helm("install", self.release, *self.chart_args(), "-n", self.namespace,
                   "--create-namespace", *self.set_args(extra))
         helm_s = time.monotonic() - t0
         wait_for(self.available, timeout, "APIService Available", detail=self.diagnose)
@@ -213,10 +287,13 @@ class Addon:
         self.install_times = InstallTimes(helm_s, available_s, time.monotonic() - t0)
         return self.install_times
 
-    def upgrade(self, extra: Sequence[str] = (), *, image_tag: str | None = None) -> None:
-        if image_tag is not None:
+    def upgrade(self, extra: Sequence[str] = (), *, image_tag: str | None = "") -> None:
+        """helm upgrade; ``image_tag`` another local tag, None the release's image, ""
+        (default) the image as it is."""
+        if image_tag != "":
             self.image_tag = image_tag
-        self.helm("upgrade", self.release, str(CHART), "-n", self.namespace,
+        self.prepare_release()
+        self.helm("upgrade", self.release, *self.chart_args(), "-n", self.namespace,
                   *self.set_args(extra))
 
     def uninstall(self, *, timeout: float = 120) -> None:
@@ -345,6 +422,16 @@ def addon_of(cluster: Cluster) -> Addon:
     return Addon(cluster.cp, nodes, importer=cluster.import_image)
 
 
+def release_registry(cluster: Cluster) -> RegistryLogin:
+    """The cluster's htpasswd registry (tests.framework.node) and its user."""
+    info = cluster.registry.info
+    if not info.auth_registry_host:
+        raise HarnessError("the registry node has no htpasswd registry: restart the cluster "
+                           "(python3 -m tests.framework.cluster up)")
+    return RegistryLogin(info.auth_registry_host, info.auth_registry_user,
+                         info.auth_registry_password)
+
+
 def running_cluster(instance: str) -> Cluster:
     """The cluster hack/local-up.sh (``python3 -m tests.framework.cluster up``) left up."""
     cp = ControlPlane(instance=instance)
@@ -391,15 +478,15 @@ def main(argv: list[str] | None = None) -> int:
         demo(cluster)
         return 0
     if args.command == "install":
-        took = addon.load_image()
-        log(f"image {addon.image} imported on {len(addon.nodes)} nodes in {took:.1f}s")
+        t0 = time.monotonic()
+        rel = addon.publish(IMAGE_ARCHIVE, release_registry(cluster))
+        log(f"hack/release.sh in {time.monotonic() - t0:.1f}s: chart {rel.chart} --version "
+            f"{rel.chart_version}, image {rel.image}")
         if addon.installed():
-            # Re-run: upgrade in place (a rebuilt image under the same tag needs new pods).
+            # Re-run: upgrade in place (a rebuilt image has another digest: new pods).
             addon.upgrade()
-            addon.kubectl("-n", addon.namespace, "rollout", "restart",
-                          f"deployment/{addon.fullname}", f"daemonset/{addon.agent_name}")
             addon.wait_ready()
-            log("already installed: helm upgrade, pods restarted, Ready")
+            log("already installed: helm upgrade, Ready")
         else:
             addon.remove_harness_objects()
             log(addon.install().line())

@@ -67,7 +67,7 @@ class Cluster:
         self.registry = registry
         info = registry.info
         self.nodes = [ClusterNode(cp, k, sandbox_image=info.sandbox_image,
-                                  registries=(info.registry_host, info.throttle_host))
+                                  registries=info.registry_hosts())
                       for k in range(1, nodes + 1)]
         self.up_seconds = 0.0
 
@@ -137,6 +137,7 @@ class Cluster:
     def describe(self) -> dict[str, Any]:
         return {"up_seconds": round(self.up_seconds, 2), "cluster_cidr": self.cluster_cidr,
                 "registry": self.registry.info.registry_host,
+                "release_registry": self.registry.info.auth_registry_host,
                 "nodes": [{"name": n.name, "address": n.address, "pod_cidr": n.pod_cidr,
                            "netns": n.host.netns, "cri_address": n.cri_address,
                            "pids": n.pids()} for n in self.nodes]}

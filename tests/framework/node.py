@@ -13,6 +13,8 @@ Every process is started in its own session with a pidfile in the control plane'
 
     node.json           what ``load`` needs: hosts, addresses, cgroup parent, images
     registry/           docker-registry storage and config (10.251.N.1:<free port>)
+    authregistry/       a second one with htpasswd auth (bcrypt), for releases
+                        (hack/release.sh): nodes pull from it with an imagePullSecret
     throttle.json       the throttle proxy's rate (its process applies changes, acks)
     containerd/         containerd root, state, socket, config, certs.d (hosts.toml)
     pods/               container logs of the pods run through CRI
@@ -34,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.framework import nodestate, oci
+from tests.framework import nodestate, oci, registry
 from tests.framework.containerd import Containerd
 from tests.framework.controlplane import ControlPlane
 from tests.framework.nodestate import NodeInfo
@@ -139,6 +142,7 @@ class Node:
             self._start_registry()
             self._push_images()
             self._start_throttle()
+            self._start_auth_registry()
             self._start_containerd()
             if agent:
                 self.start_agent(extra=agent_extra)
@@ -201,6 +205,27 @@ class Node:
         self._save()
         _wait(lambda: _http_ok(f"http://{self.info.registry_host}/v2/"), 20,
               "docker-registry", proc)
+
+    def _start_auth_registry(self) -> None:
+        """The registry a release is pushed to: credentials required to push and pull,
+        a password of this run's own (node.json, in the state directory)."""
+        proc = self.proc("authregistry")
+        if proc.alive() and self.info.auth_registry_host:
+            return
+        port = free_port(self.bind)
+        d = self.dir / "authregistry"
+        (d / "storage").mkdir(parents=True, exist_ok=True)
+        user, password = "aggapi-release", secrets.token_urlsafe(18)
+        registry.write_htpasswd(d / "htpasswd", user, password)
+        cfg = d / "config.yml"
+        cfg.write_text(registry.config_yaml(d / "storage", f"{self.bind}:{port}",
+                                            htpasswd=d / "htpasswd"))
+        proc = spawn("node-authregistry", [REGISTRY_BIN, "serve", str(cfg)], self.cp.state)
+        self.info.auth_registry_host = f"{self.bind}:{port}"
+        self.info.auth_registry_user, self.info.auth_registry_password = user, password
+        self._save()
+        _wait(lambda: registry.registry_answers(self.info.auth_registry_host), 20,
+              "docker-registry (htpasswd)", proc)
 
     def _push_images(self) -> None:
         cache = oci.BlobCache(self.cache_dir)
@@ -300,7 +325,7 @@ class Node:
         ctd = Containerd(self.dir / "containerd", sandbox_image=self.info.sandbox_image)
         # A name tied to the instance, so a crashed run's cgroups are recognisable.
         ctd.cgroup_parent = f"/aggapi-{self.cp.instance}-{os.urandom(3).hex()}"
-        for host in (self.info.registry_host, self.info.throttle_host):
+        for host in self.info.registry_hosts():
             ctd.add_registry(host)
         self.containerd = ctd
         self.info.containerd_dir = str(ctd.workdir)

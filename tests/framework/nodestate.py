@@ -22,7 +22,7 @@ from tests.framework.procs import Proc
 # The agent's process name in the control plane's state (ControlPlane.start_agent).
 AGENT_PROC = "aggapi-agent"
 # The node's own processes; their pidfiles are "node-<name>".
-NODE_PROCS = ("registry", "throttle", "containerd")
+NODE_PROCS = ("registry", "throttle", "authregistry", "containerd")
 
 
 @dataclass
@@ -31,11 +31,20 @@ class NodeInfo:
 
     registry_host: str = ""
     throttle_host: str = ""
+    # The release registry (htpasswd auth; hack/release.sh pushes there) and its one user.
+    auth_registry_host: str = ""
+    auth_registry_user: str = ""
+    auth_registry_password: str = ""
     containerd_dir: str = ""
     cgroup_parent: str = ""
     sandbox_image: str = ""
     snapshotter: str = ""
     images: dict[str, Any] = field(default_factory=dict)
+
+    def registry_hosts(self) -> tuple[str, ...]:
+        """Every registry a node's containerd pulls from (plain HTTP)."""
+        return tuple(h for h in (self.registry_host, self.throttle_host,
+                                 self.auth_registry_host) if h)
 
 
 def node_dir(state: Path) -> Path:
@@ -98,6 +107,6 @@ def teardown(state: Path, *, info: NodeInfo | None = None,
         _stop_containerd(containerd or containerd_of(state, info), node_proc(state, "containerd"))
     else:
         node_proc(state, "containerd").stop()
-    for what in ("throttle", "registry"):
+    for what in ("throttle", "authregistry", "registry"):
         node_proc(state, what).stop()
     shutil.rmtree(node_dir(state), ignore_errors=True)

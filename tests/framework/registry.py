@@ -20,13 +20,53 @@ from types import TracebackType
 from tests.framework.procs import free_port, start_logged
 
 BINARY = "/usr/bin/docker-registry"
+HTPASSWD = "/usr/bin/htpasswd"  # apache2-utils (hack/install-deps.sh)
+
+
+def config_yaml(storage: Path, addr: str, *, htpasswd: Path | None = None) -> str:
+    """docker-registry's config: filesystem storage, deletes allowed, blobs served by the
+    registry itself (no redirects); with ``htpasswd``, basic auth against that file."""
+    auth = (f"auth:\n  htpasswd:\n    realm: aggapi-test\n    path: {htpasswd}\n"
+            if htpasswd is not None else "")
+    return ("version: 0.1\n"
+            "log:\n  level: warn\n  accesslog:\n    disabled: true\n"
+            "storage:\n"
+            f"  filesystem:\n    rootdirectory: {storage}\n"
+            "  delete:\n    enabled: true\n"
+            "  redirect:\n    disable: true\n"
+            f"{auth}"
+            f"http:\n  addr: {addr}\n")
+
+
+def write_htpasswd(path: Path, user: str, password: str) -> None:
+    """An htpasswd file with one bcrypt entry (the only hash docker-registry 2.8 takes)."""
+    if not Path(HTPASSWD).exists():
+        raise FileNotFoundError(f"{HTPASSWD} missing: run hack/install-deps.sh (apache2-utils)")
+    r = subprocess.run([HTPASSWD, "-niB", user], input=password, capture_output=True,
+                       text=True, check=True, timeout=30)
+    path.write_text(r.stdout)
+    path.chmod(0o600)
+
+
+def registry_answers(host: str) -> bool:
+    """``/v2/`` answers: 200, or 401 from a registry that wants credentials."""
+    try:
+        with urllib.request.urlopen(f"http://{host}/v2/", timeout=1) as r:
+            return int(r.status) == 200
+    except urllib.error.HTTPError as e:
+        return e.code == 401
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 class Registry:
-    """``docker-registry serve`` with temp storage on a free 127.0.0.1 port."""
+    """``docker-registry serve`` with temp storage on a free 127.0.0.1 port; with
+    ``auth`` (user, password), only that user may pull or push (htpasswd)."""
 
     def __init__(self, workdir: str | os.PathLike[str] | None = None, *,
-                 binary: str = BINARY, port: int | None = None) -> None:
+                 binary: str = BINARY, port: int | None = None,
+                 auth: tuple[str, str] | None = None) -> None:
+        self.auth = auth
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="aggapi-registry-"))
         self.binary = binary
@@ -46,15 +86,11 @@ class Registry:
         storage = self.workdir / "storage"
         storage.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "config.yml"
-        cfg.write_text(
-            "version: 0.1\n"
-            "log:\n  level: warn\n  accesslog:\n    disabled: true\n"
-            "storage:\n"
-            f"  filesystem:\n    rootdirectory: {storage}\n"
-            "  delete:\n    enabled: true\n"
-            "  redirect:\n    disable: true\n"
-            f"http:\n  addr: 127.0.0.1:{self.port}\n"
-        )
+        htpasswd = None
+        if self.auth is not None:
+            htpasswd = self.workdir / "htpasswd"
+            write_htpasswd(htpasswd, *self.auth)
+        cfg.write_text(config_yaml(storage, f"127.0.0.1:{self.port}", htpasswd=htpasswd))
         return cfg
 
     def start(self, timeout: float = 15.0) -> None:
@@ -66,11 +102,7 @@ class Registry:
                                  log_tail=self.log_tail, timeout=timeout)
 
     def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/v2/", timeout=1) as r:
-                return int(r.status) == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return registry_answers(self.host)
 
     def log_tail(self, n: int = 2000) -> str:
         p = self.workdir / "registry.log"

@@ -1,10 +1,14 @@
 """e2e against aggapi installed with helm (tests.framework.addon): the installed add-on.
 
 ``installed_addon`` (session): on the two-node cluster (``two_node_cluster``,
-tests.framework.cluster), the image loaded on both nodes, the harness's own aggapi objects
-removed, ``helm install`` of manifests/charts/aggapi with nothing but the image values, then
-every pod Ready; ``helm uninstall`` at the end. ``addon_nodes`` names the nodes the
-apiserver and the agents run on.
+tests.framework.cluster), a release as users receive one: hack/release.sh pushes the
+image (by digest) and the chart (OCI) to the cluster's htpasswd registry, with an SBOM
+and cosign signatures; the harness's own aggapi objects removed, ``cosign verify`` of
+both, then ``helm install aggapi oci://REGISTRY/charts/aggapi --version X`` with an
+imagePullSecret and nothing else set: each node pulls the image by digest through the
+Secret. Then every pod Ready, and the image imported on both nodes as
+localhost/aggapi:dev for the tests' own pods (SLEEPER) and local tags; ``helm
+uninstall`` at the end. ``addon_nodes`` names the nodes the apiserver and the agents run on.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.framework.addon import CHECKOUT_ARCHIVE, Addon, addon_of, build_image
+from tests.framework.addon import CHECKOUT_ARCHIVE, Addon, addon_of, build_image, release_registry
 from tests.framework.cluster import Cluster
 
 
@@ -22,11 +26,15 @@ from tests.framework.cluster import Cluster
 def installed_addon(two_node_cluster: Cluster) -> Iterator[Addon]:
     print(f"\naddon: image built or up to date in {build_image():.1f}s")
     addon = addon_of(two_node_cluster)
-    loaded = addon.load_image(CHECKOUT_ARCHIVE)
+    t0 = time.monotonic()
+    rel = addon.publish(CHECKOUT_ARCHIVE, release_registry(two_node_cluster))
+    print(f"\naddon: hack/release.sh in {time.monotonic() - t0:.1f}s: {rel.chart} "
+          f"--version {rel.chart_version}, image {rel.image}")
     addon.remove_harness_objects()
     try:  # a failed install is uninstalled too: nothing half-installed stays
         times = addon.install()
-        print(f"\naddon: image loaded in {loaded:.1f}s; {times.line()}")
+        loaded = addon.load_image(CHECKOUT_ARCHIVE)
+        print(f"\naddon: {times.line()}; sleeper image imported in {loaded:.1f}s")
         addon.install_times = times
         yield addon
     finally:
