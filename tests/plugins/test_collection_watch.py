@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,7 +17,14 @@ from aggapi.client.connection import Connection, ConnectionFlags
 from aggapi.plugins.pullset import Runner
 from aggapi.plugins.targets import Target
 from tests.plugins.fakecollection import FakeCollection, pod_image_pull
-from tests.plugins.helpers import KUBECTL, install_plugins, kubectl, plugin_env
+from tests.plugins.helpers import (
+    KUBECTL,
+    install_plugins,
+    kubectl,
+    kubectl_pty,
+    plugin_env,
+    screen_text,
+)
 
 MiB = 1 << 20
 
@@ -183,3 +191,38 @@ async def test_json_streams_the_events_for_a_deployment(
     assert q[0] == {"labelSelector": "app=web"}
     assert q[1]["labelSelector"] == "app=web" and q[1]["watch"] == "true"
     assert fake.requests[0][1] == "/apis/apps/v1/namespaces/ns/deployments/web"
+
+
+async def test_2000_pods_on_a_terminal_fit_its_height(
+        fake: FakeCollection, plugin_bin: Path, tmp_path: Path) -> None:
+    """On a 40-line terminal: the header, 36 rows (stuck first) and "… and K more"."""
+    names = [f"web-{i:04d}" for i in range(2000)]
+    for i, n in enumerate(names):
+        fake.put(pod_image_pull("ns", n, node=f"node-{i % 50}", progress=0,
+                                total=100 * MiB))
+    fake.put(pod_image_pull("ns", "web-stuck", phase="BackOff", progress=None, total=None,
+                            rate=None, reason="ImagePullBackOff: not found"))
+    env = plugin_env(plugin_bin, fake.kubeconfig(tmp_path))
+    before = os.times()
+    run = asyncio.create_task(kubectl_pty(env, "image-pull-progress", "-l", "app=web",
+                                          timeout=120))
+    t0 = asyncio.get_running_loop().time()
+    await wait_verbs(fake, 2)
+    await asyncio.sleep(1.5)  # a few screens of the pull in progress
+    await pull_all(fake, names, pause=0.05)
+    fake.put(pod_image_pull("ns", "web-stuck", phase="Done"))
+    res = await run
+    wall = asyncio.get_running_loop().time() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + \
+        (after.children_system - before.children_system)
+    print(f"plugin CPU, 2,000 pods on a 40x140 terminal (rich): {cpu:.2f} s in {wall:.1f} s "
+          f"({cpu / wall:.2f} cores, start-up included)")
+    assert res.rc == 0, res.out[-3000:]
+    screen = screen_text(res.out)
+    assert "2001 pods: 0 done, 2000 pulling, 0 waiting for a slot, 1 stuck" in screen
+    assert "2001 pods: 2001 done" in screen
+    assert "slowest nodes: node-" in screen
+    assert "… and 1965 more" in screen  # 40 lines: 2 header, 1 column header, 36 rows, 1
+    first = re.search(r"^(ns/\S+)", screen.split("POD", 1)[1].lstrip("\n "), re.M)
+    assert first and first.group(1) == "ns/web-stuck"  # stuck first
