@@ -7,8 +7,12 @@ its children); memory is VmRSS (now) and VmHWM (peak RSS since start) from
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,3 +75,32 @@ def usage(pid: Pid, window: CpuWindow | None = None) -> dict[str, float]:
     if window is not None:
         out["cpu_cores"] = window.cores
     return out
+
+
+@contextlib.contextmanager
+def profiled(out: Path | None, key: str, pids: Mapping[str, int | None],
+             native: bool = True) -> Iterator[None]:
+    """py-spy (raw collapsed stacks) on ``pids`` while the block runs: one
+    ``<key>-<name>.txt`` each, py-spy's own messages beside it in ``.log``. ``native``:
+    C frames too (py-spy 0.4.3 cannot unwind the image's Debian Python: UNW_EBADREG)."""
+    if out is None:
+        yield
+        return
+    spies = []
+    for name, pid in pids.items():
+        if pid is None:
+            continue
+        base = out / f"{key.replace(' ', '_')}-{name.replace(' ', '_')}"
+        with base.with_suffix(".log").open("w") as log:
+            spies.append(subprocess.Popen(
+                ["py-spy", "record", "-p", str(pid), "-r", "97", *(["-n"] if native else []),
+                 "-f", "raw", "-o", str(base.with_suffix(".txt"))],
+                stdout=log, stderr=subprocess.STDOUT))
+    time.sleep(1)  # attached before the transfer starts
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
+            spy.wait()

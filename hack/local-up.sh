@@ -2,7 +2,7 @@
 # README's main command: aggapi installed the way a user installs it, on a real two-node
 # cluster on this machine, and a demo pull.
 #   1. dependencies and the Go-built binaries (etcd, kube-apiserver, kube-controller-manager,
-#      kube-scheduler, kubelet, kube-proxy, helm; built once, cached);
+#      kube-scheduler, kubelet, kube-proxy, kubectl, helm; built once, cached);
 #   2. the cluster (tests.framework.cluster): control plane on a private bridge, a registry
 #      behind a throttle proxy, two nodes each with containerd + kubelet + kube-proxy in
 #      namespaces of their own, pod CIDRs routed, ClusterIP Services;
@@ -70,11 +70,12 @@ cat <<MSG
 local-up: aggapi installed with helm on two nodes. Use it with:
 
   export KUBECONFIG=$KUBECONFIG
+  export PATH=$PWD/.local/bin:\$PATH   (kubectl and helm of the pinned releases)
   kubectl get apiservice v1alpha1.subresources.aggapi.io
   kubectl -n aggapi get pods -o wide
   kubectl get --raw /apis/subresources.aggapi.io/v1alpha1/nodes/aggapi-worker-2/imagepulls
   kubectl get --raw /apis/subresources.aggapi.io/v1alpha1/namespaces/default/pods/pull-demo/imagepullprogress
-  helm --kubeconfig \$KUBECONFIG -n aggapi status aggapi   (helm: .local/bin/helm)
+  helm --kubeconfig \$KUBECONFIG -n aggapi status aggapi
 
   demo pull again:   python3 -m tests.framework.addon demo
   state, logs:       $AGGAPI_STATE_DIR  (logs/, nodes/)

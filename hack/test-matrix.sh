@@ -13,8 +13,9 @@
 #                         tests/framework/containerdconfig.py)
 #   MATRIX_TESTS          what pytest runs in each cell (default: tests/e2e); the table
 #                         names it, so a partial run is never mistaken for the suite
-#   MATRIX_KUBE_CMDS      the Kubernetes commands to build first (default: all five;
-#                         kube-proxy serves only the two-node tests)
+#   MATRIX_KUBE_CMDS      the Kubernetes commands to build first (default: all six;
+#                         kube-proxy serves only the two-node tests; kubectl follows the
+#                         release, within its one-minor skew)
 #   MATRIX_TABLE_ONLY     set: run nothing, write the table from the reports already in
 #                         .local/matrix/ (seconds: pytest's own, lock wait excluded)
 #   MATRIX_OUT            the page to write (default: docs/support-matrix.md)
@@ -32,7 +33,7 @@ TESTS=${MATRIX_TESTS:-tests/e2e}
 OUT=${MATRIX_OUT:-docs/support-matrix.md}
 REPORTS=.local/matrix
 # shellcheck disable=SC2206  # a list of names, no globs
-KUBE_CMDS=(${MATRIX_KUBE_CMDS:-kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy})
+KUBE_CMDS=(${MATRIX_KUBE_CMDS:-kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl})
 mkdir -p "$REPORTS"
 
 log() { echo "test-matrix: $*" >&2; }

@@ -5,26 +5,34 @@ object a user saw then, and how errors and goals are scored."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.bench_progress_accuracy import (
+    SCENARIOS,
     ByteLog,
+    ClusterStack,
     MiB,
+    Stack,
     bytes_at,
     checks_for,
     eta_error,
     latest_before,
     merge_logs,
     peak_rate,
+    pick,
     quantile,
     rate_error,
     real_rate,
     summarize,
     time_at_fraction,
 )
+from tests.framework.cluster import Cluster
+from tests.framework.controlplane import ControlPlane
+from tests.framework.node import Node
 
 
 def chunk(rate: float) -> int:
@@ -172,3 +180,28 @@ def test_wrong_or_missing_reports_fail_the_goals() -> None:
                              "layer_rate_within_link": False}
     assert math.isnan(summarize([], 0.0)["eta_error_median"])
     assert not summarize([], 0.0)["goal_met"]
+
+
+def test_scenarios_of_each_path(tmp_path: Path) -> None:
+    """The host harness's defaults are its one-node scenarios (the two-node one needs
+    --cluster); the cluster path runs its two-node ones by default, one pod pinned to each node,
+    and only what it can: containerd 2.x, never two pods on one node (that needs a kubelet
+    restart with parallel pulls)."""
+    host = pick(None)
+    assert host and all(s.nodes == 1 for s in host)
+    assert [s.name for s in pick(None, cluster=True)] == ["2nodes-400k", "2nodes-400k-uneven"]
+    assert [s.name for s in pick(["2nodes-400k", "l3-5m"])] == ["l3-5m", "2nodes-400k"]
+    cp = ControlPlane(instance="e2e", state=tmp_path / "cp")
+    cluster = Cluster(cp, Node(cp))
+    stack = ClusterStack(cp, False, cluster=cluster)
+    two = next(s for s in SCENARIOS if s.name == "2nodes-400k")
+    assert two.pods == 2 and stack.cannot_run(two) is None
+    assert stack.placement(two) == [(n.name, n.cri_address) for n in cluster.nodes]
+    assert len({name for name, _ in stack.placement(two)}) == 2
+    why = {s.name: stack.cannot_run(s) for s in SCENARIOS}
+    assert why["l3-400k"] is None and why["2pods-400k"] and why["l3-400k-ctd16"]
+    assert Stack(cp, False).cannot_run(two) == "needs --cluster"
+    uneven = next(s for s in SCENARIOS if s.name == "2nodes-400k-uneven")
+    assert [uneven.layers(k) for k in (1, 2)] == [(8, 4), (3,)]
+    assert uneven.seconds == pytest.approx(15 * MiB / 400_000)
+    assert [two.layers(k) for k in (1, 2)] == [(8, 4), (8, 4)]

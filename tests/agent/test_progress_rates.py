@@ -10,9 +10,11 @@ and the time still left until the last byte.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,7 +26,7 @@ from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.view import objects
 from aggapi.capability import ContainerRef
 from tests.agent.fakectd import FakeContainerd, FakeImage, make_image
-from tests.agent.linksim import MiB, SharedLink, SimLayer
+from tests.agent.linksim import MiB, RecordedLink, SharedLink, SimLayer
 
 T0 = 1_000_000.0
 CHECKPOINTS = (0.25, 0.5, 0.75)
@@ -67,7 +69,8 @@ def _err(reported: float | None, real: float, what: str, out: list[float],
         out.append(abs(reported - real) / real)
 
 
-def _moves(link: SharedLink, keys: Sequence[str] | None = None, exact: bool = True) -> int:
+def _moves(link: SharedLink | RecordedLink, keys: Sequence[str] | None = None,
+           exact: bool = True) -> int:
     """Steps measured: without update times a counter's first step only dates it."""
     n = 0
     for d in keys if keys is not None else list(link.written):
@@ -80,11 +83,18 @@ def _moves(link: SharedLink, keys: Sequence[str] | None = None, exact: bool = Tr
 async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
                     poll: float = 0.25, exact_times: bool = True,
                     shared: bool = True, min_moves: int = 2,
-                    node_slots: int | None = None, per_pull: int = 3) -> Errors:
-    """Pull everything through the simulated link, observing every ``poll`` s."""
+                    node_slots: int | None = None, per_pull: int = 3,
+                    admit: Sequence[int] | None = None,
+                    recorded: dict[str, object] | None = None,
+                    idle_before: float | None = None) -> Errors:
+    """Pull everything through the simulated link, observing every ``poll`` s.
+    ``idle_before``: the same engine followed an earlier pull (8 MiB at ``rate``)
+    that ended this long before, as on a node that pulls one image after another."""
     fake = FakeContainerd(now=T0)
     be = ContainerdBackend(fake, Platform("linux", "amd64"), clock=lambda: fake.now,
                            monotonic=lambda: fake.now)
+    if idle_before is not None:
+        await _earlier_pull(fake, be, rate, idle_before, poll)
     images: dict[str, FakeImage] = {}
     sim_layers: list[SimLayer] = []
     for i, p in enumerate(pulls):
@@ -94,8 +104,10 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
         fake.fetch_manifest(img, lease)
         for (digest, size), w in zip(img.layers, p.weights, strict=True):
             sim_layers.append(SimLayer(digest, size, w, lease))
-    link = SharedLink(rate, sim_layers, per_pull, step=step, shared=shared,
-                      node_slots=node_slots)
+    link: SharedLink | RecordedLink = (
+        SharedLink(rate, sim_layers, per_pull, step=step, shared=shared,
+                   node_slots=node_slots, admit=admit) if recorded is None else
+        RecordedLink(recorded, [la.digest for la in sim_layers], "L0", step))
     finish = link.finish_times()
     of_image = {ref: [d for d, _ in img.layers] for ref, img in images.items()}
     sizes = {la.digest: la.size for la in sim_layers}
@@ -125,7 +137,28 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
     return errs
 
 
-def _check(state: NodeState, link: SharedLink, finish: dict[str, float],
+async def _earlier_pull(fake: FakeContainerd, be: ContainerdBackend, rate: float,
+                        idle: float, poll: float) -> None:
+    """One 8 MiB layer at ``rate`` in 1 MiB steps, ending ``idle`` s before T0."""
+    size = 8 * MiB
+    img = make_image("127.0.0.1:5000/earlier:1", [size], "earlier")
+    start = T0 - idle - size / rate
+    fake.now = start
+    fake.start_pull(img, "P")
+    fake.fetch_manifest(img, "P")
+    digest = img.layers[0][0]
+    while fake.now < start + size / rate:
+        fake.now += poll
+        got = int(min(rate * (fake.now - start), size) // MiB) * MiB
+        fake.download(digest, got, size, "P", updated_at=start + got / rate, started_at=start)
+        await be.observe([img.name])
+    fake.commit(digest, size, "P")
+    fake.finish(img, "P")
+    await be.observe([img.name])
+    fake.now = T0
+
+
+def _check(state: NodeState, link: SharedLink | RecordedLink, finish: dict[str, float],
            of_image: dict[str, list[str]], sizes: dict[str, int], total_all: int,
            pod: Sequence[ContainerRef], pending: set[tuple[str, str, float]],
            errs: Errors, exact: bool, min_moves: int = 2) -> None:
@@ -197,12 +230,11 @@ SCENARIOS = {
 
 def _assert_goals(e: Errors, pulls: int, exact: bool = True) -> None:
     assert not e.missing, e.missing
-    # The pod's rate is the link's; an image's is its share, which moves when another
-    # pull's layers finish (one window behind). Steps dated by polls make the first
-    # figures rougher.
+    # The pod's rate is the link's; an image's is its layers' shares of it now. Steps
+    # dated by polls make the first figures rougher.
     assert max(e.pod_rate) <= (0.15 if exact else 0.30), e.pod_rate
     assert statistics.median(e.image_rate) <= 0.15, e.image_rate
-    assert max(e.image_rate) <= (0.15 if pulls == 1 and exact else 0.30), e.image_rate
+    assert max(e.image_rate) <= (0.15 if exact else 0.30), e.image_rate
     assert max(e.layer_over_reported) <= 1.0 + 1e-9
     # Steps dated by polls (0.25 s apart) can make a fast layer's step look shorter.
     assert max(e.layer_over_link) <= (1.0 + 1e-9 if exact else 1.1)
@@ -235,10 +267,10 @@ async def test_smooth_offsets_as_on_containerd_16(name: str) -> None:
     _assert_goals(await run_trace(rate, pulls, step=32 << 10), len(pulls))
 
 
-# derandomize: the same 12 draws every run. Random draws found a known gap (the image's
-# rate lags one window after a layer completes on a slow link: 22% on 120 kB/s with
-# 5.7 and 8.3 MB layers at shares 1.5/0.75), reported in issue 23's note and still open;
-# a run must not pass or fail by the draw.
+# derandomize: the same 12 draws every run, so a run never passes or fails by the draw.
+# Over 120 random draws (seed 11) the worst were 17% (rate) and 31% (ETA); before the
+# link was measured across completions, 46% and 91% (the link read 60% of itself for a
+# step's time after each completion on a slow link).
 @settings(max_examples=12, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(rate=st.sampled_from([120 * KB, 400 * KB, 1500 * KB]),
@@ -253,7 +285,7 @@ async def test_any_image_on_any_link(rate: float, layers: list[tuple[int, float]
                                     [w for _, w in layers])])
     assert not [m for m in e.missing if not m.startswith("layer")], e.missing
     assert max(e.image_rate) <= 0.20, e.image_rate
-    assert statistics.median(e.image_eta) <= 0.15 and max(e.image_eta) <= 0.50, e.image_eta
+    assert statistics.median(e.image_eta) <= 0.15 and max(e.image_eta) <= 0.35, e.image_eta
     assert max(e.layer_over_link) <= 1.0 + 1e-9
 
 
@@ -315,3 +347,27 @@ async def test_every_ingest_opened_at_once_three_downloading(rate: float,
     # Which idle ingest gets the next slot is not shown (taken first opened first):
     # the waiting layers' own ETAs are looser than the image's.
     assert statistics.median(e.layer_eta) <= 0.15 and _p90(e.layer_eta) <= 0.35, e.layer_eta
+
+
+TRACES = Path(__file__).parent / "traces"
+
+
+@pytest.mark.parametrize("idle", [None, 15.0])
+@pytest.mark.parametrize("trace", sorted(p.name for p in TRACES.glob("*.json")))
+async def test_a_recorded_bench_pull_replays_within_the_goals(trace: str,
+                                                             idle: float | None) -> None:
+    """A pull the accuracy bench recorded on the real kubelet and containerd 2.4.2 (each
+    layer's bytes as they left the throttle, at every whole MiB), replayed with every
+    ingest open from the start as containerd 2.4 opens them. l6-5m: layers got slots in
+    the order 1, 3, 6, then 4, 2, 5; before c9dc579 the image's ETA at 25% and 50% was
+    7x and 9x the time left (the bench saw 107 s for 16.5 s). Also 15 s after an earlier
+    pull the engine followed, as in the bench (scenarios run one after another): that
+    pull's bytes must not dilute the link's rate."""
+    rec = json.loads((TRACES / trace).read_text())
+    sizes = [int(la["steps"][-1][1]) for la in rec["layers"]]
+    e = await run_trace(float(rec["rate"]), [Pull(A, sizes, [1.0] * len(sizes))],
+                        recorded=rec, idle_before=idle)
+    assert not [m for m in e.missing if not m.startswith("layer")], e.missing
+    assert max(e.image_rate + e.pod_rate) <= 0.15, (e.image_rate, e.pod_rate)
+    assert max(e.image_eta + e.pod_eta) <= 0.30, (e.image_eta, e.pod_eta)
+    assert statistics.median(e.layer_eta) <= 0.15, e.layer_eta

@@ -182,3 +182,50 @@ def test_each_completion_frees_a_slot_for_the_download_that_waited_longest() -> 
         book.sweep(t + 0.1, {"run1": 7.0, "run2": 31.0})
     assert book.counters["wait1"].slot_at == 7.0
     assert book.counters["wait2"].slot_at == 31.0
+
+
+def test_an_earlier_pull_does_not_dilute_the_link() -> None:
+    """A pull at 1 MB/s finished 15 s before the next began (the node idle between);
+    the next one's three layers run at 5 MB/s together. The link is 5 MB/s, not the
+    bytes of both over a window that holds the idle time (the bench's l6-5m, run 15 s
+    after l3-5m, read 1.9 MB/s at 1.3 s and gave its first layer 3x its ETA)."""
+    book = CounterBook()
+    t = 0.0
+    while t < 10.0:  # the earlier pull: one layer, 10 MiB at ~1 MiB/s
+        t += 0.25
+        book.observe("old", t, min(int(t) * MiB, 10 * MiB), float(int(t)), 10 * MiB, 0.0)
+        book.sweep(t, {})
+    book.sweep(t + 0.25, {"old": t})
+    start = 25.0
+    for i in range(1, 9):  # three layers from 25 s, each stepping 1 MiB every 0.6 s
+        now = start + 0.25 * i
+        for k in ("a", "b", "c"):
+            book.observe(k, now, int((now - start) / 0.6) * MiB,
+                         start + 0.6 * int((now - start) / 0.6), 40 * MiB, start)
+        book.sweep(now, {})
+    link = book.snapshot(now).group(book.counters)
+    assert link is not None and abs(link - 3 * MiB / 0.6) / (3 * MiB / 0.6) <= 0.2, link
+
+
+def test_a_layer_that_took_a_finished_ones_slot_is_measured_with_it() -> None:
+    """Bench 2pods-400k: a layer opened at 0 waits for a node slot; the slot of a 4 MiB
+    layer finishing at 30 s goes to it and its first step comes at 35 s. The two belong
+    to one busy spell: their bytes together have a rate (after the earlier-pull rule
+    first came in, the image's rate was null there, scored 100% at 50%)."""
+    t0 = 1000.0
+    book = CounterBook()
+    book.link = 400_000.0
+    book.queued = ["late"]
+    for i in range(1, 141):
+        now = t0 + 0.25 * i
+        got = min(int((now - t0) / 7.5) * MiB, 4 * MiB)
+        if now <= t0 + 30.0:
+            book.observe("first", now, got, t0 + 7.5 * int((now - t0) / 7.5), 4 * MiB, t0)
+        stepped = now >= t0 + 35.0
+        book.observe("late", now, MiB if stepped else 0, t0 + 35.0 if stepped else None,
+                     8 * MiB, t0)
+        book.sweep(now, {"first": t0 + 30.0} if now > t0 + 30.0 else {})
+    late = book.counters["late"].frozen()
+    assert late.slot_at == t0 + 30.0 and late.soft_start == t0 + 30.0, late
+    rate = book.snapshot(t0 + 35.0).group(["first", "late"])
+    assert rate is not None and rate > 0, rate

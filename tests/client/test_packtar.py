@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggapi.client.packtar import (
+    CHUNK,
     DEFAULT_DIR_MODE,
     DEFAULT_FILE_MODE,
     list_tree,
@@ -70,3 +71,39 @@ def test_setuid_bits_are_dropped_without_preserve(tmp_path: Path) -> None:
     kept = _modes(asyncio.run(_collect(tmp_path, True)))["suid"][1]
     plain = _modes(asyncio.run(_collect(tmp_path, False)))["suid"][1]
     assert stat.S_IMODE(kept) == 0o4755 and plain == DEFAULT_FILE_MODE
+
+
+@settings(derandomize=True, database=None, max_examples=12, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 1, 511, 512, 4096, CHUNK - 1, CHUNK + 1, 3 * CHUNK]),
+                      min_size=1, max_size=6),
+       small=st.integers(0, 1500))
+def test_pieces_are_about_a_mib_and_the_tar_is_whole(sizes: list[int], small: int) -> None:
+    """Many small files go out in pieces of about CHUNK bytes, not three pieces per file
+    (header, data, padding: each its own write and TLS record on every hop of the copy),
+    and big files in CHUNK reads; the tar holds every file's bytes, whatever the mix."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        want = {}
+        for i in range(small):
+            d = root / f"s{i // 100}"
+            d.mkdir(exist_ok=True)
+            want[f"s{i // 100}/f{i}"] = os.urandom(i % 700)
+        for i, n in enumerate(sizes):
+            want[f"big{i}"] = os.urandom(n)
+        for rel, data in want.items():
+            (root / rel).write_bytes(data)
+        listing = list_tree(root)
+        pieces = asyncio.run(_pieces_of(root))
+        out = b"".join(pieces)
+        assert len(out) == tar_size(root, listing)
+        # Every piece but the last reaches CHUNK, or is one read of a big file.
+        assert all(len(p) >= CHUNK for p in pieces[:-1]), [len(p) for p in pieces]
+        assert len(pieces) <= len(out) // CHUNK + 1
+        with tarfile.open(fileobj=io.BytesIO(out)) as tf:
+            got = {m.name: tf.extractfile(m).read()  # type: ignore[union-attr]
+                   for m in tf if m.isfile()}
+        assert got == want
+
+
+async def _pieces_of(root: Path) -> list[bytes]:
+    return [c async for c in tar_stream(root, list_tree(root))]

@@ -328,7 +328,12 @@ def test_aggregated_roles_grant_exactly_the_documented_access(control_plane: Con
         for target in rules_of:
             if (d["metadata"].get("labels") or {}).get(AGG + target) == "true":
                 rules_of[target] += d["rules"]
-    assert set(ours) == {d["metadata"]["name"] for d in rendered}
+    # ...and the node collection's reader, aggregated to cluster readers (not to view).
+    reader = f"{release}-aggapi-node-image-pulls-reader"
+    assert set(ours) | {reader} == {d["metadata"]["name"] for d in rendered}
+    assert not any((d["metadata"].get("labels") or {}).get(AGG + t) == "true"
+                   for d in rendered if d["metadata"]["name"] == reader
+                   for t in rules_of)
     assert all(rules_of.values())
 
     def aggregated() -> bool:

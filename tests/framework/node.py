@@ -40,7 +40,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,20 +272,10 @@ class Node:
                      bind: str = "127.0.0.1") -> Iterator[ThrottleProxy]:
         """A throttle of the caller's own in front of the node's registry (the node's
         proxy paces every blob together; this one's record and rate are the caller's),
-        registered in containerd's certs.d the way tests.framework.containerd registers
-        hosts (hosts.toml is read at each pull), removed again at the end."""
-        proxy = ThrottleProxy(self.info.registry_host, rate, bind=bind)
-        proxy.start()
-        hosts = Path(self.info.containerd_dir) / "certs.d" / proxy.host
-        hosts.mkdir(parents=True, exist_ok=True)
-        (hosts / "hosts.toml").write_text(
-            f'server = "http://{proxy.host}"\n\n'
-            f'[host."http://{proxy.host}"]\n  capabilities = ["pull", "resolve"]\n')
-        try:
+        trusted by the node's containerd (:func:`throttle_for`)."""
+        with throttle_for(self.info.registry_host, [Path(self.info.containerd_dir)], rate,
+                          bind=bind) as proxy:
             yield proxy
-        finally:
-            proxy.stop()
-            shutil.rmtree(hosts, ignore_errors=True)
 
     def set_rate(self, rate: float | None, timeout: float = 10.0) -> None:
         """Limit pulls through :meth:`via_throttle` to ``rate`` bytes/s (None: unlimited).
@@ -322,6 +312,30 @@ class Node:
         finally:
             if ctd.proc is not None:
                 self.proc("containerd").record(ctd.proc.pid)
+
+
+@contextlib.contextmanager
+def throttle_for(upstream: str, containerd_dirs: Sequence[Path], rate: float | None = None,
+                 *, bind: str = "127.0.0.1") -> Iterator[ThrottleProxy]:
+    """A ThrottleProxy of the caller's own in front of the registry ``upstream``,
+    registered in the certs.d of every containerd whose directory is in
+    ``containerd_dirs`` (a cluster's nodes share one link through it) the way
+    tests.framework.containerd registers hosts (hosts.toml is read at each pull), removed
+    again at the end."""
+    proxy = ThrottleProxy(upstream, rate, bind=bind)
+    proxy.start()
+    dirs = [d / "certs.d" / proxy.host for d in containerd_dirs]
+    try:
+        for hosts in dirs:
+            hosts.mkdir(parents=True, exist_ok=True)
+            (hosts / "hosts.toml").write_text(
+                f'server = "http://{proxy.host}"\n\n'
+                f'[host."http://{proxy.host}"]\n  capabilities = ["pull", "resolve"]\n')
+        yield proxy
+    finally:
+        proxy.stop()
+        for hosts in dirs:
+            shutil.rmtree(hosts, ignore_errors=True)
 
 
 def ensure_node(cp: ControlPlane) -> Node:

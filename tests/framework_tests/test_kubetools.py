@@ -5,6 +5,7 @@ No cluster runs: binaries are only asked for ``--help``, so this needs no e2e lo
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.framework import kubetools
+from tests.framework import controllers, kubetools
 from tests.framework.controlplane import ControlPlane
 from tests.framework.procs import HarnessError
 
@@ -77,6 +78,33 @@ def test_the_pin_too_comes_from_the_cache(monkeypatch: pytest.MonkeyPatch,
         tmp_path / f"kube-apiserver-{PIN}")
 
 
+def test_kubectl_follows_the_release(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """kubectl is the release under test's own (kubectl supports one minor of skew), not
+    a .local/bin link or PATH's; AGGAPI_KUBECTL_BIN still names another one outright."""
+    monkeypatch.setenv("AGGAPI_BIN_CACHE", str(tmp_path))
+    monkeypatch.delenv("AGGAPI_KUBECTL_BIN", raising=False)
+    for release in ("v1.99.1", PIN):
+        monkeypatch.setenv("AGGAPI_KUBE_VERSION", release)
+        (tmp_path / f"kubectl-{release}").write_text("")
+        assert kubetools.binary("kubectl", build=False) == str(tmp_path / f"kubectl-{release}")
+    monkeypatch.setenv("AGGAPI_KUBECTL_BIN", "/opt/kubectl-1.26/kubectl")
+    assert kubetools.binary("kubectl", build=False) == "/opt/kubectl-1.26/kubectl"
+
+
+def test_kubectl_is_built_from_the_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hack/build-binaries.sh builds kubectl from the pinned k8s.io/kubernetes module and
+    stamps its version as the other commands' (built on demand; cached after)."""
+    monkeypatch.delenv("AGGAPI_KUBE_VERSION", raising=False)
+    monkeypatch.delenv("AGGAPI_KUBECTL_BIN", raising=False)
+    kubectl = kubetools.binary("kubectl")
+    out = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    client = json.loads(out)["clientVersion"]
+    assert client["gitVersion"] == PIN, client
+    assert int(client["minor"]) == kubetools.kube_minor(PIN), client
+    assert client["gitTreeState"] == "clean", client
+
+
 def releases() -> list[str]:
     """The pin (built on demand: collection on a fresh machine sees an empty cache) and
     every other release already in the cache."""
@@ -110,6 +138,32 @@ def test_table_matches_the_built_apiserver(release: str, monkeypatch: pytest.Mon
     if gate is not None:
         on = kubetools.has("default-ImageVolume", release)
         assert f"default={str(on).lower()}" in gate, gate
+
+
+def kcm_releases() -> list[str]:
+    """The pin and every other release whose kube-controller-manager is in the cache."""
+    return sorted({kubetools.versions()["KUBE_VERSION"]}
+                  | {p.name.removeprefix("kube-controller-manager-")
+                     for p in kubetools.bin_cache().glob("kube-controller-manager-v1.*")})
+
+
+@pytest.mark.parametrize("release", kcm_releases())
+def test_controllers_turned_off_exist_in_the_built_kcm(
+        release: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness turns off only controllers the release has: kube-controller-manager
+    refuses an unknown name (1.37 dropped the cloud controllers), and SINCE agrees with
+    each built binary's --help."""
+    monkeypatch.setenv("AGGAPI_KUBE_VERSION", release)
+    monkeypatch.delenv("AGGAPI_KUBE_CONTROLLER_MANAGER_BIN", raising=False)
+    kcm = kubetools.binary("kube-controller-manager",
+                           build=release == kubetools.versions()["KUBE_VERSION"])
+    out = subprocess.run([kcm, "--help"], capture_output=True, text=True, timeout=60).stdout
+    known = next(ln for ln in out.splitlines() if "All controllers:" in ln)
+    assert "garbage-collector-controller" in known  # the help text is the real one
+    gone = controllers.DISABLED[0] not in known
+    assert gone == kubetools.has("kcm-without-cloud-controllers", release)
+    for name in controllers.disabled():
+        assert f" {name}," in known + ",", (name, known)
 
 
 @pytest.mark.parametrize(("release", "endpoints"), [("v1.30.4", True), ("v1.32.0", True),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import http.client
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.framework import oci
+from tests.framework.node import throttle_for
 from tests.framework.registry import Registry
 from tests.framework.throttle import ThrottleProxy
 
@@ -127,3 +129,19 @@ def test_blob_log_records_each_get_apart(registry: Registry, blob: tuple[str, oc
         # 2 MiB at 8 MiB/s: about 0.25 s between first and last byte (burst allowance aside).
         assert mono[-1] - mono[0] >= 0.15
     assert fetches[0].samples[-1][0] <= fetches[1].samples[0][0]
+
+
+def test_throttle_for_is_trusted_by_every_containerd_given(
+        registry: Registry, blob: tuple[str, oci.Blob], tmp_path: Path) -> None:
+    """One throttle, the link of several nodes (bench_progress_accuracy --cluster): each
+    node's containerd directory gets the proxy's hosts.toml while it runs, none after."""
+    path, b = blob
+    dirs = [tmp_path / "n1" / "containerd", tmp_path / "n2" / "containerd"]
+    with throttle_for(registry.host, dirs, 8 * MiB) as proxy:
+        for d in dirs:
+            hosts = (d / "certs.d" / proxy.host / "hosts.toml").read_text()
+            assert f'server = "http://{proxy.host}"' in hosts
+            assert f'[host."http://{proxy.host}"]' in hosts
+        assert len(_fetch(proxy.host, path)) == b.size
+        assert [f.received for f in proxy.blob_log()[b.digest]] == [b.size]
+    assert not any((d / "certs.d" / proxy.host).exists() for d in dirs)

@@ -208,6 +208,19 @@ def test_apiserver_on_control_plane_preset(render: Render) -> None:
     assert "nodeSelector" not in _pod_spec(render(), "Deployment")
 
 
+def test_cpu_requested_not_limited_by_default(render: Render) -> None:
+    """A CFS quota throttles a copy even on an idle node (issue 27: the agent at 500m was
+    throttled 155 times over two uploads of 100 files of 10 MiB): CPU is requested, not
+    limited; memory is both. A limit set in the values is rendered as given."""
+    for kind in ("Deployment", "DaemonSet"):
+        res = _pod_spec(render(), kind)["containers"][0]["resources"]
+        assert res["requests"]["cpu"] and res["requests"]["memory"], kind
+        assert "cpu" not in res["limits"] and res["limits"]["memory"], kind
+    capped = render(["agent.resources.limits.cpu=2", "apiserver.resources.limits.cpu=3"])
+    assert _pod_spec(capped, "DaemonSet")["containers"][0]["resources"]["limits"]["cpu"] == 2
+    assert _pod_spec(capped, "Deployment")["containers"][0]["resources"]["limits"]["cpu"] == 3
+
+
 def test_workload_security(render: Render) -> None:
     docs = render()
     api = _pod_spec(docs, "Deployment")

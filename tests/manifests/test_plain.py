@@ -36,7 +36,10 @@ def test_plain_manifests_parse_and_are_listed() -> None:
 
 
 def _kubectl() -> str:
-    k = shutil.which("kubectl") or str(REPO / ".local/bin/kubectl")
+    # The kubectl built from the pinned module first: PATH's may be minors older.
+    k = str(REPO / ".local/bin/kubectl")
+    if not Path(k).exists():
+        k = shutil.which("kubectl") or k
     if not Path(k).exists():
         pytest.skip("kubectl not found")
     return k

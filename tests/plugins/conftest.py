@@ -14,6 +14,6 @@ from tests.plugins.helpers import KUBECTL, install_plugins
 @pytest.fixture
 def plugin_bin(tmp_path: Path) -> Path:
     if not os.access(KUBECTL, os.X_OK):
-        pytest.skip(f"kubectl not found at {KUBECTL}")
+        pytest.skip(f"kubectl not found: {KUBECTL or 'run hack/build-binaries.sh kubectl'}")
     install_plugins(tmp_path / "bin")
     return tmp_path / "bin"

@@ -13,9 +13,24 @@ import termios
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.framework.kubetools import binary
+from tests.framework.procs import HarnessError
 from tests.framework.repo import REPO
 
-KUBECTL = os.environ.get("AGGAPI_KUBECTL", "/usr/bin/kubectl")
+
+def _kubectl() -> str:
+    """AGGAPI_KUBECTL_BIN, or AGGAPI_KUBECTL (local-up's env names its kubectl so), else
+    the kubectl hack/build-binaries.sh built for the release under test; "" when none is
+    built (the plugin tests skip). Never Debian's on PATH: it may be minors behind."""
+    if own := os.environ.get("AGGAPI_KUBECTL_BIN") or os.environ.get("AGGAPI_KUBECTL"):
+        return own
+    try:
+        return binary("kubectl", build=False)
+    except HarnessError:
+        return ""
+
+
+KUBECTL = _kubectl()
 ENTRY_POINTS = {"kubectl-ncp": ("aggapi.plugins.ncp", "main"),
                 "kubectl-image_pull_progress": ("aggapi.plugins.image_pull_progress", "main"),
                 "kubectl_complete-ncp": ("aggapi.plugins.complete", "ncp_main"),

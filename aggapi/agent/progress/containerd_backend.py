@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from aggapi import imageref
-from aggapi.agent.progress.eta import Flow, Sharing, plan
+from aggapi.agent.progress.eta import Flow, Plan, Sharing, plan, share_rate
 from aggapi.agent.progress.layers import Snapshots, layer_states, snapshots_of
 from aggapi.agent.progress.leases import LeaseIndex, LeaseView
 from aggapi.agent.progress.model import (
@@ -53,7 +53,7 @@ from aggapi.agent.progress.ocimanifest import (
     Platform,
     ResolvedImage,
 )
-from aggapi.agent.progress.rate import CounterBook
+from aggapi.agent.progress.rate import CounterBook, Trace
 from aggapi.runtime.containerd import (
     ContentInfo,
     ImageRecord,
@@ -121,6 +121,7 @@ class ContainerdBackend:
         self._links: deque[tuple[float, float]] = deque()  # (time, link rate) measured
         self._sharing = Sharing()  # is the link shared? (measured at completions)
         self._last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
+        self._idle: set[str] = set()  # layer ingests open at offset 0, last poll
         self.leases = LeaseIndex(client, self.manifests, monotonic=monotonic,
                                  full_refresh=full_refresh)
         self._memory: dict[str, _Memory] = {}
@@ -164,7 +165,13 @@ class ContainerdBackend:
             self._sharing.finished(at, self._last_est.get(digest),
                                    {k: r for k, r in self._last_est.items() if k not in done})
         live = {d for d, ing in ingests.items() if ing.kind == "layer"}
-        self._sharing.update(rates.traces, started=bool(live - self._last_est.keys()))
+        # A layer began since: a new ingest, or one open at offset 0 that moved
+        # (containerd 2.4 opens every layer's ingest at once, then each waits for a
+        # download slot: the one a completion frees goes to such a layer at once).
+        began = bool(live - self._last_est.keys()) or any(
+            d in self._idle and _moved(rates.traces.get(d)) for d in live)
+        self._sharing.update(rates.traces, started=began)
+        self._idle = {d for d in live if not _moved(rates.traces.get(d))}
 
         images: dict[str, ImageState] = {}
         claimed: dict[str, str] = {}  # lease -> ref
@@ -186,7 +193,10 @@ class ContainerdBackend:
             if ref not in images:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
-        link = rates.group(rates.traces)
+        # On a shared link a completion hands its share to the others: the link's rate
+        # is measured across it (the survivors' faster bytes show only at their next
+        # steps, up to ~8 s later at 120 kB/s; restarting the window there read 60%).
+        link = rates.group(rates.traces, whole_link=self._sharing.conserve >= 0.5)
         if link:
             # The link's capacity, for judging whether a step could have come from a
             # completion: its best rate of the last minute (while downloads wait for
@@ -197,9 +207,10 @@ class ContainerdBackend:
         self._counters.link = max((x for _, x in self._links), default=None)
         timing = self._plan(pull_layers, ingests, link, waiting)
         images = {ref: self._timed(st, timing, link) for ref, st in images.items()}
-        pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link) for p in pulls]
+        pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link, timing.share)
+                 for p in pulls]
         return NodeState("containerd", images, tuple(pulls), time=wall, rates=self._rates,
-                         link_bytes_per_second=_round(link))
+                         link_bytes_per_second=_round(link), shares=timing.share)
 
     async def _records(self, refs: Sequence[str]) -> dict[str, ImageRecord]:
         names = []
@@ -409,9 +420,10 @@ class ContainerdBackend:
 
     def _plan(self, pull_layers: Mapping[str, tuple[LayerState, ...]],
               ingests: Mapping[str, IngestStatus], link: float | None,
-              waiting: Mapping[str, float]) -> Mapping[str, float]:
-        """Seconds until each layer's last byte: the link shared among every layer the
-        node downloads, queued layers of a pull starting as its running ones finish."""
+              waiting: Mapping[str, float]) -> Plan:
+        """Seconds until each layer's last byte, and each running layer's share of the
+        link now: the link shared among every layer the node downloads, queued layers
+        of a pull starting as its running ones finish."""
         rates = self._rates
         est = self._last_est = rates.estimates(d for d, ing in ingests.items()
                                                if ing.kind == "layer")
@@ -427,7 +439,8 @@ class ContainerdBackend:
                     seen.add(la.digest)
                     r = est.get(la.digest)
                     left = la.total - la.progress - rates.in_flight(la.digest, r)
-                    flows.append(Flow(la.digest, lease, left, r, la.digest not in waiting))
+                    flows.append(Flow(la.digest, lease, left, self._weight(la.digest, waiting),
+                                      la.digest not in waiting))
                 elif la.phase == WAITING:
                     seen.add(la.digest)
                     flows.append(Flow(la.digest, lease, la.total, None, False))
@@ -436,13 +449,20 @@ class ContainerdBackend:
                 # A layer of a pull not resolved (yet): it shares the link all the same.
                 r = est.get(digest)
                 left = ing.total - ing.offset - rates.in_flight(digest, r)
-                flows.append(Flow(digest, "", left, r, digest not in waiting))
+                flows.append(Flow(digest, "", left, self._weight(digest, waiting),
+                                  digest not in waiting))
         # Running first; then the ingests waiting for a slot, first opened first; then
         # layers not reached yet (stable: in their pull's order).
         flows.sort(key=lambda f: (f.active, f.key in waiting, -waiting.get(f.key, 0.0)),
                    reverse=True)
-        return plan(flows, link, self._slots, self._sharing.conserve,
-                    self._node_slots).finish
+        return plan(flows, link, self._slots, self._sharing.conserve, self._node_slots)
+
+    def _weight(self, digest: str, waiting: Mapping[str, float]) -> float | None:
+        """A layer's share of the link: its measured rate once it has stepped twice;
+        until then unknown (the plan gives it the mean share). A bound from a layer
+        that has not stepped yet (one step over the time since it opened) is no share:
+        it may have waited for a slot all that time, and shrinks while it waits."""
+        return None if digest in waiting else self._rates.rate(digest)
 
     def _unstarted(self, ingests: Mapping[str, IngestStatus]) -> dict[str, float]:
         """Layer ingests open at offset 0 that have not stepped and for which no
@@ -465,8 +485,7 @@ class ContainerdBackend:
         free = max(self._node_slots - len(moving), 0)
         return {d: t for t, d in idle[free:]}
 
-    def _timed(self, st: ImageState, finish: Mapping[str, float],
-               link: float | None) -> ImageState:
+    def _timed(self, st: ImageState, timing: Plan, link: float | None) -> ImageState:
         """An image with its layers' shares of the link and ETAs, its own rate (the rate
         of its bytes) and its ETA (its last layer's)."""
         if st.phase not in (DOWNLOADING, EXTRACTING) or not st.layers:
@@ -475,7 +494,7 @@ class ContainerdBackend:
         last: float | None = 0.0
         for la in st.layers:
             if la.phase in (DOWNLOADING, WAITING) and la.progress < la.total:
-                at = finish.get(la.digest)
+                at = timing.finish.get(la.digest)
                 last = None if at is None or last is None else max(last, at)
                 rate = la.bytes_per_second
                 if rate is not None and link is not None:
@@ -484,7 +503,9 @@ class ContainerdBackend:
                              eta_seconds=None if at is None else round(at, 1))
             layers.append(la)
         mine = [la.digest for la in st.layers if la.phase != ALREADY_PRESENT]
-        rate = self._rates.group(mine)
+        rate = share_rate(mine, timing.share, self._rates)
+        if rate is None:
+            rate = self._rates.group(mine)
         if rate is not None and link is not None:
             rate = min(rate, link)
         if st.total is None:
@@ -493,13 +514,20 @@ class ContainerdBackend:
                        eta_seconds=None if last is None else round(last, 1))
 
     def _timed_pull(self, p: PullState, layers: tuple[LayerState, ...],
-                    link: float | None) -> PullState:
+                    link: float | None, share: Mapping[str, float]) -> PullState:
         if not layers:
             return p
-        rate = self._rates.group(la.digest for la in layers if la.phase != ALREADY_PRESENT)
+        mine = [la.digest for la in layers if la.phase != ALREADY_PRESENT]
+        rate = share_rate(mine, share, self._rates)
+        if rate is None:
+            rate = self._rates.group(mine)
         if rate is not None and link is not None:
             rate = min(rate, link)
         return replace(p, bytes_per_second=_round(rate))
+
+
+def _moved(tr: Trace | None) -> bool:
+    return tr is not None and bool(tr.points) and tr.points[-1][1] > 0
 
 
 def _round(x: float | None) -> float | None:

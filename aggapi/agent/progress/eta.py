@@ -16,10 +16,10 @@ download on its own) say no, and then each layer keeps its own rate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from aggapi.agent.progress.rate import Trace
+from aggapi.agent.progress.rate import Rates, Trace
 
 
 @dataclass(frozen=True)
@@ -158,3 +158,15 @@ class Sharing:
         if expected > 0:
             self._pending = None
             self.conserve = min(max(gained / expected, 0.0), 1.0)
+
+
+def share_rate(keys: Iterable[str], share: Mapping[str, float], rates: Rates
+               ) -> float | None:
+    """The rate of a set of layers (an image's, a pod's, a pull's): their shares of the
+    link now, which move the moment a sibling or another pull finishes, where a rate
+    measured over a window lags by that window. None unless one of them has a
+    measured rate of its own: no rate is made up for bytes not yet seen."""
+    mine = set(keys)
+    if not any(k in share and rates.rate(k) is not None for k in mine):
+        return None
+    return sum(share[k] for k in mine if k in share)

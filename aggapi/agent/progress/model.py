@@ -7,6 +7,7 @@ only the layers that need downloading (every phase except AlreadyPresent).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from aggapi.agent.progress.rate import Rates
@@ -80,6 +81,8 @@ class NodeState:
     # pod's), and the rate of every layer byte the node downloads: its link.
     rates: Rates | None = field(default=None, compare=False)
     link_bytes_per_second: float | None = field(default=None, compare=False)
+    # Each running layer's share of the link now (bytes per second), by digest.
+    shares: Mapping[str, float] | None = field(default=None, compare=False)
 
 
 def aggregate(layers: tuple[LayerState, ...]) -> tuple[int | None, int | None]:

@@ -33,6 +33,7 @@ MIN_CHANGES, MIN_SPAN = 2, 2.0  # the shortest span a rate is measured over
 LONG_CHANGES, LONG_SPAN = 6, 10.0  # the span used while the rate holds steady
 CHANGED = 0.25  # short and long spans disagreeing by more than this: the rate changed
 GROUP_MIN_SPAN, GROUP_MAX_SPAN = 4.0, 60.0
+IDLE_GAP = 2.0  # seconds between downloads that make them separate busy spells
 FINISHED_MEMORY = GROUP_MAX_SPAN  # seconds a finished counter still counts in windows
 
 
@@ -301,10 +302,19 @@ class Rates:
         return t0
 
     def group(self, keys: Iterable[str], since: float | None = None,
-              until: float | None = None) -> float | None:
+              until: float | None = None, whole_link: bool = False) -> float | None:
         """Bytes per second of the counters' bytes together, over one common window
-        (or over [since, until] when given)."""
+        (or over [since, until] when given). ``whole_link``: the keys are every
+        download on a shared link, whose total does not change when one finishes."""
         trs = {k: t for k in set(keys) if (t := self.traces.get(k)) is not None and t.points}
+        live = [t.soft_start if t.soft_start is not None else t.points[0][0]
+                for t in trs.values() if not t.finished]
+        if live:
+            # A counter that finished well before every live one began is an earlier
+            # pull's: the node was idle between them, and that is not the link's rate.
+            # (One whose slot a queued layer took is not: that one began as it ended.)
+            trs = {k: t for k, t in trs.items()
+                   if not t.finished or t.points[-1][0] > min(live) - IDLE_GAP}
         # Fewer than two steps say nothing, unless each counter has stepped from its
         # known start (one step of one of several leaves the others' pace unknown).
         if ((sum(t.moves for t in trs.values()) < 2
@@ -316,7 +326,7 @@ class Rates:
         # One of them finished: on a shared link the others' shares changed then, so
         # the window starts after it once that leaves GROUP_MIN_SPAN.
         done = [t.points[-1][0] for t in trs.values() if t.finished]
-        if since is None and done and self.now - max(done) >= GROUP_MIN_SPAN:
+        if since is None and done and not whole_link and self.now - max(done) >= GROUP_MIN_SPAN:
             start = max(start, max(done))
         end = self.now if until is None else min(until, self.now)
         if end <= start:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aggapi.agent.progress import model as phase
+from aggapi.agent.progress.eta import share_rate
 from aggapi.agent.progress.model import ImageState, NodeState
 from aggapi.capability import ContainerRef
 
@@ -65,8 +66,10 @@ def _pod_rate(state: NodeState, need: Sequence[ImageState]) -> float | None:
     busy = [s for s in need if s.phase in (phase.DOWNLOADING, phase.EXTRACTING)]
     if state.rates is None or not busy:
         return None
-    rate = state.rates.group(la.digest for s in busy for la in s.layers
-                             if la.phase != phase.ALREADY_PRESENT)
+    mine = [la.digest for s in busy for la in s.layers if la.phase != phase.ALREADY_PRESENT]
+    rate = share_rate(mine, state.shares, state.rates) if state.shares else None
+    if rate is None:
+        rate = state.rates.group(mine)
     if rate is not None and state.link_bytes_per_second is not None:
         rate = min(rate, state.link_bytes_per_second)
     return None if rate is None else round(rate, 1)

@@ -9,31 +9,20 @@ apiserver and the agents run on.
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.framework.addon import IMAGE_ARCHIVE, Addon, addon_of
+from tests.framework.addon import CHECKOUT_ARCHIVE, Addon, addon_of, build_image
 from tests.framework.cluster import Cluster
-from tests.framework.repo import REPO
-
-# This checkout's image, in an archive of its own: the default one is shared by every
-# checkout on the machine, and another branch's build may replace it at any time.
-ARCHIVE = IMAGE_ARCHIVE.with_name(f"aggapi-{hashlib.sha256(str(REPO).encode()).hexdigest()[:8]}"
-                                  ".oci.tar")
 
 
 @pytest.fixture(scope="session")
 def installed_addon(two_node_cluster: Cluster) -> Iterator[Addon]:
-    t0 = time.monotonic()
-    subprocess.run(["bash", str(REPO / "hack/build-image.sh"), "-o", str(ARCHIVE)], check=True,
-                   stdout=subprocess.DEVNULL)
-    print(f"\naddon: image built or up to date in {time.monotonic() - t0:.1f}s")
+    print(f"\naddon: image built or up to date in {build_image():.1f}s")
     addon = addon_of(two_node_cluster)
-    loaded = addon.load_image(ARCHIVE)
+    loaded = addon.load_image(CHECKOUT_ARCHIVE)
     addon.remove_harness_objects()
     try:  # a failed install is uninstalled too: nothing half-installed stays
         times = addon.install()

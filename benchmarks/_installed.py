@@ -1,0 +1,522 @@
+"""``bench_kubectl_cp --installed``: kubectl cp against kubectl ncp on the path users run,
+the helm-installed add-on on the two-node cluster of hack/local-up.sh.
+
+A busybox+tar pod on one node (``--node``); kubectl cp goes kube-apiserver -> that node's
+kubelet -> containerd's exec stream -> tar in the container; ncp goes kube-apiserver ->
+aggregator -> whichever aggapi apiserver replica the aggregator picks -> the agent pod
+on the pod's node. Scenarios, both ways: one big file, a tree of many small files,
+a directory of medium files. Rounds alternate the tools' order. Integrity: sha256 of
+every file, in the container (busybox sha256sum) after an upload and here after a
+download.
+
+CPU per GiB per process: kube-apiserver (host process), the pod's node's kubelet and
+containerd (their own PIDs inside the node's PID namespace), that node's
+containerd-shims, and from each pod's cgroup: the bench pod (tar), the aggapi apiserver
+replicas, the agent; the client (kubectl or ncp) from this process's waited children.
+Throttling (periods and seconds) per pod from the cgroup's cpu.stat, beside its limit.
+
+``--variant LABEL=K=V[,K=V...]`` (repeatable) runs every scenario once per chart variant
+(``helm upgrade --set``, then every pod Ready again), side by side in one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks._cgroupstats import PodCgroup
+from benchmarks._procstats import cpu_seconds, profiled
+from benchmarks.bench_kubectl_cp import file_sha
+from tests.framework.addon import IMAGE_ARCHIVE, Addon, addon_of
+from tests.framework.cluster import Cluster, registry_of
+from tests.framework.clusternode import ClusterNode
+from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.kubelet import pod_manifest
+from tests.framework.repo import REPO
+
+MiB = 1 << 20
+GiB = 1 << 30
+TOOLS = ("kubectl cp", "kubectl ncp")
+# Goals of issue 27: ncp over kubectl cp, both ways (no goal for "medium": reported).
+GOALS = {"big": 2.0, "small": 1.0}
+BUSYBOX = "/bin/busybox"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    files: int
+    file_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.files * self.file_bytes
+
+    @property
+    def is_dir(self) -> bool:
+        return self.name != "big"
+
+
+def scenarios(size_mib: int, small_files: int, medium_files: int,
+              chosen: list[str]) -> list[Scenario]:
+    every = {"big": Scenario("big", 1, size_mib * MiB),
+             "small": Scenario("small", small_files, 4096),
+             "medium": Scenario("medium", medium_files, 10 * MiB)}
+    return [every[c] for c in chosen]
+
+
+# --- payloads and their digests ------------------------------------------------------
+
+def tree_digest(lines: dict[str, str]) -> str:
+    """One digest of a tree: sha256 over sorted ``relpath sha256`` lines."""
+    text = "".join(f"{p} {d}\n" for p, d in sorted(lines.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def local_digest(path: Path) -> str:
+    if path.is_file():
+        return file_sha(path)
+    return tree_digest({str(f.relative_to(path)): file_sha(f)
+                        for f in path.rglob("*") if f.is_file()})
+
+
+def make_payload(sc: Scenario, workdir: Path) -> Path:
+    """The scenario's source: a file, or a tree (100 files per directory)."""
+    if not sc.is_dir:
+        path = workdir / "big.bin"
+        with path.open("wb") as f:
+            left = sc.file_bytes
+            while left:
+                chunk = os.urandom(min(left, 8 * MiB))
+                f.write(chunk)
+                left -= len(chunk)
+        return path
+    root = workdir / sc.name
+    for i in range(sc.files):
+        d = root / f"d{i // 100:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i % 100:02d}.dat").write_bytes(os.urandom(sc.file_bytes))
+    return root
+
+
+# --- the processes on either path ----------------------------------------------------
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def inner_pid(pid: int) -> int:
+    """The daemon itself under ``nsenter --pid ... daemon`` (nsenter forks into the node's
+    PID namespace and waits): its pidfile names the nsenter."""
+    for _ in range(4):
+        argv = _cmdline(pid)
+        if not argv or Path(argv[0]).name not in ("nsenter", "unshare"):
+            return pid
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if not kids:
+            return pid
+        pid = int(kids[0])
+    return pid
+
+
+def _pid_ns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def node_shims(node: ClusterNode) -> list[int]:
+    """containerd-shims of ``node``: those in its PID namespace."""
+    ctd = node.proc("containerd").pid()
+    if ctd is None:
+        raise SystemExit(f"{node.name}: containerd is not running")
+    ns = _pid_ns(inner_pid(ctd))
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and (argv := _cmdline(int(d))) and "containerd-shim" in argv[0]:
+            with contextlib.suppress(OSError):
+                if _pid_ns(int(d)) == ns:
+                    out.append(int(d))
+    return out
+
+
+def children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+@dataclass
+class Pods:
+    """The pods measured by their cgroups: label -> (pod name, node, cgroup)."""
+
+    groups: dict[str, tuple[str, str, PodCgroup]] = field(default_factory=dict)
+
+    def add(self, label: str, pod: dict[str, Any]) -> None:
+        cg = PodCgroup.find(pod["metadata"]["uid"])
+        if cg is None:
+            raise SystemExit(f"no cgroup found for pod {pod['metadata']['name']}")
+        self.groups[label] = (pod["metadata"]["name"], pod["spec"]["nodeName"], cg)
+
+
+class Meter:
+    """CPU seconds and throttling of every process of both paths over one transfer."""
+
+    def __init__(self, cp: ControlPlane, node: ClusterNode, pods: Pods) -> None:
+        self.pods = pods
+        self.sources: dict[str, Callable[[], float]] = {}
+        for name, pid in (("kube-apiserver", cp.proc("kube-apiserver").pid()),
+                          ("kubelet", node.proc("kubelet").pid()),
+                          ("containerd", node.proc("containerd").pid())):
+            if pid is None:
+                raise SystemExit(f"{name} is not running")
+            self.sources[name] = functools.partial(cpu_seconds, inner_pid(pid))
+        shims = node_shims(node)
+        self.sources["containerd-shims"] = lambda: sum(cpu_seconds(p) for p in shims
+                                                       if Path(f"/proc/{p}").exists())
+        for label, (_, _, cg) in pods.groups.items():
+            self.sources[label] = cg.cpu_seconds
+        self.sources["client"] = children_cpu
+
+    @contextlib.contextmanager
+    def window(self, cpu: dict[str, float], thr: dict[str, list[float]]) -> Iterator[None]:
+        before = {k: f() for k, f in self.sources.items()}
+        thr0 = {k: cg.throttling() for k, (_, _, cg) in self.pods.groups.items()}
+        yield
+        for k, f in self.sources.items():
+            cpu[k] = cpu.get(k, 0.0) + f() - before[k]
+        for k, (_, _, cg) in self.pods.groups.items():
+            n, s = cg.throttling()
+            acc = thr.setdefault(k, [0.0, 0.0])
+            acc[0] += n - thr0[k][0]
+            acc[1] += s - thr0[k][1]
+
+
+def python_pids(cg: PodCgroup) -> list[int]:
+    """The pod's Python processes, by the executable they run (argv[0] may be a script)."""
+    out = []
+    for p in cg.pids():
+        with contextlib.suppress(OSError):
+            if "python" in Path(os.readlink(f"/proc/{p}/exe")).name:
+                out.append(p)
+    return out
+
+
+# --- one run -------------------------------------------------------------------------
+
+POD = "bench-kubectl-cp"
+
+
+def timed(argv: list[str], cwd: Path = REPO) -> float:
+    t0 = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+    took = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:4])}... failed: {r.stderr.strip()[-2000:]}")
+    return took
+
+
+class Bench:
+    def __init__(self, cluster: Cluster, addon: Addon, node: ClusterNode, workdir: Path,
+                 spy: Path | None, ncp_root: Path = REPO) -> None:
+        # Where ``python3 -m aggapi.plugins.ncp`` runs (its aggapi): another checkout's
+        # client side by side with this one's.
+        self.ncp_root = ncp_root
+        self.cp = cluster.cp
+        self.cluster = cluster
+        self.addon = addon
+        self.node = node
+        self.workdir = workdir
+        self.spy = spy
+
+    def kubectl(self, *args: str) -> str:
+        return self.cp.kubectl(*args).stdout
+
+    def start_pod(self) -> dict[str, Any]:
+        from benchmarks.bench_kubectl_cp import push_tar_image
+
+        image = push_tar_image(self.cluster.registry)
+        self.cp.kubectl("delete", "pod", POD, "--grace-period=0", "--force",
+                        "--ignore-not-found", check=False)
+        self.cp.kubectl("create", "-f", "-", input=json.dumps(pod_manifest(
+            POD, [{"name": "c", "image": image}], node=self.node.name)))
+        self.kubectl("wait", "--for=condition=Ready", f"pod/{POD}", "--timeout=120s")
+        pod: dict[str, Any] = json.loads(self.kubectl("get", "pod", POD, "-o", "json"))
+        return pod
+
+    def remote_digest(self, path: str, is_dir: bool) -> str:
+        if not is_dir:
+            return self.kubectl("exec", POD, "--", BUSYBOX, "sha256sum", path).split()[0]
+        out = self.kubectl("exec", POD, "--", BUSYBOX, "sh", "-c",
+                           f"cd {path} && {BUSYBOX} find . -type f | "
+                           f"{BUSYBOX} xargs {BUSYBOX} sha256sum")
+        lines = {}
+        for line in out.splitlines():
+            digest, _, rel = line.partition("  ")
+            lines[rel.removeprefix("./")] = digest
+        return tree_digest(lines)
+
+    def pods(self) -> Pods:
+        pods = Pods()
+        pods.add("pod (tar)", json.loads(self.kubectl("get", "pod", POD, "-o", "json")))
+        for p in self.addon.apiserver_pods():
+            if self.addon.ready(p):
+                pods.add(f"aggapi apiserver@{p['spec']['nodeName'][-1]}", p)
+        pods.add("agent", self.addon.agent_pod(self.node.name))
+        return pods
+
+    def run(self, scs: list[Scenario], rounds: int) -> dict[str, Any]:
+        self.start_pod()
+        pods = self.pods()
+        meter = Meter(self.cp, self.node, pods)
+        limits = {k: cg.cpu_limit() for k, (_, _, cg) in pods.groups.items()}
+        kc = [binary("kubectl"), f"--kubeconfig={self.cp.admin_kubeconfig}"]
+        ncp = [sys.executable, "-m", "aggapi.plugins.ncp", "-q",
+               f"--kubeconfig={self.cp.admin_kubeconfig}"]
+        tool_argv = {"kubectl cp": [*kc, "cp"], "kubectl ncp": ncp}
+        remote = {"kubectl cp": "/tmp/kcp", "kubectl ncp": "/tmp/ncp"}
+        spied = {label.replace(" ", "_").replace("@", "-") + f"-{pid}": pid
+                 for label, (_, _, cg) in pods.groups.items() if label != "pod (tar)"
+                 for pid in python_pids(cg)}
+        out: dict[str, Any] = {"pods": {k: {"pod": n, "node": node, "cpu_limit": limits[k]}
+                                        for k, (n, node, _) in pods.groups.items()}}
+        try:
+            for sc in scs:
+                out[sc.name] = self.scenario(sc, rounds, meter, tool_argv, remote, spied)
+        finally:
+            self.cp.kubectl("delete", "pod", POD, "--grace-period=0", "--force",
+                            "--wait=false", check=False)
+        out["peak_rss_mib"] = {k: round(cg.peak_rss_mib(), 1)
+                               for k, (_, _, cg) in pods.groups.items()}
+        return out
+
+    def scenario(self, sc: Scenario, rounds: int, meter: Meter,
+                 tool_argv: dict[str, list[str]], remote: dict[str, str],
+                 spied: dict[str, int]) -> dict[str, Any]:
+        print(f"bench: {sc.name}: {sc.files} x {sc.file_bytes} bytes, {rounds} round(s)",
+              file=sys.stderr, flush=True)
+        src = make_payload(sc, self.workdir)
+        digest = local_digest(src)
+        back = self.workdir / f"back-{sc.name}"
+        secs: dict[str, list[float]] = {}
+        cpu: dict[str, dict[str, float]] = {}
+        thr: dict[str, dict[str, list[float]]] = {}
+
+        def one(tool: str, way: str, argv: list[str]) -> None:
+            key = f"{tool} {way}"
+            spy = self.spy if tool == "kubectl ncp" else None
+            if spy is not None:  # the client too, started under py-spy
+                argv = ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o",
+                        str(spy / f"{sc.name}-{key.replace(' ', '_')}-client.txt"), "--",
+                        *argv]
+            with profiled(spy, f"{sc.name}-{key}", spied, native=False), \
+                    meter.window(cpu.setdefault(key, {}), thr.setdefault(key, {})):
+                secs.setdefault(key, []).append(
+                    timed(argv, self.ncp_root if tool == "kubectl ncp" else REPO))
+
+        try:
+            for r in range(rounds):
+                order = TOOLS if r % 2 == 0 else TOOLS[::-1]
+                for tool in order:
+                    dst = f"{remote[tool]}-{sc.name}"
+                    one(tool, "upload", [*tool_argv[tool], str(src), f"default/{POD}:{dst}"])
+                    got = self.remote_digest(dst, sc.is_dir)
+                    if got != digest:
+                        raise SystemExit(f"{sc.name} {tool} upload: sha256 mismatch")
+                # Both download what kubectl cp wrote: the agent has never hashed it.
+                cold = f"{remote['kubectl cp']}-{sc.name}"
+                for tool in order:
+                    shutil.rmtree(back, ignore_errors=True)
+                    back.unlink(missing_ok=True)
+                    one(tool, "download", [*tool_argv[tool], f"default/{POD}:{cold}",
+                                           str(back)])
+                    if local_digest(back) != digest:
+                        raise SystemExit(f"{sc.name} {tool} download: sha256 mismatch")
+                self.kubectl("exec", POD, "--", BUSYBOX, "rm", "-rf",
+                             *(f"{p}-{sc.name}" for p in remote.values()))
+        finally:
+            shutil.rmtree(back, ignore_errors=True)
+            back.unlink(missing_ok=True)
+            if src.is_dir():
+                shutil.rmtree(src)
+            else:
+                src.unlink()
+        gib = sc.total * rounds / GiB
+        best = {k: min(v) for k, v in secs.items()}
+        mibs = {k: sc.total / MiB / t for k, t in best.items()}
+        per_gib = {k: {p: round(s / gib, 3) for p, s in v.items()} for k, v in cpu.items()}
+        totals = {k: sum(v.values()) for k, v in per_gib.items()}
+        res: dict[str, Any] = {
+            "files": sc.files, "file_bytes": sc.file_bytes, "rounds": rounds,
+            "seconds": secs, "MiB_per_s": {k: round(v, 1) for k, v in mibs.items()},
+            "cpu_s_per_gib": per_gib,
+            "throttled": {k: {p: {"periods": int(n), "seconds": round(s, 3)}
+                              for p, (n, s) in v.items()} for k, v in thr.items()}}
+        for way, short in (("upload", "up"), ("download", "down")):
+            res[f"{short}_ratio"] = round(mibs[f"kubectl ncp {way}"]
+                                          / mibs[f"kubectl cp {way}"], 2)
+            res[f"{short}_cpu_ratio"] = round(totals[f"kubectl cp {way}"]
+                                              / totals[f"kubectl ncp {way}"], 2)
+        return res
+
+
+# --- the cluster: found running, or brought up and taken down again ------------------
+
+def image_archive() -> Path:
+    """This checkout's image in an archive of its own (as tests/e2e/addon does)."""
+    tag = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
+    return IMAGE_ARCHIVE.with_name(f"aggapi-{tag}.oci.tar")
+
+
+@contextlib.contextmanager
+def installed(instance: str, up: bool) -> Iterator[tuple[Cluster, Addon]]:
+    cp = ControlPlane(instance=instance)
+    started_cp = started_nodes = installed_here = False
+    try:
+        if not cp.proc("kube-apiserver").alive():
+            if not up:
+                raise SystemExit(f"no control plane {instance!r}: run hack/local-up.sh "
+                                 "or pass --up")
+            cp.up()
+            started_cp = True
+        cluster = Cluster(cp, registry_of(cp))
+        if not all(n.proc("kubelet").alive() for n in cluster.nodes):
+            if not up:
+                raise SystemExit("the two-node cluster is not up: hack/local-up.sh or --up")
+            cluster.up()
+            started_nodes = True
+        addon = addon_of(cluster)
+        if not addon.installed():
+            if not up:
+                raise SystemExit("aggapi is not installed: hack/local-up.sh or --up")
+            archive = image_archive()
+            subprocess.run(["bash", str(REPO / "hack/build-image.sh"), "-o", str(archive)],
+                           check=True, stdout=subprocess.DEVNULL)
+            addon.load_image(archive)
+            addon.remove_harness_objects()
+            installed_here = True
+            print(f"bench: {addon.install().line()}", file=sys.stderr, flush=True)
+        yield cluster, addon
+    finally:
+        if started_cp:
+            cp.down()  # the nodes with it
+        elif started_nodes:
+            cluster.down()
+        elif installed_here:
+            addon.uninstall()
+
+
+def parse_variant(text: str) -> tuple[str, list[str], Path]:
+    """``LABEL=K=V,...``: helm ``--set`` values, and ``ncp=DIR``: the ncp client run from
+    DIR (a checkout's root holding ``aggapi/``) instead of this one."""
+    label, _, spec = text.partition("=")
+    sets = [s for s in spec.split(",") if s]
+    ncp = [s.removeprefix("ncp=") for s in sets if s.startswith("ncp=")]
+    return label, [s for s in sets if not s.startswith("ncp=")], \
+        Path(ncp[-1]).resolve() if ncp else REPO
+
+
+def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario], rounds: int,
+                  variants: list[str], spy: Path | None) -> dict[str, Any]:
+    from benchmarks.tls_floor import floor
+
+    results: dict[str, Any] = {}
+    # The bare TLS pair first, on this host's Python and OpenSSL (the pods run the image's).
+    tls = floor(256 * MiB)
+    print("TLS floor (a bare Python sender and receiver over 127.0.0.1), CPU-s/GiB: " + "; ".join(
+        f"{m} receiver {f['receiver']:.2f} sender {f['sender']:.2f}" for m, f in tls.items()))
+    with installed(instance, up) as (cluster, addon):
+        node = cluster.node(node_index)
+        changed = False
+        for text in variants or ["as installed="]:
+            label, sets, ncp_root = parse_variant(text)
+            if sets or changed:  # back to the chart's defaults after another variant
+                addon.upgrade(sets)
+                addon.wait_ready()
+            changed = bool(sets)
+            vspy = spy / label if spy else None
+            if vspy:
+                vspy.mkdir(parents=True, exist_ok=True)
+            with tempfile_dir() as workdir:
+                r = Bench(cluster, addon, node, workdir, vspy, ncp_root).run(scs, rounds)
+            r["sets"] = sets
+            r["ncp_from"] = str(ncp_root)
+            r["tls_floor"] = tls
+            results[label] = r
+            report(label, r)
+    return results
+
+
+@contextlib.contextmanager
+def tempfile_dir() -> Iterator[Path]:
+    import tempfile
+
+    (REPO / ".local").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-kcp-", dir=REPO / ".local") as d:
+        yield Path(d)
+
+
+def report(label: str, r: dict[str, Any]) -> None:
+    print(f"== {label} ({os.cpu_count()} CPUs, shared; load {os.getloadavg()[0]:.2f})")
+    for k, p in r["pods"].items():
+        lim = "no limit" if p["cpu_limit"] is None else f"limit {p['cpu_limit']:g} CPU"
+        print(f"  {k:26s} {p['pod']} on {p['node']}, {lim}, "
+              f"peak RSS {r['peak_rss_mib'].get(k, 0):.0f} MiB")
+    for name, sc in r.items():
+        if not isinstance(sc, dict) or "MiB_per_s" not in sc:
+            continue
+        print(f"{name}: {sc['files']} x {sc['file_bytes'] / MiB:g} MiB, best of {sc['rounds']}")
+        for k, v in sc["MiB_per_s"].items():
+            print(f"  {k:22s} {v:8.1f} MiB/s  ({min(sc['seconds'][k]):.2f} s)")
+        procs: list[str] = []
+        for used in sc["cpu_s_per_gib"].values():
+            procs += [p for p in used if p not in procs]
+        print("  CPU-s/GiB: " + " | ".join(p for p in procs) + " | total")
+        for k, used in sc["cpu_s_per_gib"].items():
+            print(f"    {k:22s}" + "".join(f"{used.get(p, 0.0):7.2f}" for p in procs)
+                  + f"{sum(used.values()):8.2f}")
+        for k, pods in sc["throttled"].items():
+            hit = {p: t for p, t in pods.items() if t["periods"]}
+            if hit:
+                print(f"  throttled in {k}: " + ", ".join(
+                    f"{p} {t['periods']}x {t['seconds']:.2f}s" for p, t in hit.items()))
+        for way in ("up", "down"):
+            goal = GOALS.get(name)
+            verdict = ("" if goal is None else
+                       f", goal {goal}x: {'met' if sc[f'{way}_ratio'] >= goal else 'NOT met'}")
+            print(f"  {way}: ncp/kubectl cp {sc[f'{way}_ratio']:.2f}x throughput, "
+                  f"{sc[f'{way}_cpu_ratio']:.2f}x CPU efficiency{verdict}")
+        served = [k for k in sc["cpu_s_per_gib"].get("kubectl ncp upload", {})
+                  if k.startswith("aggapi apiserver@")]
+        for way in ("upload", "download"):
+            used = sc["cpu_s_per_gib"].get(f"kubectl ncp {way}", {})
+            if served:
+                top = max(served, key=lambda k: used.get(k, 0.0))
+                node = r["pods"][top]["node"]
+                print(f"  ncp {way} served by {r['pods'][top]['pod']} on {node} "
+                      f"(its CPU), agent on {r['pods']['agent']['node']}")
+
+
+def goals(r: dict[str, Any]) -> dict[str, Any]:
+    """The --json summary: ratios per scenario and whether the issue's goals are met."""
+    out: dict[str, Any] = {name: {"up_ratio": sc["up_ratio"], "down_ratio": sc["down_ratio"],
+                                  "up_cpu_ratio": sc["up_cpu_ratio"],
+                                  "down_cpu_ratio": sc["down_cpu_ratio"]}
+                           for name, sc in r.items()
+                           if isinstance(sc, dict) and "up_ratio" in sc}
+    out["goal_met"] = all(name in out and min(out[name]["up_ratio"], out[name]["down_ratio"])
+                          >= goal for name, goal in GOALS.items())
+    return out
