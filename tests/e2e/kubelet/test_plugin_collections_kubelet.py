@@ -3,7 +3,9 @@ through the podimagepulls collection (issue 25 item 4).
 
 kube-controller-manager makes the replicas, kube-scheduler binds them to the harness
 node, the real kubelet pulls the image through the throttle proxy, and the plugin runs
-as users run it (real kubectl, plain lines on a pipe). Every replica must be followed
+as users run it (real kubectl, plain lines on a pipe). kubelet's own pull throttle is
+set so that it refuses most replicas' pulls: they must be followed through Failed and
+kubelet's retry to Done. Every replica must be followed
 to its image being present: no pod left out, no per-pod stream, and the aggapi
 apiserver holds the same two watches on kube-apiserver whatever the pod count.
 """
@@ -14,6 +16,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from aggapi.plugins.common import EXIT_OK
 from tests.e2e.kubelet.conftest import forget_images, wait_for
@@ -34,6 +37,7 @@ from tests.framework.node import Node
 
 MiB = 1 << 20
 APP, REPLICAS = "rollout-wide", 20
+THROTTLE = {"registryPullQPS": 1, "registryBurst": 1}
 HEADER = re.compile(r"^(\d+) pods: (\d+) done, (\d+) pulling, (\d+) waiting for a slot, "
                     r"(\d+) stuck")
 
@@ -44,6 +48,12 @@ def test_twenty_replicas_followed_whole_through_the_collection(
     cp = control_plane
     remove(cp, APP)
     forget_images(node, IMAGE)
+    # kubelet's pull throttle (registryPullQPS 5, registryBurst 10 by default) refused
+    # some of the 19 pulls queued behind the first, some runs; at 1/1 it refuses most,
+    # every run: those replicas go Failed "pull QPS exceeded", back off, and find the
+    # image present on their retry. Followed whole means they end Done too.
+    real_node.extra_config.update(THROTTLE)
+    real_node.restart()
     image = node.via_throttle(IMAGE)
     node.set_rate(3 * MiB)  # ~8 s for the one pull every replica waits on
     cp.kubectl("apply", "-f", "-",
@@ -57,11 +67,15 @@ def test_twenty_replicas_followed_whole_through_the_collection(
                            or None, 30, "the collection's watches")
         rc, out, err = finish(proc, 300)
         took = time.monotonic() - t0
+        refused = [e for e in events_of(cp, APP) if "pull QPS exceeded" in e["message"]]
     finally:
         if proc.poll() is None:
             proc.kill()
         node.set_rate(None)
         remove(cp, APP)
+        for k in THROTTLE:
+            real_node.extra_config.pop(k, None)
+        real_node.restart()
     assert rc == EXIT_OK, (out[-3000:], err[-3000:])
     lines = [ln.split() for ln in out.splitlines() if ln.strip()]
     last = {ln[0]: ln for ln in lines}
@@ -75,5 +89,20 @@ def test_twenty_replicas_followed_whole_through_the_collection(
     # One pod and one event watch for the namespace (plus, for its linger, the
     # cluster-wide pair an earlier test's nodeimagepulls may have left): never per pod.
     assert watches <= 4, watches
-    print(f"{REPLICAS} replicas followed to Done in {took:.1f} s; "
-          f"{watches:.0f} watches on kube-apiserver")
+    # The throttle refused pulls; those replicas ended Done (above), and the plugin
+    # showed the failure on the way (it lasts ~0.7 s, a redraw is at most 1 s apart,
+    # and a dozen replicas fail at once: one shown is enough).
+    failed = {e["involvedObject"]["name"] for e in refused}
+    assert failed, "kubelet's pull throttle refused no pull: the retry path went untested"
+    assert any(ln[0] == f"default/{n}" and ln[3] in ("Failed", "BackOff")
+               for n in failed for ln in lines), out
+    print(f"{REPLICAS} replicas followed to Done in {took:.1f} s ({len(failed)} refused by "
+          f"kubelet's pull throttle, then retried); {watches:.0f} watches on kube-apiserver")
+
+
+def events_of(cp: ControlPlane, app: str) -> list[dict[str, Any]]:
+    """Events about the Deployment's pods (by their name prefix)."""
+    out = json.loads(cp.kubectl("get", "events", "-n", "default", "-o", "json",
+                                "--field-selector=involvedObject.kind=Pod").stdout)
+    return [e for e in out.get("items") or []
+            if str(e["involvedObject"].get("name") or "").startswith(f"{app}-")]
