@@ -4,8 +4,9 @@ Installed as ``kubectl-image_pull_progress``. For one pod it follows the pod's
 image pulls until every image is present (exit 0) or a pull fails (exit 1, with
 the error); on a terminal it draws rich bars, otherwise plain lines, and with
 ``-o json`` it passes the NDJSON objects through unchanged. For a workload, a
-selector or a node it follows every selected pod (and pods that appear) on one
-screen, stuck pulls first (aggapi.plugins.pullset).
+selector, a node or -A it follows every selected pod (and pods that appear), with no
+cap, through one list and watch of the ``podimagepulls`` collection: one screen,
+stuck pods first (aggapi.plugins.pullset), or with ``-o json`` the watch's events.
 """
 
 from __future__ import annotations
@@ -17,26 +18,30 @@ from typing import TYPE_CHECKING, Any
 
 # Only argparse and common up front: --help must not import aiohttp or rich.
 from aggapi.plugins.common import EXIT_FAIL, EXIT_OK, UsageError, connect, new_parser, run_plugin
-from aggapi.plugins.pacing import MAX_STREAMS, STALL_SECONDS
+from aggapi.plugins.pacing import STALL_SECONDS
 
 if TYPE_CHECKING:
     from aggapi.client.connection import Connection
+    from aggapi.plugins.collection import Change
     from aggapi.plugins.render import PullView
     from aggapi.plugins.targets import Target
 
 EXAMPLES = f"""targets:
-  POD | pod/NAME        one pod (-c, --granularity, -o json and --no-follow apply)
+  POD | pod/NAME        one pod (-c, --granularity and --no-follow apply)
   deployment/NAME       the workload's pods, now and as they appear (also statefulset/,
                         daemonset/, replicaset/, job/); like kubectl rollout status
   -l SELECTOR           pods matching a label selector
   --node NODE           pods scheduled to NODE
   -A                    with -l or --node: in every namespace; alone: every pod
 
-For many pods: one row per pod, container and image, sorted so stuck pulls come
-first (Failed, BackOff, Waiting, Stalled = no new bytes for {STALL_SECONDS:.0f} s), then
-pulls in progress, then finished ones. At most {MAX_STREAMS} pods are followed at once;
-the others show as Queued until a slot frees. Exit status 1 also means that a
-followed pull failed (with --fail-fast: at the first failure)."""
+For many pods, every selected pod is followed (one list and watch of the
+podimagepulls collection, whatever their number). A header counts the pods done,
+pulling, waiting for a pull slot and stuck, and names the slowest nodes; then one
+row per pod, as many as the terminal holds (--max-rows), stuck first (Failed,
+BackOff, Stalled = no new bytes for {STALL_SECONDS:.0f} s), then waiting for a slot, then
+pulling, longest ETA first, then done. -o json prints the watch's events, one per
+line. Exit status 1 also means that a followed pull failed (with --fail-fast: at the
+first failure)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,7 +59,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--container", action="append", default=[],
                    help="only this container's image (repeatable)")
     p.add_argument("--granularity", choices=("layer", "image", "pod"), default="layer")
-    p.add_argument("-o", "--output", choices=("json",), help="print the objects as NDJSON")
+    p.add_argument("-o", "--output", choices=("json",),
+                   help="print the objects as NDJSON (many pods: the watch's events)")
+    p.add_argument("--max-rows", type=int, metavar="N",
+                   help="many pods: show at most N rows (default: what fits the terminal)")
     p.add_argument("--no-follow", action="store_true",
                    help="print the current state once instead of following the pulls")
     return p
@@ -83,28 +91,43 @@ def choose_view(args: argparse.Namespace) -> PullView | JsonView:
     return PlainPullView(args.granularity)
 
 
+def print_change(change: Change) -> None:
+    """-o json: each watch event as received (a list's items as ADDED), one per line;
+    json.dumps escapes every control character, so server text cannot drive the
+    terminal."""
+    events = ([{"type": "ADDED", "object": o} for o in change.items]
+              if change.type == "LIST" else [{"type": change.type, "object": change.obj}])
+    sys.stdout.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+    sys.stdout.flush()
+
+
 async def run_set(args: argparse.Namespace, conn: Connection, target: Target) -> int:
     from aggapi.plugins.pullset import Runner
     from aggapi.plugins.render import PlainSetView, RichSetView
     from aggapi.plugins.targets import resolve
 
+    def retrying(exc: BaseException, delay: float) -> None:
+        from aggapi.plugins.sanitize import clean
+
+        print(clean(f"watch interrupted ({exc or type(exc).__name__}); "
+                    f"reconnecting in {delay:.1f}s"), file=sys.stderr, flush=True)
+
     try:
         ns = args.namespace or conn.namespace
         target = await resolve(conn, target, ns)
-        runner: Runner | None = None
-
-        def rows() -> list[object]:
-            return list(runner.set.rows()) if runner is not None else []
-
-        def now() -> float:
-            return runner.set.clock() if runner is not None else 0.0
-
-        view = RichSetView(rows, now) if sys.stdout.isatty() else PlainSetView(rows, now)
-        runner = Runner(conn, target, ns, fail_fast=args.fail_fast, redraw=view.redraw)
+        json_out = args.output == "json"
+        runner = Runner(conn, target, ns, fail_fast=args.fail_fast, redraw=lambda: None,
+                        on_change=print_change if json_out else None, on_retry=retrying)
+        view: RichSetView | PlainSetView | None = None
+        if not json_out:
+            view = RichSetView(runner.set, args.max_rows) if sys.stdout.isatty() \
+                else PlainSetView(runner.set)
+            runner.redraw = view.redraw
         try:
             failures = await runner.run()
         finally:
-            view.close()
+            if view is not None:
+                view.close()
     finally:
         await conn.close()
     from aggapi.plugins.sanitize import clean
@@ -125,10 +148,14 @@ async def run(args: argparse.Namespace) -> int:
                               all_namespaces=args.all_namespaces)
     except ClientError as exc:
         raise UsageError(str(exc)) from exc
-    single_only = [f for f, on in (("-c", args.container), ("-o", args.output),
+    single_only = [f for f, on in (("-c", args.container),
                                    ("--no-follow", args.no_follow)) if on]
     if not target.single and single_only:
         raise UsageError(f"{', '.join(single_only)}: only with a single pod")
+    if target.single and args.max_rows is not None:
+        raise UsageError("--max-rows: only with many pods")
+    if args.max_rows is not None and args.max_rows < 1:
+        raise UsageError("--max-rows must be at least 1")
     conn = await connect(args)
     if not target.single:
         return await run_set(args, conn, target)

@@ -1,15 +1,16 @@
 """Which pods image-pull-progress follows: a pod, a workload's pods, a selector, a node.
 
 A workload (``deployment/web`` and the like) is resolved to its label selector the way
-``kubectl rollout status`` does; the pods are then listed and watched, so pods that
-appear later (a rollout's new replicas) are followed too.
+``kubectl rollout status`` does; the selected pods' podimagepulls are then listed and
+watched (``aggapi.plugins.collection``), so pods that appear later (a rollout's new
+replicas) are followed too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,40 +117,3 @@ async def resolve(conn: Connection, target: Target, namespace: str) -> Target:
     if not isinstance(sel, dict) or not (sel.get("matchLabels") or sel.get("matchExpressions")):
         raise ClientError.from_message(f"{kind}/{name} has no pod selector")
     return Target(workload=target.workload, label_selector=selector_string(sel))
-
-
-def _pods_path(target: Target, namespace: str) -> str:
-    return "/api/v1/pods" if target.all_namespaces else f"/api/v1/namespaces/{namespace}/pods"
-
-
-async def follow_pods(conn: Connection, target: Target, namespace: str,
-                      ) -> AsyncIterator[tuple[str, Obj]]:
-    """("ADDED"|"MODIFIED"|"DELETED", pod) for the selected pods: first the current
-    list (as ADDED), then the watch; a watch that ends is resumed from the last version."""
-    params = [(k, v) for k, v in (("labelSelector", target.label_selector),
-                                  ("fieldSelector", target.field_selector)) if v]
-    path = _pods_path(target, namespace)
-    listing = await get_json(conn, path, params)
-    for pod in listing.get("items") or []:
-        yield "ADDED", pod
-    rv = str((listing.get("metadata") or {}).get("resourceVersion") or "")
-    while True:
-        wparams = [*params, ("watch", "1"), ("allowWatchBookmarks", "true")]
-        if rv:
-            wparams.append(("resourceVersion", rv))
-        async with conn.request("GET", path, params=wparams,
-                                headers={"Accept": "application/json"}) as resp:
-            async for line in resp.content:
-                if not line.strip():
-                    continue
-                ev = await asyncio.to_thread(_decode, line)
-                if not isinstance(ev, dict) or not isinstance(ev.get("object"), dict):
-                    continue
-                obj = ev["object"]
-                typ = str(ev.get("type"))
-                if typ == "ERROR":  # e.g. 410 Gone: relist from now
-                    rv = ""
-                    break
-                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                if typ in ("ADDED", "MODIFIED", "DELETED"):
-                    yield typ, obj

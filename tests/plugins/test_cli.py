@@ -34,7 +34,8 @@ def test_help(module: str) -> None:
     ("aggapi.plugins.image_pull_progress", ("deployment/NAME", "statefulset/",
                                             "daemonset/", "job/", "-l SELECTOR", "-A",
                                             "--node NODE", "--fail-fast",
-                                            "stuck pulls come")),
+                                            "stuck first", "--max-rows",
+                                            "podimagepulls")),
 ])
 def test_help_documents_kubectls_behaviour(module: str, says: tuple[str, ...]) -> None:
     """What issue 14 asks the help to say: ncp's kubectl cp flags and default container,

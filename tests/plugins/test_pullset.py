@@ -1,21 +1,30 @@
-"""image-pull-progress over many pods: targets, selectors, stuck-first order, the runner."""
+"""image-pull-progress over many pods: targets, selectors, the state of each pod from its
+PodImagePull, stuck-first order, the header and the cut to the terminal."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+import io
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from aggapi.client.errors import ClientError
-from aggapi.plugins import pullset
-from aggapi.plugins.pullset import STALL_SECONDS, PullSet, Row, Runner, sort_rows
+from aggapi.plugins.collection import Change, collection_path, selector_params
+from aggapi.plugins.pullset import (
+    DONE,
+    PULLING,
+    STALL_SECONDS,
+    STUCK,
+    WAITING,
+    PullSet,
+    pod_row,
+    sort_rows,
+)
+from aggapi.plugins.render import PlainSetView, RichSetView, header_lines, set_screen
 from aggapi.plugins.targets import Target, parse_target, selector_string
-
-IMG = "registry.local/app:1"
+from tests.plugins.fakecollection import pod_image_pull
 
 
 def test_targets() -> None:
@@ -45,161 +54,159 @@ def test_selector_string() -> None:
         selector_string({"matchExpressions": [{"key": "k", "operator": "Near"}]})
 
 
-PHASES = ["Failed", "BackOff", "Waiting", "Downloading", "Extracting", "Resolving", "Done",
-          "AlreadyPresent", "Pending", "Queued"]
+def test_collection_request_per_mode() -> None:
+    """Namespaced or all namespaces; -l as labelSelector, --node as spec.nodeName."""
+    t = parse_target(None, selector="app=web", node=None, all_namespaces=False)
+    assert collection_path(t, "shop") == \
+        "/apis/subresources.aggapi.io/v1alpha1/namespaces/shop/podimagepulls"
+    assert selector_params(t) == [("labelSelector", "app=web")]
+    t = parse_target(None, selector=None, node="n1", all_namespaces=True)
+    assert collection_path(t, "shop") == "/apis/subresources.aggapi.io/v1alpha1/podimagepulls"
+    assert selector_params(t) == [("fieldSelector", "spec.nodeName=n1")]
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(PHASES), st.floats(0, 100)), max_size=20))
-def test_stuck_pulls_sort_first(rows: list[tuple[str, float]]) -> None:
+PHASES = ["Failed", "BackOff", "Waiting", "Downloading", "Extracting", "Resolving", "Pulling",
+          "Pending", "Done", "AlreadyPresent"]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.tuples(st.sampled_from(PHASES), st.none() | st.floats(0, 1e4),
+                          st.floats(0, 100), st.sampled_from(["n1", "n2", "n3"])),
+                max_size=30))
+def test_rows_stuck_then_waiting_then_pulling_by_eta_then_done(
+        pods: list[tuple[str, float | None, float, str]]) -> None:
     now = 100.0
-    objs = [Row(f"ns/p{i}", "c", IMG, phase=ph, moved_at=m) for i, (ph, m) in enumerate(rows)]
-    out = sort_rows(objs, now)
-    ranks = [r.rank(now) for r in out]
-    assert ranks == sorted(ranks)
+    rows = []
+    for i, (phase, eta, moved, node) in enumerate(pods):
+        row = pod_row(pod_image_pull("ns", f"p{i:02d}", node=node, phase=phase, eta=eta,
+                                     rate=None if eta is None else 1.0), None, moved)
+        row.eta = eta if phase not in ("Done", "AlreadyPresent") else None
+        rows.append(row)
+    out = sort_rows(rows, now)
+    states = [r.state(now) for r in out]
+    assert states == sorted(states)
     for r in out:
-        stalled = r.phase == "Downloading" and now - r.moved_at >= STALL_SECONDS
-        stuck = r.phase in ("Failed", "BackOff", "Waiting") or stalled
-        done = r.phase in ("Done", "AlreadyPresent")
-        assert r.rank(now) == (0 if stuck else 2 if done else 1)
-        assert (r.state(now) == "Stalled") == stalled
+        stalled = r.images[0].phase == "Downloading" and now - r.moved_at >= STALL_SECONDS
+        phase = r.images[0].phase
+        want = (DONE if phase in ("Done", "AlreadyPresent") else
+                STUCK if phase in ("Failed", "BackOff") or stalled else
+                WAITING if phase == "Waiting" else PULLING)
+        assert r.state(now) == want, (phase, r.moved_at)
+    pulling = [r.eta for r in out if r.state(now) == PULLING]
+    known = [e for e in pulling if e is not None]
+    assert known == sorted(known, reverse=True)
+    assert pulling == known + [None] * (len(pulling) - len(known))  # unknown ETA last
 
 
-def prog(n: int, phase: str = "Downloading") -> dict[str, Any]:
-    return {"kind": "Progress", "container": "c", "image": IMG, "layer": "", "progress": n,
-            "total": 100, "phase": phase, "bytesPerSecond": 10.0, "etaSeconds": 1.0}
-
-
-def summary(phase: str = "Done") -> dict[str, Any]:
-    return {"kind": "Summary", "phase": phase, "images": [
-        {"container": "c", "image": IMG, "phase": phase}]}
-
-
-def pod(name: str, node: str | None = "n1", waiting: str = "") -> dict[str, Any]:
-    status: dict[str, Any] = {}
-    if waiting:
-        status["containerStatuses"] = [{"name": "c", "image": IMG,
-                                        "state": {"waiting": {"reason": waiting}}}]
-    return {"metadata": {"name": name, "namespace": "ns"},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": IMG}]},
-            "status": status}
-
-
-def test_pullset_stall_backoff_and_finish() -> None:
+def mixed_set() -> tuple[PullSet, list[float]]:
+    """2 stuck (BackOff, stalled), 1 waiting, 3 pulling (ETA 30, 300, unknown), 2 done."""
     t = [0.0]
     ps = PullSet(clock=lambda: t[0])
-    a = ps.pod_seen("ns/a", pod("a"))
-    b = ps.pod_seen("ns/b", pod("b", waiting="ImagePullBackOff"))
-    ps.pod_seen("ns/c", pod("c", node=None))
-    assert ps.pods["ns/c"].rows[("c", IMG)].phase == "Unscheduled"
-    ps.progress(a, prog(10))
+    objs = [pod_image_pull("ns", "backoff", node="n1", phase="BackOff", progress=None,
+                           total=None, rate=None, reason="ImagePullBackOff: not found"),
+            pod_image_pull("ns", "stalled", node="n2", progress=10, total=100, rate=1.0),
+            pod_image_pull("ns", "waiting", node="n1", phase="Waiting", progress=None,
+                           total=None, rate=None),
+            pod_image_pull("ns", "slow", node="n3", progress=0, total=300, rate=1.0),
+            pod_image_pull("ns", "fast", node="n1", progress=70, total=100, rate=1.0),
+            pod_image_pull("ns", "pulling", node="n2", phase="Pulling", progress=None,
+                           total=None, rate=None),
+            pod_image_pull("ns", "done-a", node="n1", phase="Done"),
+            pod_image_pull("ns", "done-b", node="n3", phase="AlreadyPresent")]
+    ps.apply(Change("LIST", items=tuple(objs)))
     t[0] = STALL_SECONDS + 1
-    assert [r.pod for r in ps.rows()][:2] == ["ns/a", "ns/b"]  # stalled and BackOff first
-    assert ps.rows()[0].state(t[0]) == "Stalled"
-    ps.progress(a, prog(20))  # bytes moved again
-    assert ps.rows()[0].pod == "ns/b"
-    assert ps.failures() == ["ns/b c: ImagePullBackOff"]
-    ps.progress(a, summary())
-    assert a.done and not ps.finished()
-    ps.progress(b, {"kind": "Error", "container": "c", "error": "manifest unknown"})
-    del ps.pods["ns/c"]
-    assert ps.finished() and ps.failures() == ["ns/b: manifest unknown"]
-    assert ps.pods["ns/a"].rows[("c", IMG)].progress == 100
+    # Every pod but "stalled" moved since: new bytes, or (done, waiting) the same state
+    # re-sent with fresh bytes elsewhere.
+    for o in objs:
+        if o["metadata"]["name"] == "slow":
+            o["status"]["images"][0]["progress"] = 1
+            o["status"]["etaSeconds"] = 299.0
+        if o["metadata"]["name"] == "fast":
+            o["status"]["images"][0]["progress"] = 71
+        if o["metadata"]["name"] in ("slow", "fast"):
+            ps.apply(Change("MODIFIED", o))
+    return ps, t
 
 
-class Script:
-    """Stands in for the pod watch and the per-pod progress streams."""
-
-    def __init__(self, pods: list[dict[str, Any]], streams: dict[str, list[Any]]) -> None:
-        self.pods, self.streams = pods, streams
-        self.open = 0
-        self.most_open = 0
-        self.more = asyncio.Event()
-
-    async def follow(self, conn: Any, target: Any, ns: str) -> AsyncIterator[tuple[str, Any]]:
-        for p in self.pods:
-            yield "ADDED", p
-        await self.more.wait()
-        yield "ADDED", pod("late")
-        await asyncio.Event().wait()
-
-    async def watch(self, conn: Any, name: str, **kw: Any) -> AsyncIterator[dict[str, Any]]:
-        self.open += 1
-        self.most_open = max(self.most_open, self.open)
-        try:
-            objs = self.streams.get(name, [prog(50), summary()])
-            for o in objs:
-                await asyncio.sleep(0)
-                yield o
-            self.more.set()
-            if objs[-1]["kind"] == "Progress":  # a pull still going: the stream stays open
-                await asyncio.Event().wait()
-        finally:
-            self.open -= 1
+def test_header_counts_and_slowest_nodes() -> None:
+    ps, _ = mixed_set()
+    s = ps.summary()
+    assert s.pods == 8
+    assert s.counts == {STUCK: 2, WAITING: 1, PULLING: 3, DONE: 2}
+    # by the longest ETA of a pod not done: n3 299 s, n2 90 s (stalled), n1 30 s
+    assert [(n.node, n.eta) for n in s.slowest] == [("n3", 299.0), ("n2", 90.0),
+                                                    ("n1", 30.0)]
+    assert s.slowest[0].eta == 299.0 and s.slowest[0].pulling == 1
+    head = header_lines(s)
+    assert head[0] == ("8 pods: 2 done, 3 pulling, 1 waiting for a slot, "
+                       "2 stuck (BackOff/Failed/stalled)")
+    assert head[1] == ("slowest nodes: n3 ETA 0:04:59 at 1 B/s (1 pods), "
+                       "n2 ETA 0:01:30 at 1 B/s (2 pods), n1 ETA 0:00:30 at 1 B/s (3 pods)")
+    assert ps.failures() == ["ns/backoff: app: ImagePullBackOff: not found"]
+    assert not ps.finished()
 
 
-async def run(monkeypatch: pytest.MonkeyPatch, script: Script, *, fail_fast: bool = False,
-              max_streams: int = 50) -> tuple[list[str], Runner]:
-    monkeypatch.setattr(pullset, "follow_pods", script.follow)
-    monkeypatch.setattr(pullset, "watch_progress", script.watch)
-    r = Runner(Any, Target(label_selector="app=web"), "ns",  # type: ignore[arg-type]
-               fail_fast=fail_fast, redraw=lambda: None, max_streams=max_streams)
-    return await asyncio.wait_for(r.run(), 10), r
+def test_rows_in_order_and_cut_to_the_terminal() -> None:
+    ps, _ = mixed_set()
+    assert [r.name.split("/")[1] for r in ps.rows()] == [
+        "backoff", "stalled", "waiting", "slow", "fast", "pulling", "done-a", "done-b"]
+    for height, shown in ((9, 5), (40, 8)):
+        con = Console(file=io.StringIO(), width=200, height=height, record=True)
+        view = RichSetView(ps, console=con)
+        view.close()
+        text = con.export_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith("ns/")]
+        # the last frame drawn: the rows of the final redraw
+        last = lines[-shown:]
+        assert [ln.split()[0] for ln in last] == [
+            f"ns/{n}" for n in ("backoff", "stalled", "waiting", "slow", "fast", "pulling",
+                                "done-a", "done-b")[:shown]], text
+        more = len(ps.rows()) - shown
+        assert (f"… and {more} more" in text) == (more > 0), text
+    assert "BackOff: app: ImagePullBackOff: not found" in text
+    assert "Stalled" in text
+    con = Console(file=io.StringIO(), width=200, height=40, record=True)
+    con.print(set_screen(ps, 2))
+    text = con.export_text()
+    assert "… and 6 more" in text and "ns/waiting" not in text
 
 
-async def test_runner_follows_pods_that_appear_and_bounds_streams(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    script = Script([pod(f"p{i}") for i in range(7)], {})
-    failures, r = await run(monkeypatch, script, max_streams=3)
-    assert failures == []
-    assert script.most_open == 3
-    assert all(p.done for p in r.set.pods.values()) and len(r.set.pods) == 8
-    assert "ns/late" in r.set.pods  # appeared after the start
+def test_max_rows_overrides_the_terminal() -> None:
+    ps, _ = mixed_set()
+    con = Console(file=io.StringIO(), width=200, height=40, record=True)
+    RichSetView(ps, max_rows=3, console=con).close()
+    assert "… and 5 more" in con.export_text()
 
 
-async def test_runner_without_fail_fast_waits_for_all_then_fails(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    err = {"kind": "Error", "container": "c", "error": "denied"}
-    script = Script([pod("p0"), pod("p1")], {"p0": [err]})
-    failures, r = await run(monkeypatch, script)
-    assert failures == ["ns/p0: denied"] and r.set.pods["ns/p1"].done
+def test_server_text_is_cleaned() -> None:
+    ps = PullSet()
+    evil = pod_image_pull("ns", "p\x1b]52;c;aGk=\x07x", phase="Failed", progress=None,
+                          total=None, rate=None, reason="denied\x1b[2J\x9b31m!")
+    ps.apply(Change("LIST", items=(evil,)))
+    out, err = io.StringIO(), io.StringIO()
+    PlainSetView(ps, out, err).close()
+    assert out.getvalue() == "ns/px  app  registry.local/app:1  Failed  -  denied!\n"
+    assert not any(ord(c) < 32 and c != "\n" for c in out.getvalue() + err.getvalue())
 
 
-async def test_fail_fast_stops_at_the_first_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    never: list[Any] = [prog(1)]  # a pull that keeps going
-    script = Script([pod("p0"), pod("p1", waiting="ErrImagePull")], {"p0": never, "p1": never})
-    failures, r = await run(monkeypatch, script, fail_fast=True)
-    assert failures == ["ns/p1 c: ErrImagePull"]
-    assert not r.set.pods["ns/p0"].done
-
-
-def test_plain_and_table_views_show_stuck_rows_first() -> None:
-    import io
-
-    from rich.console import Console
-
-    from aggapi.plugins.render import PlainSetView, set_table
-
-    t = [100.0]
-    ps = PullSet(clock=lambda: t[0])
-    ps.progress(ps.pod_seen("ns/a", pod("a")), summary())
-    b = ps.pod_seen("ns/b", pod("b", waiting="ImagePullBackOff"))
-    ps.progress(ps.pod_seen("ns/c", pod("c")), prog(40))
-    assert b.rows[("c", IMG)].state(t[0]) == "BackOff"
-    con = Console(file=io.StringIO(), width=160, record=True)
-    con.print(set_table(ps.rows(), t[0]))
-    lines = [ln for ln in con.export_text().splitlines() if ln.startswith("ns/")]
-    assert [ln.split()[0] for ln in lines] == ["ns/b", "ns/c", "ns/a"]
-    assert "BackOff: ImagePullBackOff" in lines[0] and "Done" in lines[2]
-    out = io.StringIO()
-    PlainSetView(ps.rows, lambda: t[0], out).redraw()
-    assert out.getvalue().splitlines()[0].startswith(f"ns/b  c  {IMG}  BackOff")
+def test_list_replaces_and_changes_apply() -> None:
+    ps = PullSet()
+    ps.apply(Change("LIST", items=(pod_image_pull("ns", "a"), pod_image_pull("ns", "b"))))
+    ps.apply(Change("DELETED", pod_image_pull("ns", "a")))
+    ps.apply(Change("ADDED", pod_image_pull("ns", "c", phase="Done")))
+    assert sorted(ps.pods) == ["ns/b", "ns/c"]
+    ps.apply(Change("LIST", items=(pod_image_pull("ns", "c", phase="Done"),)))  # a relist
+    assert sorted(ps.pods) == ["ns/c"] and ps.finished()
+    ps.apply(Change("LIST", items=(pod_image_pull("ns", "d", phase="Failed",
+                                                  reason="InvalidImageName: bad"),)))
+    assert ps.finished() and ps.failures() == ["ns/d: app: InvalidImageName: bad"]
 
 
 def test_single_pod_flags_are_refused_for_many_pods(capsys: pytest.CaptureFixture[str]) -> None:
     from aggapi.plugins.image_pull_progress import main
 
-    for argv in (["deployment/web", "-o", "json"], ["-l", "a=b", "--no-follow"],
-                 ["--node", "n1", "-c", "app"], ["web", "-l", "a=b"], []):
+    for argv in (["-l", "a=b", "--no-follow"], ["--node", "n1", "-c", "app"],
+                 ["web", "-l", "a=b"], [], ["web", "--max-rows", "5"],
+                 ["-A", "--max-rows", "0"]):
         assert main(argv) == 2, argv  # a usage error, before any connection
         assert "error:" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 from aggapi.capability import ContainerRef
@@ -32,6 +33,8 @@ PERMANENT_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
 BACKOFF_INITIAL, BACKOFF_MAX = 10, 300
 # Events of one second sort in the order kubelet emits them within one attempt.
 _RANK = {PULLING: 0, PULLED: 1, FAILED: 2, BACKOFF: 3}
+# client-go names a new Event '<object>.<UnixNano in hex>' (tools/record makeEvent).
+_NAME_NANOS = re.compile(r"\.([0-9a-f]{1,16})$")
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,30 @@ def _statuses(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return out
 
 
-def _order(ev: Mapping[str, Any]) -> tuple[str, int]:
-    return event_time(ev), _RANK.get(str(ev.get("reason") or ""), len(_RANK))
+def _subsecond(ev: Mapping[str, Any], when: str) -> float:
+    """When in its second ``ev`` happened, from its name, or -1 when unknown: only an
+    event seen once is at its name's time (a repeat moves lastTimestamp, not the
+    name), and only when that time is in ``when``'s second."""
+    if _count(ev) != 1 or not when.endswith("Z") or "." in when:
+        return -1.0
+    m = _NAME_NANOS.search(str((ev.get("metadata") or {}).get("name") or ""))
+    if m is None:
+        return -1.0
+    try:
+        second = datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return -1.0
+    ns = int(m.group(1), 16)
+    return (ns % 10**9) / 1e9 if ns // 10**9 == int(second) else -1.0
+
+
+def _order(ev: Mapping[str, Any]) -> tuple[str, float, int]:
+    """Oldest first. Times are whole seconds, and kubelet fails a pull and finds the
+    image present on its retry (another pod pulled it) within one: the names' time
+    orders those; the rank orders the rest (one attempt's events, repeats)."""
+    when = event_time(ev)
+    return (when, _subsecond(ev, when),
+            _RANK.get(str(ev.get("reason") or ""), len(_RANK)))
 
 
 def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
@@ -152,8 +177,8 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
                                    error=prev.error if prev and prev.error else message)
 
     # Container statuses tell the present, except that kubelet leaves the last
-    # failure's waiting reason in place while it pulls again: a Pulling event newer
-    # than a failure event is the retry, and wins.
+    # failure's waiting reason in place while it pulls again: a Pulling (or Pulled)
+    # event newer than a failure event is the retry, and wins.
     for name, cs in _statuses(pod).items():
         if name not in by_name:
             continue
@@ -162,7 +187,7 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
         reason = waiting.get("reason") or ""
         prev = latest.get(name, K8sView())
         if reason in PULL_ERROR_REASONS:
-            retrying = prev.phase == PULLING and failures.get(name, 0) > 0
+            retrying = prev.phase in (PULLING, PULLED) and failures.get(name, 0) > 0
             if retrying and reason not in PERMANENT_REASONS:
                 continue
             phase = BACKOFF if reason == "ImagePullBackOff" else FAILED
@@ -170,9 +195,13 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
                                    error=prev.error or waiting.get("message") or reason,
                                    permanent=reason in PERMANENT_REASONS or prev.permanent)
         elif cs.get("imageID") and (prev.phase == "" or (
-                prev.phase == PULLING and _started_since(state, prev.since))):
+                prev.phase in (PULLING, FAILED, BACKOFF)
+                and _started_since(state, prev.since))):
             # The image a container runs (or ran) is there; an older run's imageID
             # says nothing about a re-pull that began after it (imagePullPolicy Always).
+            # A container started no earlier than a failure's event ran after that
+            # failure's retry, whether or not the Pulled event came (kubelet's spam
+            # filter drops events of a pod that failed often).
             latest[name] = K8sView(phase=PULLED, since=prev.since)
     return {name: replace(v, attempt=attempts.get(name, 0), failures=failures.get(name, 0))
             for name, v in latest.items()}

@@ -5,7 +5,9 @@ and the shared watches stopping once idle."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -113,3 +115,75 @@ async def test_shared_watches_stop_when_idle(env: Env) -> None:
     await until(lambda: env.kube.watching("pods") == 0 and env.kube.watching("events") == 0,
                 within=10)
     assert env.feeds.watches() == 0
+
+
+def _kubelet_event(pod_obj: dict[str, Any], reason: str, message: str, at_ns: int,
+                   count: int = 1, last_ns: int | None = None) -> dict[str, Any]:
+    """As kubelet's recorder writes it: named '<pod>.<UnixNano hex>' when first seen; a
+    repeat is the same Event PATCHed (count, lastTimestamp)."""
+    def stamp(ns: int) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns // 10**9))
+    ev = event(pod_obj, reason, message, when=stamp(last_ns or at_ns))
+    ev["metadata"]["name"] = f"{pod_obj['metadata']['name']}.{at_ns:x}"
+    return {**ev, "count": count, "firstTimestamp": stamp(at_ns)}
+
+
+async def _until_phase(it: AsyncIterator[dict[str, Any]], phase: str) -> dict[str, Any]:
+    async with asyncio.timeout(5):
+        async for ev in it:
+            if ev["object"]["status"]["images"][0]["phase"] == phase:
+                return ev
+    raise AssertionError(f"the watch ended before {phase}")
+
+
+T0 = 1_798_000_000 * 10**9  # a whole second, in ns
+
+
+async def test_a_retry_that_finds_the_image_in_the_failures_second_is_done(
+        env: Env) -> None:
+    """kubelet's pull throttle refuses the pull ('pull QPS exceeded') and, 0.68 s later
+    in the same second, the retry finds the image another replica pulled. The watch
+    must go on from Failed to AlreadyPresent (before the fix it stayed Failed: the
+    failure outranked the Pulled of its second)."""
+    web = env.kube.put("api/v1", "pods", pod("web-0"))
+    env.kube.put("api/v1", "events", _kubelet_event(
+        web, "Pulling", 'Pulling image "registry.test/app:1"', T0 - 8 * 10**9))
+    _, listed = await env.get("/namespaces/ns1/podimagepulls")
+    it = _events(env, f"/namespaces/ns1/podimagepulls?watch=true"
+                      f"&resourceVersion={listed['metadata']['resourceVersion']}")
+    for msg, ns in (('Failed to pull image "registry.test/app:1": pull QPS exceeded',
+                     200_000_000), ("Error: ErrImagePull", 200_300_000)):
+        env.kube.put("api/v1", "events", _kubelet_event(web, "Failed", msg, T0 + ns))
+    failed = await _until_phase(it, "Failed")
+    assert failed["object"]["status"]["images"][0]["reason"] == "pull QPS exceeded"
+    env.kube.put("api/v1", "events", _kubelet_event(
+        web, "Pulled", 'Container image "registry.test/app:1" already present on machine',
+        T0 + 880_000_000))
+    done = await _until_phase(it, "AlreadyPresent")
+    assert done["type"] == "MODIFIED" and done["object"]["status"]["phase"] == "AlreadyPresent"
+
+
+async def test_a_patched_event_and_a_pod_update_are_seen(env: Env) -> None:
+    """kubelet repeats an Event by PATCHing it (count 2, a later lastTimestamp): the
+    retry's Pulling is a MODIFIED Event, and the collection follows it; the pod
+    running afterwards is a pod update it follows too."""
+    web = env.kube.put("api/v1", "pods", pod("web-0"))
+    pulling = _kubelet_event(web, "Pulling", 'Pulling image "registry.test/app:1"',
+                             T0 - 40 * 10**9)
+    env.kube.put("api/v1", "events", pulling)
+    env.kube.put("api/v1", "events", _kubelet_event(
+        web, "Failed", 'Failed to pull image "registry.test/app:1": 503', T0 - 39 * 10**9))
+    _, listed = await env.get("/namespaces/ns1/podimagepulls")
+    assert listed["items"][0]["status"]["images"][0]["phase"] == "Failed"
+    it = _events(env, f"/namespaces/ns1/podimagepulls?watch=true"
+                      f"&resourceVersion={listed['metadata']['resourceVersion']}")
+    env.kube.put("api/v1", "events", _kubelet_event(
+        web, "Pulling", pulling["message"], T0 - 40 * 10**9, count=2, last_ns=T0))
+    retry = await _until_phase(it, "Pulling")
+    assert retry["object"]["status"]["images"][0]["attempt"] == 2
+    running = copy.deepcopy(web)
+    running["status"]["containerStatuses"] = [{
+        "name": "app", "image": "registry.test/app:1", "imageID": "registry.test/app@sha256:a",
+        "state": {"running": {"startedAt": "2026-12-23T04:26:41Z"}}}]  # after T0
+    env.kube.put("api/v1", "pods", running)
+    await _until_phase(it, "Done")

@@ -1,4 +1,8 @@
+from datetime import UTC, datetime
 from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
 from aggapi.apiserver.imagepullprogress.pullstate import views
 from aggapi.capability import ContainerRef
@@ -133,3 +137,87 @@ def test_a_container_that_fails_to_start_is_not_a_failed_pull() -> None:
     ]
     v = views(pod(), evs, C)
     assert v["app"].phase == "Pulled" and not v["app"].error
+
+
+# --- kubelet's events as it names them: '<pod>.<UnixNano in hex>', count 1 ----------
+
+T0 = 1_798_000_000  # a whole second (2026-12-23T...Z)
+IMG = 'reg/app:1'
+ONE_ATTEMPT_EACH = {  # (reason, message) -> the phase it means on its own
+    ("Pulling", f'Pulling image "{IMG}"'): "Pulling",
+    ("Failed", f'Failed to pull image "{IMG}": pull QPS exceeded'): "Failed",
+    ("Failed", "Error: ErrImagePull"): "Failed",
+    ("BackOff", f'Back-off pulling image "{IMG}"'): "BackOff",
+    ("Failed", "Error: ImagePullBackOff"): "BackOff",
+    ("Pulled", f'Container image "{IMG}" already present on machine'): "Pulled",
+}
+
+
+def kev(reason: str, message: str, at_ns: int) -> dict[str, Any]:
+    """An Event as kubelet's recorder creates it (first seen, count 1)."""
+    second = datetime.fromtimestamp(at_ns // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {**ev(reason, "app", message, second), "count": 1,
+            "firstTimestamp": second, "metadata": {"name": f"app-7d9.{at_ns:x}"}}
+
+
+def test_present_on_retry_in_the_failures_second_is_pulled() -> None:
+    """The e2e's 20 replicas: kubelet's pull throttle refuses the pull at .20 s and
+    the retry 0.68 s later finds the image another replica pulled, in the same second.
+    Ranked by reason alone the failure came last, and the pod showed 'Failed: pull
+    QPS exceeded' for good (4 of 20 pods, 300 s, while they ran)."""
+    evs = [kev("Pulling", f'Pulling image "{IMG}"', (T0 - 8) * 10**9 + 400_000_000),
+           kev("Failed", f'Failed to pull image "{IMG}": pull QPS exceeded',
+               T0 * 10**9 + 200_000_000),
+           kev("Failed", "Error: ErrImagePull", T0 * 10**9 + 200_300_000),
+           kev("Pulled", f'Container image "{IMG}" already present on machine',
+               T0 * 10**9 + 880_000_000)]
+    st = [{"name": "app", "state": {"waiting": {"reason": "ErrImagePull",
+                                                "message": "pull QPS exceeded"}}}]
+    for statuses in ([], st):  # before and after the status catches up
+        v = views(pod(statuses=statuses), list(reversed(evs)), C)["app"]
+        assert (v.phase, v.already_present) == ("Pulled", True), statuses
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st_.lists(st_.tuples(st_.sampled_from(sorted(ONE_ATTEMPT_EACH)),
+                            st_.integers(0, 999_999_999)),
+                 min_size=1, max_size=6, unique_by=lambda e: e[1]),
+       st_.randoms(use_true_random=False))
+def test_events_of_one_second_count_in_the_order_they_happened(
+        emitted: list[tuple[tuple[str, str], int]], rnd: Any) -> None:
+    """Whatever kubelet emitted within one second, in any order, the last one says
+    the phase (its name carries the time; no status to say otherwise)."""
+    evs = [kev(reason, message, T0 * 10**9 + ns) for (reason, message), ns in emitted]
+    rnd.shuffle(evs)
+    last = max(emitted, key=lambda e: e[1])[0]
+    assert views(pod(), evs, C)["app"].phase == ONE_ATTEMPT_EACH[last]
+
+
+def test_a_repeat_is_older_than_a_new_event_of_its_second() -> None:
+    """A repeat's name is its first occurrence's time, so its place in the second is
+    unknown: it goes before the second's new events. kubelet's back-off repeats
+    (count 3), then the retry finds the image present (a new event)."""
+    back_off = {**kev("BackOff", f'Back-off pulling image "{IMG}"',
+                      (T0 - 20) * 10**9 + 950_000_000), "count": 3}
+    back_off["lastTimestamp"] = kev("x", "", T0 * 10**9)["lastTimestamp"]
+    present = kev("Pulled", f'Container image "{IMG}" already present on machine',
+                  T0 * 10**9 + 100_000_000)
+    assert views(pod(), [present, back_off], C)["app"].phase == "Pulled"
+
+
+def test_a_container_running_since_a_failure_has_its_image() -> None:
+    """kubelet's spam filter drops a pod's events once it failed often: the retry's
+    Pulled may never come. The container runs, started no earlier than the failure:
+    its image is there. One that ran before the failure (a re-pull under imagePullPolicy
+    Always failing) says nothing."""
+    evs = [ev("Failed", "app", f'Failed to pull image "{IMG}": pull QPS exceeded',
+              "2026-01-01T00:00:07Z"),
+           ev("BackOff", "app", f'Back-off pulling image "{IMG}"', "2026-01-01T00:00:09Z")]
+
+    def running(started: str) -> list[dict[str, Any]]:
+        return [{"name": "app", "imageID": "reg/app@sha256:aa",
+                 "state": {"running": {"startedAt": started}}}]
+    assert views(pod(statuses=running("2026-01-01T00:00:09Z")), evs, C)["app"].phase \
+        == "Pulled"
+    assert views(pod(statuses=running("2026-01-01T00:00:05Z")), evs, C)["app"].phase \
+        == "BackOff"
