@@ -45,7 +45,7 @@ from aggapi.client.errors import (
 from aggapi.client.extract import extract_dir
 from aggapi.client.packtar import list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
-from aggapi.client.retry import CATCH, Backoff, as_error
+from aggapi.client.retry import CATCH, Backoff, wait_or_raise
 from aggapi.pump import next_piece, pump
 from aggapi.tarstream import TarReader
 
@@ -166,14 +166,6 @@ async def stat_remote(conn: Connection, rp: RemotePath) -> dict[str, Any]:
         return decode_stat(resp.headers.get(wire.HEADER_STAT))
 
 
-async def _retry_wait(backoff: Backoff, exc: BaseException) -> bool:
-    delay = backoff.next_delay(exc)
-    if delay is None:
-        return False
-    await asyncio.sleep(delay)
-    return True
-
-
 async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                    progress: Progress | None = None, backoff: Backoff | None = None,
                    rate_limit: float | None = None, preserve: bool = True,
@@ -234,11 +226,9 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                 partial.discard()
                 origin = None
             except CATCH as exc:
-                if isinstance(exc, IntegrityError) or not await _retry_wait(backoff, exc):
-                    err = as_error(exc)
-                    if err is exc:
-                        raise
-                    raise err from exc
+                if isinstance(exc, IntegrityError):
+                    raise
+                await wait_or_raise(backoff, exc)
                 retries += 1
     finally:
         partial.close()
@@ -361,11 +351,7 @@ async def _post(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
                 return reply, retries
         except CATCH as exc:
             # Uploads are atomic on the server: sending again after a failure is safe.
-            if not await _retry_wait(backoff, exc):
-                err = as_error(exc)
-                if err is exc:
-                    raise
-                raise err from exc
+            await wait_or_raise(backoff, exc)
             retries += 1
 
 

@@ -11,14 +11,13 @@ current state. A stream is over at ``Summary`` (every image present) or
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.errors import TransferError, error_from_status
-from aggapi.client.retry import CATCH, Backoff, as_error
+from aggapi.client.retry import CATCH, Backoff, wait_or_raise
 
 FINAL_KINDS = ("Summary", "Error")
 PRESENT_PHASES = ("Done", "AlreadyPresent")
@@ -81,15 +80,7 @@ async def watch_progress(conn: Connection, pod: str, *, namespace: str | None = 
                 return
             raise TransferError.from_message("progress stream ended before a final object")
         except CATCH as exc:
-            delay = backoff.next_delay(exc)
-            if delay is None:
-                err = as_error(exc)
-                if err is exc:
-                    raise
-                raise err from exc
-            if on_retry is not None:
-                on_retry(exc, delay)
-            await asyncio.sleep(delay)
+            await wait_or_raise(backoff, exc, on_retry)
 
 
 def all_present(summary: Obj) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -54,3 +55,19 @@ def as_error(exc: BaseException) -> AggapiError:
         return exc
     text = str(exc) or type(exc).__name__
     return TransferError.from_message(f"connection to the API server failed: {text}")
+
+
+async def wait_or_raise(backoff: Backoff, exc: BaseException,
+                        on_retry: Callable[[BaseException, float], None] | None = None
+                        ) -> None:
+    """Sleep before the next try of what failed with ``exc``; out of retries (or not
+    retryable), raise it as an AggapiError."""
+    delay = backoff.next_delay(exc)
+    if delay is None:
+        err = as_error(exc)
+        if err is exc:
+            raise exc
+        raise err from exc
+    if on_retry is not None:
+        on_retry(exc, delay)
+    await asyncio.sleep(delay)

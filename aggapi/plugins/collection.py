@@ -19,7 +19,7 @@ from typing import Any
 from aggapi import GROUP_VERSION
 from aggapi.client.connection import Connection
 from aggapi.client.errors import Gone, TransferError, error_from_status
-from aggapi.client.retry import CATCH, Backoff, as_error
+from aggapi.client.retry import CATCH, Backoff, wait_or_raise
 from aggapi.plugins.targets import Target, get_json
 
 RESOURCE = "podimagepulls"
@@ -115,12 +115,4 @@ async def follow_collection(conn: Connection, target: Target, namespace: str, *,
         except Gone:
             rv = ""
         except CATCH as exc:
-            delay = backoff.next_delay(exc)
-            if delay is None:
-                err = as_error(exc)
-                if err is exc:
-                    raise
-                raise err from exc
-            if on_retry is not None:
-                on_retry(exc, delay)
-            await asyncio.sleep(delay)
+            await wait_or_raise(backoff, exc, on_retry)
