@@ -70,6 +70,9 @@ SINCE: dict[str, int] = {
     # kube-controller-manager without the cloud controllers (cloud-node-lifecycle,
     # node-route, service-lb): 1.37 refuses their names in --controllers (seen in v1.37.2).
     "kcm-without-cloud-controllers": 37,
+    # kubelet checks that a pod may use an image pulled with credentials
+    # (KubeletEnsureSecretPulledImages, KEP-2535): on by default from 1.35 (beta).
+    "default-KubeletEnsureSecretPulledImages": 35,
 }
 
 
