@@ -235,12 +235,6 @@ class Kubelet:
             cfg["featureGates"] = gates
         if has("kubelet-failCgroupV1"):  # older kubelets take cgroup v1 as it is
             cfg["failCgroupV1"] = False
-        if has("default-KubeletEnsureSecretPulledImages"):
-            # The add-on e2e installs the release's image by digest through a pull Secret,
-            # and the tests' own pods run that image's content as an imported sleeper
-            # (pull policy Never): kubelet would refuse them (ErrImageNeverPull) for an
-            # image ID it pulled with credentials. The harness's pods are all trusted.
-            cfg["imagePullCredentialsVerificationPolicy"] = "NeverVerify"
         if self.max_parallel_image_pulls is not None:
             if not has("kubelet-maxParallelImagePulls"):
                 raise HarnessError(lacks("kubelet-maxParallelImagePulls"))
