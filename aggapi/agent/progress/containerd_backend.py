@@ -113,11 +113,12 @@ class ContainerdBackend:
         self._clock = clock
         self._mono = monotonic
         self._counters = CounterBook()  # every layer ingest on the node, by digest
+        # Downloads the node runs at once: containerd's default until more are seen.
+        self._counters.slots = NODE_SLOTS
         self._rates = self._counters.snapshot(0.0)
         self._slots: dict[str, int] = {}  # lease -> most layers seen downloading at once
         # Layers the node downloads at once: containerd's max_concurrent_downloads
         # (default 3; shared by every pull on 2.x), raised when more are seen moving.
-        self._node_slots = NODE_SLOTS
         self._links: deque[tuple[float, float]] = deque()  # (time, link rate) measured
         self._sharing = Sharing()  # is the link shared? (measured at completions)
         self._last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
@@ -435,11 +436,11 @@ class ContainerdBackend:
             self._slots[lease] = max(self._slots.get(lease, 0), running)
         pace = self._unstepped_pace(est, waiting, link)
         first = plan(self._flows(pull_layers, ingests, waiting, pace), link, self._slots,
-                     self._sharing.conserve, self._node_slots)
+                     self._sharing.conserve, self._counters.slots)
         if not first.share:
             return first
         return plan(self._flows(pull_layers, ingests, waiting, pace, first.share), link,
-                    self._slots, self._sharing.conserve, self._node_slots)
+                    self._slots, self._sharing.conserve, self._counters.slots)
 
     def _unstepped_pace(self, est: Mapping[str, float | None], waiting: Mapping[str, float],
                         link: float | None) -> dict[str, float | None]:
@@ -512,9 +513,9 @@ class ContainerdBackend:
                 idle.append((tr.points[0][0], d))
             else:
                 moving.append(d)
-        self._node_slots = self._counters.slots = max(self._node_slots, len(moving))
+        self._counters.slots = max(self._counters.slots, len(moving))
         idle.sort()
-        free = max(self._node_slots - len(moving), 0)
+        free = max(self._counters.slots - len(moving), 0)
         return {d: t for t, d in idle[free:]}
 
     def _timed(self, st: ImageState, timing: Plan, link: float | None) -> ImageState:

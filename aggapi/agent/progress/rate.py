@@ -396,7 +396,7 @@ class CounterBook:
         self._touched: set[str] = set()
         self.completions: deque[float] = deque(maxlen=MEMORY)
         self.link: float | None = None  # the node's link capacity, as last measured
-        self.slots = 3  # downloads the node runs at once, as last seen
+        self.slots = 3  # downloads the node runs at once, as last seen (its owner sets it)
         self.queued: list[str] = []  # taken as waiting for a slot, first opened first
 
     def observe(self, key: str, now: float, value: int, changed_at: float | None = None,
@@ -447,10 +447,10 @@ class CounterBook:
         return done
 
     def _infer_slots(self, now: float) -> None:
-        """A download taken as running, open at offset 0 and not stepped, opened while the node's
-        slots were all held by downloads that have since proved to be running (they
-        stepped or finished), cannot have begun before one of them finished: it got
-        the slot of the latest completion since (containerd 2.4 opens every ingest at
+        """A download taken as running, open at offset 0 and not stepped, opened while
+        the node's slots were all held by downloads that have since proved to be running
+        (they stepped or finished), cannot have begun before one of them finished: it
+        got the slot of the latest completion since (containerd 2.4 opens every ingest at
         once and the downloads race for the slots, so which one waits is known only
         when the others step)."""
         held = [(c.soft_start if c.soft_start is not None else c.points[0][0],
