@@ -23,6 +23,7 @@ from aggapi.apiserver.imagepullprogress.fanout import Broadcast
 from aggapi.apiserver.imagepullprogress.merge import Merger
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
 from aggapi.apiserver.imagepullprogress.objects import (
+    PRESENT,
     is_terminal,
     now,
     object_key,
@@ -256,8 +257,22 @@ class Producer:
             return self.follow
         if self.merger.queued(obj):
             await self._refresh_node_view(node)
+        if kind == "Summary":
+            self._settle()
         self._publish_merged(obj)
         return False if is_terminal(obj) else None
+
+    def _settle(self) -> None:
+        """Before the agent's Summary ends the stream: an object the merge held back
+        from a final phase (a layer already present reads as Pulling while kubelet
+        pulls) gets its last word from the runtime, as kubelet's Pulled event may
+        come after the Summary."""
+        for key, obj in list(self._raw.items()):
+            if obj.get("phase") in PRESENT and \
+                    self._sent.get(key, {}).get("phase") != obj["phase"]:
+                self._sent[key] = settled = {**self.merger.apply(obj), "phase": obj["phase"],
+                                             "time": now()}
+                self._publish(settled)
 
     def _publish_merged(self, obj: dict[str, Any], *, merge: bool = True) -> None:
         merged = self.merger.apply(obj) if merge else obj

@@ -396,3 +396,33 @@ def test_a_snapshot_always_ends_with_exactly_one_final_object(
     assert len(got.finals()) == 1, got.objs
     assert got.objs[-1] is got.finals()[0]
     assert all(o.get("phase") != "Waiting" or "waiting" in o for o in got.objs)
+
+
+async def test_a_present_layer_ends_present_when_the_summary_beats_kubelets_pulled(
+        kube: FakeKube) -> None:
+    """A pull whose base layer was already on the node: while kubelet pulls, that
+    layer's AlreadyPresent reads as Pulling. The agent's Summary often arrives before
+    kubelet's Pulled event; the stream then ends on the runtime's word, so every
+    layer's last object is final. At dd35495 the base layer's last object stayed
+    Pulling (a CI failure of test_long_pull_on_watch_path_and_plain_path)."""
+    pod = pod_object()
+    kube.put("api/v1", "pods", pod)
+    kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
+                                       "2026-01-01T00:00:01Z"))
+    agent = ScriptedAgent()
+    lines = agent.stream()
+    async with running(kube, pod, agent, follow=True, granularity="layer") as (got, _):
+        lines.send(progress("app", IMG, "AlreadyPresent", 4, 4, layer="sha256:base"),
+                   progress("app", IMG, "Downloading", 2, 8, layer="sha256:top"))
+        await until(lambda: any(o.get("layer") == "sha256:top" for o in got.objs))
+        lines.send(progress("app", IMG, "Done", 8, 8, layer="sha256:top"),
+                   {"kind": "Summary", "phase": "Done", "progress": 12, "total": 12,
+                    "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+        lines.end()
+    last: dict[str, str] = {}
+    for o in got.objs:
+        if o.get("kind") == "Progress" and o.get("layer"):
+            last[o["layer"]] = o["phase"]
+    assert last == {"sha256:base": "AlreadyPresent", "sha256:top": "Done"}, got.objs
+    assert [o["kind"] for o in got.finals()] == ["Summary"]
+    assert got.objs[-1]["kind"] == "Summary"
