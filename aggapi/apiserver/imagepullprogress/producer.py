@@ -60,6 +60,7 @@ class Producer:
         self._may_see_node_pulls = may_see_node_pulls
         self.loop = asyncio.get_running_loop()
         self._node_view_at = 0.0
+        self._k8s_version = -1  # the PodWatch version the merger last read
         self._ended = False
         self._agent_failure: dict[str, Any] | None = None  # a snapshot's, held to the end
         self._held = False  # the agent's Summary came while kubelet pulls again
@@ -91,7 +92,7 @@ class Producer:
             if pod is None or (pod.get("metadata") or {}).get("uid") != self.target.uid:
                 self._error("the pod was deleted or replaced")
                 return
-            self.merger.update(pod, self.pw.events)
+            self._merge_k8s(pod)
             if not (pod.get("spec") or {}).get("nodeName"):
                 if self.pw.version != version:
                     for c in self.containers:
@@ -155,18 +156,24 @@ class Producer:
     async def _await_retry(self, node: str) -> bool:
         """The agent said the pull failed: follow kubelet's back-off until it pulls
         again. False when the stream ended meanwhile."""
-        version = self.pw.version
         deadline = self.loop.time() + RETRY_POLL
         while not self.merger.retrying():
             left = deadline - self.loop.time()
             if left <= 0:
                 return True
-            version = await self.pw.wait_changed(version, left)
+            await self.pw.wait_changed(self._k8s_version, left)
             if not self._pod_update():
                 return False
             await self._remerge(node)
         await asyncio.sleep(RETRY_DELAY)
         return True
+
+    def _merge_k8s(self, pod: dict[str, Any]) -> None:
+        # The version read with the pod and its events (no await between): the pump
+        # waits for changes after it, so one that lands while the agent's stream
+        # opens is not skipped.
+        self._k8s_version = self.pw.version
+        self.merger.update(pod, self.pw.events)
 
     def _pod_update(self) -> bool:
         """Read the pod's latest state; False (and the final object) if it ends the stream."""
@@ -174,7 +181,7 @@ class Producer:
         if pod is None or (pod.get("metadata") or {}).get("uid") != self.target.uid:
             self._error("the pod was deleted or replaced")
             return False
-        self.merger.update(pod, self.pw.events)
+        self._merge_k8s(pod)
         failure = self.merger.failure(self.follow)
         if failure is not None:
             self._publish(failure)
@@ -185,7 +192,7 @@ class Producer:
         """Relay the agent's stream; True when it ended on a failed pull that kubelet
         will retry (follow only), False when the stream is over."""
         line_task: asyncio.Task[bytes] | None = None
-        pod_version = self.pw.version
+        pod_version = self._k8s_version
         pod_task: asyncio.Task[int] | None = None
         try:
             while True:

@@ -426,3 +426,28 @@ async def test_a_present_layer_ends_present_when_the_summary_beats_kubelets_pull
     assert last == {"sha256:base": "AlreadyPresent", "sha256:top": "Done"}, got.objs
     assert [o["kind"] for o in got.finals()] == ["Summary"]
     assert got.objs[-1]["kind"] == "Summary"
+
+
+async def test_kubelets_pulling_while_the_agent_stream_opens_is_not_missed(
+        kube: FakeKube) -> None:
+    """kubelet's Pulling event lands while the producer opens the agent's stream (after
+    it read the pod, before it waits for the pod's next change). The stream must still
+    show it: Pulling, not Pending until the bytes move. At dd35495 that event was
+    skipped, and a pod waiting for the node's only slot never showed Waiting (a
+    CI failure of test_other_tenants_pulls_are_a_count)."""
+    pod = pod_object()
+    kube.put("api/v1", "pods", pod)
+    agent = ScriptedAgent()
+    async with running(kube, pod, agent, follow=True) as (got, _):
+        await until(lambda: len(agent.opened) == 1)  # inside open(): no stream queued yet
+        kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
+                                           "2026-01-01T00:00:01Z"))
+        await asyncio.sleep(0.3)  # the pod watch has the event
+        lines = agent.stream()
+        lines.send(progress("app", IMG, "Waiting"))
+        await until(lambda: got.phases()[-1:] == ["Pulling"], within=3)
+        lines.send(progress("app", IMG, "Done", 5, 5),
+                   {"kind": "Summary", "phase": "Done", "progress": 5, "total": 5,
+                    "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+        lines.end()
+    assert got.phases()[-2:] == ["Pulling", "Done"]

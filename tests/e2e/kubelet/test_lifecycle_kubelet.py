@@ -182,9 +182,9 @@ def test_other_tenants_pulls_are_a_count(control_plane: ControlPlane, node: Node
                              namespace="tenant-a")])
         wait_for(lambda: any(e.get("reason") == "Pulling" for e in events(cp, "ta", "tenant-a")),
                  60, "tenant-a's pull to start")
-        # ...and to have resolved its image: before that its lease is bare, and a stream
-        # starting then may take it for tb's pull (the agent's tentative claim; a race
-        # of its own, open: it failed this test 3 times in 8 on the stop-30 merge).
+        # ...and to have resolved its image: before that its lease names no image, and
+        # for all the agent can tell it may be tb's own pull just starting (its
+        # tentative claim), so tb would not read as waiting in that window.
         wait_for(lambda: _node_pull_of(cp, k.node_name, kimages.kep_a.split(":")[0]), 60,
                  "tenant-a's pull to resolve its image")
         create_pods(cp, [pod(node, "tb", [{"name": "c", "image": b_img}])])
