@@ -19,6 +19,10 @@ from aggapi.kube import KubeClient, KubeError
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str, Mapping[str, Any]], None]
+# What the cache keeps of an object (None: not kept), as client-go's SetTransform:
+# a cluster's worth of pods is held for as long as the informer runs.
+Transform = Callable[[dict[str, Any]], dict[str, Any] | None]
+LIST_PAGE = 500  # objects per list page, as client-go's reflector
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -39,12 +43,14 @@ class Informer:
         *,
         watch_timeout: int = 300,
         max_backoff: float = 30.0,
+        transform: Transform | None = None,
     ) -> None:
         self._kube = kube
         self.path = path
         self._params = dict(params or {})
         self._watch_timeout = watch_timeout
         self._max_backoff = max_backoff
+        self._transform = transform
         self.items: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self._listeners: list[Listener] = []
@@ -72,12 +78,29 @@ class Informer:
             except Exception:  # a listener bug must not kill the cache
                 log.exception("informer listener failed")
 
+    def _keep(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        return obj if self._transform is None else self._transform(obj)
+
     async def _relist(self) -> str:
-        data = await self._kube.get(self.path, self._params)
-        self.items = {_key(o): o for o in data.get("items") or []}
+        # In pages: a cluster's pods in one response would be parsed all at once.
+        items: dict[str, dict[str, Any]] = {}
+        cont = ""
+        while True:
+            params = {**self._params, "limit": str(LIST_PAGE)}
+            if cont:
+                params["continue"] = cont
+            data = await self._kube.get(self.path, params)
+            for o in data.get("items") or []:
+                if (kept := self._keep(o)) is not None:
+                    items[_key(kept)] = kept
+            meta = data.get("metadata") or {}
+            cont = str(meta.get("continue") or "")
+            if not cont:
+                break
+        self.items = items
         self.synced.set()
         self._notify("RELIST", {})
-        return str((data.get("metadata") or {}).get("resourceVersion") or "")
+        return str(meta.get("resourceVersion") or "")
 
     async def _run(self) -> None:
         backoff = 0.5
@@ -107,9 +130,15 @@ class Informer:
                 rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                 if kind == "BOOKMARK":
                     continue
+                kept = self._keep(obj)
+                if kept is None:
+                    # Not kept (any more): gone from the cache, as a deletion.
+                    if self.items.pop(_key(obj), None) is not None:
+                        self._notify("DELETED", obj)
+                    continue
                 if kind == "DELETED":
-                    self.items.pop(_key(obj), None)
+                    self.items.pop(_key(kept), None)
                 else:
-                    self.items[_key(obj)] = obj
-                self._notify(kind, obj)
+                    self.items[_key(kept)] = kept
+                self._notify(kind, kept)
         return rv

@@ -18,7 +18,10 @@ first attempts failing and retried after a back-off), and measures:
   idle per followed pod);
 - update latency: from the hollow kubelet's Pulled Event (written) to kubectl printing
   the pod Done (both CLOCK_MONOTONIC of this host); also from the simulated pull's end,
-  and the harness's own lag between the two (a busy hollow process writes late).
+  and the harness's own lag between the two (a busy hollow process writes late);
+- the plugin's CPU: ``kubectl image-pull-progress -A`` as users run it (kubectl finds
+  the plugin on PATH and execs it), following the same rollout at the same time, its
+  output read from a pipe.
 
 Each goal is printed met / NOT met (issue 25): cost proportional to nodes and
 namespaces, not pods; memory per followed pod bounded. Takes everything down after.
@@ -30,16 +33,20 @@ namespaces, not pods; memory per followed pod bounded. Takes everything down aft
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks._procstats import MiB, cpu_seconds, status_bytes
-from tests.framework.controlplane import ControlPlane
+from tests.framework.controlplane import ControlPlane, binary
 from tests.framework.hollow import POSTED_LOG
 from tests.framework.scale import ScaleCluster, TableWatch
+from tests.plugins.helpers import install_plugins, plugin_env
 
 # Issue 25's goals (for 10,000 pods on 500 nodes; the same bounds here).
 GOAL_CPU_MEAN = 1.0  # cores
@@ -49,6 +56,7 @@ GOAL_FIRST_LIST_S = 5.0
 GOAL_UPDATE_P99_S = 2.0
 GOAL_KIB_PER_POD = 64.0  # as benchmarks/bench_collections_memory.py
 GOAL_STREAMS_PER_NODE = 1.0
+GOAL_PLUGIN_CPU = 0.5  # cores
 PREFIX = "aggapi_apiserver_collection"  # aggapi's gauges of the collections' cost
 
 
@@ -88,6 +96,46 @@ class Sampler(threading.Thread):
         self.join()
 
 
+class PluginFollow:
+    """``kubectl image-pull-progress -A``, its output drained from a pipe: the plugin's
+    CPU (kubectl execs it: one PID) while it follows the rollout. It ends by itself
+    once every pod it follows is done: its CPU is read at each line it prints, the
+    last of them just before it exits."""
+
+    def __init__(self, cp: ControlPlane, bin_dir: Path) -> None:
+        install_plugins(bin_dir)
+        self.proc = subprocess.Popen(
+            [binary("kubectl"), "image-pull-progress", "-A"],
+            env=plugin_env(bin_dir, cp.admin_kubeconfig), stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL)
+        self.lines = 0
+        self.cpu0 = self.cpu = cpu_seconds(self.proc.pid)
+        self._drain = threading.Thread(target=self._read, daemon=True)
+        self._drain.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for _ in self.proc.stdout:
+            self.lines += 1
+            with contextlib.suppress(OSError):
+                self.cpu = cpu_seconds(self.proc.pid)
+
+    def stop(self) -> tuple[float, int | None]:
+        """CPU seconds used, and the exit code if it ended by itself."""
+        rc = self.proc.poll()
+        if rc is None:
+            with contextlib.suppress(OSError):
+                self.cpu = cpu_seconds(self.proc.pid)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._drain.join(5)
+        return self.cpu - self.cpu0, rc
+
+
 def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -100,10 +148,11 @@ def _goal(name: str, value: Any, ok: bool, bound: str) -> bool:
     return ok
 
 
-def measure(sc: ScaleCluster, pods: int, timeout: float) -> dict[str, Any]:
+def measure(sc: ScaleCluster, pods: int, timeout: float, bin_dir: Path) -> dict[str, Any]:
     pid = sc.cp.proc("aggapi-apiserver").pid()
     assert pid is not None
     rss_idle = status_bytes(pid).get("VmRSS", 0)
+    plugin = PluginFollow(sc.cp, bin_dir)
     created_s = sc.create_pods(pods)
     print(f"created {pods} pods on {sc.nodes} nodes in {created_s:.1f}s", flush=True)
     sampler = Sampler(sc, pid)
@@ -119,6 +168,7 @@ def measure(sc: ScaleCluster, pods: int, timeout: float) -> dict[str, Any]:
     keys = sc.pod_keys()
     all_done = watch.wait_done(keys, timeout)
     follow_s = time.monotonic() - t0
+    plugin_cpu_s, plugin_rc = plugin.stop()
     cpu_s = cpu_seconds(pid) - cpu0
     hollow_cpu_s = cpu_seconds(hollow_pid) - hollow_cpu0
     sampler.stop()
@@ -162,7 +212,9 @@ def measure(sc: ScaleCluster, pods: int, timeout: float) -> dict[str, Any]:
         "update_from_pull_end_p99_s": _pct(lat, 0.99),
         "harness_lag_p50_s": _pct(lag, 0.5), "harness_lag_p99_s": _pct(lag, 0.99),
         "hollow_cpu_mean": round(hollow_cpu_s / follow_s, 3),
-        "plugin_cpu": None,  # the plugin is not run here (the lead's plugin bench has it)
+        "plugin_cpu": round(plugin_cpu_s / follow_s, 3),
+        "plugin_lines": plugin.lines,
+        "plugin_exit": plugin_rc,  # None: still following when the watch saw all Done
     }
 
 
@@ -192,13 +244,17 @@ def report(r: dict[str, Any]) -> bool:
         _goal("update latency p99 (s, Pulled Event -> kubectl)", r["update_p99_s"],
               r["update_p99_s"] is not None and r["update_p99_s"] <= GOAL_UPDATE_P99_S,
               f"<= {GOAL_UPDATE_P99_S}"),
+        _goal("plugin CPU mean (cores, kubectl image-pull-progress -A)", r["plugin_cpu"],
+              r["plugin_cpu"] < GOAL_PLUGIN_CPU and r["plugin_exit"] in (None, 0),
+              f"< {GOAL_PLUGIN_CPU}, following to the end"),
     ]
     print(f"  update latency p50 {r['update_p50_s']} s over {r['update_samples']} pods; from "
           f"the pull's end p50/p99 {r['update_from_pull_end_p50_s']}/"
           f"{r['update_from_pull_end_p99_s']} s, of which the harness's own lag (hollow "
           f"kubelet writing the Event; its process at {r['hollow_cpu_mean']} cores) "
           f"{r['harness_lag_p50_s']}/{r['harness_lag_p99_s']} s")
-    print(f"  CPU peak {r['apiserver_cpu_peak']} cores; plugin CPU not measured here")
+    print(f"  CPU peak {r['apiserver_cpu_peak']} cores; the plugin printed "
+          f"{r['plugin_lines']} lines, exit {r['plugin_exit']} (None: still following)")
     met = all(ok)
     print(f"goal_met: {met}")
     return met
@@ -226,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         sc.up()
         print(f"harness up in {time.monotonic() - t0:.1f}s: {sc.timings}", flush=True)
-        r = measure(sc, args.pods, args.timeout)
+        with tempfile.TemporaryDirectory(prefix="bench-scale-bin-") as bin_dir:
+            r = measure(sc, args.pods, args.timeout, Path(bin_dir))
     finally:
         if not args.keep:
             sc.down(keep_state=True)  # logs stay for a look; the next run removes them

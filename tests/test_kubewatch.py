@@ -151,3 +151,46 @@ async def test_bookmarks_http_410_and_outages(informers: list[Informer]) -> None
             await inf.stop()
     finally:
         await runner.cleanup()
+
+
+async def test_lists_in_pages(fake: FakeKube, informers: list[Informer]) -> None:
+    """1,201 pods arrive in three pages of at most 500 (as client-go's reflector lists),
+    every one of them kept."""
+    for i in range(1201):
+        fake.put("api/v1", "pods", _pod(f"p{i:04d}"))
+    async with fake.kube_client() as api:
+        inf = Informer(api, PODS)
+        informers.append(inf)
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 10)
+        assert len(inf.items) == 1201
+        lists = [q for m, q in fake.requests if m == "GET" and "watch" not in q]
+        assert len(lists) == 3 and all("limit=500" in q for q in lists), lists
+        assert "continue=1000" in lists[-1]
+
+
+async def test_transform_keeps_what_it_returns(fake: FakeKube,
+                                               informers: list[Informer]) -> None:
+    """The cache holds what the transform returns; an object it drops is not kept, and
+    one that stops being kept leaves as a deletion."""
+    def only_web(obj: dict[str, Any]) -> dict[str, Any] | None:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return {**obj, "slim": True} if labels.get("app") == "web" else None
+
+    fake.put("api/v1", "pods", _pod("web-0"))
+    fake.put("api/v1", "pods", _pod("db-0", app="db"))
+    async with fake.kube_client() as api:
+        inf = Informer(api, PODS, transform=only_web)
+        informers.append(inf)
+        seen: list[tuple[str, str]] = []
+        inf.add_listener(lambda kind, obj: seen.append(
+            (kind, (obj.get("metadata") or {}).get("name", ""))))
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        assert set(inf.items) == {"ns1/web-0"} and inf.items["ns1/web-0"]["slim"] is True
+        fake.put("api/v1", "pods", _pod("db-1", app="db"))
+        fake.put("api/v1", "pods", _pod("web-1"))
+        fake.put("api/v1", "pods", _pod("web-0", app="db"))  # no longer kept
+        await until(lambda: len(seen) == 3)
+        assert seen == [("RELIST", ""), ("ADDED", "web-1"), ("DELETED", "web-0")]
+        assert set(inf.items) == {"ns1/web-1"} and inf.items["ns1/web-1"]["slim"] is True

@@ -254,8 +254,15 @@ class FakeKube:
         items = [copy.deepcopy(o) for (ons, _), o in
                  sorted(self.objects.get((api, resource), {}).items())
                  if ns in ("", ons) and _matches(o, fsel, lsel)]
-        return web.json_response({"kind": "List", "apiVersion": "v1",
-                                  "metadata": {"resourceVersion": str(self.rv)},
+        meta: Obj = {"resourceVersion": str(self.rv)}
+        # limit/continue as kube-apiserver pages a list (the token here: an offset).
+        limit = int(request.query.get("limit") or 0)
+        if limit > 0:
+            start = int(request.query.get("continue") or 0)
+            items, rest = items[start:start + limit], len(items) - start - limit
+            if rest > 0:
+                meta.update({"continue": str(start + limit), "remainingItemCount": rest})
+        return web.json_response({"kind": "List", "apiVersion": "v1", "metadata": meta,
                                   "items": items})
 
     async def _write(self, request: web.Request, api: str, ns: str, resource: str,

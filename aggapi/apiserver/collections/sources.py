@@ -23,6 +23,22 @@ EVENTS_PER_POD = 32
 PULL_REASONS = frozenset({"Pulling", "Pulled", "Failed", "BackOff"})
 
 
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without its managedFields (server-side apply's bookkeeping, often
+    the bulk of a pod's metadata): nothing here reads them, and a cluster's worth of
+    pods is held."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    return obj
+
+
+def _pull_event(ev: dict[str, Any]) -> dict[str, Any] | None:
+    """Only kubelet's pull events are kept (Scheduled, Created, Started... are not
+    read here)."""
+    return _slim(ev) if ev.get("reason") in PULL_REASONS else None
+
+
 def _pod_key(obj: Mapping[str, Any]) -> PodKey:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
@@ -40,9 +56,10 @@ class Source:
     def __init__(self, api: KubeClient, namespace: str) -> None:
         self.namespace = namespace
         base = f"/api/v1/namespaces/{path_segment(namespace)}" if namespace else "/api/v1"
-        self.pods = Informer(api, f"{base}/pods")
+        self.pods = Informer(api, f"{base}/pods", transform=_slim)
         self._events = Informer(api, f"{base}/events",
-                                {"fieldSelector": "involvedObject.kind=Pod"})
+                                {"fieldSelector": "involvedObject.kind=Pod"},
+                                transform=_pull_event)
         self._by_pod: dict[PodKey, dict[str, Mapping[str, Any]]] = {}
         # (what changed: a pod key, or None for "everything", after a relist)
         self.listeners: list[Callable[[PodKey | None], None]] = []

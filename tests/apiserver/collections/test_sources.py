@@ -1,0 +1,57 @@
+"""What the shared pod and event informers keep: a cluster's worth of pods is held."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aggapi.apiserver.collections.sources import Source
+from tests.framework.fakekube import FakeKube
+
+from .fakes import event, pod
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[FakeKube]:
+    fake = FakeKube()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+async def test_keeps_pull_events_only_and_no_managed_fields(kube: FakeKube) -> None:
+    p = pod("web-0")
+    p["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    kube.put("api/v1", "pods", p)
+    for reason in ("Scheduled", "Pulling", "Created", "Started", "Pulled"):
+        ev = event(p, reason, f"{reason} something")
+        ev["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+        kube.put("api/v1", "events", ev)
+    async with kube.kube_client() as api:
+        src = Source(api, "ns1")
+        src.start()
+        try:
+            await src.wait_synced(5)
+            (kept,) = src.pods.items.values()
+            assert "managedFields" not in kept["metadata"]
+            assert kept["spec"] == p["spec"] and kept["metadata"]["uid"] == p["metadata"]["uid"]
+            evs = src.events_of(("ns1", "web-0"))
+            assert sorted(e["reason"] for e in evs) == ["Pulled", "Pulling"]
+            assert all("managedFields" not in e["metadata"] for e in evs)
+            # the informer's own cache holds no more than the index reads
+            assert sorted(e["reason"] for e in src._events.items.values()) == [
+                "Pulled", "Pulling"]
+            kube.put("api/v1", "events", event(p, "BackOff", "Back-off pulling", n=9))
+            kube.put("api/v1", "events", event(p, "Killing", "Stopping", n=10))
+            for _ in range(100):
+                if len(src.events_of(("ns1", "web-0"))) == 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert sorted(e["reason"] for e in src.events_of(("ns1", "web-0"))) == [
+                "BackOff", "Pulled", "Pulling"]
+            await asyncio.sleep(0.2)
+            assert len(src._events.items) == 3
+        finally:
+            await src.stop()
