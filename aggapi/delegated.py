@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import Counter
 
-from aggapi.kube import KubeClient
+from aggapi.kube.client import KubeClient
 from aggapi.status import Handler, StatusError
 from aggapi.ttlcache import TTLCache
 

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from aggapi import tokenkeys
 from aggapi.capability import CapabilitySigner, CapabilityVerifier, key_id, public_pem
-from aggapi.kube import KubeClient
+from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError
 from tests.framework.fakekube import FakeKube
 

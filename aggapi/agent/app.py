@@ -40,7 +40,7 @@ from aggapi.agent.progress.poller import Backend, ProgressPoller
 from aggapi.agentidentity import Identity, IdentityPublisher
 from aggapi.capability import CapabilityVerifier
 from aggapi.delegated import AccessReviewer, TokenReviewer, nonresource_guard
-from aggapi.kube import KubeClient, load_client
+from aggapi.kube.client import KubeClient, load_client
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.status import status_middleware

@@ -18,7 +18,7 @@ from aggapi.apiserver.parts import Parts, complete
 from aggapi.apiserver.requestinfo import requestinfo_middleware
 from aggapi.apiserver.routes import Route, install, route_table
 from aggapi.apiserver.shutdown import Lifecycle
-from aggapi.kube import KubeClient
+from aggapi.kube.client import KubeClient
 from aggapi.logs import audit_id_middleware
 from aggapi.status import status_middleware
 from aggapi.tlsconfig import ServingTLS

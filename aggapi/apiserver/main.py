@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from aggapi import eventloop, kube, logs, serving
+from aggapi import eventloop, logs, serving
 from aggapi.apiserver.app import LIFECYCLE, build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
+from aggapi.kube import client as kube
 from aggapi.tlsconfig import ServingTLS
 
 log = logging.getLogger("aggapi.apiserver")

@@ -27,7 +27,7 @@ from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.capability import CapabilitySigner
 from aggapi.delegated import TokenReviewer
-from aggapi.kube import KubeClient
+from aggapi.kube.client import KubeClient
 from aggapi.tlsconfig import ServingTLS
 from aggapi.tokenkeys import KeyPublisher
 

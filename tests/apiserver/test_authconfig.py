@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggapi.apiserver.authconfig import AuthConfigSource, parse_configmap
-from aggapi.kube import KubeClient
+from aggapi.kube.client import KubeClient
 from tests.framework.fakekube import FakeKube
 
 from .conftest import FRONT_PROXY_CN, PROGRESS, Pki, Server, auth_configmap, until

@@ -13,7 +13,7 @@ images, and reports through the real API what kubelet would: Events Pulling, Pul
 Failed and BackOff from component ``kubelet`` on the node, with kubelet's message
 formats (``aggapi.apiserver.imagepullprogress.pullstate`` parses them). kwok's stage
 events cannot stand in for those: they come from ``kwok_controller`` with no host and
-a fixed message (kwok v0.8.0 ``StageEvent``), which ``aggapi.kubeevents`` rightly
+a fixed message (kwok v0.8.0 ``StageEvent``), which ``aggapi.kube.events`` rightly
 refuses as kubelet's. When an image is in, the pod is annotated ``PULLED_ANNOTATION``,
 which kwok's stage (``tests.framework.scale``) waits for to start its container.
 
@@ -48,8 +48,8 @@ from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.main import listen
 from aggapi.capability import CapabilityVerifier
-from aggapi.kube import KubeClient, KubeError, load_client
-from aggapi.kubewatch import Informer
+from aggapi.kube.client import KubeClient, KubeError, load_client
+from aggapi.kube.informer import Informer
 from aggapi.runtime.cri import CRIClient, Sandbox
 from aggapi.wire import LABEL_POD_UID
 from tests.framework.simruntime import Profile, Report, SimBackend, SimNode
