@@ -52,9 +52,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import aiohttp
 from aiohttp import web
 
-from aggapi import certs as aggapi_certs
-from aggapi import eventloop, pki, serving
+from aggapi import eventloop, serving
 from aggapi.capability import CapabilitySigner, ContainerRef
+from aggapi.tls import certs as aggapi_certs
+from aggapi.tls import pki
 from benchmarks._procstats import cpu_seconds, peak_rss_mib, rss_mib
 from tests.framework.procs import free_port
 

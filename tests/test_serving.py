@@ -15,9 +15,9 @@ from aiohttp import StreamReader, web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi import pki
 from aggapi.serving import IdleTimeoutBody, TimeoutSite
 from aggapi.status import StatusError
+from aggapi.tls import pki
 
 TIMEOUT = 1.0
 # Far beyond TIMEOUT: only a connection that is never closed runs into it.

@@ -21,7 +21,7 @@ from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.kube.client import KubeClient
 from aggapi.logs import audit_id_middleware
 from aggapi.status import status_middleware
-from aggapi.tlsconfig import ServingTLS
+from aggapi.tls.serving import ServingTLS
 
 
 def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -14,7 +14,7 @@ from aggapi import eventloop, logs, serving
 from aggapi.apiserver.app import LIFECYCLE, build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.kube import client as kube
-from aggapi.tlsconfig import ServingTLS
+from aggapi.tls.serving import ServingTLS
 
 log = logging.getLogger("aggapi.apiserver")
 

@@ -28,7 +28,7 @@ from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.capability import CapabilitySigner
 from aggapi.delegated import TokenReviewer
 from aggapi.kube.client import KubeClient
-from aggapi.tlsconfig import ServingTLS
+from aggapi.tls.serving import ServingTLS
 from aggapi.tokenkeys import KeyPublisher
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from aggapi import certs as aggapi_certs
 from aggapi.capability import CapabilityVerifier, key_id, load_verification_key
+from aggapi.tls import certs as aggapi_certs
 from aggapi.tokenkeys import LABEL
 from tests.framework.fakekube import FakeKube
 

@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggapi import pki
 from aggapi.kube import client as kube
 from aggapi.kube import kubeconfig
 from aggapi.kube.client import KubeClient, KubeConfigError, KubeError, load_client
+from aggapi.tls import pki
 
 BIG = "x" * (300 << 10)  # one watch line far beyond aiohttp's readline buffer
 
