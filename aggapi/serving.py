@@ -137,7 +137,7 @@ def body_stalled(idle: float) -> StatusError:
 
 
 class IdleTimeoutBody:
-    """A request body (read/readexactly, as aggapi.tarstream.ByteStream) whose every
+    """A request body (read/readexactly, as aggapi.tar.stream.ByteStream) whose every
     wait for bytes ends after ``idle`` seconds (0: no limit) with a 408 StatusError.
 
     ``read(n)`` hands over received pieces as they are (sliced only when a piece is

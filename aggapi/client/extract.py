@@ -45,7 +45,7 @@ from aggapi.client.confine import current_umask, local_mode, resolve_beneath
 from aggapi.client.errors import LocalError, TransferError
 from aggapi.client.partial import fsync_dir
 from aggapi.dirfd import descend
-from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
+from aggapi.tar.stream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
 
 CHUNK = 1 << 20
 INLINE_WRITE = 64 << 10  # a page-cache write this small costs less than a thread hop

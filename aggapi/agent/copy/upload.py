@@ -51,7 +51,7 @@ from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.pump import next_piece, pump
 from aggapi.status import StatusError
-from aggapi.tarstream import ByteStream, TarError
+from aggapi.tar.stream import ByteStream, TarError
 
 
 def _counted(body: ByteStream, state: CopyState) -> Callable[[int], Awaitable[bytes]]:
