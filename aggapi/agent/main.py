@@ -15,7 +15,7 @@ from aggapi import eventloop, logs, serving
 from aggapi.agent.app import build_app, build_health_app, build_metrics_app, connect
 from aggapi.agent.auth import server_context, serving_context
 from aggapi.agent.config import AgentConfig, from_args
-from aggapi.agentidentity import new_identity
+from aggapi.auth.agentidentity import new_identity
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import aiohttp
 
-from aggapi.agentidentity import IdentityPins
 from aggapi.apiserver.agents import AgentDirectory
-from aggapi.capability import CapabilitySigner, ContainerRef
+from aggapi.auth.agentidentity import IdentityPins
+from aggapi.auth.capability import CapabilitySigner, ContainerRef
+from aggapi.auth.tokenkeys import KeyPublisher
 from aggapi.serving import READ_BUFSIZE
 from aggapi.status import StatusError
-from aggapi.tokenkeys import KeyPublisher
 
 AGENT_SERVER_NAME = "aggapi-agent"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 from aggapi.kube.client import KubeClient, KubeError, path_segment
 from aggapi.status import StatusError, not_found
 

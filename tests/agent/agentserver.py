@@ -21,7 +21,7 @@ from aggapi.agent.config import AgentConfig
 from aggapi.agent.copy.state import Resolver
 from aggapi.agent.main import listen
 from aggapi.agent.progress.poller import Backend
-from aggapi.capability import CapabilitySigner, CapabilityVerifier, ContainerRef
+from aggapi.auth.capability import CapabilitySigner, CapabilityVerifier, ContainerRef
 from aggapi.kube.client import KubeClient
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient

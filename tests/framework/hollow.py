@@ -47,7 +47,7 @@ from aggapi.agent.config import AgentConfig
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.main import listen
-from aggapi.capability import CapabilityVerifier
+from aggapi.auth.capability import CapabilityVerifier
 from aggapi.kube.client import KubeClient, KubeError, load_client
 from aggapi.kube.informer import Informer
 from aggapi.runtime.cri import CRIClient, Sandbox

@@ -14,7 +14,7 @@ import pytest
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
-from aggapi.capability import CapabilitySigner
+from aggapi.auth.capability import CapabilitySigner
 from aggapi.status import StatusError
 from aggapi.tls import certs
 from tests.framework.fakekube import FakeKube

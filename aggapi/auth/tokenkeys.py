@@ -25,7 +25,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
-from aggapi.capability import CapabilitySigner, KeySet, key_id, load_verification_key
+from aggapi.auth.capability import CapabilitySigner, KeySet, key_id, load_verification_key
 from aggapi.kube.client import KubeClient, KubeError, keep_publishing, path_segment
 from aggapi.kube.informer import Informer
 

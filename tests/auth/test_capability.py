@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.capability import (
+from aggapi.auth.capability import (
     CapabilitySigner,
     CapabilityVerifier,
     ContainerRef,

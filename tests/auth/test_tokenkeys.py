@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from aggapi import tokenkeys
-from aggapi.capability import CapabilitySigner, CapabilityVerifier, key_id, public_pem
+from aggapi.auth import tokenkeys
+from aggapi.auth.capability import CapabilitySigner, CapabilityVerifier, key_id, public_pem
 from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError
 from tests.framework.fakekube import FakeKube
