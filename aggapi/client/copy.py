@@ -46,7 +46,7 @@ from aggapi.client.extract import extract_dir
 from aggapi.client.packtar import list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
 from aggapi.client.retry import CATCH, Backoff, wait_or_raise
-from aggapi.pump import next_piece, pump
+from aggapi.fs.pump import next_piece, pump
 from aggapi.tar.stream import TarReader
 
 CHUNK = 1 << 20

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggapi import syncfs
 from aggapi.client.confine import current_umask, local_mode, resolve_beneath
 from aggapi.client.errors import LocalError, TransferError
 from aggapi.client.partial import fsync_dir
-from aggapi.dirfd import descend
+from aggapi.fs import syncfs
+from aggapi.fs.dirfd import descend
 from aggapi.tar.stream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
 
 CHUNK = 1 << 20

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi import syncfs
 from aggapi.client.errors import LocalError
+from aggapi.fs import syncfs
 from tests.client.test_extract import extract, reg, stream
 
 pytestmark = pytest.mark.skipif(not syncfs.available(), reason="no syncfs on this platform")
