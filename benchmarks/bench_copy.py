@@ -52,8 +52,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import aiohttp
 from aiohttp import web
 
-from aggapi import eventloop, serving
+from aggapi import eventloop
 from aggapi.auth.capability import CapabilitySigner, ContainerRef
+from aggapi.serve import site as serving
 from aggapi.tls import certs as aggapi_certs
 from aggapi.tls import pki
 from benchmarks._procstats import cpu_seconds, peak_rss_mib, rss_mib

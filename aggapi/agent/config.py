@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.kubeletconfig import DEFAULT_PATH as KUBELET_CONFIG
-from aggapi.serving import DEFAULT_READ_HEADER_TIMEOUT
+from aggapi.serve.site import DEFAULT_READ_HEADER_TIMEOUT
 from aggapi.tls.certs import APISERVER_CLIENT_CN
 
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"

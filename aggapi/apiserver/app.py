@@ -19,7 +19,7 @@ from aggapi.apiserver.requestinfo import requestinfo_middleware
 from aggapi.apiserver.routes import Route, install, route_table
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.kube.client import KubeClient
-from aggapi.logs import audit_id_middleware
+from aggapi.serve.logs import audit_id_middleware
 from aggapi.status import status_middleware
 from aggapi.tls.serving import ServingTLS
 

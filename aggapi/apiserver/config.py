@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aggapi.serving import DEFAULT_READ_HEADER_TIMEOUT
+from aggapi.serve.site import DEFAULT_READ_HEADER_TIMEOUT
 
 
 @dataclass

@@ -13,7 +13,7 @@ from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.apiserver.main import listen
 from aggapi.tls.serving import ServingTLS
 from tests.framework.fakekube import FakeKube
-from tests.test_serving import closed_by_server
+from tests.serve.test_site import closed_by_server
 
 from .conftest import Pki
 

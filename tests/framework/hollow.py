@@ -40,7 +40,6 @@ from typing import Any
 
 from aiohttp import web
 
-from aggapi import logs
 from aggapi.agent.app import build_app, new_parts
 from aggapi.agent.auth import server_context
 from aggapi.agent.config import AgentConfig
@@ -51,6 +50,7 @@ from aggapi.auth.capability import CapabilityVerifier
 from aggapi.kube.client import KubeClient, KubeError, load_client
 from aggapi.kube.informer import Informer
 from aggapi.runtime.cri import CRIClient, Sandbox
+from aggapi.serve import logs
 from aggapi.tls import certs, pki
 from aggapi.wire import LABEL_POD_UID
 from tests.framework.simruntime import Profile, Report, SimBackend, SimNode

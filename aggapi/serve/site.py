@@ -47,7 +47,7 @@ class HeaderTimeoutHandler(RequestHandler):
     when bytes of a new request arrive after the previous request's body; a complete
     head clears it. An idle keep-alive connection (no bytes at all) is left to the
     keep-alive timer. This relies on RequestHandler internals (``_request_count``,
-    ``_messages``), which tests/test_serving.py exercises over real sockets.
+    ``_messages``), which tests/serve/test_site.py exercises over real sockets.
     """
 
     __slots__ = ("_header_timer", "_last_payload", "_read_header_timeout")
