@@ -12,7 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "apiserver": ("aggapi.apiserver.main", "serve the aggregated API (Deployment)"),
     "agent": ("aggapi.agent.main", "serve the node agent (DaemonSet)"),
-    "certs": ("aggapi.certs", "generate CA, serving/agent certificates and signing keys"),
+    "certs": ("aggapi.tls.certs", "generate CA, serving/agent certificates and signing keys"),
 }
 
 

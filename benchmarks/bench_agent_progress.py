@@ -25,7 +25,7 @@ from aggapi.agent.progress import view
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import ProgressPoller, Subscription
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 from benchmarks._procstats import rss_mib
 from tests.framework import oci
 from tests.framework.containerd import Containerd

@@ -22,11 +22,11 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from aggapi import pki
 from aggapi.apiserver.app import new_app
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.parts import complete
-from aggapi.tlsconfig import ServingTLS
+from aggapi.tls import pki
+from aggapi.tls.serving import ServingTLS
 from tests.framework.fakekube import FakeKube
 
 PATH = "/apis/subresources.aggapi.io/v1alpha1/namespaces/bench/pods/web-0/imagepullprogress"

@@ -52,9 +52,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import aiohttp
 from aiohttp import web
 
-from aggapi import certs as aggapi_certs
-from aggapi import eventloop, pki, serving
-from aggapi.capability import CapabilitySigner, ContainerRef
+from aggapi import eventloop
+from aggapi.auth.capability import CapabilitySigner, ContainerRef
+from aggapi.serve import site as serving
+from aggapi.tls import certs as aggapi_certs
+from aggapi.tls import pki
 from benchmarks._procstats import cpu_seconds, peak_rss_mib, rss_mib
 from tests.framework.procs import free_port
 
@@ -290,7 +292,7 @@ async def _agent_main(pki_dir: str, root: str, state_dir: str, pod_uid: str) -> 
     from aggapi.agent.auth import server_context
     from aggapi.agent.config import AgentConfig
     from aggapi.agent.copy.quotas import CopyLimits
-    from aggapi.capability import CapabilityVerifier
+    from aggapi.auth.capability import CapabilityVerifier
 
     d = Path(pki_dir)
     config = AgentConfig(node_name=NODE, tls_cert=str(d / "agent.crt"),

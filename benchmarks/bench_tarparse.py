@@ -11,7 +11,7 @@ Inputs, all about ``--mib`` MiB (13.6 by default, the size of the finding's uplo
   linear: the same per MiB);
 * ``plain``: one large file.
 
-Measures the agent's parse path: the sans-IO ``aggapi.tarparse.TarParser`` fed 1 MiB
+Measures the agent's parse path: the sans-IO ``aggapi.tar.parse.TarParser`` fed 1 MiB
 at a time, or, on code from before it existed (a8bd110), the async ``TarReader`` the
 agent then ran on its event loop. To measure the old code:
 
@@ -27,7 +27,11 @@ import importlib.util
 import time
 
 import aggapi
-from aggapi import tarstream as ts
+
+# The parser's modules by where a checkout has them: aggapi/tar/ now, the package root
+# before (the TarReader baseline a8bd110 has no parser at all).
+_ROOT = importlib.util.find_spec("aggapi.tar") is None
+ts = importlib.import_module("aggapi.tarstream" if _ROOT else "aggapi.tar.stream")
 
 MiB = 1 << 20
 
@@ -59,8 +63,8 @@ def plain(nbytes: int) -> bytes:
 
 
 def parse_new(raw: bytes) -> tuple[int, str]:
-    from aggapi.tarparse import TarError, TarParser
-    p = TarParser()
+    tp = importlib.import_module("aggapi.tarparse" if _ROOT else "aggapi.tar.parse")
+    TarError, p = tp.TarError, tp.TarParser()
     fed = 0
     try:
         for i in range(0, len(raw), MiB):
@@ -109,7 +113,7 @@ def main() -> None:
     ap.add_argument("--mib", type=float, default=13.6)
     args = ap.parse_args()
     nbytes = int(args.mib * MiB)
-    new = importlib.util.find_spec("aggapi.tarparse") is not None
+    new = importlib.util.find_spec("aggapi.tarparse" if _ROOT else "aggapi.tar.parse") is not None
     parse = parse_new if new else parse_old
     print(f"aggapi from {aggapi.__file__}: "
           f"{'TarParser (worker thread)' if new else 'TarReader (event loop, a8bd110)'}")

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aggapi import pki
+from aggapi.tls import pki
 
 MiB = 1 << 20
 GiB = 1 << 30

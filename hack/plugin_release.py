@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Core dependencies the plugins import (aggapi.client, aggapi.kubeconfig); the rest of
+# Core dependencies the plugins import (aggapi.client, aggapi.kube.kubeconfig); the rest of
 # the core (gRPC, protobuf, prometheus, cryptography, pyjwt, uvloop) is the servers'.
 PLUGIN_CORE_DEPS = {"aiohttp", "pyyaml"}
 # The executable in each plugin's archive: kubectl finds kubectl-<name> on PATH, with

@@ -10,7 +10,7 @@ import tarfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from aggapi.tarparse import (
+from aggapi.tar.parse import (
     ARCHIVE_END,
     ENTRY_END,
     TarEntry,

@@ -9,6 +9,7 @@ loop in the design. Imports inside functions are not edges (they run later).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,9 +189,10 @@ def test_layers_see_every_import() -> None:
 
 
 # Which product package may import which (module-level imports). "shared" is every
-# top-level module of aggapi (status, wire, capability, kube, tarstream, ...): the
-# pieces both sides of a wire use. The two servers never import each other, the
-# client and plugins never import a server, and nothing imports the plugins.
+# module at the root of aggapi (wire, status, ...) and every subpackage grouping one
+# concern (kube, auth, tls, tar, fs, serve): the pieces both sides of a wire use. The
+# two servers never import each other, the client and plugins never import a server,
+# and nothing imports the plugins.
 ENTRY_POINTS = {"aggapi.cli", "aggapi.__main__"}  # they start a server, lazily
 PACKAGE_RULES: dict[str, set[str]] = {
     "shared": {"aggapi", "shared"},
@@ -225,3 +227,41 @@ def test_package_rule_sees_a_violation() -> None:
     assert _package("aggapi.apiserver.authz") not in PACKAGE_RULES[
         _package("aggapi.agent.app")]
     assert _package("aggapi.wire") == "shared" and _package("aggapi.cli") == "entry"
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _documented(row_start: str) -> list[str]:
+    """The backticked plain names in the second cell of the architecture page's package
+    table rows that start with ``row_start``."""
+    rows = [line for line in ARCHITECTURE.read_text().splitlines() if line.startswith(row_start)]
+    assert rows, f"no row {row_start!r} in {ARCHITECTURE}"
+    return [name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[2])]
+
+
+def _shared_subpackages() -> dict[str, Path]:
+    return {name: path for name, path in _modules().items()
+            if path.name == "__init__.py" and name.count(".") == 1
+            and _package(name + ".x") == "shared"}
+
+
+def test_root_holds_only_the_documented_cross_cutting_modules() -> None:
+    # A module belonging to one concern goes in that concern's subpackage; the root keeps
+    # what the architecture page lists as cross-cutting, and the entry points.
+    root = {name.removeprefix("aggapi.") for name, path in _modules().items()
+            if name.count(".") == 1 and path.parent == PACKAGE}
+    documented = set(_documented("| shared: root modules"))
+    documented |= {e.removeprefix("aggapi.") for e in ENTRY_POINTS}
+    assert root == documented
+
+
+def test_shared_subpackages_are_documented_and_import_nothing() -> None:
+    # Importing aggapi.kube.kubeconfig (the plugins) must not load the rest of aggapi.kube.
+    subpackages = _shared_subpackages()
+    assert {"aggapi.kube", "aggapi.tls"} <= set(subpackages)
+    for name, path in subpackages.items():
+        assert _documented(f"| shared: `{name.replace('.', '/')}`"), name
+        body = ast.parse(path.read_text()).body
+        assert all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                   for node in body), f"{path} should hold only its docstring"

@@ -11,7 +11,7 @@ Middlewares, outermost first: Status errors, metrics, auth (mTLS CN +
 capability token, see aggapi.agent.auth). Besides that mTLS app, the agent
 serves probes (plain HTTP, :func:`build_health_app`) and Prometheus, only on
 its own port (:func:`build_metrics_app`: HTTPS, a bearer token checked by
-TokenReview and SubjectAccessReview, see aggapi.delegated).
+TokenReview and SubjectAccessReview, see aggapi.auth.delegated).
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from aggapi.agent.progress.cri_backend import CRIBackend
 from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import Backend, ProgressPoller
-from aggapi.agentidentity import Identity, IdentityPublisher
-from aggapi.capability import CapabilityVerifier
-from aggapi.delegated import AccessReviewer, TokenReviewer, nonresource_guard
-from aggapi.kube import KubeClient, load_client
+from aggapi.auth.agentidentity import Identity, IdentityPublisher
+from aggapi.auth.capability import CapabilityVerifier
+from aggapi.auth.delegated import AccessReviewer, TokenReviewer, nonresource_guard
+from aggapi.auth.tokenkeys import KeyWatch
+from aggapi.kube.client import KubeClient, load_client
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.status import status_middleware
-from aggapi.tokenkeys import KeyWatch
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from aggapi.capability import Capability, CapabilityVerifier
+from aggapi.auth.capability import Capability, CapabilityVerifier
 from aggapi.runtime.cri import Sandbox
 from aggapi.runtime.errors import RuntimeAccessError
 from aggapi.status import StatusError

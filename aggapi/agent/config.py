@@ -10,8 +10,8 @@ from pathlib import Path
 
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.kubeletconfig import DEFAULT_PATH as KUBELET_CONFIG
-from aggapi.certs import APISERVER_CLIENT_CN
-from aggapi.serving import DEFAULT_READ_HEADER_TIMEOUT
+from aggapi.serve.site import DEFAULT_READ_HEADER_TIMEOUT
+from aggapi.tls.certs import APISERVER_CLIENT_CN
 
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
@@ -23,7 +23,7 @@ class AgentConfig:
     tls_key: str
     client_ca: str  # aggapi's internal CA: the apiserver's client cert must chain to it
     # Capability verification key: a PEM public key or certificate file, or "" to
-    # follow the apiserver replicas' published keys (token_key_set, aggapi.tokenkeys).
+    # follow the apiserver replicas' published keys (token_key_set, aggapi.auth.tokenkeys).
     token_public_key: str
     host: str = "0.0.0.0"
     port: int = 10443
@@ -32,7 +32,7 @@ class AgentConfig:
     token_key_set: str = ""  # label value of the published key ConfigMaps to follow
     token_key_namespace: str = ""  # where they are
     # "": serve tls_cert/tls_key. Else a key made in memory, published as a CSR with this
-    # label value (aggapi.agentidentity); tls_cert/tls_key are then unused.
+    # label value (aggapi.auth.agentidentity); tls_cert/tls_key are then unused.
     identity_key_set: str = ""
     runtime: str = "containerd"  # "containerd" (byte progress) | "cri" (phases only)
     cri_address: str = CONTAINERD_SOCKET

@@ -11,11 +11,13 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from aggapi import eventloop, logs, serving
+from aggapi import eventloop
 from aggapi.agent.app import build_app, build_health_app, build_metrics_app, connect
 from aggapi.agent.auth import server_context, serving_context
 from aggapi.agent.config import AgentConfig, from_args
-from aggapi.agentidentity import new_identity
+from aggapi.auth.agentidentity import new_identity
+from aggapi.serve import logs
+from aggapi.serve import site as serving
 
 log = logging.getLogger(__name__)
 

@@ -73,7 +73,7 @@ class AgentMetrics:
                                       "Time a copy took, by direction and result.",
                                       ["direction", "result"], registry=r,
                                       buckets=_COPY_BUCKETS)
-        # The metrics port's delegated authentication and authorization (aggapi.delegated).
+        # The metrics port's delegated authentication and authorization (aggapi.auth.delegated).
         self.tokenreview = Counter(f"{_NS}_tokenreviews", "TokenReviews sent, by result.",
                                    ["result"], registry=r)
         self.token_cache = Counter(f"{_NS}_token_cache",

@@ -16,12 +16,12 @@ from typing import Any
 
 import aiohttp
 
-from aggapi.agentidentity import IdentityPins
 from aggapi.apiserver.agents import AgentDirectory
-from aggapi.capability import CapabilitySigner, ContainerRef
-from aggapi.serving import READ_BUFSIZE
+from aggapi.auth.agentidentity import IdentityPins
+from aggapi.auth.capability import CapabilitySigner, ContainerRef
+from aggapi.auth.tokenkeys import KeyPublisher
+from aggapi.serve.site import READ_BUFSIZE
 from aggapi.status import StatusError
-from aggapi.tokenkeys import KeyPublisher
 
 AGENT_SERVER_NAME = "aggapi-agent"
 
@@ -84,7 +84,7 @@ class AgentClient:
                 connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
                 auto_decompress=False,
-                read_bufsize=READ_BUFSIZE,  # see aggapi.serving: fewer, larger pieces
+                read_bufsize=READ_BUFSIZE,  # see aggapi.serve.site: fewer, larger pieces
             )
         return self._session
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aggapi.kube import KubeClient, path_segment
-from aggapi.kubewatch import Informer
+from aggapi.kube.client import KubeClient, path_segment
+from aggapi.kube.informer import Informer
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ from aggapi.apiserver.parts import Parts, complete
 from aggapi.apiserver.requestinfo import requestinfo_middleware
 from aggapi.apiserver.routes import Route, install, route_table
 from aggapi.apiserver.shutdown import Lifecycle
-from aggapi.kube import KubeClient
-from aggapi.logs import audit_id_middleware
+from aggapi.kube.client import KubeClient
+from aggapi.serve.logs import audit_id_middleware
 from aggapi.status import status_middleware
-from aggapi.tlsconfig import ServingTLS
+from aggapi.tls.serving import ServingTLS
 
 
 def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]]:

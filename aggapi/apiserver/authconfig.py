@@ -16,8 +16,8 @@ from typing import Any
 
 from cryptography import x509
 
-from aggapi.kube import KubeClient, path_segment
-from aggapi.kubewatch import Informer
+from aggapi.kube.client import KubeClient, path_segment
+from aggapi.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.user import USER, UserInfo, anonymous
-from aggapi.delegated import AuthenticationFailed, TokenReviewer, bearer_token
+from aggapi.auth.delegated import AuthenticationFailed, TokenReviewer, bearer_token
 from aggapi.status import Handler, StatusError
 
 log = logging.getLogger(__name__)

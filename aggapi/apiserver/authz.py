@@ -23,7 +23,7 @@ from aiohttp.typedefs import Middleware
 
 from aggapi.apiserver.requestinfo import INFO, RequestInfo
 from aggapi.apiserver.user import USER, UserInfo
-from aggapi.delegated import (
+from aggapi.auth.delegated import (
     AccessReviewer,
     AuthorizationError,
     Decision,

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aggapi.serving import DEFAULT_READ_HEADER_TIMEOUT
+from aggapi.serve.site import DEFAULT_READ_HEADER_TIMEOUT
 
 
 @dataclass
@@ -51,7 +51,7 @@ class ApiServerConfig:
     agent_client_cert_file: str = ""
     agent_client_key_file: str = ""
     # Empty: a key pair made in memory at start, its public half published as a
-    # ConfigMap owned by this pod (aggapi.tokenkeys); needs the four fields below.
+    # ConfigMap owned by this pod (aggapi.auth.tokenkeys); needs the four fields below.
     token_signing_key_file: str = ""
     token_key_set: str = ""
     pod_namespace: str = ""

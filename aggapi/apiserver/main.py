@@ -10,10 +10,13 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from aggapi import eventloop, kube, logs, serving
+from aggapi import eventloop
 from aggapi.apiserver.app import LIFECYCLE, build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
-from aggapi.tlsconfig import ServingTLS
+from aggapi.kube import client as kube
+from aggapi.serve import logs
+from aggapi.serve import site as serving
+from aggapi.tls.serving import ServingTLS
 
 log = logging.getLogger("aggapi.apiserver")
 

@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggapi.agentidentity import IdentityPins
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
@@ -25,11 +24,12 @@ from aggapi.apiserver.imagepullprogress.objects import new_progress_streams
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.shutdown import Lifecycle
-from aggapi.capability import CapabilitySigner
-from aggapi.delegated import TokenReviewer
-from aggapi.kube import KubeClient
-from aggapi.tlsconfig import ServingTLS
-from aggapi.tokenkeys import KeyPublisher
+from aggapi.auth.agentidentity import IdentityPins
+from aggapi.auth.capability import CapabilitySigner
+from aggapi.auth.delegated import TokenReviewer
+from aggapi.auth.tokenkeys import KeyPublisher
+from aggapi.kube.client import KubeClient
+from aggapi.tls.serving import ServingTLS
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from aggapi.capability import ContainerRef
-from aggapi.kube import KubeClient, KubeError, path_segment
+from aggapi.auth.capability import ContainerRef
+from aggapi.kube.client import KubeClient, KubeError, path_segment
 from aggapi.status import StatusError, not_found
 
 

@@ -1,13 +1,13 @@
 """The authenticated identity of a request (k8s.io/apiserver's user.Info).
 
-:class:`UserInfo` lives in aggapi.delegated (the agent's metrics port uses it too).
+:class:`UserInfo` lives in aggapi.auth.delegated (the agent's metrics port uses it too).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from aggapi.delegated import ANONYMOUS, AUTHENTICATED, UserInfo
+from aggapi.auth.delegated import ANONYMOUS, AUTHENTICATED, UserInfo
 
 __all__ = ["ANONYMOUS", "AUTHENTICATED", "UNAUTHENTICATED", "USER", "UserInfo", "anonymous"]
 

@@ -1,7 +1,7 @@
 """An authenticated aiohttp session to kube-apiserver, configured from a kubeconfig.
 
 The kubeconfig (or the pod's service account) is read by the product's own
-:mod:`aggapi.kubeconfig`, the loader the apiserver and agent use too, so neither
+:mod:`aggapi.kube.kubeconfig`, the loader the apiserver and agent use too, so neither
 the client nor the kubectl plugins need a Kubernetes client library; exec
 credential plugins are run by :mod:`aggapi.client.execcred`. Streams need no
 total timeout and raw bodies, hence an aiohttp session of our own. Exec
@@ -35,7 +35,7 @@ from multidict import CIMultiDict
 
 from aggapi.client.errors import AggapiError, ConfigError, Unauthorized, error_from_response
 from aggapi.client.execcred import Credential, ExecPlugin
-from aggapi.kubeconfig import (
+from aggapi.kube.kubeconfig import (
     ClusterConfig,
     KubeConfigError,
     load_chain_from_memory,
@@ -83,7 +83,7 @@ def pick_kubeconfig(context: str | None) -> tuple[str | None, str | None]:
     them: the first current-context set wins, and the first file naming that context
     is used (each file is expected to hold its context's cluster and user); missing
     or unreadable files are skipped. (None, context): leave it to the default."""
-    import yaml  # PyYAML, as aggapi.kubeconfig uses it
+    import yaml  # PyYAML, as aggapi.kube.kubeconfig uses it
 
     paths = [p.strip() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep)
              if p.strip()]

@@ -46,8 +46,8 @@ from aggapi.client.extract import extract_dir
 from aggapi.client.packtar import list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
 from aggapi.client.retry import CATCH, Backoff, wait_or_raise
-from aggapi.pump import next_piece, pump
-from aggapi.tarstream import TarReader
+from aggapi.fs.pump import next_piece, pump
+from aggapi.tar.stream import TarReader
 
 CHUNK = 1 << 20
 # A directory upload's tar up to this size is built once and held for sending (and

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggapi import syncfs
 from aggapi.client.confine import current_umask, local_mode, resolve_beneath
 from aggapi.client.errors import LocalError, TransferError
 from aggapi.client.partial import fsync_dir
-from aggapi.dirfd import descend
-from aggapi.tarstream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
+from aggapi.fs import syncfs
+from aggapi.fs.dirfd import descend
+from aggapi.tar.stream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
 
 CHUNK = 1 << 20
 INLINE_WRITE = 64 << 10  # a page-cache write this small costs less than a thread hop

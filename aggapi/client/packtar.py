@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aggapi.client.errors import LocalError
-from aggapi.tarstream import DIR, END, REG, SYM, header, header_size, pad
+from aggapi.tar.stream import DIR, END, REG, SYM, header, header_size, pad
 
 CHUNK = 1 << 20
 # What the agent gives a new file or directory when no mode is asked for.

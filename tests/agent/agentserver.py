@@ -14,17 +14,18 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from aggapi import certs, wire
+from aggapi import wire
 from aggapi.agent.app import build_app, build_health_app, build_metrics_app, new_parts
 from aggapi.agent.auth import SandboxLister, server_context, serving_context
 from aggapi.agent.config import AgentConfig
 from aggapi.agent.copy.state import Resolver
 from aggapi.agent.main import listen
 from aggapi.agent.progress.poller import Backend
-from aggapi.capability import CapabilitySigner, CapabilityVerifier, ContainerRef
-from aggapi.kube import KubeClient
+from aggapi.auth.capability import CapabilitySigner, CapabilityVerifier, ContainerRef
+from aggapi.kube.client import KubeClient
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
+from aggapi.tls import certs
 
 NODE = "node-a"
 

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from aggapi import pki as aggapi_pki
-from aggapi.capability import CapabilitySigner
+from aggapi.auth.capability import CapabilitySigner
 from aggapi.runtime.cri import Sandbox
+from aggapi.tls import pki as aggapi_pki
 from tests.agent.agentserver import NODE, Agent, client_ssl, pki, run_agent
 from tests.agent.fakectd import FakeContainerd, make_image
 

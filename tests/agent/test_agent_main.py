@@ -12,11 +12,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from aggapi import agentidentity as ai
 from aggapi.agent.config import from_args
 from aggapi.agent.main import serve
-from aggapi.capability import CapabilitySigner
-from aggapi.tokenkeys import KeyPublisher
+from aggapi.auth import agentidentity as ai
+from aggapi.auth.capability import CapabilitySigner
+from aggapi.auth.tokenkeys import KeyPublisher
 from tests.agent.agentserver import client_ssl, pki
 from tests.framework.fakekube import FakeKube
 

@@ -13,7 +13,7 @@ import pytest
 from aggapi.agent.config import from_args
 from tests.agent.agentserver import Agent, client_ssl, pki, run_agent
 from tests.agent.fakectd import FakeContainerd
-from tests.test_serving import closed_by_server
+from tests.serve.test_site import closed_by_server
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from aiohttp import web
 from aggapi.agent.app import PARTS, build_app, new_parts
 from aggapi.agent.config import AgentConfig, from_args
 from aggapi.agent.copy.quotas import CopyLimits
-from aggapi.capability import CapabilityVerifier
+from aggapi.auth.capability import CapabilityVerifier
 from tests.agent.agentserver import NODE, pki
 from tests.agent.fakectd import FakeContainerd
 

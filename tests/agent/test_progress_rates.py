@@ -24,7 +24,7 @@ from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.model import NodeState
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.view import objects
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 from tests.agent.fakectd import FakeContainerd, FakeImage, make_image
 from tests.agent.linksim import MiB, RecordedLink, SharedLink, SimLayer
 

@@ -15,7 +15,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggapi import pki
 from aggapi.apiserver.app import new_app
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.handlers.copy import CopyHandler
@@ -24,7 +23,8 @@ from aggapi.apiserver.imagepullprogress.nodeview import NodePullsHandler
 from aggapi.apiserver.parts import Parts, complete
 from aggapi.apiserver.routes import Route
 from aggapi.status import StatusError
-from aggapi.tlsconfig import ServingTLS
+from aggapi.tls import pki
+from aggapi.tls.serving import ServingTLS
 from tests.framework.fakekube import FakeKube
 from tests.framework.frontproxy import FrontProxy, ProxyUser
 

@@ -24,8 +24,8 @@ from aggapi.apiserver.authconfig import AuthConfigSource, parse_configmap
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch, PodWatchHub
 from aggapi.apiserver.parts import complete
-from aggapi.delegated import SUBJECTACCESSREVIEWS
-from aggapi.kube import KubeClient
+from aggapi.auth.delegated import SUBJECTACCESSREVIEWS
+from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError
 
 NODE = "node-1"

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggapi.apiserver.authconfig import AuthConfigSource, parse_configmap
-from aggapi.kube import KubeClient
+from aggapi.kube.client import KubeClient
 from tests.framework.fakekube import FakeKube
 
 from .conftest import FRONT_PROXY_CN, PROGRESS, Pki, Server, auth_configmap, until
@@ -44,7 +44,7 @@ def _data(certs: Pki, **override: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def module_certs(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    from aggapi import pki
+    from aggapi.tls import pki
     d = tmp_path_factory.mktemp("pki")
     return Pki(d, pki.new_ca("s"), pki.new_ca("c"), pki.new_ca("fp"), pki.new_ca("o"))
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from aggapi import logs
+from aggapi.serve import logs
 
 from .conftest import PROGRESS, Server
 

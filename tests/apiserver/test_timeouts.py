@@ -11,9 +11,9 @@ import aiohttp
 from aggapi.apiserver.app import build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.apiserver.main import listen
-from aggapi.tlsconfig import ServingTLS
+from aggapi.tls.serving import ServingTLS
 from tests.framework.fakekube import FakeKube
-from tests.test_serving import closed_by_server
+from tests.serve.test_site import closed_by_server
 
 from .conftest import Pki
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from aggapi import pki
+from aggapi.tls import pki
 from tests.framework.fakekube import FakeKube
 
 from .conftest import PROGRESS, Server, until

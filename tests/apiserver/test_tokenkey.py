@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from aggapi import certs as aggapi_certs
-from aggapi.capability import CapabilityVerifier, key_id, load_verification_key
-from aggapi.tokenkeys import LABEL
+from aggapi.auth.capability import CapabilityVerifier, key_id, load_verification_key
+from aggapi.auth.tokenkeys import LABEL
+from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
 
 from .conftest import until

@@ -23,9 +23,9 @@ from typing import Any
 
 from aiohttp import web
 
-from aggapi import pki
 from aggapi.status import StatusError, status_middleware
-from aggapi.tarstream import DIR, PAX, REG, SYM, TarReader, header, pad, pax_header
+from aggapi.tar.stream import DIR, PAX, REG, SYM, TarReader, header, pad, pax_header
+from aggapi.tls import pki
 
 PREFIX = "/apis/subresources.aggapi.io/v1alpha1/watch/namespaces/{ns}/pods/{pod}"
 FORBIDDEN_USER = "mallory"

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from aggapi import pki
 from aggapi.client import errors
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.copy import RemotePath, stat_remote
+from aggapi.tls import pki
 from tests.client.fakeserver import FakeCluster
 
 WEB = RemotePath("default", "web", "/data", "app")

@@ -13,7 +13,7 @@ from aggapi.client import errors
 from aggapi.client.connection import Connection
 from aggapi.client.copy import RemotePath, download, upload_dir, upload_file
 from aggapi.client.retry import Backoff
-from aggapi.tarstream import BLK, DIR, LNK, PAX, REG, SYM, header, pad, pax_header
+from aggapi.tar.stream import BLK, DIR, LNK, PAX, REG, SYM, header, pad, pax_header
 from tests.client.fakeserver import FakeCluster
 from tests.client.test_extract import escapes
 

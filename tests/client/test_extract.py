@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from aggapi.client.extract import ExtractResult, extract_dir
-from aggapi.tarstream import DIR, LNK, PAX, REG, SYM, TarReader, header, pad, pax_header
+from aggapi.tar.stream import DIR, LNK, PAX, REG, SYM, TarReader, header, pad, pax_header
 
 
 def stream(entries: bytes) -> bytes:

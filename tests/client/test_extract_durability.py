@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi import syncfs
 from aggapi.client.errors import LocalError
+from aggapi.fs import syncfs
 from tests.client.test_extract import extract, reg, stream
 
 pytestmark = pytest.mark.skipif(not syncfs.available(), reason="no syncfs on this platform")
@@ -87,7 +87,7 @@ async def test_tar_headers_are_parsed_off_the_event_loop(tmp_path: Path,
     creation of its generator (which on main ran the whole parse on the loop)."""
     import threading
 
-    from aggapi import tarparse
+    from aggapi.tar import parse as tarparse
 
     loop_thread = threading.get_ident()
     seen: list[int] = []

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from aggapi import certs
+from aggapi.tls import certs
 from tests.framework.controlplane import (
     APISERVICE,
     NAMESPACE,

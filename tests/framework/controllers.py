@@ -38,7 +38,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggapi import pki
+from aggapi.tls import pki
 from tests.framework.kubetools import binary, has, kubeconfig
 from tests.framework.procs import Proc, free_port, spawn, wait_ready
 

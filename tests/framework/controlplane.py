@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggapi import certs, pki
+from aggapi.tls import certs, pki
 from tests.framework import nodens, nodestate
 from tests.framework.controllers import KCM, Controllers
 from tests.framework.controllers import PROCS as CONTROLLER_PROCS

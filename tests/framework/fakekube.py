@@ -9,7 +9,7 @@ call is recorded so tests can count them.
     url = await kube.start()
     kube.put("api/v1", "configmaps", {...})
     kube.sar_policy = lambda spec: spec["user"] == "alice"
-    api = kube.kube_client()       # aggapi.kube.KubeClient, the product's own client
+    api = kube.kube_client()       # aggapi.kube.client.KubeClient, the product's own client
 
 tests/framework_tests/test_fakekube.py checks it against that client.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from aggapi.kube import KubeClient, client_for_url
+from aggapi.kube.client import KubeClient, client_for_url
 
 Obj = dict[str, Any]
 # A SAR policy gets the review's spec; returns allowed, (allowed, reason) or a

@@ -13,7 +13,7 @@ images, and reports through the real API what kubelet would: Events Pulling, Pul
 Failed and BackOff from component ``kubelet`` on the node, with kubelet's message
 formats (``aggapi.apiserver.imagepullprogress.pullstate`` parses them). kwok's stage
 events cannot stand in for those: they come from ``kwok_controller`` with no host and
-a fixed message (kwok v0.8.0 ``StageEvent``), which ``aggapi.kubeevents`` rightly
+a fixed message (kwok v0.8.0 ``StageEvent``), which ``aggapi.kube.events`` rightly
 refuses as kubelet's. When an image is in, the pod is annotated ``PULLED_ANNOTATION``,
 which kwok's stage (``tests.framework.scale``) waits for to start its container.
 
@@ -40,17 +40,18 @@ from typing import Any
 
 from aiohttp import web
 
-from aggapi import certs, logs, pki
 from aggapi.agent.app import build_app, new_parts
 from aggapi.agent.auth import server_context
 from aggapi.agent.config import AgentConfig
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.main import listen
-from aggapi.capability import CapabilityVerifier
-from aggapi.kube import KubeClient, KubeError, load_client
-from aggapi.kubewatch import Informer
+from aggapi.auth.capability import CapabilityVerifier
+from aggapi.kube.client import KubeClient, KubeError, load_client
+from aggapi.kube.informer import Informer
 from aggapi.runtime.cri import CRIClient, Sandbox
+from aggapi.serve import logs
+from aggapi.tls import certs, pki
 from aggapi.wire import LABEL_POD_UID
 from tests.framework.simruntime import Profile, Report, SimBackend, SimNode
 

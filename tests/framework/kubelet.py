@@ -45,8 +45,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from aggapi import pki
 from aggapi.runtime.cri import CRIClient
+from aggapi.tls import pki
 from tests.framework import nodestate
 from tests.framework.containerd import CGROUP_ROOT
 from tests.framework.controlplane import (

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggapi import pki
+from aggapi.tls import pki
 from tests.framework.controlplane import ControlPlane
 from tests.framework.kubetools import binary, kubeconfig
 from tests.framework.procs import Proc, spawn, wait_ready

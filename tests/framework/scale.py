@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggapi.kube import KubeError, load_client
+from aggapi.kube.client import KubeError, load_client
 from tests.framework.controlplane import (
     AGGAPI_PORT,
     GROUP,

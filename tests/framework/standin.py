@@ -19,7 +19,7 @@ and the node's real containerd:
 
 The node side (containerd, registry, agent) is tests.framework.node; the real kubelet
 (tests.framework.kubelet) runs on the same node. It talks to kube-apiserver with the
-product's own client, aggapi.kube.
+product's own client, aggapi.kube.client.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aggapi.kube import KubeClient, KubeError, load_client, path_segment
+from aggapi.kube.client import KubeClient, KubeError, load_client, path_segment
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeCallError
 from tests.framework.node import Node

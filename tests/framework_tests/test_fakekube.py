@@ -1,4 +1,4 @@
-"""The fake kube-apiserver answers as aggapi.kube (the product's client) expects: get,
+"""The fake kube-apiserver answers as aggapi.kube.client (the product's client) expects: get,
 list with selectors, watch from a resourceVersion, errors as Status, SAR, TokenReview."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aggapi.kube import KubeClient, KubeError
+from aggapi.kube.client import KubeClient, KubeError
 from tests.framework.fakekube import SAR_PATH, TOKENREVIEW_PATH, FakeKube
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from aggapi import certs
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
-from aggapi.capability import CapabilitySigner
+from aggapi.auth.capability import CapabilitySigner
 from aggapi.status import StatusError
+from aggapi.tls import certs
 from tests.framework.fakekube import FakeKube
 from tests.framework.hollow import Hollow
 from tests.framework.procs import free_port

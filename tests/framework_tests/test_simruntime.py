@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggapi.apiserver.imagepullprogress.pullstate import views
-from aggapi.capability import ContainerRef
-from aggapi.kubeevents import from_kubelet
+from aggapi.auth.capability import ContainerRef
+from aggapi.kube.events import from_kubelet
 from tests.framework.hollow import Hollow, go_duration, kubelet_events
 from tests.framework.simruntime import Profile, Report, SimNode, plan
 

@@ -33,7 +33,7 @@ def test_agent_verifier_accepts_the_charts_token_public_material(render: Render)
     public key): aggapi's own verifier must accept it and check the apiserver's tokens."""
     import base64
 
-    from aggapi.capability import CapabilitySigner, CapabilityVerifier
+    from aggapi.auth.capability import CapabilitySigner, CapabilityVerifier
 
     docs = render(["tokenSigning.mode=helm"])
     key_pem = base64.b64decode(find(docs, "Secret", "aggapi-token-signing")["data"]["tls.key"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aggapi import certs
+from aggapi.tls import certs
 from tests.manifests.conftest import BASE, REPO, find
 
 

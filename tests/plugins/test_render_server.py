@@ -25,7 +25,7 @@ from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.model import NodeState, PullState
 from aggapi.apiserver.imagepullprogress.merge import Merger
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 from aggapi.plugins.render import PlainPullView, RichPullView, phase_text
 from aggapi.plugins.sanitize import clean, clean_obj
 

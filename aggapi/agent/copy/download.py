@@ -34,11 +34,11 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggapi import tarstream as ts
 from aggapi.agent.copy.fsroot import FsRoot, split_parent
 from aggapi.agent.copy.pseudofs import is_magic_link, pseudo_fs
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.status import StatusError
+from aggapi.tar import stream as ts
 
 CHUNK = 1 << 20
 PSEUDO_REASON = "on a kernel pseudo file system (procfs, sysfs...); not copied"

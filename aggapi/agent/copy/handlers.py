@@ -68,7 +68,7 @@ from aggapi.agent.copy.settle import call, settle, wait_out
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.upload import upload_file, upload_tar
 from aggapi.agent.copy.uploadparams import UploadParams
-from aggapi.capability import Capability
+from aggapi.auth.capability import Capability
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import time
 
 from aiohttp import StreamReader, web
 
-from aggapi.serving import IdleTimeoutBody, body_stalled
+from aggapi.serve.site import IdleTimeoutBody, body_stalled
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class MinRate:
 
 
 class PacedBody(IdleTimeoutBody):
-    """An upload body (:class:`aggapi.serving.IdleTimeoutBody`) that is also cut, with a
+    """An upload body (:class:`aggapi.serve.site.IdleTimeoutBody`) that is also cut, with a
     408, when the client sends slower than the minimum rate."""
 
     def __init__(self, body: StreamReader, idle: float, rate: MinRate) -> None:

@@ -23,7 +23,6 @@ import os
 import stat
 from dataclasses import dataclass
 
-from aggapi import syncfs
 from aggapi.agent.copy import openat2 as o2
 from aggapi.agent.copy.atomic import (
     SETID,
@@ -37,7 +36,8 @@ from aggapi.agent.copy.atomic import (
 from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
 from aggapi.agent.copy.uploadparams import UploadParams
-from aggapi.dirfd import descend
+from aggapi.fs import syncfs
+from aggapi.fs.dirfd import descend
 from aggapi.status import StatusError
 
 RDIR = os.O_RDONLY | os.O_DIRECTORY

@@ -26,7 +26,7 @@ from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.tarextract import TarExtractor, entry_parts
 from aggapi.status import StatusError
-from aggapi.tarparse import (
+from aggapi.tar.parse import (
     CONT,
     DIR,
     ENTRY_END,

@@ -2,7 +2,7 @@
 
 Raw: the body streams into an :class:`~aggapi.agent.copy.atomic.AtomicFile` in
 the target's directory (resolved in-root with openat2) in 1 MiB batches, one
-batch being written by a worker while the next arrives (:mod:`aggapi.pump`): memory
+batch being written by a worker while the next arrives (:mod:`aggapi.fs.pump`): memory
 does not grow with the file size. From --copy-direct-io-min-size bytes (or an unknown
 length) the file is written with O_DIRECT (:mod:`aggapi.agent.copy.directio`).
 
@@ -49,13 +49,13 @@ from aggapi.agent.copy.tarextract import (
 )
 from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
-from aggapi.pump import next_piece, pump
+from aggapi.fs.pump import next_piece, pump
 from aggapi.status import StatusError
-from aggapi.tarstream import ByteStream, TarError
+from aggapi.tar.stream import ByteStream, TarError
 
 
 def _counted(body: ByteStream, state: CopyState) -> Callable[[int], Awaitable[bytes]]:
-    """``read`` for :func:`aggapi.pump.pump`: the body's pieces as received (never
+    """``read`` for :func:`aggapi.fs.pump.pump`: the body's pieces as received (never
     joined), their running total checked against the size limit."""
     received = 0
 

@@ -19,7 +19,7 @@ from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.progress import view
 from aggapi.agent.progress.model import NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
-from aggapi.capability import Capability, ContainerRef
+from aggapi.auth.capability import Capability, ContainerRef
 from aggapi.status import StatusError
 
 NDJSON = "application/x-ndjson"

@@ -15,7 +15,7 @@ from typing import Any
 from aggapi.agent.progress import model as phase
 from aggapi.agent.progress.eta import share_rate
 from aggapi.agent.progress.model import ImageState, NodeState
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 
 GRANULARITIES = ("layer", "image", "pod")
 Obj = dict[str, Any]

@@ -22,7 +22,7 @@ from aggapi.apiserver.collections.podimagepulls import needs_node_view, pod_imag
 from aggapi.apiserver.collections.shared import Shared
 from aggapi.apiserver.collections.sources import PodKey, Source
 from aggapi.apiserver.collections.store import Clock, Collection, Event
-from aggapi.kube import KubeClient
+from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)

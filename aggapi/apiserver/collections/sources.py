@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aggapi.kube import KubeClient, path_segment
-from aggapi.kubewatch import Informer
+from aggapi.kube.client import KubeClient, path_segment
+from aggapi.kube.informer import Informer
 
 PodKey = tuple[str, str]  # (namespace, name)
 # Events kept per pod: kubelet counts repeats in one Event, so a pod's pull history

@@ -18,8 +18,8 @@ from aggapi.apiserver.agentclient import AgentClient, require_agent
 from aggapi.apiserver.pods import PodTarget, lookup
 from aggapi.apiserver.requestinfo import INFO
 from aggapi.apiserver.user import USER
-from aggapi.capability import ContainerRef
-from aggapi.kube import KubeClient
+from aggapi.auth.capability import ContainerRef
+from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError
 from aggapi.wire import (
     AGENT_COPY_PATH,

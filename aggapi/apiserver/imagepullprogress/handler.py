@@ -24,7 +24,7 @@ from aggapi.apiserver.pods import PodTarget, target_from_pod
 from aggapi.apiserver.requestinfo import INFO
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.apiserver.user import USER
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 from aggapi.status import StatusError, not_found
 from aggapi.wire import GROUP_VERSION_PATH
 

@@ -17,7 +17,7 @@ from aggapi import imageref
 from aggapi.apiserver.imagepullprogress.nodeview import slots_of
 from aggapi.apiserver.imagepullprogress.objects import now, unknown_to_null
 from aggapi.apiserver.imagepullprogress.pullstate import PULLED, PULLING, K8sView, views
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 
 # Agent phases that mean "the runtime shows no activity for this image yet".
 IDLE_PHASES = ("Unknown", "Waiting", "Resolving")

@@ -13,7 +13,7 @@ from aggapi.apiserver.agentclient import AgentClient, require_agent
 from aggapi.apiserver.pods import PodTarget, pods_on_node
 from aggapi.apiserver.requestinfo import INFO
 from aggapi.apiserver.user import USER
-from aggapi.kube import KubeClient
+from aggapi.kube.client import KubeClient
 from aggapi.wire import AGENT_NODE_PULLS_PATH, OP_NODE_PULLS
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 
 # Readers wake at most this often: one agent poll's objects go out in one write.
 FANOUT_LINGER = 0.03

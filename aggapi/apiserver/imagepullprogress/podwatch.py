@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aggapi.apiserver.imagepullprogress.pullstate import kubelet_events
-from aggapi.kube import KubeClient, path_segment
-from aggapi.kubewatch import Informer
+from aggapi.kube.client import KubeClient, path_segment
+from aggapi.kube.informer import Informer
 
 
 class PodWatch:

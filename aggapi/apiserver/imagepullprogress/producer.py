@@ -31,7 +31,7 @@ from aggapi.apiserver.imagepullprogress.objects import (
 )
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch
 from aggapi.apiserver.pods import PodTarget, target_from_pod
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 from aggapi.status import StatusError
 from aggapi.wire import AGENT_PROGRESS_PATH, OP_PROGRESS
 

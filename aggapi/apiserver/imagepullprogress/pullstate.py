@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from aggapi.capability import ContainerRef
-from aggapi.kubeevents import from_kubelet
+from aggapi.auth.capability import ContainerRef
+from aggapi.kube.events import from_kubelet
 
 # Kubelet's event reasons for image pulls (pkg/kubelet/events).
 PULLING, PULLED, FAILED, BACKOFF = "Pulling", "Pulled", "Failed", "BackOff"

@@ -27,7 +27,7 @@ from aggapi.agent.copy.handlers import CopyHandlers
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.workers import Workers
-from aggapi.capability import Capability, ContainerRef
+from aggapi.auth.capability import Capability, ContainerRef
 from aggapi.status import StatusError, status_middleware
 
 BUSYBOX = "/bin/busybox"

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from aggapi import tarstream as ts
 from aggapi.agent.copy.quotas import CopyLimits
+from aggapi.tar import stream as ts
 from tests.agent.copy.conftest import Box, DirResolver, PidResolver, snapshot, temp_leftovers
 
 VICTIM = b"host file, must never change"

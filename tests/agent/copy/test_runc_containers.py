@@ -42,7 +42,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from aggapi.agent.copy.quotas import CopyLimits
-from aggapi.capability import CapabilitySigner
+from aggapi.auth.capability import CapabilitySigner
 from aggapi.runtime.cri import CRIClient
 from tests.agent.agentserver import NODE, Agent, client_ssl, pki, run_agent
 from tests.agent.copy.conftest import HeldBody, snapshot, temp_leftovers

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggapi import syncfs
 from aggapi.agent.copy import openat2 as o2
 from aggapi.agent.copy import tarextract
 from aggapi.agent.copy.cleanup import TMP_PREFIX, InflightRecord
@@ -24,6 +23,7 @@ from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
 from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
+from aggapi.fs import syncfs
 from aggapi.status import StatusError
 from tests import tarcraft as tc
 from tests.agent.copy.conftest import snapshot

@@ -26,7 +26,7 @@ from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
 from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.status import StatusError
-from aggapi.tarparse import TarError
+from aggapi.tar.parse import TarError
 from tests import tarcraft as tc
 from tests.agent.copy.conftest import snapshot, temp_leftovers
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from aggapi import tarparse
 from aggapi.agent.copy.quotas import CopyLimits
+from aggapi.tar import parse as tarparse
 from tests import tarcraft as tc
 from tests.agent.copy.conftest import DirResolver, snapshot, temp_leftovers
 

@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from aggapi import certs as aggapi_certs
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
+from aggapi.tls import certs as aggapi_certs
 from tests.agent.agentserver import NODE, Agent, run_agent
 from tests.framework.fakekube import FakeKube
 from tests.framework.frontproxy import FrontProxy

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from aggapi import certs as aggapi_certs
+from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
 
 from ..conftest import GV, Server

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from aggapi.apiserver.imagepullprogress.merge import Merger
 from aggapi.apiserver.imagepullprogress.nodeview import slots_of
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 
 from .scripted import progress
 

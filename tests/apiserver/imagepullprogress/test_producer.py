@@ -20,7 +20,7 @@ from aggapi.apiserver.imagepullprogress.producer import Producer
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.pods import target_from_pod
 from aggapi.apiserver.requestinfo import RequestInfo
-from aggapi.delegated import UserInfo
+from aggapi.auth.delegated import UserInfo
 from tests.framework.fakekube import FakeKube
 
 from .scripted import (

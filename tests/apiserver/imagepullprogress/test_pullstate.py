@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 from aggapi.apiserver.imagepullprogress.pullstate import views
-from aggapi.capability import ContainerRef
+from aggapi.auth.capability import ContainerRef
 
 C = (ContainerRef("init", "reg/init:1", "init"), ContainerRef("app", "reg/app:1"))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aggapi import agentidentity as ai
+from aggapi.auth import agentidentity as ai
 from tests.e2e.addon.helpers import SLEEPER, delete_pods, download, exec_in, path, sha256
 from tests.framework.addon import Addon
 from tests.framework.cluster import Cluster

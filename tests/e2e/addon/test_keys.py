@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from aggapi.capability import key_id, load_verification_key
-from aggapi.tokenkeys import LABEL
+from aggapi.auth.capability import key_id, load_verification_key
+from aggapi.auth.tokenkeys import LABEL
 from tests.e2e.addon.helpers import (
     MiB,
     delete_pods,

@@ -20,9 +20,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import Counter
 
-from aggapi.kube import KubeClient
+from aggapi.auth.ttlcache import TTLCache
+from aggapi.kube.client import KubeClient
 from aggapi.status import Handler, StatusError
-from aggapi.ttlcache import TTLCache
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The tar writer (``aggapi.tarstream.header``), checked against Python's own tarfile
+"""The tar writer (``aggapi.tar.stream.header``), checked against Python's own tarfile
 reader: whatever the name, size, ids, mode and mtime, the entry reads back the same
 (the ustar block built in one join since issue 27 must keep every field and checksum),
 and ``header_size`` predicts its length without building it."""
@@ -11,7 +11,7 @@ import tarfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.tarstream import DIR, END, REG, SYM, header, header_size, pad
+from aggapi.tar.stream import DIR, END, REG, SYM, header, header_size, pad
 
 NAME = st.text(st.characters(codec="utf-8", exclude_characters="\0/"), min_size=1,
                max_size=40)

@@ -25,9 +25,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
-from aggapi.capability import CapabilitySigner, KeySet, key_id, load_verification_key
-from aggapi.kube import KubeClient, KubeError, keep_publishing, path_segment
-from aggapi.kubewatch import Informer
+from aggapi.auth.capability import CapabilitySigner, KeySet, key_id, load_verification_key
+from aggapi.kube.client import KubeClient, KubeError, keep_publishing, path_segment
+from aggapi.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from aggapi.ttlcache import TTLCache
+from aggapi.auth.ttlcache import TTLCache
 
 
 class Clock:

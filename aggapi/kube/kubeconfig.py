@@ -1,7 +1,7 @@
 """Where and how to reach the Kubernetes API: kubeconfig files and in-cluster credentials.
 
 Produces a :class:`ClusterConfig` (server URL, TLS context, bearer token or token
-file) for :class:`aggapi.kube.KubeClient`. Only the credentials aggapi is run with
+file) for :class:`aggapi.kube.client.KubeClient`. Only the credentials aggapi is run with
 are supported: CA and client certificates (files or inline data), static tokens and
 token files. Exec plugins and auth-provider entries fail with a clear error instead
 of a confusing 401 later, unless the caller runs exec plugins itself (the kubectl

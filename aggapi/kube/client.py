@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from aggapi.kubeconfig import ClusterConfig, KubeConfigError, load, ssl_context
+from aggapi.kube.kubeconfig import ClusterConfig, KubeConfigError, load, ssl_context
 
 __all__ = ["KubeClient", "KubeConfigError", "KubeError", "client_for_url", "load_client",
            "path_segment"]

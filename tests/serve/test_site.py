@@ -1,4 +1,4 @@
-"""aggapi.serving over real sockets: a request head has read_header_timeout seconds,
+"""aggapi.serve.site over real sockets: a request head has read_header_timeout seconds,
 idle keep-alive connections are not cut by it, a TLS handshake gets the same bound; and
 IdleTimeoutBody hands over exactly the bytes received and ends a silent wait with 408."""
 
@@ -15,9 +15,9 @@ from aiohttp import StreamReader, web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi import pki
-from aggapi.serving import IdleTimeoutBody, TimeoutSite
+from aggapi.serve.site import IdleTimeoutBody, TimeoutSite
 from aggapi.status import StatusError
+from aggapi.tls import pki
 
 TIMEOUT = 1.0
 # Far beyond TIMEOUT: only a connection that is never closed runs into it.

@@ -47,7 +47,7 @@ class HeaderTimeoutHandler(RequestHandler):
     when bytes of a new request arrive after the previous request's body; a complete
     head clears it. An idle keep-alive connection (no bytes at all) is left to the
     keep-alive timer. This relies on RequestHandler internals (``_request_count``,
-    ``_messages``), which tests/test_serving.py exercises over real sockets.
+    ``_messages``), which tests/serve/test_site.py exercises over real sockets.
     """
 
     __slots__ = ("_header_timer", "_last_payload", "_read_header_timeout")
@@ -137,7 +137,7 @@ def body_stalled(idle: float) -> StatusError:
 
 
 class IdleTimeoutBody:
-    """A request body (read/readexactly, as aggapi.tarstream.ByteStream) whose every
+    """A request body (read/readexactly, as aggapi.tar.stream.ByteStream) whose every
     wait for bytes ends after ``idle`` seconds (0: no limit) with a 408 StatusError.
 
     ``read(n)`` hands over received pieces as they are (sliced only when a piece is

@@ -10,8 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi import pki
-from aggapi.capability import (
+from aggapi.auth.capability import (
     CapabilitySigner,
     CapabilityVerifier,
     ContainerRef,
@@ -21,6 +20,7 @@ from aggapi.capability import (
     load_verification_key,
 )
 from aggapi.status import StatusError
+from aggapi.tls import pki
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""aggapi.kube against a real HTTPS server on 127.0.0.1: kubeconfig and in-cluster
+"""aggapi.kube.client against a real HTTPS server on 127.0.0.1: kubeconfig and in-cluster
 loading, TLS (CA, client certificates, skip-verify), tokens and token rotation,
 errors carrying the Status, and watch streams."""
 
@@ -21,8 +21,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggapi import kube, kubeconfig, pki
-from aggapi.kube import KubeClient, KubeConfigError, KubeError, load_client
+from aggapi.kube import client as kube
+from aggapi.kube import kubeconfig
+from aggapi.kube.client import KubeClient, KubeConfigError, KubeError, load_client
+from aggapi.tls import pki
 
 BIG = "x" * (300 << 10)  # one watch line far beyond aiohttp's readline buffer
 

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggapi.kubeevents import from_kubelet
+from aggapi.kube.events import from_kubelet
 
 
 def kubelet_event(node: str = "n1", *, legacy_only: bool = False) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggapi import pki
+from aggapi.tls import pki
 
 APISERVER_CLIENT_CN = "aggapi-apiserver"
 AGENT_CN = "aggapi-agent"

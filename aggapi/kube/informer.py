@@ -1,4 +1,4 @@
-"""A small list+watch cache (an "informer") over aggapi.kube, holding plain dicts.
+"""A small list+watch cache (an "informer") over aggapi.kube.client, holding plain dicts.
 
 Used where aggapi needs current cluster state on every request without one API
 call per request: the agent EndpointSlices (node -> agent address). It relists on
@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aggapi.kube import KubeClient, KubeError
+from aggapi.kube.client import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
 

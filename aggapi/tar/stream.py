@@ -3,7 +3,7 @@ reader that pulls one entry at a time from a byte stream.
 
 Written here rather than with ``tarfile`` so that nothing in a tar is ever
 trusted: the reader hands back names and sizes, the caller validates them, and
-data is pulled in bounded chunks. All parsing is in :mod:`aggapi.tarparse`
+data is pulled in bounded chunks. All parsing is in :mod:`aggapi.tar.parse`
 (a sans-IO parser with bounded metadata; the agent runs it in a worker thread).
 """
 
@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
-from aggapi.tarparse import (
+from aggapi.tar.parse import (
     ARCHIVE_END,
     BLK,
     BLOCK,

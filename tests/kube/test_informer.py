@@ -1,4 +1,4 @@
-"""The Informer over aggapi.kube: list, watch, relist on 410 Gone, bookmarks, retries."""
+"""The Informer over aggapi.kube.client: list, watch, relist on 410 Gone, bookmarks, retries."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from aggapi.kube import KubeClient
-from aggapi.kubewatch import Informer
+from aggapi.kube.client import KubeClient
+from aggapi.kube.informer import Informer
 from tests.framework.fakekube import FakeKube
 
 PODS = "/api/v1/namespaces/ns1/pods"

@@ -10,7 +10,7 @@ Claims: iss, aud, sub, iat, exp, jti, op, pod {namespace, name, uid},
 containers [{name, image, kind}], path (copy only), params {str: str}. The JWT
 header's ``kid`` names the signing key (:func:`key_id` of its public half), so an
 agent that follows several apiserver replicas' keys (a :class:`KeySet`, filled by
-``aggapi.tokenkeys``) knows which one to check with.
+``aggapi.auth.tokenkeys``) knows which one to check with.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class CapabilitySigner:
 class KeySet:
     """The verification keys an agent currently trusts, by key id.
 
-    Replaced as a whole when the published keys change (``aggapi.tokenkeys``);
+    Replaced as a whole when the published keys change (``aggapi.auth.tokenkeys``);
     :meth:`wait_for` lets a request whose key was published a moment ago wait for
     the watch to deliver it instead of failing."""
 

@@ -1,4 +1,4 @@
-"""aggapi.pump: every byte reaches the writer once, in order, in batches, with at most
+"""aggapi.fs.pump: every byte reaches the writer once, in order, in batches, with at most
 one write in flight; a failed read keeps what was received only when asked to."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.pump import pump
+from aggapi.fs.pump import pump
 
 
 class Writer:

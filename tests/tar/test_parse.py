@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi import tarparse as tp
-from aggapi import tarstream as ts
+from aggapi.tar import parse as tp
+from aggapi.tar import stream as ts
 from tests import tarcraft as tc
 
 END = tc.ZERO2

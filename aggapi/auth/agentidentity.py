@@ -36,8 +36,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
-from aggapi.kube import KubeClient, keep_publishing
-from aggapi.kubewatch import Informer
+from aggapi.kube.client import KubeClient, keep_publishing
+from aggapi.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 

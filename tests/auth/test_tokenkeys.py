@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from aggapi import tokenkeys
-from aggapi.capability import CapabilitySigner, CapabilityVerifier, key_id, public_pem
-from aggapi.kube import KubeClient
+from aggapi.auth import tokenkeys
+from aggapi.auth.capability import CapabilitySigner, CapabilityVerifier, key_id, public_pem
+from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError
 from tests.framework.fakekube import FakeKube
 

@@ -17,12 +17,12 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi import agentidentity as ai
-from aggapi import certs as aggapi_certs
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentEndpoint
-from aggapi.capability import CapabilitySigner
+from aggapi.auth import agentidentity as ai
+from aggapi.auth.capability import CapabilitySigner
 from aggapi.status import StatusError
+from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
 
 SA = "system:serviceaccount:aggapi:aggapi-agent"
