@@ -23,6 +23,9 @@
 #   cosign, syft    from the github.com/sigstore/cosign/v2 and github.com/anchore/syft Go
 #                   modules (hack/tools/{cosign,syft}), for hack/release.sh: signatures
 #                   and the SPDX SBOM of a release
+#   kubectl-krew    krew from the sigs.k8s.io/krew Go module (hack/tools/krew), named as
+#                   the kubectl plugin it is (`kubectl krew`), for the plugins' krew e2e
+#                   (tests/e2e/addon/test_krew.py): install --manifest/--archive offline
 #   etcd            Debian's etcd-server (installed by hack/install-deps.sh)
 # Built binaries are cached outside the clone in $AGGAPI_BIN_CACHE (default
 # /var/cache/aggapi-bin) as <name>-<version>, so a rebuild on the same machine, or a
@@ -30,11 +33,12 @@
 #
 # Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|kube-controller-manager|
 #                                kube-scheduler|kube-proxy|helm|helm-docs|containerd|
-#                                kubectl|kubectl-oldest|kwok|cosign|syft|etcd]...
+#                                kubectl|kubectl-oldest|kwok|cosign|syft|krew|etcd]...
 #        (default: all; `containerd` builds its three commands)
 #        (kubectl-oldest: kubectl at KUBECTL_OLDEST_VERSION, not linked; not in `all`)
 #        AGGAPI_KUBECTL_BIN=/path runs the tests with that kubectl instead (see README)
-#        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd kwok cosign syft
+#        (krew: links .local/bin/kubectl-krew, `kubectl krew` with that dir on PATH)
+#        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd kwok cosign syft krew
 #                                                  rewrite those go.mod/go.sum
 #        hack/build-binaries.sh --check-kube v1.30.4 ...
 #                   are all staging modules of those releases served? (names the missing)
@@ -292,6 +296,21 @@ build_syft() {
   log "syft ready in $((SECONDS - t0))s"
 }
 
+# krew: cached and linked as kubectl-krew, the name kubectl runs for `kubectl krew` (as
+# krew's own install links it). Pure Go as its release binaries.
+KREW_MOD=sigs.k8s.io/krew
+krew_gomod() { gen_gomod hack/tools/krew "$KREW_MOD" "$KREW_VERSION" "$KREW_MOD/cmd/krew"; }
+
+build_krew() {
+  local t0=$SECONDS
+  [[ -x $BIN_CACHE/kubectl-krew-$KREW_VERSION ]] || krew_gomod
+  # `kubectl krew version` prints gitTag (as krew's hack/make-binaries.sh sets it); a
+  # semver tag also makes it a release build, not a development one.
+  go_build kubectl-krew hack/tools/krew "$KREW_MOD/cmd/krew" "$KREW_VERSION" \
+    "-X $KREW_MOD/internal/version.gitTag=$KREW_VERSION"
+  log "krew ready in $((SECONDS - t0))s"
+}
+
 kubectl_minor() {
   "$1" version --client -o json 2>/dev/null |
     python3 -c 'import json,sys; print(int(json.load(sys.stdin)["clientVersion"]["minor"].rstrip("+")))' \
@@ -368,7 +387,9 @@ if [[ ${1:-} == --regen-gomod ]]; then
             cosign_gomod ;;
       syft) rm -f hack/tools/syft/go.sum
             syft_gomod ;;
-      *) log "--regen-gomod kube|helm|helm-docs|containerd|kwok|cosign|syft..."; exit 2 ;;
+      krew) rm -f hack/tools/krew/go.sum
+            krew_gomod ;;
+      *) log "--regen-gomod kube|helm|helm-docs|containerd|kwok|cosign|syft|krew..."; exit 2 ;;
     esac
   done
   exit 0
@@ -383,7 +404,8 @@ for t in "${targets[@]}"; do
          for c in $KUBE_CMDS; do
            if [[ $c == kubectl ]]; then setup_kubectl; else build_kube_cmd "$c"; fi
          done
-         build_helm; build_helm_docs; build_containerd; build_kwok; build_cosign; build_syft ;;
+         build_helm; build_helm_docs; build_containerd; build_kwok; build_cosign; build_syft
+         build_krew ;;
     kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
          build_kube_cmd "$t" ;;
     helm) build_helm ;;
@@ -394,6 +416,7 @@ for t in "${targets[@]}"; do
     kwok) build_kwok ;;
     cosign) build_cosign ;;
     syft) build_syft ;;
+    krew|kubectl-krew) build_krew ;;
     etcd) setup_etcd ;;
     *) log "unknown target $t"; exit 2 ;;
   esac

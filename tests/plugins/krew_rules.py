@@ -134,3 +134,12 @@ def validate(doc: Any, file_name: str,
                 errs.append(f"spec.platforms[{i}]: a second platform for {key}")
             seen.add(key)
     return errs
+
+
+def caveat_command(doc: dict[str, Any], command: str) -> str:
+    """The one line of spec.caveats that runs ``command`` (e.g. "ln -sf"), as a user
+    would paste it into a shell."""
+    lines = [ln.strip() for ln in str(doc["spec"].get("caveats", "")).splitlines()
+             if re.search(rf"(^|; ){re.escape(command)} ", ln.strip())]
+    assert len(lines) == 1, f"want one {command!r} line in the caveats, got {lines}"
+    return lines[0]

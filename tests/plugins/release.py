@@ -48,6 +48,13 @@ def install_zipapps(out: Path, bin_dir: Path, python: Path | None = None, *,
             tar.extract(EXES[plugin], bin_dir, filter="data")
             if completers:
                 tar.extract(COMPLETERS[plugin], bin_dir, filter="data")
+    isolated_python3(bin_dir, python)
+
+
+def isolated_python3(bin_dir: Path, python: Path | None = None) -> None:
+    """A ``python3`` in ``bin_dir`` that runs ``python`` (default: this interpreter)
+    with -I -S, for the zipapps' ``#!/usr/bin/env python3``."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
     py = bin_dir / "python3"
     py.write_text(f'#!/bin/sh\nexec {python or sys.executable} -I -S "$@"\n')
     py.chmod(0o755)
