@@ -92,19 +92,21 @@ class Prober:
     """``with Prober(cp, nodes) as p: ...disrupt...`` then ``p.result``."""
 
     def __init__(self, cp: ControlPlane, nodes: list[str], *, interval: float = 0.1,
-                 extra: Sequence[Probe] = ()) -> None:
+                 extra: Sequence[Probe] = (), workers: int = 1) -> None:
         self.cp = cp
         self.probes = [Probe(f"/apis/{GROUP}/{VERSION}"),
                        *(Probe(f"/apis/{GROUP}/{VERSION}/nodes/{n}/imagepulls", "node view")
                          for n in nodes), *extra]
         self.interval = interval
+        # Loops sending at once, each starting at another probe: a short window in which
+        # a replica or agent refuses is hit more often than by one loop.
+        self.workers = workers
         self.result = ProbeResult()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def _requests(self) -> None:
-        i = 0
+    def _requests(self, i: int = 0) -> None:
         while not self._stop.is_set():
             probe = self.probes[i % len(self.probes)]
             i += 1
@@ -146,8 +148,9 @@ class Prober:
 
     def __enter__(self) -> Prober:
         self._t0 = time.monotonic()
-        self._threads = [threading.Thread(target=f, daemon=True)
-                         for f in (self._requests, self._availability)]
+        self._threads = [threading.Thread(target=self._availability, daemon=True),
+                         *(threading.Thread(target=self._requests, args=(w,), daemon=True)
+                           for w in range(self.workers))]
         for t in self._threads:
             t.start()
         return self

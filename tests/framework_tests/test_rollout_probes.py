@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
+from typing import cast
 
-from tests.framework.rollout import Probe, pod_probes
+from tests.framework.controlplane import ControlPlane
+from tests.framework.rollout import Probe, Prober, pod_probes
 
 
 def _by_name(size: int = 4096) -> dict[str, Probe]:
@@ -39,3 +43,36 @@ def test_progress_snapshot_needs_objects_and_no_error() -> None:
     assert snap.check(200, b"")
     assert snap.check(200, ok + b'{"kind":"Error","message":"agent gone"}\n')
     assert snap.check(503, ok)
+
+
+class _FakeAPI:
+    """Answers the Prober's requests: the APIService Available, node-b's view 503."""
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+
+    def request(self, method: str, path: str, data: bytes | None = None, *,
+                timeout: float = 5.0) -> tuple[int, bytes]:
+        self.threads.add(threading.get_ident())
+        return (503, b"no agent") if path.endswith("/nodes/node-b/imagepulls") else (200, b"{}")
+
+    def get(self, path: str, *, timeout: float = 5.0) -> tuple[int, bytes]:
+        return 200, json.dumps({"status": {"conditions": [
+            {"type": "Available", "status": "True"}]}}).encode()
+
+
+def test_prober_workers_send_concurrently_and_count_each_kind() -> None:
+    api = _FakeAPI()
+    with Prober(cast(ControlPlane, api), ["node-a", "node-b"], interval=0.01,
+                workers=3) as p:
+        deadline = time.monotonic() + 10
+        while p.result.requests < 60 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    r = p.result
+    assert len(api.threads) == 3
+    assert sum(r.sent.values()) == r.requests >= 60
+    assert set(r.sent) == {"discovery", "node view"}
+    # Exactly the node-b requests failed, each named.
+    assert r.failures and all("/nodes/node-b/imagepulls: 503" in f for f in r.failures)
+    assert r.sent["node view"] - len(r.failures) >= 1
+    assert r.unavailable_seconds == 0

@@ -117,7 +117,7 @@ def test_helm_upgrade_from_the_previous_chart_fails_no_request(
         pods_before = _pod_uids(a)
         probes = [p for name in names.values() for p in pod_probes("default", name, "c")]
 
-        with Prober(cp, a.node_names(), extra=probes) as probe:
+        with Prober(cp, a.node_names(), extra=probes, workers=2) as probe:
             t1 = time.monotonic()
             a.upgrade()  # a.published: this checkout's release
             a.wait_ready(timeout=300)
