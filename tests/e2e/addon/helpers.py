@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggapi.capability import key_id, load_verification_key
-from aggapi.tokenkeys import LABEL
-from tests.framework.addon import IMAGE_REPOSITORY, IMAGE_TAG, Addon, wait_for
+from tests.framework.addon import IMAGE_REPOSITORY, IMAGE_TAG, wait_for
 from tests.framework.controlplane import GROUP, VERSION, ControlPlane, binary
 from tests.framework.kubelet import pod_manifest
 from tests.framework.procs import follow_json_lines
@@ -173,23 +171,3 @@ def download(cp: ControlPlane, p: str, dest: Path) -> str:
 
 def until(ok: Callable[[], Any], timeout: float, what: str) -> Any:
     return wait_for(ok, timeout, what)
-
-
-def published_keys(a: Addon) -> dict[str, str]:
-    """Owner pod uid -> key id of each capability token key the apiserver replicas
-    published (tokenSigning.mode=ephemeral), each checked against its key."""
-    out = {}
-    for cm in a.get_json("configmaps", "-n", a.namespace, f"-l={LABEL}")["items"]:
-        data = cm["data"]
-        assert "PRIVATE" not in json.dumps(data)
-        kid = key_id(load_verification_key(data["public-key.pem"].encode()))
-        assert kid == data["key-id"]
-        (owner,) = cm["metadata"]["ownerReferences"]
-        assert owner["kind"] == "Pod"
-        out[owner["uid"]] = kid
-    return out
-
-
-def serving_uids(a: Addon) -> set[str]:
-    """The uids of the Ready apiserver replicas."""
-    return {p["metadata"]["uid"] for p in a.apiserver_pods() if a.ready(p)}

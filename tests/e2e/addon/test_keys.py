@@ -15,18 +15,19 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from aggapi.capability import key_id, load_verification_key
+from aggapi.tokenkeys import LABEL
 from tests.e2e.addon.helpers import (
     MiB,
     delete_pods,
     download,
     exec_in,
     path,
-    published_keys,
     run_pod,
-    serving_uids,
     sha256,
     until,
 )
@@ -34,6 +35,30 @@ from tests.framework.addon import Addon
 from tests.framework.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
+
+
+def _key_configmaps(a: Addon) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = a.get_json("configmaps", "-n", a.namespace,
+                                             f"-l={LABEL}")["items"]
+    return items
+
+
+def _published(a: Addon) -> dict[str, str]:
+    """Owner pod uid -> key id of each published key (checked against its key)."""
+    out = {}
+    for cm in _key_configmaps(a):
+        data = cm["data"]
+        assert "PRIVATE" not in json.dumps(data)
+        kid = key_id(load_verification_key(data["public-key.pem"].encode()))
+        assert kid == data["key-id"]
+        (owner,) = cm["metadata"]["ownerReferences"]
+        assert owner["kind"] == "Pod"
+        out[owner["uid"]] = kid
+    return out
+
+
+def _serving_uids(a: Addon) -> set[str]:
+    return {p["metadata"]["uid"] for p in a.apiserver_pods() if a.ready(p)}
 
 
 def test_no_signing_key_at_rest_and_a_restarted_replica_signs_at_once(
@@ -47,8 +72,8 @@ def test_no_signing_key_at_rest_and_a_restarted_replica_signs_at_once(
     assert with_keys == {f"{a.fullname}-apiserver-tls", f"{a.fullname}-agent-tls",
                          f"{a.fullname}-agent-client-tls"}, with_keys
     # One published public key per running replica, each owned by its pod.
-    before = published_keys(a)
-    assert set(before) == serving_uids(a), (before, serving_uids(a))
+    before = _published(a)
+    assert set(before) == _serving_uids(a), (before, _serving_uids(a))
     assert len(set(before.values())) == len(before)
 
     names = [f"addon-keys-{n.k}" for n in two_node_cluster.nodes]
@@ -61,16 +86,16 @@ def test_no_signing_key_at_rest_and_a_restarted_replica_signs_at_once(
         victim = a.apiserver_pods()[0]["metadata"]
         t0 = time.monotonic()
         a.kubectl("-n", a.namespace, "delete", "pod", victim["name"], "--wait=false")
-        until(lambda: victim["uid"] not in published_keys(a), 60,
+        until(lambda: victim["uid"] not in _published(a), 60,
               "the deleted replica's key ConfigMap to be garbage-collected")
         gone = time.monotonic() - t0
         want = a.get_json("deployment", "-n", a.namespace, a.fullname)["spec"]["replicas"]
 
         def rotated() -> bool:
-            uids = serving_uids(a)
-            return len(uids) == want and set(published_keys(a)) == uids
+            uids = _serving_uids(a)
+            return len(uids) == want and set(_published(a)) == uids
         until(rotated, 180, "a new replica Ready with its own published key")
-        after = published_keys(a)
+        after = _published(a)
         assert not set(after.values()) & {before[victim["uid"]]}
         print(f"\nkeys: replica {victim['name']} deleted; its key gone after {gone:.1f}s, "
               f"{len(after)} replicas serving with published keys after "
