@@ -15,9 +15,12 @@
 # holds them for scripts (tests.framework.release).
 #
 # Usage: hack/release.sh --registry HOST[:PORT] [--username USER] [--plain-http]
-#                        [--archive ARCHIVE] [--chart-version VERSION] [--out OUT]
+#                        [--archive ARCHIVE] [--chart DIR] [--chart-version VERSION]
+#                        [--out OUT]
 #   password: REGISTRY_PASSWORD in the environment (never on the command line)
 #   ARCHIVE   default: hack/build-image.sh's, built first if out of date
+#   DIR       default manifests/charts/aggapi (another, e.g. an earlier commit's chart, to
+#             publish a previous version for the upgrade e2e)
 #   OUT       default .local/release
 #   --plain-http: the registry speaks HTTP (a test registry), not HTTPS
 # Needs skopeo (hack/install-deps.sh); helm, cosign and syft come from
@@ -32,6 +35,7 @@ while (($#)); do
     --username) USERNAME="$2"; shift 2 ;;
     --plain-http) PLAIN_HTTP=1; shift ;;
     --archive) ARCHIVE="$2"; shift 2 ;;
+    --chart) CHART="$2"; shift 2 ;;
     --chart-version) CHART_VERSION="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     *) sed -n '/^# Usage/,/^# Needs/p' "$0" >&2; exit 2 ;;

@@ -329,7 +329,15 @@ class ControlPlane:
     def get(self, path: str, *, authenticated: bool = True,
             timeout: float = 5.0) -> tuple[int, bytes]:
         """GET ``path`` on kube-apiserver as admin (or with no credentials)."""
-        req = urllib.request.Request(self.server + path)
+        return self.request("GET", path, authenticated=authenticated, timeout=timeout)
+
+    def request(self, method: str, path: str, data: bytes | None = None, *,
+                authenticated: bool = True, timeout: float = 5.0) -> tuple[int, bytes]:
+        """``method`` ``path`` (with body ``data``) on kube-apiserver as admin (or with no
+        credentials): the status and the whole body."""
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/octet-stream")
         ctx = self._ssl("admin" if authenticated else "none")
         try:
             with urllib.request.urlopen(req, context=ctx, timeout=timeout) as r:
