@@ -45,6 +45,7 @@ from typing import Any
 from benchmarks._procstats import MiB, cpu_seconds, status_bytes
 from tests.framework.controlplane import ControlPlane, binary
 from tests.framework.hollow import POSTED_LOG
+from tests.framework.procs import stop_child
 from tests.framework.scale import ScaleCluster, TableWatch
 from tests.plugins.helpers import install_plugins, plugin_env
 
@@ -126,12 +127,7 @@ class PluginFollow:
         if rc is None:
             with contextlib.suppress(OSError):
                 self.cpu = cpu_seconds(self.proc.pid)
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_child(self.proc)
         self._drain.join(5)
         return self.cpu - self.cpu0, rc
 

@@ -58,6 +58,18 @@ def start_logged(argv: Sequence[str], log_path: Path, *, ready: Callable[[], boo
     raise TimeoutError(f"{what} not ready: {log_tail()}")
 
 
+def stop_child(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM a child the caller started, SIGKILL it after ``grace`` seconds; reaped."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def start_time(pid: int) -> str | None:
     """Field 22 of /proc/<pid>/stat (starttime): with the PID, names one process."""
     try:

@@ -47,7 +47,7 @@ from tests.framework.controlplane import (
     binary,
 )
 from tests.framework.hollow import DONE_LOG
-from tests.framework.procs import HarnessError, Proc, spawn, wait_ready
+from tests.framework.procs import HarnessError, Proc, spawn, stop_child, wait_ready
 from tests.framework.repo import python_env
 
 HOLLOW_LABEL = "aggapi.io/hollow"
@@ -439,10 +439,4 @@ class TableWatch:
         return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)

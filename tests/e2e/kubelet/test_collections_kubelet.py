@@ -28,6 +28,7 @@ from tests.e2e.kubelet.conftest import (
 from tests.framework.controlplane import AGGAPI_PORT, ControlPlane, binary
 from tests.framework.kubelet import Kubelet
 from tests.framework.node import Node
+from tests.framework.procs import stop_child
 
 MiB = 1 << 20
 VIEWER = "system:serviceaccount:default:aggapi-e2e-viewer"
@@ -51,12 +52,7 @@ class Lines:
             self.lines.append(line.rstrip("\n"))
 
     def stop(self) -> str:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_child(self.proc)
         self._thread.join(5)
         assert self.proc.stderr is not None
         return self.proc.stderr.read()
