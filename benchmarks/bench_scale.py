@@ -265,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pods", type=int, default=1000)
     ap.add_argument("--namespaces", type=int, default=4)
     ap.add_argument("--slots", type=int, default=2, help="kubelet's maxParallelImagePulls")
+    ap.add_argument("--slowdown", type=float, default=1.0,
+                    help="simulated layers download this many times slower: at 10,000 pods "
+                         "use 6, so that the rollout outlasts creating the pods and the "
+                         "watch sees updates")
     ap.add_argument("--instance", default="e2e", choices=["e2e", "local"])
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds for every pod to reach Done on the watch")
@@ -272,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the figures there")
     args = ap.parse_args(argv)
     sc = ScaleCluster(ControlPlane(instance=args.instance), nodes=args.nodes,
-                      slots=args.slots, namespaces=args.namespaces)
+                      slots=args.slots, namespaces=args.namespaces, slowdown=args.slowdown)
     sc.down()  # a previous run's leftovers (its PIDs only)
     try:
         t0 = time.monotonic()

@@ -123,8 +123,11 @@ class Hollow:
     def __init__(self, api: KubeClient, args: argparse.Namespace) -> None:
         self.api = api
         self.args = args
+        lo, hi = Profile.layer_rate
         profile = Profile(seed=args.seed, fail_fraction=args.fail_fraction,
-                          back_off=args.back_off)
+                          back_off=args.back_off,
+                          layer_rate=(max(1, int(lo / args.slowdown)),
+                                      max(1, int(hi / args.slowdown))))
         self.nodes = {n: HollowNode(n, args.base_port + i, SimNode(n, profile, args.slots),
                                     Sandboxes())
                       for i, n in enumerate(args.nodes.split(","))}
@@ -289,6 +292,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fail-fraction", type=float, default=0.02)
     p.add_argument("--back-off", type=float, default=2.0)
+    p.add_argument("--slowdown", type=float, default=1.0,
+                   help="every layer downloads this many times slower (a longer rollout)")
     return p
 
 

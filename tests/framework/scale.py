@@ -179,6 +179,9 @@ class ScaleCluster:
     seed: int = 1
     fail_fraction: float = 0.02
     back_off: float = 2.0
+    # Layers download this many times slower: a rollout that outlasts creating its
+    # pods (10,000 take a minute to create), so that updates reach a running watch.
+    slowdown: float = 1.0
     base_port: int = 20000
     namespaces: int = 4
     created: int = 0
@@ -288,7 +291,8 @@ class ScaleCluster:
                     f"--namespace={NAMESPACE}", f"--address={self.cp.node_host.address}",
                     f"--base-port={self.base_port}", f"--nodes={','.join(self.node_names)}",
                     f"--slots={self.slots}", f"--seed={self.seed}",
-                    f"--fail-fraction={self.fail_fraction}", f"--back-off={self.back_off}"]
+                    f"--fail-fraction={self.fail_fraction}", f"--back-off={self.back_off}",
+                    f"--slowdown={self.slowdown}"]
             spawn("hollow", [*self.cp.node_host.exec_prefix(), *argv], self.cp.state,
                   env=python_env())
         wait_ready(ready.exists, 120, "hollow agents", self.hollow)
