@@ -28,6 +28,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,13 @@ def remove(cp: ControlPlane, timeout: float = 240) -> float:
     return time.monotonic() - t0
 
 
+def listed_phases(cp: ControlPlane) -> dict[str, int]:
+    """A fresh list's phases (whichever apiserver replica answers), for failure messages."""
+    items = json.loads(cp.kubectl("get", "podimagepulls", "-n", "default", "-l", f"app={APP}",
+                                  "-o", "json").stdout)["items"]
+    return dict(Counter(str(o["status"]["phase"]) for o in items))
+
+
 @dataclass
 class JsonWatch:
     """``kubectl get ... -w -o json``: the objects it prints (indented, one after
@@ -123,6 +131,7 @@ class JsonWatch:
     objects: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
     _thread: threading.Thread | None = None
+    _err: str = ""
 
     def start(self) -> JsonWatch:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE,
@@ -139,6 +148,25 @@ class JsonWatch:
             if line.startswith("}"):  # the end of a top-level object (indented output)
                 self.objects.append((time.monotonic(), json.loads("".join(buf))))
                 buf = []
+
+    def state(self) -> str:
+        """For failure messages: how far it got."""
+        assert self.proc is not None
+        last = self.latest()
+        phases = Counter(str((o.get("status") or {}).get("phase")) for o in last.values())
+        ended = "running" if self.proc.poll() is None else \
+            f"exited {self.proc.poll()}: {self.stderr()[-500:]!r}"
+        return (f"kubectl -w {ended}: {len(self.objects)} objects, {len(last)} pods, "
+                f"last phases {dict(phases)}; not present: "
+                + "; ".join(f"{n} {json.dumps(o.get('status'))}" for n, o in last.items()
+                            if (o.get("status") or {}).get("phase") not in PRESENT)[:3000])
+
+    def stderr(self) -> str:
+        """What it printed on stderr (once it has exited; "" while it runs)."""
+        assert self.proc is not None and self.proc.stderr is not None
+        if self.proc.poll() is not None and not self._err:
+            self._err = self.proc.stderr.read() or "(nothing)"
+        return self._err
 
     def latest(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -159,7 +187,32 @@ class JsonWatch:
                 self.proc.wait()
         if self._thread is not None:
             self._thread.join(10)
-        return rc, self.proc.stderr.read()
+        return rc, self._err or self.proc.stderr.read()
+
+
+def start_watch(cp: ControlPlane, tries: int = 4) -> tuple[JsonWatch, int]:
+    """``kubectl get podimagepulls -w -o json`` watching (it lists, then watches from
+    the list's resourceVersion); how many runs ended at once with 410 Expired first.
+
+    kubectl's list and watch may reach different apiserver replicas (the aggregator
+    picks an endpoint per request). A replica whose feed for the namespace started
+    after the list's version cannot replay from it and answers 410 Expired: client-go
+    informers relist, kubectl exits. It is re-run then, as a user would (the failed
+    watch has started that replica's feed, so the next one finds it), and counted."""
+    argv = kubectl_argv(cp, None, "get", "podimagepulls", "-n", "default", "-l",
+                        f"app={APP}", "-w", "-o", "json")
+    expired = 0
+    for _ in range(tries):
+        watch = JsonWatch(argv).start()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and watch.proc is not None \
+                and watch.proc.poll() is None:
+            time.sleep(0.1)
+        if watch.proc is not None and watch.proc.poll() is None:
+            return watch, expired
+        assert "too old resource version" in watch.stderr(), watch.state()
+        expired += 1
+    raise AssertionError(f"kubectl -w got 410 Expired {expired} times in a row")
 
 
 @dataclass
@@ -268,7 +321,7 @@ def clean(installed_addon: Addon, two_node_cluster: Cluster) -> Iterator[None]:
 
 def test_200_replicas_followed_whole_by_kubectl_watch_and_plugin(
         installed_addon: Addon, two_node_cluster: Cluster, rollout_image: str,
-        plugin_bin: Path, clean: None) -> None:
+        plugin_bin: Path, clean: None, tmp_path: Path) -> None:
     a, cp, reg = installed_addon, installed_addon.cp, two_node_cluster.registry
     nodes = {n.name for n in two_node_cluster.nodes}
     for n in two_node_cluster.nodes:
@@ -278,8 +331,7 @@ def test_200_replicas_followed_whole_by_kubectl_watch_and_plugin(
     t0 = time.monotonic()
     # Zero replicas first: both followers are running before the first pod exists.
     cp.kubectl("apply", "-f", "-", input=json.dumps(deployment(image, 0)))
-    watch = JsonWatch(kubectl_argv(cp, None, "get", "podimagepulls", "-n", "default",
-                                   "-l", f"app={APP}", "-w", "-o", "json")).start()
+    watch, expired = start_watch(cp)
     plugin = Drained([KUBECTL, "image-pull-progress", f"deployment/{APP}", "-n", "default"],
                      plugin_env(plugin_bin, cp.admin_kubeconfig)).start()
     took: dict[str, float] = {}
@@ -301,12 +353,18 @@ def test_200_replicas_followed_whole_by_kubectl_watch_and_plugin(
                 return len(last) >= REPLICAS and all(
                     o["status"]["phase"] in PRESENT for o in last.values())
 
-            wait_for(watched_all, 60, "kubectl -w showing every pod's image present")
+            wait_for(watched_all, 60, "kubectl -w showing every pod's image present",
+                     detail=lambda: f"{watch.state()}; a list now: {listed_phases(cp)}")
             took["watch done"] = time.monotonic() - t_scale
         pods = live_pods(cp)
     finally:
         out, err = plugin.stop()
         watch_rc, watch_err = watch.stop()
+        # Kept for a failure's post-mortem.
+        with (tmp_path / "kubectl-watch.ndjson").open("w") as f:
+            f.writelines(f"{json.dumps([t, o])}\n" for t, o in watch.objects)
+        (tmp_path / "plugin.out").write_text(out)
+        (tmp_path / "plugin.err").write_text(err)
         reg.set_rate(None)
         took["teardown"] = remove(cp)
     took["all"] = time.monotonic() - t0
@@ -350,7 +408,8 @@ def test_200_replicas_followed_whole_by_kubectl_watch_and_plugin(
     phases = {p: sum(objs[-1]["status"]["phase"] == p for objs in seen.values())
               for p in PRESENT}
     print(f"\nrollout of {REPLICAS}: pods per node {per_node}, {phases}; "
-          f"{len(watch.objects)} objects on kubectl -w, {len(lines)} plugin lines; "
+          f"{len(watch.objects)} objects on kubectl -w (after {expired} runs ended by a "
+          f"cross-replica 410 Expired), {len(lines)} plugin lines; "
           + ", ".join(f"{k} {v:.1f}s" for k, v in took.items())
           + f"; peak watches aggapi holds on kube-apiserver {counts.aggapi_peak:.0f} "
           f"(kube-apiserver WATCH on pods+events {counts.kube_before:.0f} before, "
