@@ -182,10 +182,11 @@ class NodeKubelet(Kubelet):
             cfg["imagePullCredentialsVerificationPolicy"] = "NeverVerify"
         sock = f"unix://{CRI_SOCKET}"
         cfg.update({
-            # kubelet's default of 110 pods would hold a 200-replica rollout at ~105 per
-            # node with the add-on's own pods (tests/e2e/addon/test_rollout200.py); the
-            # /24 pod CIDR has 253 addresses for pods, a few kept spare for pods still
-            # being torn down while new ones start.
+            # kubelet's default of 110 leaves a 200-replica rollout (test_rollout200:
+            # ~100 per node beside the add-on's apiserver and agent pods) a few pods of
+            # room: a spread a little uneven, or an earlier test's pods still
+            # terminating, and replicas stay Pending (OutOfpods). The /24 pod CIDR has
+            # 253 addresses for pods; a few stay spare for pods being torn down.
             "maxPods": MAX_PODS,
             "containerRuntimeEndpoint": sock, "imageServiceEndpoint": sock,
             "podLogsDir": "/var/log/pods",
