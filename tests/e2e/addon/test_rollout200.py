@@ -190,15 +190,16 @@ class JsonWatch:
         return rc, self._err or self.proc.stderr.read()
 
 
-def start_watch(cp: ControlPlane, tries: int = 4) -> tuple[JsonWatch, int]:
+def start_watch(cp: ControlPlane, tries: int = 8) -> tuple[JsonWatch, int]:
     """``kubectl get podimagepulls -w -o json`` watching (it lists, then watches from
     the list's resourceVersion); how many runs ended at once with 410 Expired first.
 
     kubectl's list and watch may reach different apiserver replicas (the aggregator
     picks an endpoint per request). A replica whose feed for the namespace started
     after the list's version cannot replay from it and answers 410 Expired: client-go
-    informers relist, kubectl exits. It is re-run then, as a user would (the failed
-    watch has started that replica's feed, so the next one finds it), and counted."""
+    informers relist, kubectl exits. So does a list from an idle replica (its version
+    is its last change) and a watch on one whose feed started later: with both feeds
+    up, one run in four. It is re-run then, as a user would, and counted."""
     argv = kubectl_argv(cp, None, "get", "podimagepulls", "-n", "default", "-l",
                         f"app={APP}", "-w", "-o", "json")
     expired = 0
@@ -331,12 +332,13 @@ def test_200_replicas_followed_whole_by_kubectl_watch_and_plugin(
     t0 = time.monotonic()
     # Zero replicas first: both followers are running before the first pod exists.
     cp.kubectl("apply", "-f", "-", input=json.dumps(deployment(image, 0)))
+    counts = WatchCounts(a)  # its "before": no watch of this test's yet
     watch, expired = start_watch(cp)
     plugin = Drained([KUBECTL, "image-pull-progress", f"deployment/{APP}", "-n", "default"],
                      plugin_env(plugin_bin, cp.admin_kubeconfig)).start()
     took: dict[str, float] = {}
     try:
-        with WatchCounts(a) as counts:
+        with counts:
             time.sleep(2)  # both have listed (nothing) and are watching
             cp.kubectl("scale", "deployment", APP, "-n", "default", f"--replicas={REPLICAS}")
             t_scale = time.monotonic()
