@@ -6,7 +6,8 @@ Node ``k`` (1, 2, ...) of instance N (10.251.N.0/24):
     name            aggapi-worker-<k>
     netns           agg<i>-n<k>, eth0 10.251.N.(10+k)/24 on the control plane's bridge
     pod CIDR        10.251.(128+8N+k).0/24 (cluster CIDR 10.251.(128+8N).0/21), in the
-                    Node's spec.podCIDR, on bridge cni0 inside the netns (gateway .1)
+                    Node's spec.podCIDR, on bridge cni0 inside the netns (gateway .1);
+                    kubelet's maxPods MAX_PODS fits in it
     state           <control plane state>/nodes/n<k>/ (the directories bound over
                     /run/containerd, /var/lib/kubelet, ... inside: nodens.BINDS)
     containerd      socket /run/containerd/containerd.sock inside, i.e.
@@ -38,6 +39,7 @@ from tests.framework.procs import HarnessError, Proc, spawn, wait_ready
 
 CRI_SOCKET = "/run/containerd/containerd.sock"  # inside the node
 KUBELET_DIR = "/var/lib/kubelet"  # inside the node
+MAX_PODS = 240  # per node (NodeKubelet.config)
 
 
 def cluster_cidr(cp: ControlPlane) -> str:
@@ -180,6 +182,12 @@ class NodeKubelet(Kubelet):
             cfg["imagePullCredentialsVerificationPolicy"] = "NeverVerify"
         sock = f"unix://{CRI_SOCKET}"
         cfg.update({
+            # kubelet's default of 110 leaves a 200-replica rollout (test_rollout200:
+            # ~100 per node beside the add-on's apiserver and agent pods) a few pods of
+            # room: a spread a little uneven, or an earlier test's pods still
+            # terminating, and replicas stay Pending (OutOfpods). The /24 pod CIDR has
+            # 253 addresses for pods; a few stay spare for pods being torn down.
+            "maxPods": MAX_PODS,
             "containerRuntimeEndpoint": sock, "imageServiceEndpoint": sock,
             "podLogsDir": "/var/log/pods",
             "tlsCertFile": self._inside(self.dir / "pki/kubelet.crt"),
