@@ -96,7 +96,7 @@ class CollectionHandler:
             objs = sorted((o for o in col.objects.values() if sel.matches(o)),
                           key=lambda o: (o["metadata"].get("namespace", ""),
                                          o["metadata"]["name"]))
-            current = str(col.rv)
+            current = str(col.now_rv())
         if info.verb == "get":  # the object's own path (a list by name stays a list)
             if not objs:
                 raise not_found(self.res.name, info.name, group=GROUP)

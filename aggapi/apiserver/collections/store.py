@@ -107,6 +107,13 @@ class Collection:
             fn(ev)
         return ev
 
+    def now_rv(self) -> int:
+        """The version of the state as it is now, for a list: the clock's reading, not
+        the last change's. Another replica's collection that started after that change
+        (an idle one stops and starts again) still takes a watch from it; the last
+        change's version would be older than that collection and get 410."""
+        return self._clock.next()
+
     def check_rv(self, rv: int) -> None:
         """410 unless the history holds every change after ``rv``."""
         oldest = self._history[0].rv - 1 if len(self._history) == self._history.maxlen \

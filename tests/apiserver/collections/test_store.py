@@ -84,3 +84,27 @@ def test_unparsable_version_is_400(raw: str) -> None:
         parse_rv(raw)
     assert err.value.code == 400
     assert parse_rv("") is None and parse_rv("0") is None and parse_rv("17") == 17
+
+
+def test_a_lists_version_is_taken_by_a_collection_started_after_the_last_change() -> None:
+    """Two replicas, one clock each in real life (wall time): the list comes from one
+    whose last change is old, the watch goes to one whose collection started since.
+    The list's version is the state as it is now, so the watch is served, not 410."""
+    t = [100.0]
+    clock = Clock(now=lambda: t[0])
+    idle = Collection(clock)
+    idle.set("a", {"metadata": {"name": "a"}})
+    last_change = idle.rv
+    t[0] += 30  # idle for a while; the other replica's feed starts afresh
+    young = Collection(clock)
+    t[0] += 1
+    listed = idle.now_rv()
+    assert listed > young.start_rv > last_change
+    young.check_rv(listed)  # served
+    assert young.since(listed) == []
+    with pytest.raises(StatusError) as err:
+        young.check_rv(last_change)  # what a list handed out before
+    assert err.value.code == 410
+    # the list's version is the state's: a change after it is after it
+    ev = idle.set("a", {"metadata": {"name": "a"}, "x": 1})
+    assert ev is not None and ev.rv > listed and idle.since(listed) == [ev]
