@@ -1,24 +1,14 @@
-"""What the shared pod and event informers keep: a cluster's worth of pods is held."""
+"""What the shared pod and event informers keep: a cluster's worth of pods is held.
+(``kube``: tests/apiserver/conftest.py's fake kube-apiserver.)"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-
-import pytest
 
 from aggapi.apiserver.collections.sources import Source
 from tests.framework.fakekube import FakeKube
 
 from .fakes import event, pod
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    fake = FakeKube()
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 async def test_keeps_pull_events_only_and_no_managed_fields(kube: FakeKube) -> None:
