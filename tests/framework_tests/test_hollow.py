@@ -5,7 +5,6 @@ agent on its own port with its own serving certificate from aggapi's CA."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from aggapi.auth.capability import CapabilitySigner
 from aggapi.status import StatusError
 from aggapi.tls import certs
 from tests.framework.fakekube import FakeKube
-from tests.framework.hollow import Hollow
+from tests.framework.hollow import Hollow, parser
 from tests.framework.procs import free_port
 
 
@@ -28,9 +27,11 @@ async def _hollow(tmp: Path, nodes: list[str]) -> tuple[FakeKube, Hollow, AgentC
     kube = FakeKube()
     await kube.start()
     api = kube.kube_client()
-    args = argparse.Namespace(certs_dir=str(d), state=str(tmp), namespace="aggapi",
-                              address="127.0.0.1", base_port=0, nodes=",".join(nodes),
-                              slots=2, seed=3, fail_fraction=0.0, back_off=1.0)
+    # Through the hollow process's own parser: its defaults (every flag) come along.
+    args = parser().parse_args([
+        "--kubeconfig=unused", f"--certs-dir={d}", f"--state={tmp}", "--address=127.0.0.1",
+        "--base-port=0", f"--nodes={','.join(nodes)}", "--slots=2", "--seed=3",
+        "--fail-fraction=0.0", "--back-off=1.0"])
     h = Hollow(api, args)
     for node in h.nodes.values():
         node.port = free_port()
