@@ -1,8 +1,9 @@
 """A small list+watch cache (an "informer") over aggapi.kube.client, holding plain dicts.
 
 Used where aggapi needs current cluster state on every request without one API
-call per request: the agent EndpointSlices (node -> agent address). It relists on
-410 Gone and reconnects with backoff, the way client-go's reflector does.
+call per request: the agent EndpointSlices (node -> agent address), the collections'
+pods and events. It lists in pages, relists on 410 Gone and reconnects with backoff,
+the way client-go's reflector does; a transform decides what of each object is kept.
 """
 
 from __future__ import annotations

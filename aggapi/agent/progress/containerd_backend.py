@@ -113,12 +113,11 @@ class ContainerdBackend:
         self._clock = clock
         self._mono = monotonic
         self._counters = CounterBook()  # every layer ingest on the node, by digest
-        # Downloads the node runs at once: containerd's default until more are seen.
+        # Layers the node downloads at once: containerd's max_concurrent_downloads
+        # (default 3; shared by every pull on 2.x), raised when more are seen moving.
         self._counters.slots = NODE_SLOTS
         self._rates = self._counters.snapshot(0.0)
         self._slots: dict[str, int] = {}  # lease -> most layers seen downloading at once
-        # Layers the node downloads at once: containerd's max_concurrent_downloads
-        # (default 3; shared by every pull on 2.x), raised when more are seen moving.
         self._links: deque[tuple[float, float]] = deque()  # (time, link rate) measured
         self._sharing = Sharing()  # is the link shared? (measured at completions)
         self._last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll

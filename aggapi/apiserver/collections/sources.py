@@ -86,19 +86,18 @@ class Source:
         name = str((obj.get("metadata") or {}).get("name") or "")
         if kind == "DELETED":
             self._by_pod.get(key, {}).pop(name, None)
-        elif not self._index(obj):
-            return
+        else:
+            self._index(obj)
         self._notify(key)
 
-    def _index(self, ev: Mapping[str, Any]) -> bool:
-        if ev.get("reason") not in PULL_REASONS:
-            return False
+    def _index(self, ev: Mapping[str, Any]) -> None:
+        # Only pull events reach here: the informer keeps no others (_pull_event).
         evs = self._by_pod.setdefault(_event_pod(ev), {})
-        evs.pop(str((ev.get("metadata") or {}).get("name") or ""), None)
-        evs[str((ev.get("metadata") or {}).get("name") or "")] = ev
+        name = str((ev.get("metadata") or {}).get("name") or "")
+        evs.pop(name, None)  # re-inserted last: the newest go last, the oldest first out
+        evs[name] = ev
         while len(evs) > EVENTS_PER_POD:
             del evs[next(iter(evs))]
-        return True
 
     def events_of(self, key: PodKey) -> list[Mapping[str, Any]]:
         return list(self._by_pod.get(key, {}).values())
