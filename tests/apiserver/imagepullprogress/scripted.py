@@ -106,6 +106,13 @@ def progress(container: str, image: str, phase: str, prog: int | None = -1,
             "bytesPerSecond": None, "etaSeconds": None, "time": "2026-01-01T00:00:00.000Z"}
 
 
+def done_summary(container: str, image: str, prog: int | None, total: int | None
+                 ) -> dict[str, Any]:
+    """The agent's Summary of a one-image pod whose image arrived."""
+    return {"kind": "Summary", "phase": "Done", "progress": prog, "total": total,
+            "images": [{"container": container, "image": image, "phase": "Done"}]}
+
+
 @dataclass
 class Collected:
     objs: list[dict[str, Any]]

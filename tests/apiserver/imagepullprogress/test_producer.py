@@ -26,6 +26,7 @@ from tests.framework.fakekube import FakeKube
 from .scripted import (
     Collected,
     ScriptedAgent,
+    done_summary,
     event,
     new_broadcast,
     pod_object,
@@ -134,8 +135,7 @@ async def test_follow_stays_open_across_backoff_and_shows_each_attempt(
         second.send(progress("app", IMG, "Downloading", 50, 100))
         await until(lambda: got.phases()[-1:] == ["Downloading"])
         second.send(progress("app", IMG, "Done", 100, 100),
-                    {"kind": "Summary", "phase": "Done", "progress": 100, "total": 100,
-                     "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+                    done_summary("app", IMG, 100, 100))
         second.end()
     assert got.phases() == ["Downloading", "Failed", "BackOff", "Pulling", "Downloading",
                             "Done"]
@@ -310,8 +310,7 @@ async def test_agent_failure_contradicted_by_kubelet_is_asked_again(kube: FakeKu
             "2026-01-01T00:00:02Z"))
         await until(lambda: len(agent.opened) == 2, within=3)
         second.send(progress("app", IMG, "Done", 5, 5),
-                    {"kind": "Summary", "phase": "Done", "progress": 5, "total": 5,
-                     "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+                    done_summary("app", IMG, 5, 5))
         second.end()
     assert [o["kind"] for o in got.finals()] == ["Summary"]
 
@@ -380,8 +379,7 @@ def test_a_snapshot_always_ends_with_exactly_one_final_object(
             lines = agent.stream()
             lines.send(*(progress("app", IMG, p) for p in agent_phases))
             if end == "summary":
-                lines.send({"kind": "Summary", "phase": "Done", "progress": -1, "total": -1,
-                            "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+                lines.send(done_summary("app", IMG, -1, -1))
             elif end == "error":
                 lines.send({"kind": "Error", "container": "app", "image": IMG,
                             "phase": "Failed", "error": "gone"})
@@ -416,8 +414,7 @@ async def test_a_present_layer_ends_present_when_the_summary_beats_kubelets_pull
                    progress("app", IMG, "Downloading", 2, 8, layer="sha256:top"))
         await until(lambda: any(o.get("layer") == "sha256:top" for o in got.objs))
         lines.send(progress("app", IMG, "Done", 8, 8, layer="sha256:top"),
-                   {"kind": "Summary", "phase": "Done", "progress": 12, "total": 12,
-                    "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+                   done_summary("app", IMG, 12, 12))
         lines.end()
     last: dict[str, str] = {}
     for o in got.objs:
@@ -447,7 +444,6 @@ async def test_kubelets_pulling_while_the_agent_stream_opens_is_not_missed(
         lines.send(progress("app", IMG, "Waiting"))
         await until(lambda: got.phases()[-1:] == ["Pulling"], within=3)
         lines.send(progress("app", IMG, "Done", 5, 5),
-                   {"kind": "Summary", "phase": "Done", "progress": 5, "total": 5,
-                    "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
+                   done_summary("app", IMG, 5, 5))
         lines.end()
     assert got.phases()[-2:] == ["Pulling", "Done"]

@@ -43,6 +43,7 @@ from tests.framework.cluster import Cluster
 from tests.framework.controlplane import APISERVICE, ControlPlane
 from tests.framework.kubelet import forget_images
 from tests.framework.node import OCI_CACHE
+from tests.framework.procs import stop_child
 from tests.plugins.helpers import KUBECTL, install_plugins, plugin_env
 
 pytestmark = pytest.mark.e2e
@@ -178,13 +179,7 @@ class JsonWatch:
         """(exit code if it had exited by itself, stderr)."""
         assert self.proc is not None and self.proc.stderr is not None
         rc = self.proc.poll()
-        if rc is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
         if self._thread is not None:
             self._thread.join(10)
         return rc, self._err or self.proc.stderr.read()
@@ -196,10 +191,10 @@ def start_watch(cp: ControlPlane, tries: int = 8) -> tuple[JsonWatch, int]:
 
     kubectl's list and watch may reach different apiserver replicas (the aggregator
     picks an endpoint per request). A replica whose feed for the namespace started
-    after the list's version cannot replay from it and answers 410 Expired: client-go
-    informers relist, kubectl exits. So does a list from an idle replica (its version
-    is its last change) and a watch on one whose feed started later: with both feeds
-    up, one run in four. It is re-run then, as a user would, and counted."""
+    after the list's version (started for this watch) cannot replay from it and
+    answers 410 Expired: client-go informers relist, kubectl exits. It is re-run then,
+    as a user would, and counted. (A list's version is the state's as of the list, so
+    a replica whose feed was already up takes the watch.)"""
     argv = kubectl_argv(cp, None, "get", "podimagepulls", "-n", "default", "-l",
                         f"app={APP}", "-w", "-o", "json")
     expired = 0
