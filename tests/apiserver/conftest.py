@@ -189,18 +189,3 @@ async def proxy(server: Server) -> AsyncIterator[FrontProxy]:
     await fp.start()
     yield fp
     await fp.stop()
-
-
-async def until(pred: Callable[[], Any], within: float = 5.0) -> None:
-    """Poll ``pred`` (sync or async) until truthy."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + within
-    while True:
-        value = pred()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if loop.time() > end:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from aggapi.apiserver.authconfig import AuthConfigSource, parse_configmap
 from aggapi.kube.client import KubeClient
 from tests.framework.fakekube import FakeKube
+from tests.framework.until import until
 
-from .conftest import FRONT_PROXY_CN, PROGRESS, Pki, Server, auth_configmap, until
+from .conftest import FRONT_PROXY_CN, PROGRESS, Pki, Server, auth_configmap
 
 KEY = "requestheader-allowed-names"
 LIST_KEYS = (KEY, "requestheader-username-headers", "requestheader-uid-headers",

@@ -10,8 +10,9 @@ import aiohttp
 
 from tests.framework.fakekube import FakeKube
 from tests.framework.frontproxy import FrontProxy
+from tests.framework.until import until
 
-from .conftest import FRONT_PROXY_CN, PROGRESS, Server, auth_configmap, until
+from .conftest import FRONT_PROXY_CN, PROGRESS, Server, auth_configmap
 
 SPOOF = {"X-Remote-User": "system:admin", "X-Remote-Group": "system:masters"}
 

@@ -13,8 +13,9 @@ import sys
 import aiohttp
 
 from tests.framework.fakekube import FakeKube
+from tests.framework.until import until
 
-from .conftest import Pki, until
+from .conftest import Pki
 
 
 def _free_port() -> int:

@@ -13,8 +13,9 @@ from cryptography.hazmat.primitives import serialization
 
 from aggapi.tls import pki
 from tests.framework.fakekube import FakeKube
+from tests.framework.until import until
 
-from .conftest import PROGRESS, Server, until
+from .conftest import PROGRESS, Server
 
 
 async def _served_cert(server: Server, cafile: str) -> bytes | None:

@@ -12,8 +12,7 @@ from aggapi.auth.capability import CapabilityVerifier, key_id, load_verification
 from aggapi.auth.tokenkeys import LABEL
 from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
-
-from .conftest import until
+from tests.framework.until import until
 
 
 def _agent_files(tmp_path: Path) -> dict[str, str]:

@@ -4,7 +4,7 @@ owned by its pod, is replaced when the replica restarts, and only valid keys cou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -14,6 +14,7 @@ from aggapi.auth.capability import CapabilitySigner, CapabilityVerifier, key_id,
 from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError
 from tests.framework.fakekube import FakeKube
+from tests.framework.until import until
 
 NS, SET = "aggapi", "aggapi"
 
@@ -35,14 +36,6 @@ async def kube() -> AsyncIterator[FakeKube]:
     for c in clients:
         await c.close()
     await k.stop()
-
-
-async def until(pred: Callable[[], object], within: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + within
-    while not pred():
-        assert loop.time() < end, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 def publisher(kube: FakeKube, signer: CapabilitySigner, pod: str = "api-1",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,6 +13,7 @@ from aiohttp import web
 from aggapi.kube.client import KubeClient
 from aggapi.kube.informer import Informer
 from tests.framework.fakekube import FakeKube
+from tests.framework.until import until
 
 PODS = "/api/v1/namespaces/ns1/pods"
 
@@ -20,16 +21,6 @@ PODS = "/api/v1/namespaces/ns1/pods"
 def _pod(name: str, app: str = "web", ns: str = "ns1") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}}
-
-
-async def until(pred: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        if pred():
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(params=[1000])

@@ -13,7 +13,9 @@ from typing import Any
 
 import aiohttp
 
-from ..conftest import GV, until
+from tests.framework.until import until
+
+from ..conftest import GV
 from .conftest import TABLE, Env
 from .fakes import event, pod
 

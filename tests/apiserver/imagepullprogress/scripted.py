@@ -144,15 +144,6 @@ async def read_all(bc: Broadcast, sink: list[dict[str, Any]]) -> None:
             since = items[-1].seq
 
 
-async def until(pred: Any, within: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + within
-    while not pred():
-        if loop.time() > end:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 async def watch_of(kube: FakeKube, pod: dict[str, Any]) -> AsyncIterator[PodWatch]:
     meta = pod["metadata"]
     async with kube.kube_client() as api:

@@ -22,6 +22,7 @@ from aggapi.apiserver.pods import target_from_pod
 from aggapi.apiserver.requestinfo import RequestInfo
 from aggapi.auth.delegated import UserInfo
 from tests.framework.fakekube import FakeKube
+from tests.framework.until import until
 
 from .scripted import (
     Collected,
@@ -32,7 +33,6 @@ from .scripted import (
     pod_object,
     progress,
     read_all,
-    until,
     watch_of,
 )
 
