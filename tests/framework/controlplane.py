@@ -345,6 +345,21 @@ class ControlPlane:
         except urllib.error.HTTPError as e:
             return int(e.code), bytes(e.read())
 
+    def timed_get(self, path: str, *, timeout: float = 5.0) -> tuple[int, float, float, bytes]:
+        """GET ``path`` as admin: the status, seconds to the response's head and to its
+        last byte, and the body (a server that builds its answer whole before sending
+        spends the first; the transfer is the difference)."""
+        req = urllib.request.Request(self.server + path)
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, context=self._ssl("admin"), timeout=timeout) as r:
+                head = time.monotonic() - t0
+                body = bytes(r.read())
+                return int(r.status), head, time.monotonic() - t0, body
+        except urllib.error.HTTPError as e:
+            took = time.monotonic() - t0
+            return int(e.code), took, took, bytes(e.read())
+
     def readyz(self) -> bool:
         try:
             return self.get("/readyz", timeout=2)[0] == 200

@@ -340,15 +340,15 @@ class ScaleCluster:
         return {(self.namespace(i), f"app-{i}") for i in range(n)}
 
     # --- what is measured ---------------------------------------------------------------
-    def list_podimagepulls(self, namespace: str = "") -> tuple[float, list[dict[str, Any]]]:
-        """(seconds, items) of one list through the aggregator, as admin."""
+    def list_podimagepulls(self, namespace: str = "") -> tuple[float, float, list[dict[str, Any]]]:
+        """(seconds to the head, seconds to the last byte, items) of one list through
+        the aggregator, as admin."""
         where = f"/namespaces/{namespace}" if namespace else ""
-        t0 = time.monotonic()
-        code, body = self.cp.get(f"/apis/{GROUP}/{VERSION}{where}/podimagepulls", timeout=60)
-        took = time.monotonic() - t0
+        code, head, took, body = self.cp.timed_get(
+            f"/apis/{GROUP}/{VERSION}{where}/podimagepulls", timeout=60)
         if code != 200:
             raise HarnessError(f"list podimagepulls{where}: {code} {body[:300]!r}")
-        return took, list(json.loads(body).get("items") or ())
+        return head, took, list(json.loads(body).get("items") or ())
 
     def kube_watches(self) -> dict[str, float]:
         """kube-apiserver's WATCH requests in flight, by resource."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
 
 from aggapi.apiserver.agentclient import AgentClient
@@ -28,7 +28,7 @@ from aggapi.status import StatusError
 log = logging.getLogger(__name__)
 
 FLUSH_DELAY = 0.05  # seconds: changes within it are rebuilt together
-FIRST_VIEWS = 2.0  # seconds a first list waits for the nodes' first views
+FIRST_VIEWS = 2.0  # seconds a feed's first list waits for the nodes' first views
 NODE_LIST_EVERY = 5.0  # seconds between reads of which nodes have an agent
 SYNC_TIMEOUT = 10.0
 
@@ -73,6 +73,15 @@ class _Batcher:
             self._timer = None
 
 
+async def _first_views(polls: Shared[str, NodePoll] | None, nodes: Iterable[str]) -> None:
+    """Until each of ``nodes``' polls has its first view, or FIRST_VIEWS."""
+    waits = [p.polled.wait() for n in nodes
+             if polls is not None and (p := polls.get(n)) is not None]
+    if waits:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*waits), FIRST_VIEWS)
+
+
 class PodFeed(_Batcher):
     """PodImagePulls of one namespace ("" for all): one Source, and a poll of each
     node where a pod still has an image to pull."""
@@ -89,6 +98,7 @@ class PodFeed(_Batcher):
         self._needs: dict[str, set[PodKey]] = {}  # pods that need their node's view
         self._polled: set[str] = set()  # nodes whose poll this feed holds
         self.synced = asyncio.Event()
+        self._viewed = False  # a ready() has waited for the nodes' first views
         self._sync: asyncio.Task[None] | None = None
         self.source.listeners.append(lambda key: self.mark(None if key is None else (key,)))
 
@@ -113,18 +123,18 @@ class PodFeed(_Batcher):
         await self.source.stop()
 
     async def ready(self) -> None:
-        """The first complete state: synced, and the first view of each node needed."""
+        """A complete state: synced, and (the feed's first time) the first view of each
+        node needed. Later, a node just polled (a rollout polls new ones all the time)
+        shows kubelet's view until its agent's comes, as it does on a watch: a list
+        does not wait for it."""
         try:
             await asyncio.wait_for(self.synced.wait(), SYNC_TIMEOUT)
         except TimeoutError:
             raise StatusError(503, "timed out reading pods from the Kubernetes API",
                               retry_after=2) from None
-        polls = [p for n in self._polled
-                 if self.polls is not None and (p := self.polls.get(n)) is not None]
-        if polls:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(p.polled.wait() for p in polls)),
-                                       FIRST_VIEWS)
+        if not self._viewed:
+            await _first_views(self.polls, self._polled)
+            self._viewed = True
         self.flush()
 
     def _view_changed(self, node: str) -> None:
@@ -207,6 +217,7 @@ class NodeFeed(_Batcher):
         self._feed: PodFeed | None = None
         self._nodes: set[str] = set()
         self._listed = asyncio.Event()  # the first read of which nodes have an agent
+        self._viewed = False
         self._task: asyncio.Task[None] | None = None
 
     def _pod_changed(self, ev: Event) -> None:
@@ -264,11 +275,9 @@ class NodeFeed(_Batcher):
         await self._feed.ready()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._listed.wait(), SYNC_TIMEOUT)
-        polls = [p for n in self._nodes if (p := self.polls.get(n)) is not None]
-        if polls:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(p.polled.wait() for p in polls)),
-                                       FIRST_VIEWS)
+        if not self._viewed:
+            await _first_views(self.polls, self._nodes)
+            self._viewed = True
         self.mark(None)
         self.flush()
 
@@ -310,6 +319,19 @@ class Feeds:
             node_polls = self.polls
             self.nodes = Shared(lambda _k: NodeFeed(agent, self.pods, node_polls, self.clock),
                                 linger=linger)
+
+    @contextlib.asynccontextmanager
+    async def pods_of(self, namespace: str) -> AsyncIterator[PodFeed]:
+        """The feed that serves ``namespace`` ("" for all): the cluster-wide one while it
+        runs and is synced, as kube-apiserver's watch cache serves every namespace from
+        one watch (no second pair of watches, and no cold list of that namespace while
+        the whole cluster's pods are here already); else the namespace's own.
+        Selectors scope it: the handler adds metadata.namespace to every namespaced
+        request."""
+        every = self.pods.get("")
+        key = "" if every is not None and every.synced.is_set() else namespace
+        async with self.pods.use(key) as feed:
+            yield feed
 
     def watches(self) -> int:
         """Watches held on kube-apiserver for the collections now."""

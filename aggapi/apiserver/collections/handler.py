@@ -72,7 +72,7 @@ class CollectionHandler:
     @contextlib.asynccontextmanager
     async def _feed(self, namespace: str) -> AsyncIterator[Feed]:
         if self.res is PODS:
-            async with self.feeds.pods.use(namespace) as pods:
+            async with self.feeds.pods_of(namespace) as pods:
                 yield pods
             return
         if self.feeds.nodes is None:

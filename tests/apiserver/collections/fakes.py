@@ -3,6 +3,7 @@ set last; every read is counted (one poll per node, however many pods)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Mapping
 from typing import Any
@@ -36,10 +37,13 @@ class FakeAgent:
     def __init__(self) -> None:
         self.views: dict[str, dict[str, Any]] = {}
         self.reads: dict[str, int] = {}
+        self.stalled: set[str] = set()  # nodes whose agent never answers
         self.directory = FakeDirectory(self)
 
     async def open(self, method: str, path: str, *, node: str, **_kw: Any) -> _Response:
         self.reads[node] = self.reads.get(node, 0) + 1
+        if node in self.stalled:
+            await asyncio.Event().wait()
         return _Response(copy.deepcopy(self.views.get(node, {})))
 
 

@@ -3,9 +3,12 @@ Table output, authorization, and what they cost on kube-apiserver."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from aggapi.apiserver.collections import handler
+from aggapi.apiserver.collections import feeds, handler
+from tests.framework.until import until
 
 from .conftest import TABLE, Env
 from .fakes import event, node_view, pod, pull
@@ -164,3 +167,34 @@ async def test_one_poll_per_node_whatever_the_feeds(env: Env) -> None:
     assert ns1["items"][0]["status"]["images"][0]["progress"] == 5
     # the all-namespaces feed is shared by podimagepulls -A and nodeimagepulls
     assert env.feeds.watches() == 4
+
+
+async def test_a_namespace_is_served_from_the_running_cluster_wide_feed(env: Env) -> None:
+    env.kube.put("api/v1", "pods", pod("a", labels={"app": "web"}))
+    env.kube.put("api/v1", "pods", pod("b", namespace="ns2", labels={"app": "web"}))
+    _, every = await env.get("/podimagepulls")
+    assert len(every["items"]) == 2
+    # While the all-namespaces feed lingers, a namespace needs no watches of its own,
+    # and still sees only its pods (by list, selector and watch).
+    code, ns2 = await env.get("/namespaces/ns2/podimagepulls?labelSelector=app%3Dweb")
+    assert code == 200 and [i["metadata"]["name"] for i in ns2["items"]] == ["b"]
+    code, one = await env.get("/namespaces/ns1/podimagepulls/b")
+    assert code == 404, one
+    assert env.kube.watching("pods") == 1 and env.kube.watching("events") == 1
+    assert list(env.feeds.pods.parts()) == [""]
+
+
+async def test_only_a_feeds_first_list_waits_for_the_nodes_first_views(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(feeds, "FIRST_VIEWS", 3600.0)
+    env.kube.put("api/v1", "pods", pod("a", node="node-a"))
+    env.agent.views["node-a"] = node_view(pull("registry.test/app", progress=5, total=10))
+    _, first = await env.get("/namespaces/ns1/podimagepulls")
+    assert first["items"][0]["status"]["images"][0]["progress"] == 5  # it waited for it
+    # A rollout reaches a node whose agent has not answered yet: the next list shows
+    # kubelet's view of that pod at once, not after FIRST_VIEWS.
+    env.agent.stalled.add("node-b")
+    env.kube.put("api/v1", "pods", pod("b", node="node-b"))
+    await until(lambda: env.agent.reads.get("node-b"))  # the feed polls node-b now
+    code, body = await asyncio.wait_for(env.get("/namespaces/ns1/podimagepulls"), 10)
+    assert code == 200 and sorted(i["metadata"]["name"] for i in body["items"]) == ["a", "b"]
