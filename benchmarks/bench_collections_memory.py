@@ -24,6 +24,7 @@ from typing import Any, cast
 
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.sources import Sources
 from tests.apiserver.collections.fakes import FakeAgent, event, node_view, pod, pull
 from tests.framework.fakekube import FakeKube
 
@@ -57,7 +58,8 @@ async def measure(pods: int, nodes: int) -> dict[str, float]:
         p = kube.put("api/v1", "pods", _realistic(f"p{i}", f"node-{i % nodes}"))
         kube.put("api/v1", "events", event(p, "Pulling", f'Pulling image "p{i}"'))
     api = kube.kube_client()
-    feeds = Feeds(api, cast(AgentClient, agent), linger=60, poll_interval=1.0)
+    feeds = Feeds(Sources(api, linger=60), cast(AgentClient, agent), linger=60,
+                  poll_interval=1.0)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]

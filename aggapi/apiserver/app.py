@@ -44,8 +44,7 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await parts.progress_streams.close()
-        await parts.feeds.close()
-        await parts.pod_watches.close()
+        await parts.feeds.close()  # and the pod/event sources the streams shared
         if agent is not None:
             await agent.directory.stop()
             if agent.pins is not None:

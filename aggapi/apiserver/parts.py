@@ -18,6 +18,7 @@ from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_cert
 from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
 from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import new_progress_streams
@@ -45,7 +46,7 @@ class Parts:
     lifecycle: Lifecycle  # draining / shutdown events and the in-flight stream count
     tls: ServingTLS | None  # None when served without TLS (unit tests)
     agent: AgentClient | None  # None when not configured: the subresources answer 503
-    pod_watches: PodWatchHub  # shared pod + event watches for progress streams
+    pod_watches: PodWatchHub  # progress streams' pods, read from feeds.sources
     progress_streams: SharedStreams  # progress producers shared by identical requests
     feeds: Feeds  # podimagepulls/nodeimagepulls: shared pod/event watches and node polls
 
@@ -116,7 +117,8 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
 
         source.subscribe(_cas_changed)
     agent = _agent_client(config, kube_api)
-    feeds = Feeds(kube_api, agent, linger=config.collection_linger,
+    feeds = Feeds(Sources(kube_api, linger=config.collection_linger), agent,
+                  linger=config.collection_linger,
                   poll_interval=config.collection_poll_interval)
     metrics.collection_watches.set_function(feeds.watches)
     metrics.collection_node_polls.set_function(feeds.agent_polls)
@@ -132,5 +134,5 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                               deny_ttl=config.authz_deny_ttl, maxsize=config.authz_cache_size,
                               timeout=config.review_timeout),
         lifecycle=Lifecycle(metrics), tls=tls, agent=agent,
-        pod_watches=PodWatchHub(kube_api), progress_streams=new_progress_streams(),
+        pod_watches=PodWatchHub(feeds.sources), progress_streams=new_progress_streams(),
         feeds=feeds)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory, AgentEndpoint
 from aggapi.apiserver.app import new_app
 from aggapi.apiserver.authconfig import AuthConfigSource, parse_configmap
+from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch, PodWatchHub
 from aggapi.apiserver.parts import complete
@@ -68,7 +69,7 @@ class FakeApi(KubeClient):
 
 class FakeWatch(PodWatch):
     def __init__(self, namespace: str, name: str) -> None:  # no informers
-        self.namespace, self.name, self.version, self.refs = namespace, name, 1, 0
+        self.namespace, self.name, self.version = namespace, name, 1
 
     async def synced(self, timeout: float = 10.0) -> None:
         return None
@@ -78,7 +79,7 @@ class FakeWatch(PodWatch):
         return pod(self.namespace, self.name)
 
     @property
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Mapping[str, Any]]:
         return []
 
     async def wait_changed(self, since: int, timeout: float) -> int:
@@ -88,7 +89,7 @@ class FakeWatch(PodWatch):
 
 class FakeHub(PodWatchHub):
     def __init__(self) -> None:
-        super().__init__(FakeApi())
+        super().__init__(Sources(FakeApi(), linger=0))
         self.watched: list[tuple[str, str]] = []
 
     @contextlib.asynccontextmanager

@@ -375,6 +375,16 @@ class ScaleCluster:
                 (line.split(" ", 1) for line in text.splitlines()
                  if line.startswith("aggapi_") and "{" not in line.split(" ", 1)[0])}
 
+    def wait_feeds_idle(self, within: float = 120.0) -> float:
+        """Until aggapi holds no collection feed (the last user gone and the linger
+        over): the next list starts a cold one. The seconds it took."""
+        t0 = time.monotonic()
+        while self.aggapi_metrics().get("aggapi_apiserver_collection_watches", 0.0) > 0:
+            if time.monotonic() - t0 > within:
+                raise HarnessError(f"aggapi's collection feeds still running after {within}s")
+            time.sleep(1.0)
+        return time.monotonic() - t0
+
     def done_times(self, log: str = DONE_LOG) -> dict[tuple[str, str], float]:
         """When each pod's pull finished in the simulation (CLOCK_MONOTONIC); with
         ``hollow.POSTED_LOG``, when its Pulled Event was written."""

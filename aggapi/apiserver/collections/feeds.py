@@ -20,9 +20,8 @@ from aggapi.apiserver.collections.nodeimagepulls import node_image_pull
 from aggapi.apiserver.collections.nodepolls import NodePoll
 from aggapi.apiserver.collections.podimagepulls import needs_node_view, pod_image_pull
 from aggapi.apiserver.collections.shared import Shared
-from aggapi.apiserver.collections.sources import PodKey, Source
+from aggapi.apiserver.collections.sources import PodKey, Source, Sources
 from aggapi.apiserver.collections.store import Clock, Collection, Event
-from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)
@@ -86,11 +85,12 @@ class PodFeed(_Batcher):
     """PodImagePulls of one namespace ("" for all): one Source, and a poll of each
     node where a pod still has an image to pull."""
 
-    def __init__(self, api: KubeClient, namespace: str, polls: Shared[str, NodePoll] | None,
-                 clock: Clock) -> None:
+    def __init__(self, sources: Sources, namespace: str,
+                 polls: Shared[str, NodePoll] | None, clock: Clock) -> None:
         super().__init__()
         self.namespace = namespace
-        self.source = Source(api, namespace)
+        self._sources = sources
+        self.source: Source = sources.acquire(namespace)  # released by stop()
         self.polls = polls
         self.collection = Collection(clock)
         self.on_node: dict[str, set[PodKey]] = {}  # every pod, by node
@@ -100,10 +100,12 @@ class PodFeed(_Batcher):
         self.synced = asyncio.Event()
         self._viewed = False  # a ready() has waited for the nodes' first views
         self._sync: asyncio.Task[None] | None = None
-        self.source.listeners.append(lambda key: self.mark(None if key is None else (key,)))
+        self.source.listeners.append(self._source_changed)
+
+    def _source_changed(self, key: PodKey | None) -> None:
+        self.mark(None if key is None else (key,))
 
     def start(self) -> None:
-        self.source.start()
         self._sync = asyncio.create_task(self._first_sync())
 
     async def _first_sync(self) -> None:
@@ -120,7 +122,9 @@ class PodFeed(_Batcher):
                 await self._sync
         for node in list(self._polled):
             self._unpoll(node)
-        await self.source.stop()
+        with contextlib.suppress(ValueError):
+            self.source.listeners.remove(self._source_changed)
+        self._sources.release(self.namespace)
 
     async def ready(self) -> None:
         """A complete state: synced, and (the feed's first time) the first view of each
@@ -303,9 +307,10 @@ class NodeFeed(_Batcher):
 class Feeds:
     """The shared feeds, built once (parts.py) and handed to the collection handlers."""
 
-    def __init__(self, api: KubeClient, agent: AgentClient | None, *, linger: float,
+    def __init__(self, sources: Sources, agent: AgentClient | None, *, linger: float,
                  poll_interval: float) -> None:
         self.clock = Clock()
+        self.sources = sources
         self.agent = agent
         self.polls: Shared[str, NodePoll] | None = None
         if agent is not None:
@@ -313,7 +318,7 @@ class Feeds:
                 lambda node: NodePoll(agent, node, interval=poll_interval), linger=0)
             self.polls = polls
         self.pods: Shared[str, PodFeed] = Shared(
-            lambda ns: PodFeed(api, ns, self.polls, self.clock), linger=linger)
+            lambda ns: PodFeed(sources, ns, self.polls, self.clock), linger=linger)
         self.nodes: Shared[str, NodeFeed] | None = None
         if agent is not None and self.polls is not None:
             node_polls = self.polls
@@ -334,8 +339,9 @@ class Feeds:
             yield feed
 
     def watches(self) -> int:
-        """Watches held on kube-apiserver for the collections now."""
-        return sum(Source.WATCHES for _ in self.pods.parts())
+        """Watches held on kube-apiserver for pods and events now (the collections'
+        and the per-pod streams', shared)."""
+        return self.sources.watches()
 
     def agent_polls(self) -> int:
         return len(self.polls.parts()) if self.polls is not None else 0
@@ -346,3 +352,4 @@ class Feeds:
         await self.pods.close()
         if self.polls is not None:
             await self.polls.close()
+        await self.sources.close()

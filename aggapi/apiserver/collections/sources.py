@@ -2,18 +2,21 @@
 cluster-wide (namespace ""), whatever the number of pods followed.
 
 This is the shape of client-go's SharedInformerFactory: every consumer of a
-namespace shares its two watches (``shared.Shared`` starts a source with its first
-user and stops it a linger after its last). Events are indexed by pod, only
-kubelet's pull reasons, at most ``EVENTS_PER_POD`` per pod.
+namespace (the collections' feeds, every per-pod progress stream) shares its two
+watches (``Sources`` starts a source with its first user and stops it a linger after
+its last). Events are indexed by pod, only kubelet's pull reasons, at most
+``EVENTS_PER_POD`` per pod.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from aggapi.kube.client import KubeClient, path_segment
+from aggapi.apiserver.collections.shared import Shared
+from aggapi.kube.client import KubeClient, KubeError, path_segment
 from aggapi.kube.informer import Informer
 
 PodKey = tuple[str, str]  # (namespace, name)
@@ -55,6 +58,7 @@ class Source:
 
     def __init__(self, api: KubeClient, namespace: str) -> None:
         self.namespace = namespace
+        self._api = api
         base = f"/api/v1/namespaces/{path_segment(namespace)}" if namespace else "/api/v1"
         self.pods = Informer(api, f"{base}/pods", transform=_slim)
         self._events = Informer(api, f"{base}/events",
@@ -63,12 +67,48 @@ class Source:
         self._by_pod: dict[PodKey, dict[str, Mapping[str, Any]]] = {}
         # (what changed: a pod key, or None for "everything", after a relist)
         self.listeners: list[Callable[[PodKey | None], None]] = []
+        # Listeners of one pod each (a per-pod stream): a change costs its pod's only.
+        self.pod_listeners: dict[PodKey, list[Callable[[], None]]] = {}
         self.pods.add_listener(self._pod_changed)
         self._events.add_listener(self._event_changed)
 
     def _notify(self, key: PodKey | None) -> None:
         for fn in self.listeners:
             fn(key)
+        if key is None:
+            for fns in list(self.pod_listeners.values()):
+                for one in list(fns):
+                    one()
+        else:
+            for one in list(self.pod_listeners.get(key, ())):
+                one()
+
+    def listen_pod(self, key: PodKey, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn`` after every change of pod ``key`` or its events; the undo."""
+        self.pod_listeners.setdefault(key, []).append(fn)
+
+        def undo() -> None:
+            fns = self.pod_listeners.get(key, [])
+            with contextlib.suppress(ValueError):
+                fns.remove(fn)
+            if not fns:
+                self.pod_listeners.pop(key, None)
+        return undo
+
+    def pod(self, key: PodKey) -> dict[str, Any] | None:
+        return self.pods.items.get(f"{key[0]}/{key[1]}")
+
+    async def exists(self, key: PodKey) -> bool:
+        """Whether kube-apiserver has pod ``key`` now (one read): a warm informer may
+        not have seen a pod made a moment ago."""
+        try:
+            await self._api.get(f"/api/v1/namespaces/{path_segment(key[0])}/pods/"
+                                f"{path_segment(key[1])}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     def _pod_changed(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "DELETED":
@@ -119,3 +159,37 @@ class Source:
 
     # The watches this source holds on kube-apiserver.
     WATCHES = 2
+
+
+class Sources:
+    """The shared Sources: started by their first user, stopped ``linger`` seconds
+    after their last."""
+
+    def __init__(self, api: KubeClient, *, linger: float) -> None:
+        self._shared: Shared[str, Source] = Shared(lambda ns: Source(api, ns), linger=linger)
+
+    def acquire(self, namespace: str) -> Source:
+        return self._shared.acquire(namespace)
+
+    def release(self, namespace: str) -> None:
+        self._shared.release(namespace)
+
+    @contextlib.asynccontextmanager
+    async def of(self, namespace: str) -> AsyncIterator[Source]:
+        """A source holding ``namespace``'s pods: the cluster-wide one while it runs
+        and is synced (as kube-apiserver's watch cache serves every namespace from one
+        watch), else the namespace's own."""
+        every = self._shared.get("")
+        key = "" if every is not None and every.synced else namespace
+        async with self._shared.use(key) as source:
+            yield source
+
+    def running(self) -> list[str]:
+        return list(self._shared.parts())
+
+    def watches(self) -> int:
+        """Watches held on kube-apiserver for pods and events now."""
+        return Source.WATCHES * len(self._shared.parts())
+
+    async def close(self) -> None:
+        await self._shared.close()

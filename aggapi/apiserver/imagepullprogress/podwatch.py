@@ -1,97 +1,81 @@
-"""Shared, ref-counted watches of one pod and its events.
+"""One pod and its kubelet events, for a progress stream, read from the shared
+informers (``collections.sources``): the namespace's pair of watches, or the
+cluster-wide pair while it runs.
 
-A thousand clients following the same pod cost one pod watch and one event watch,
-not a thousand: the first subscriber starts them, the last one stops them.
+A thousand streams of pods in one namespace cost two watches on kube-apiserver, not
+two per pod; a change wakes only its own pod's streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from aggapi.apiserver.collections.sources import Source, Sources
 from aggapi.apiserver.imagepullprogress.pullstate import kubelet_events
-from aggapi.kube.client import KubeClient, path_segment
-from aggapi.kube.informer import Informer
 
 
 class PodWatch:
-    """The latest pod object and its events; ``changed`` wakes waiters on any update."""
+    """The latest pod object and its events; ``version`` moves on any change."""
 
-    def __init__(self, api: KubeClient, namespace: str, name: str) -> None:
+    def __init__(self, source: Source, namespace: str, name: str) -> None:
         self.namespace, self.name = namespace, name
+        self._source = source
+        self._key = (namespace, name)
         self.version = 0
-        self._cond = asyncio.Condition()
-        ns = f"/api/v1/namespaces/{path_segment(namespace)}"
-        self._pod = Informer(api, f"{ns}/pods", {"fieldSelector": f"metadata.name={name}"})
-        self._events = Informer(api, f"{ns}/events", {
-            "fieldSelector": f"involvedObject.name={name},involvedObject.kind=Pod"})
-        for inf in (self._pod, self._events):
-            inf.add_listener(lambda _k, _o: self._bump())
-        self.refs = 0
+        self._changed = asyncio.Event()
 
-    def _bump(self) -> None:
+    def bump(self) -> None:
         self.version += 1
-
-        async def notify() -> None:
-            async with self._cond:
-                self._cond.notify_all()
-
-        asyncio.get_running_loop().create_task(notify())
-
-    def start(self) -> None:
-        self._pod.start()
-        self._events.start()
-
-    async def stop(self) -> None:
-        await asyncio.gather(self._pod.stop(), self._events.stop())
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def synced(self, timeout: float = 10.0) -> None:
-        await asyncio.wait_for(
-            asyncio.gather(self._pod.synced.wait(), self._events.synced.wait()), timeout)
+        """The source has listed (TimeoutError after ``timeout``); and if it lacks the
+        pod but kube-apiserver has it (made a moment ago, its ADDED still on the way),
+        until it arrives."""
+        async with asyncio.timeout(timeout):
+            await self._source.wait_synced(None)
+            if self.pod is not None or not await self._source.exists(self._key):
+                return
+            while self.pod is None:
+                await self.wait_changed(self.version, timeout)
 
     @property
     def pod(self) -> dict[str, Any] | None:
-        return self._pod.items.get(f"{self.namespace}/{self.name}")
+        return self._source.pod(self._key)
 
     @property
-    def events(self) -> list[dict[str, Any]]:
-        return kubelet_events(self.pod or {}, self._events.items.values())
+    def events(self) -> list[Mapping[str, Any]]:
+        return kubelet_events(self.pod or {}, self._source.events_of(self._key))
 
     async def wait_changed(self, since: int, timeout: float) -> int:
         """Wait until ``version`` moves past ``since`` or ``timeout``; return the version."""
-        async with self._cond:
+        if self.version == since:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._cond.wait_for(lambda: self.version != since), timeout)
+                await asyncio.wait_for(self._changed.wait(), timeout)
         return self.version
 
 
 class PodWatchHub:
-    def __init__(self, api: KubeClient) -> None:
-        self._api = api
-        self._watches: dict[tuple[str, str], PodWatch] = {}
+    def __init__(self, sources: Sources) -> None:
+        self._sources = sources
+        self._open = 0
 
     @contextlib.asynccontextmanager
     async def watch(self, namespace: str, name: str) -> AsyncIterator[PodWatch]:
-        key = (namespace, name)
-        w = self._watches.get(key)
-        if w is None:
-            w = self._watches[key] = PodWatch(self._api, namespace, name)
-            w.start()
-        w.refs += 1
-        try:
-            yield w
-        finally:
-            w.refs -= 1
-            if w.refs == 0 and self._watches.get(key) is w:
-                del self._watches[key]
-                await w.stop()
+        async with self._sources.of(namespace) as source:
+            w = PodWatch(source, namespace, name)
+            undo = source.listen_pod((namespace, name), w.bump)
+            self._open += 1
+            try:
+                yield w
+            finally:
+                self._open -= 1
+                undo()
 
     def __len__(self) -> int:
-        return len(self._watches)
-
-    async def close(self) -> None:
-        watches, self._watches = list(self._watches.values()), {}
-        await asyncio.gather(*(w.stop() for w in watches))
+        """Pods followed now (their watches are the shared sources')."""
+        return self._open

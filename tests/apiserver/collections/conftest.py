@@ -13,6 +13,7 @@ import pytest
 
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.parts import Parts
 from aggapi.apiserver.routes import Route
 from tests.framework.fakekube import FakeKube
@@ -52,7 +53,8 @@ async def env(make_server: Any, kube: FakeKube) -> AsyncIterator[Env]:
 
     def setup(parts: Parts) -> list[Route]:
         # The scripted agent behind the collections (the routes take parts.feeds).
-        parts.feeds = Feeds(parts.kube_api, cast(AgentClient, agent), linger=1.0,
+        parts.feeds = Feeds(Sources(parts.kube_api, linger=1.0), cast(AgentClient, agent),
+                            linger=1.0,
                             poll_interval=0.05)
         return []
 

@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast
 from aggapi.apiserver.imagepullprogress.objects import is_terminal, object_key
-from aggapi.apiserver.imagepullprogress.podwatch import PodWatch
+from aggapi.apiserver.imagepullprogress.podwatch import PodWatch, PodWatchHub
 from aggapi.wire import AGENT_NODE_PULLS_PATH
 from tests import kubeobjects
 from tests.framework.fakekube import FakeKube
@@ -147,10 +148,10 @@ async def read_all(bc: Broadcast, sink: list[dict[str, Any]]) -> None:
 async def watch_of(kube: FakeKube, pod: dict[str, Any]) -> AsyncIterator[PodWatch]:
     meta = pod["metadata"]
     async with kube.kube_client() as api:
-        pw = PodWatch(api, meta["namespace"], meta["name"])
-        pw.start()
+        sources = Sources(api, linger=0)
         try:
-            await pw.synced(5)
-            yield pw
+            async with PodWatchHub(sources).watch(meta["namespace"], meta["name"]) as pw:
+                await pw.synced(5)
+                yield pw
         finally:
-            await pw.stop()
+            await sources.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
 from tests.framework.fakekube import FakeKube
 
@@ -30,10 +31,12 @@ async def test_only_kubelet_events_from_the_pods_node_count() -> None:
         kube.put("api/v1", "events", _event("real", "Pulling", "kubelet", "n1"))
         kube.put("api/v1", "events", _event("forged", "Failed", "tenant", "n1"))
         kube.put("api/v1", "events", _event("other-node", "Failed", "kubelet", "n2"))
-        async with PodWatchHub(api).watch("default", "web") as w:
+        sources = Sources(api, linger=0)
+        async with PodWatchHub(sources).watch("default", "web") as w:
             await w.synced()
             await asyncio.sleep(0)
             assert [e["metadata"]["name"] for e in w.events] == ["real"]
+        await sources.close()
     finally:
         await api.close()
         await kube.stop()
