@@ -40,18 +40,21 @@ def test_copy_into_no_shell_container(control_plane: ControlPlane, node: Node,
 
     # kubectl cp gets as far as kubelet's exec and fails for want of tar in the image.
     # Its websocket exec (through kube-apiserver's stream translator) now and then loses
-    # the exec's status: exit 0, or "close 1006 (abnormal closure)" on the error stream
+    # the exec's status: exit 0, "close 1006 (abnormal closure)" on the error stream
     # (once in the v1.37.2 2.x matrix row, right after kubelet started; 0 of 24 runs
-    # alone, kubectl v1.36.3 and v1.37.2, websocket and SPDY). Only then is it asked again.
+    # alone), or the connection reset under it (once in a full CI run). kubectl's
+    # transport is not what this tests: any answer without the exec's own error is
+    # asked again, and the file's absence below is the proof either way.
+    said = []
     for _ in range(3):
         kcp = subprocess.run([binary("kubectl"), f"--kubeconfig={cp.admin_kubeconfig}", "cp",
                               str(src), "default/knoshell:/data/kcp.bin"], text=True,
                              capture_output=True, timeout=120)
         if "tar" in kcp.stderr and "executable file not found" in kcp.stderr:
             break
-        assert kcp.returncode == 0 or "(abnormal closure)" in kcp.stderr, kcp.stderr
+        said.append(f"exit {kcp.returncode}: {kcp.stderr.strip()}")
     else:
-        raise AssertionError(f"kubectl cp never named the missing tar: {kcp.stderr}")
+        raise AssertionError("kubectl cp never named the missing tar:\n" + "\n".join(said))
     # Whatever kubectl said, the proof is that the file never arrived.
     gone = _ncp(cp, "default/knoshell:/data/kcp.bin", str(tmp_path / "kcp.bin"))
     assert gone.returncode != 0 and not (tmp_path / "kcp.bin").exists()
