@@ -17,14 +17,6 @@ from tests.framework.until import until
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    kube = FakeKube()
-    await kube.start()
-    yield kube
-    await kube.stop()
-
-
-@pytest.fixture
 async def sources(kube: FakeKube) -> AsyncIterator[Sources]:
     api = kube.kube_client()
     sources = Sources(api, linger=0)
