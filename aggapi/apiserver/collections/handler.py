@@ -143,14 +143,18 @@ class CollectionHandler:
         async with self._feed(info.namespace if self.res.namespaced else "") as feed:
             await feed.ready()
             col = feed.collection
+            from_state = rv is None or send_initial
             if rv is not None and not send_initial:
-                col.check_rv(rv)  # 410 Expired before any byte: the client relists
+                if col.started_after(rv):
+                    from_state = True  # see Collection.started_after
+                else:
+                    col.check_rv(rv)  # 410 Expired before any byte: the client relists
             resp = web.StreamResponse(headers={"Content-Type": "application/json",
                                                "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
             await resp.prepare(request)
             out: list[bytes] = []
-            if rv is None or send_initial:
+            if from_state:
                 # "Start at the most recent": the current state as ADDED first.
                 for obj in col.objects.values():
                     if sel.matches(obj):
@@ -160,6 +164,7 @@ class CollectionHandler:
                     out.append(self._encode("BOOKMARK", self._bookmark(pos, initial_end=True),
                                             None, include))
             else:
+                assert rv is not None
                 pos = rv
             if out:
                 await resp.write(b"".join(out))

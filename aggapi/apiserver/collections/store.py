@@ -27,6 +27,9 @@ from aggapi.status import StatusError
 
 Obj = dict[str, Any]
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+# A watch from a version this long before its collection started gets the state as
+# events (Collection.started_after): a list, then at once a watch, in microseconds.
+STARTED_WITHIN_US = 10_000_000
 
 
 class Clock:
@@ -113,6 +116,18 @@ class Collection:
         (an idle one stops and starts again) still takes a watch from it; the last
         change's version would be older than that collection and get 410."""
         return self._clock.next()
+
+    def started_after(self, rv: int) -> bool:
+        """Whether ``rv`` is from at most STARTED_WITHIN before this collection started
+        and nothing since has left the history: a list another replica (or this one's
+        previous collection) answered a moment before this one's feed started for the
+        watch that follows it. Versions are wall time, so "a moment" is measurable.
+        Such a watch gets the current state as events instead of 410: kubectl get -w
+        would otherwise fail whenever its watch reaches the other replica of an idle
+        pair. What it cannot get is a deletion inside that moment (the object
+        stays in the client's cache until it lists again)."""
+        return (self.start_rv - STARTED_WITHIN_US <= rv < self.start_rv
+                and len(self._history) < (self._history.maxlen or 0))
 
     def check_rv(self, rv: int) -> None:
         """410 unless the history holds every change after ``rv``."""

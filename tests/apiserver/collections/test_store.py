@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.apiserver.collections.store import Clock, Collection, parse_rv
+from aggapi.apiserver.collections.store import STARTED_WITHIN_US, Clock, Collection, parse_rv
 from aggapi.status import StatusError
 
 # (key, value): value None deletes
@@ -108,3 +108,18 @@ def test_a_lists_version_is_taken_by_a_collection_started_after_the_last_change(
     # the list's version is the state's: a change after it is after it
     ev = idle.set("a", {"metadata": {"name": "a"}, "x": 1})
     assert ev is not None and ev.rv > listed and idle.since(listed) == [ev]
+
+
+def test_a_version_from_just_before_the_collection_started_is_served_from_its_state() -> None:
+    """kubectl get -w lists on one replica and watches on the other, whose feed starts
+    for that watch: a version from moments before it started is served (the state as
+    events); an older one, or one the history no longer covers, is still 410."""
+    t = [100.0]
+    col = Collection(Clock(now=lambda: t[0]), history=3)
+    assert col.started_after(col.start_rv - 1)
+    assert col.started_after(col.start_rv - STARTED_WITHIN_US)
+    assert not col.started_after(col.start_rv - STARTED_WITHIN_US - 1)
+    assert not col.started_after(col.start_rv)  # not before it: the history serves it
+    for v in range(3):
+        col.set("a", {"metadata": {"name": "a"}, "v": v})
+    assert not col.started_after(col.start_rv - 1)  # changes may be lost: 410

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from aggapi.apiserver.collections.store import Clock
 from tests.framework.until import until
 
 from ..conftest import GV
@@ -189,3 +190,13 @@ async def test_a_patched_event_and_a_pod_update_are_seen(env: Env) -> None:
         "state": {"running": {"startedAt": "2026-12-23T04:26:41Z"}}}]  # after T0
     env.kube.put("api/v1", "pods", running)
     await _until_phase(it, "Done")
+
+
+async def test_a_watch_from_just_before_its_feed_started_gets_the_state(env: Env) -> None:
+    """The list came from the other replica a moment before this one's feed started
+    for the watch: the current state as ADDED, not 410 (kubectl get -w would exit)."""
+    env.kube.put("api/v1", "pods", pod("a"))
+    listed_elsewhere = Clock().next()  # wall time: any replica's version now
+    [ev] = await _take(_events(env, f"/namespaces/ns1/podimagepulls?watch=true"
+                                    f"&resourceVersion={listed_elsewhere}"), 1)
+    assert ev["type"] == "ADDED" and ev["object"]["metadata"]["name"] == "a"
