@@ -18,7 +18,11 @@ from typing import Any, Protocol
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.nodeimagepulls import node_image_pull
 from aggapi.apiserver.collections.nodepolls import NodePoll
-from aggapi.apiserver.collections.podimagepulls import needs_node_view, pod_image_pull
+from aggapi.apiserver.collections.podimagepulls import (
+    needs_node_view,
+    pod_image_pull,
+    view_slice,
+)
 from aggapi.apiserver.collections.shared import Shared
 from aggapi.apiserver.collections.sources import PodKey, Source, Sources
 from aggapi.apiserver.collections.store import Clock, Collection, Event
@@ -96,6 +100,9 @@ class PodFeed(_Batcher):
         self.on_node: dict[str, set[PodKey]] = {}  # every pod, by node
         self._node_of: dict[PodKey, str] = {}
         self._needs: dict[str, set[PodKey]] = {}  # pods that need their node's view
+        # Of those: their images and the slice of the view their object was built from
+        # (a view change rebuilds only the pods whose slice moved).
+        self._slices: dict[PodKey, tuple[list[str], Any]] = {}
         self._polled: set[str] = set()  # nodes whose poll this feed holds
         self.synced = asyncio.Event()
         self._viewed = False  # a ready() has waited for the nodes' first views
@@ -142,8 +149,16 @@ class PodFeed(_Batcher):
         self.flush()
 
     def _view_changed(self, node: str) -> None:
-        # Only pods still pulling read the view: the others' objects cannot change.
-        self.mark(set(self._needs.get(node, ())))
+        # Only pods still pulling read the view, and of those only the ones whose part
+        # of it moved (another pod's bytes do not change this pod's object).
+        poll = self.polls.get(node) if self.polls is not None else None
+        view = poll.view if poll is not None else None
+        moved = []
+        for key in self._needs.get(node, ()):
+            built = self._slices.get(key)
+            if built is None or view_slice(built[0], view) != built[1]:
+                moved.append(key)
+        self.mark(moved)
 
     def _poll(self, node: str) -> None:
         if self.polls is None:
@@ -165,6 +180,8 @@ class PodFeed(_Batcher):
         self.polls.release(node)
 
     def _index(self, key: PodKey, node: str | None, needs: bool) -> None:
+        if not needs:
+            self._slices.pop(key, None)
         old = self._node_of.pop(key, None)
         if old is not None:
             self.on_node.get(old, set()).discard(key)
@@ -194,9 +211,13 @@ class PodFeed(_Batcher):
             node = str((pod.get("spec") or {}).get("nodeName") or "")
             poll = self.polls.get(node) if self.polls is not None and node in self._polled \
                 else None
-            obj = pod_image_pull(pod, self.source.events_of(key),
-                                 poll.view if poll is not None else None)
-            self._index(key, node, needs_node_view(obj))
+            view = poll.view if poll is not None else None
+            obj = pod_image_pull(pod, self.source.events_of(key), view)
+            needs = needs_node_view(obj)
+            if needs:
+                images = [str(i.get("image") or "") for i in obj["status"]["images"]]
+                self._slices[key] = (images, view_slice(images, view))
+            self._index(key, node, needs)
             self.collection.set(key, obj)
         for node, keys in list(self._needs.items()):
             if keys and node not in self._polled:

@@ -112,6 +112,20 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     }
 
 
+def view_slice(images: Sequence[str], view: Mapping[str, Any] | None) -> Any:
+    """What of the node view ``pod_image_pull`` reads for a pod of ``images``: the
+    pulls of its images whole, and of the others only which images they bring and
+    the slot counts (whether the pod waits for a slot). Another pod's bytes moving
+    leave it unchanged: the pod's object need not be rebuilt."""
+    if view is None:
+        return None
+    pulls = [p for p in view.get("pulls") or () if isinstance(p, Mapping)]
+    own = [_pull_of(image, view) for image in images]
+    return (own, [(p.get("images"), p.get("repositories")) for p in pulls],
+            view.get("slotsFree"), view.get("inFlight"), view.get("slots"),
+            view.get("kubelet"))
+
+
 def needs_node_view(obj: Mapping[str, Any]) -> bool:
     """Bytes and slots matter while an image of the scheduled pod is not present."""
     status = obj.get("status") or {}

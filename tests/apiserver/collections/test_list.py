@@ -4,6 +4,7 @@ Table output, authorization, and what they cost on kube-apiserver."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -198,3 +199,37 @@ async def test_only_a_feeds_first_list_waits_for_the_nodes_first_views(
     await until(lambda: env.agent.reads.get("node-b"))  # the feed polls node-b now
     code, body = await asyncio.wait_for(env.get("/namespaces/ns1/podimagepulls"), 10)
     assert code == 200 and sorted(i["metadata"]["name"] for i in body["items"]) == ["a", "b"]
+
+
+async def test_a_view_change_rebuilds_only_the_pods_whose_pull_moved(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    real = feeds.pod_image_pull
+
+    def counting(pod: Any, events: Any, view: Any) -> dict[str, Any]:
+        built.append(pod["metadata"]["name"])
+        return real(pod, events, view)
+
+    monkeypatch.setattr(feeds, "pod_image_pull", counting)
+    for name in ("a", "b"):
+        p = env.kube.put("api/v1", "pods", pod(name, f"registry.test/{name}:1"))
+        env.kube.put("api/v1", "events",
+                     event(p, "Pulling", f'Pulling image "registry.test/{name}:1"'))
+    env.agent.views["node-a"] = node_view(
+        pull("registry.test/a", progress=1, total=10, rate=1.0),
+        pull("registry.test/b", progress=1, total=10, rate=1.0))
+    _, first = await env.get("/namespaces/ns1/podimagepulls")
+    assert {i["metadata"]["name"]: i["status"]["progress"] for i in first["items"]} == \
+        {"a": 1, "b": 1}
+    built.clear()
+    # Only a's bytes move: b's object cannot change, and is not rebuilt.
+    env.agent.views["node-a"] = node_view(
+        pull("registry.test/a", progress=7, total=10, rate=1.0),
+        pull("registry.test/b", progress=1, total=10, rate=1.0))
+
+    async def a_moved() -> bool:
+        _, body = await env.get("/namespaces/ns1/podimagepulls/a")
+        return bool(body["status"]["progress"] == 7)
+
+    await until(a_moved)
+    assert built and set(built) == {"a"}, built
