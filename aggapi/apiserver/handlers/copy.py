@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 
 from aggapi.apiserver.agentclient import AgentClient, require_agent
 from aggapi.apiserver.pods import PodTarget, lookup
@@ -113,8 +113,16 @@ class CopyHandler:
                 resp.enable_chunked_encoding()
             await resp.prepare(request)
             if request.method != "HEAD":
-                async for chunk, _ in upstream.content.iter_chunks():
-                    await resp.write(chunk)
+                try:
+                    async for chunk, _ in upstream.content.iter_chunks():
+                        await resp.write(chunk)
+                except (OSError, ClientPayloadError) as exc:
+                    # The head is out, so no Status can follow: the client must see the
+                    # body cut (it then resumes from what came), not wait for the rest of
+                    # its Content-Length forever.
+                    if request.transport is not None:
+                        request.transport.abort()
+                    raise ConnectionResetError(f"copy body cut: {exc}") from None
             await resp.write_eof()
             return resp
         finally:

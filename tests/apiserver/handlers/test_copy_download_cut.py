@@ -1,0 +1,157 @@
+"""A download relayed while its agent dies mid-body: the client's download ends (its
+connection is cut after the bytes the agent sent, so it resumes from there) instead of
+waiting forever for the rest of its Content-Length, as it did when the relay answered a
+500 Status after the response head had already gone out. And the other way: a client
+gone mid-body closes the agent's connection. Bodies (Content-Length or chunked) and the
+agent's error Status pass unchanged.
+
+The agent is a stand-in serving TLS with the agent's certificate (a real one needs
+containerd, see test_copy.py); everything else is the real apiserver and AgentClient."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from aggapi.tls import certs as aggapi_certs
+from tests.framework.fakekube import FakeKube
+
+from ..conftest import GV, Server
+from .conftest import AGENT_NS, AGENT_SVC, endpoint_slice, pod_object
+
+MiB = 1 << 20
+BODY = os.urandom(3 * MiB + 17)
+
+
+@dataclass
+class Agent:
+    """How the stand-in answers, and what it saw: request heads, its handler's end."""
+
+    mode: str = "length"  # length, chunked, error, die, stall
+    heads: list[dict[str, str]] = field(default_factory=list)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _agent(pki_dir: Path, agent: Agent) -> tuple[web.AppRunner, int]:
+    async def copy(request: web.Request) -> web.StreamResponse:
+        agent.heads.append(dict(request.headers))
+        if agent.mode == "error":
+            raise web.HTTPNotFound(text='{"kind":"Status","apiVersion":"v1","code":404,'
+                                        '"reason":"NotFound","message":"no such file"}',
+                                   content_type="application/json")
+        resp = web.StreamResponse(headers={"X-Aggapi-Sha256": "ab" * 32})
+        if agent.mode == "chunked":
+            resp.enable_chunked_encoding()
+        else:
+            resp.content_length = len(BODY)
+        await resp.prepare(request)
+        try:
+            if agent.mode in ("die", "stall"):
+                await resp.write(BODY[:MiB])
+                if agent.mode == "die":
+                    await asyncio.sleep(0.5)
+                    assert request.transport is not None
+                    request.transport.abort()  # the process is gone
+                await asyncio.sleep(3600)
+            for at in range(0, len(BODY), 100_000):
+                await resp.write(BODY[at:at + 100_000])
+            await resp.write_eof()
+        finally:
+            agent.gone.set()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/copy", copy)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pki_dir / "agent.crt", pki_dir / "agent.key")
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    server = site._server
+    assert server is not None and server.sockets  # type: ignore[attr-defined]
+    return runner, int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def relay(tmp_path: Path, make_server: Any, kube: FakeKube
+                ) -> AsyncIterator[Any]:
+    pki_dir = tmp_path / "agent-pki"
+    aggapi_certs.generate(pki_dir)
+    runners: list[web.AppRunner] = []
+
+    async def start(agent: Agent) -> tuple[Server, aiohttp.ClientSession]:
+        runner, port = await _agent(pki_dir, agent)
+        runners.append(runner)
+        kube.put("apis/discovery.k8s.io/v1", "endpointslices", endpoint_slice(port))
+        kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")]))
+        kube.sar_policy = lambda _spec: True
+        srv: Server = await make_server(
+            stub_handlers=False, agent_namespace=AGENT_NS, agent_service=AGENT_SVC,
+            agent_ca_file=str(pki_dir / "ca.crt"),
+            agent_client_cert_file=str(pki_dir / "agent-client.crt"),
+            agent_client_key_file=str(pki_dir / "agent-client.key"),
+            token_signing_key_file=str(pki_dir / "token-signing.key"),
+            agent_pod_check=False)
+        return srv, srv.session(srv.certs.client_pair(srv.certs.client_ca, "carol"))
+
+    yield start
+    for r in runners:
+        await r.cleanup()
+
+
+URL = f"{GV}/namespaces/default/pods/box/copy"
+Q = {"container": "app", "path": "/tmp/f"}
+
+
+@pytest.mark.parametrize("mode", ["length", "chunked"])
+async def test_the_body_comes_through_unchanged(relay: Any, mode: str) -> None:
+    agent = Agent(mode)
+    _, s = await relay(agent)
+    async with s.get(URL, params=Q, headers={"Range": "bytes=0-"}) as resp:
+        assert resp.status == 200
+        got = await resp.read()
+        assert resp.headers["X-Aggapi-Sha256"] == "ab" * 32
+        assert ("Content-Length" in resp.headers) == (mode == "length")
+    assert got == BODY
+    assert agent.heads[0]["Range"] == "bytes=0-"
+
+
+async def test_an_agent_error_is_relayed_as_its_status(relay: Any) -> None:
+    _, s = await relay(Agent("error"))
+    async with s.get(URL, params=Q) as resp:
+        status = await resp.json()
+    assert resp.status == 404 and status["reason"] == "NotFound"
+    assert status["message"] == "no such file"
+
+
+async def test_an_agent_dying_mid_body_ends_the_download_after_the_bytes_it_sent(
+        relay: Any) -> None:
+    _, s = await relay(Agent("die"))
+    got = bytearray()
+    with pytest.raises(aiohttp.ClientPayloadError):  # not a wait for the rest, forever
+        async with asyncio.timeout(20), s.get(URL, params=Q) as resp:
+            assert resp.status == 200
+            async for chunk, _ in resp.content.iter_chunks():
+                got += chunk
+    # What it sent, as far as it came through before the cut: the client resumes there.
+    assert len(got) > 0 and BODY.startswith(bytes(got))
+
+
+async def test_a_client_gone_mid_body_closes_the_agents_connection(relay: Any) -> None:
+    agent = Agent("stall")
+    _, s = await relay(agent)
+    resp = await s.get(URL, params=Q)
+    assert len(await resp.content.readexactly(MiB)) == MiB
+    resp.close()  # the client hangs up while the relay waits on the agent
+    await asyncio.wait_for(agent.gone.wait(), 10)
+
