@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
@@ -31,6 +32,9 @@ from aggapi.status import StatusError
 log = logging.getLogger(__name__)
 
 FLUSH_DELAY = 0.05  # seconds: changes within it are rebuilt together
+# Pods rebuilt per turn of the event loop (about 150 us each): a relist of 10,000 pods
+# would otherwise hold every request and watch for a second and more.
+FLUSH_BATCH = 500
 FIRST_VIEWS = 2.0  # seconds a feed's first list waits for the nodes' first views
 NODE_LIST_EVERY = 5.0  # seconds between reads of which nodes have an agent
 SYNC_TIMEOUT = 10.0
@@ -193,7 +197,13 @@ class PodFeed(_Batcher):
         if needs:
             self._needs.setdefault(node, set()).add(key)
 
-    def flush(self) -> None:
+    def _fire(self) -> None:
+        self._timer = None
+        self.flush(FLUSH_BATCH)
+
+    def flush(self, limit: int | None = None) -> None:
+        """Rebuild the dirty pods: all of them, or ``limit`` now and the rest on the
+        loop's next turns (ready() flushes all: a list is a complete state)."""
         if not self.source.synced:
             return
         dirty, everything = self.take()
@@ -202,6 +212,12 @@ class PodFeed(_Batcher):
                        str((p.get("metadata") or {}).get("name") or ""))
                       for p in self.source.pods.items.values()}
             dirty |= set(self.collection.objects)
+        if limit is not None and len(dirty) > limit:
+            later = set(itertools.islice(dirty, limit, None))
+            dirty -= later
+            self.dirty |= later
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(0, self._fire)
         for key in dirty:
             pod = self.source.pods.items.get(f"{key[0]}/{key[1]}")
             if pod is None:

@@ -233,3 +233,27 @@ async def test_a_view_change_rebuilds_only_the_pods_whose_pull_moved(
 
     await until(a_moved)
     assert built and set(built) == {"a"}, built
+
+
+async def test_a_big_change_is_rebuilt_a_batch_per_turn_of_the_loop(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(10):
+        env.kube.put("api/v1", "pods", pod(f"p{i}"))
+    async with env.feeds.pods.use("ns1") as feed:
+        await feed.ready()
+        built: list[str] = []
+        real = feeds.pod_image_pull
+
+        def counting(pod: Any, events: Any, view: Any) -> dict[str, Any]:
+            built.append(pod["metadata"]["name"])
+            return real(pod, events, view)
+
+        monkeypatch.setattr(feeds, "pod_image_pull", counting)
+        monkeypatch.setattr(feeds, "FLUSH_BATCH", 3)
+        feed.mark(None)  # as after a relist: every pod
+        feed.cancel()
+        feed._fire()
+        assert len(built) == 3 and len(feed.dirty) == 7  # the rest on later turns
+        await until(lambda: not feed.dirty and len(built) == 10)
+        await feed.ready()
+        assert len(feed.collection.objects) == 10
