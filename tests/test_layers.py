@@ -146,7 +146,8 @@ def test_no_import_loops() -> None:
 AP = "aggapi.apiserver."
 LAYERS: list[set[str]] = [
     {"user", "requestinfo", "config", "metrics", "shutdown", "pods", "agents",
-     "agentclient", "authconfig", "discovery", "openapi", "health"},  # foundation
+     "agentclient", "authconfig", "discovery", "openapi", "health", "shared",
+     "podsources"},  # foundation
     {"authn", "authz"},                      # the authentication and authorization layer
     {"handlers", "imagepullprogress"},       # the subresources: never authorize
     {"collections"},                         # the collections, on the merge policy

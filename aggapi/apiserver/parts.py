@@ -18,12 +18,12 @@ from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_cert
 from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
 from aggapi.apiserver.collections.feeds import Feeds
-from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import new_progress_streams
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
 from aggapi.apiserver.metrics import Metrics
+from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.auth.agentidentity import IdentityPins
 from aggapi.auth.capability import CapabilitySigner

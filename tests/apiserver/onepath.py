@@ -21,10 +21,10 @@ from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentDirectory, AgentEndpoint
 from aggapi.apiserver.app import new_app
 from aggapi.apiserver.authconfig import AuthConfigSource, parse_configmap
-from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch, PodWatchHub
 from aggapi.apiserver.parts import complete
+from aggapi.apiserver.podsources import Sources
 from aggapi.auth.delegated import SUBJECTACCESSREVIEWS
 from aggapi.kube.client import KubeClient
 from aggapi.status import StatusError

@@ -24,9 +24,9 @@ from aggapi.apiserver.collections.podimagepulls import (
     pod_image_pull,
     view_slice,
 )
-from aggapi.apiserver.collections.shared import Shared
-from aggapi.apiserver.collections.sources import PodKey, Source, Sources
 from aggapi.apiserver.collections.store import Clock, Collection, Event
+from aggapi.apiserver.podsources import PodKey, Source, Sources
+from aggapi.apiserver.shared import Shared
 from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """One pod and its kubelet events, for a progress stream, read from the shared
-informers (``collections.sources``): the namespace's pair of watches, or the
+informers (``podsources``): the namespace's pair of watches, or the
 cluster-wide pair while it runs.
 
 A thousand streams of pods in one namespace cost two watches on kube-apiserver, not
@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from aggapi.apiserver.collections.sources import Source, Sources
 from aggapi.apiserver.imagepullprogress.pullstate import kubelet_events
+from aggapi.apiserver.podsources import Source, Sources
 
 
 class PodWatch:

@@ -13,8 +13,8 @@ import pytest
 
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feeds import Feeds
-from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.parts import Parts
+from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.routes import Route
 from tests.framework.fakekube import FakeKube
 from tests.framework.frontproxy import FrontProxy, ProxyUser

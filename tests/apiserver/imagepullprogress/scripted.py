@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast
 from aggapi.apiserver.imagepullprogress.objects import is_terminal, object_key
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch, PodWatchHub
+from aggapi.apiserver.podsources import Sources
 from aggapi.wire import AGENT_NODE_PULLS_PATH
 from tests import kubeobjects
 from tests.framework.fakekube import FakeKube

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
+from aggapi.apiserver.podsources import Sources
 from tests.framework.fakekube import FakeKube
 
 

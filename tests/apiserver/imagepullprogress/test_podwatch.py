@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from aggapi.apiserver.collections.sources import Sources
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
+from aggapi.apiserver.podsources import Sources
 from tests.apiserver.collections.fakes import event, pod
 from tests.framework.fakekube import FakeKube
 from tests.framework.until import until

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from aggapi.apiserver.collections.shared import Shared
+from aggapi.apiserver.shared import Shared
 from aggapi.kube.client import KubeClient, KubeError, path_segment
 from aggapi.kube.informer import Informer
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from aggapi.apiserver.collections.sources import Source
+from aggapi.apiserver.podsources import Source
 from tests.framework.fakekube import FakeKube
 
-from .fakes import event, pod
+from .collections.fakes import event, pod
 
 
 async def test_keeps_pull_events_only_and_no_managed_fields(kube: FakeKube) -> None:
