@@ -10,19 +10,20 @@
 #     docker build -t aggapi:dev .
 #   pip downloads aggapi's dependencies from the package index inside the build stage.
 # - hack/build-image.sh (no Docker engine, no Docker Hub): buildah builds this file with
-#   PYTHON_IMAGE set to a Debian bookworm base made by mmdebstrap, from a context that also
+#   PYTHON_IMAGE set to a Debian trixie base made by mmdebstrap, from a context that also
 #   holds wheels/, a wheelhouse built on the host (aggapi and its dependencies). When
 #   wheels/ is there the build stage installs from it with --no-index: no network, and no
 #   need for the host's CA in the build (which is never copied into the image).
 # Both bases have python3 (the Debian one has no `python`), so the RUN steps use python3.
 #
-# Base pinned by digest (python:3.11-slim-bookworm). Docker Hub was unreachable where this
-# was written, so the digest could not be re-checked there: confirm (and to move it, take)
-# the index digest with
-#   docker buildx imagetools inspect python:3.11-slim-bookworm
+# Base pinned by digest (python:3.13-slim-trixie: Python 3.13 as in hack/build-image.sh's
+# Debian 13 base). Docker Hub was unreachable where this was written, so the digest (as
+# other projects pin it) could not be checked there: confirm (and to move it, take) the
+# index digest with
+#   docker buildx imagetools inspect python:3.13-slim-trixie
 # tests/manifests/test_image.py builds the image with hack/build-image.sh and runs it
 # under containerd.
-ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
+ARG PYTHON_IMAGE=docker.io/library/python:3.13-slim-trixie@sha256:9d2e5553305c7c7b0097999bb17187c69b921ccd6bc9d40e4bb5ebe652c00285
 
 # ---- build: a self-contained virtualenv with aggapi and its dependencies ------------
 FROM ${PYTHON_IMAGE} AS build

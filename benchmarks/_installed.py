@@ -16,7 +16,9 @@ replicas, the agent; the client (kubectl or ncp) from this process's waited chil
 Throttling (periods and seconds) per pod from the cgroup's cpu.stat, beside its limit.
 
 ``--variant LABEL=K=V[,K=V...]`` (repeatable) runs every scenario once per chart variant
-(``helm upgrade --set``, then every pod Ready again), side by side in one run.
+(``helm upgrade --set``, then every pod Ready again), side by side in one run;
+``suite=SUITE`` among the values runs the pods on this checkout's image built on that
+Debian suite (``hack/build-image.sh --suite``), with the TLS floor measured inside it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 from benchmarks._cgroupstats import PodCgroup
 from benchmarks._procstats import cpu_seconds, profiled
 from benchmarks.bench_kubectl_cp import file_sha
-from tests.framework.addon import IMAGE_ARCHIVE, Addon, addon_of
+from tests.framework.addon import IMAGE_ARCHIVE, IMAGE_REPOSITORY, Addon, addon_of
 from tests.framework.cluster import Cluster, registry_of
 from tests.framework.clusternode import ClusterNode
 from tests.framework.controlplane import ControlPlane, binary
@@ -393,10 +395,25 @@ class Bench:
 
 # --- the cluster: found running, or brought up and taken down again ------------------
 
-def image_archive() -> Path:
-    """This checkout's image in an archive of its own (as tests/e2e/addon does)."""
+def image_archive(suite: str | None = None) -> Path:
+    """This checkout's image in an archive of its own (as tests/e2e/addon does), one per
+    Debian suite when one is named."""
     tag = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
-    return IMAGE_ARCHIVE.with_name(f"aggapi-{tag}.oci.tar")
+    return IMAGE_ARCHIVE.with_name(f"aggapi-{tag}{f'-{suite}' if suite else ''}.oci.tar")
+
+
+def suite_image(addon: Addon, suite: str) -> tuple[str, list[str]]:
+    """This checkout's image on Debian ``suite``, built (hack/build-image.sh skips an
+    unchanged one) and imported into every node; its name and the helm values that run
+    it in place of the installed one."""
+    tag = f"dev-{suite}"
+    image = f"{IMAGE_REPOSITORY}:{tag}"
+    archive = image_archive(suite)
+    subprocess.run(["bash", str(REPO / "hack/build-image.sh"), "--suite", suite, "-t", image,
+                    "-o", str(archive)], check=True, stdout=subprocess.DEVNULL)
+    addon.load_image(archive)
+    return image, [f"image.repository={IMAGE_REPOSITORY}", f"image.tag={tag}",
+                   "image.digest=", "image.pullPolicy=Never"]
 
 
 @contextlib.contextmanager
@@ -437,30 +454,50 @@ def installed(instance: str, up: bool) -> Iterator[tuple[Cluster, Addon]]:
             addon.uninstall()
 
 
-def parse_variant(text: str) -> tuple[str, list[str], Path]:
-    """``LABEL=K=V,...``: helm ``--set`` values, and ``ncp=DIR``: the ncp client run from
-    DIR (a checkout's root holding ``aggapi/``) instead of this one."""
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    sets: tuple[str, ...]  # helm --set values
+    ncp_root: Path = REPO  # where the ncp client runs from (a checkout's root)
+    suite: str | None = None  # the pods' image built on this Debian suite; None: as is
+
+
+def parse_variant(text: str) -> Variant:
+    """``LABEL=K=V,...``: helm ``--set`` values; ``ncp=DIR``: the ncp client run from
+    DIR (a checkout's root holding ``aggapi/``) instead of this one; ``suite=SUITE``: the
+    pods run this checkout's image built on Debian SUITE. The last of each wins."""
     label, _, spec = text.partition("=")
-    sets = [s for s in spec.split(",") if s]
-    ncp = [s.removeprefix("ncp=") for s in sets if s.startswith("ncp=")]
-    return label, [s for s in sets if not s.startswith("ncp=")], \
-        Path(ncp[-1]).resolve() if ncp else REPO
+    sets, own = [], {}
+    for s in (s for s in spec.split(",") if s):
+        key, _, value = s.partition("=")
+        if key in ("ncp", "suite"):
+            own[key] = value
+        else:
+            sets.append(s)
+    return Variant(label, tuple(sets), Path(own["ncp"]).resolve() if "ncp" in own else REPO,
+                   own.get("suite") or None)
 
 
 def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario], rounds: int,
                   variants: list[str], spy: Path | None) -> dict[str, Any]:
-    from benchmarks.tls_floor import floor
+    from benchmarks.tls_floor import floor, floor_in_image, print_floor
 
     results: dict[str, Any] = {}
-    # The bare TLS pair first, on this host's Python and OpenSSL (the pods run the image's).
+    # The bare TLS pair first (a Python sender and receiver over 127.0.0.1), on this
+    # host's Python and OpenSSL; a suite= variant's is measured in its image too.
     tls = floor(256 * MiB)
-    print("TLS floor (a bare Python sender and receiver over 127.0.0.1), CPU-s/GiB: " + "; ".join(
-        f"{m} receiver {f['receiver']:.2f} sender {f['sender']:.2f}" for m, f in tls.items()))
+    print_floor(tls)
     with installed(instance, up) as (cluster, addon):
         node = cluster.node(node_index)
         changed = False
         for text in variants or ["as installed="]:
-            label, sets, ncp_root = parse_variant(text)
+            v = parse_variant(text)
+            label, sets, vtls = v.label, list(v.sets), tls
+            if v.suite:
+                image, image_sets = suite_image(addon, v.suite)
+                sets = [*image_sets, *sets]
+                vtls = floor_in_image(image, 256 * MiB)
+                print_floor(vtls)
             if sets or changed:  # back to the chart's defaults after another variant
                 addon.upgrade(sets)
                 addon.wait_ready()
@@ -469,10 +506,10 @@ def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario],
             if vspy:
                 vspy.mkdir(parents=True, exist_ok=True)
             with tempfile_dir() as workdir:
-                r = Bench(cluster, addon, node, workdir, vspy, ncp_root).run(scs, rounds)
+                r = Bench(cluster, addon, node, workdir, vspy, v.ncp_root).run(scs, rounds)
             r["sets"] = sets
-            r["ncp_from"] = str(ncp_root)
-            r["tls_floor"] = tls
+            r["ncp_from"] = str(v.ncp_root)
+            r["tls_floor"] = vtls
             results[label] = r
             report(label, r)
     return results

@@ -337,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("--variant", action="append", default=[], metavar="LABEL=K=V[,K=V]",
                       help="run every scenario once per chart variant (helm upgrade --set), "
                       "side by side; ncp=DIR among them runs the ncp client from the "
-                      "checkout DIR (e.g. main's, from git archive) instead of this one")
+                      "checkout DIR (e.g. main's, from git archive) instead of this one, "
+                      "suite=SUITE the pods on this checkout's image built on Debian SUITE "
+                      "(hack/build-image.sh --suite; e.g. bookworm, trixie)")
     inst.add_argument("--json", type=Path, metavar="FILE",
                       help="write the ratios per scenario and goal_met")
     a = p.parse_args(argv)

@@ -12,9 +12,12 @@ the same run. Two ways of moving the bytes, side by side:
 The relay decrypts and encrypts every byte (a receiver plus a sender); the agent
 decrypts it (a receiver) and then writes and hashes it.
 
-Run: ``python3 -m benchmarks.tls_floor [--size-mib 512] [--chunk-kib 1024]``. No cluster,
-no lock needed; prints the figures, asserts nothing. Used by ``bench_kubectl_cp
---installed``, which prints it beside the pods' figures.
+Run: ``python3 -m benchmarks.tls_floor [--size-mib 512] [--chunk-kib 1024] [--image
+IMAGE] [--json]``. No cluster, no lock needed; prints the figures, asserts nothing.
+``--image`` runs the pair inside an image of hack/build-image.sh (``buildah run``, this
+checkout's benchmarks/ mounted: the image holds no benchmark), on the image's Python and
+OpenSSL, which the pods run. Used by ``bench_kubectl_cp --installed``, which prints it
+beside the pods' figures.
 """
 
 from __future__ import annotations
@@ -168,8 +171,47 @@ def pair(mode: str, size: int, chunk: int) -> dict[str, float]:
                 "MiB_per_s": round(size / MiB / took, 1)}
 
 
-def floor(size: int = 512 * MiB, chunk: int = MiB) -> dict[str, dict[str, float]]:
-    return {mode: pair(mode, size, chunk) for mode in ("asyncio", "blocking")}
+def floor(size: int = 512 * MiB, chunk: int = MiB) -> dict[str, Any]:
+    out: dict[str, Any] = {mode: pair(mode, size, chunk) for mode in ("asyncio", "blocking")}
+    out["runtime"] = f"Python {sys.version.split()[0]}, {ssl.OPENSSL_VERSION}"
+    return out
+
+
+def image_argv(container: str, argv: list[str]) -> list[str]:
+    """``buildah run`` of this module with ``argv`` in buildah's ``container``: the
+    image's interpreter (its venv's, first on its PATH), this checkout's benchmarks/
+    mounted read-only beside it, loopback shared (chroot isolation)."""
+    bench = Path(__file__).resolve().parent
+    return ["buildah", "run", "--isolation", "chroot", "--user", "0:0",
+            "--volume", f"{bench}:/opt/bench/benchmarks:ro", "--env", "PYTHONPATH=/opt/bench",
+            "--workingdir", "/tmp", container, "--",
+            "python3", "-m", "benchmarks.tls_floor", *argv]
+
+
+def floor_in_image(image: str, size: int = 512 * MiB, chunk: int = MiB) -> dict[str, Any]:
+    """:func:`floor` inside a container of ``image`` (buildah's local storage)."""
+    ctr = subprocess.run(["buildah", "from", "--pull=never", image], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    try:
+        argv = image_argv(ctr, ["--size-mib", str(size // MiB), "--chunk-kib",
+                                str(chunk // 1024), "--json"])
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise SystemExit(f"tls_floor in {image}: {r.stderr[-2000:]}")
+        out: dict[str, Any] = json.loads(r.stdout.splitlines()[-1])
+        out["image"] = image
+        return out
+    finally:
+        subprocess.run(["buildah", "rm", ctr], capture_output=True)
+
+
+def print_floor(f: dict[str, Any]) -> None:
+    where = f" in {f['image']}" if "image" in f else ""
+    print(f"TLS floor ({f['runtime']}{where}), CPU-s/GiB per side:")
+    for mode in ("asyncio", "blocking"):
+        m = f[mode]
+        print(f"  {mode:9s} receiver {m['receiver']:.2f}  sender {m['sender']:.2f}  "
+              f"({m['MiB_per_s']:.0f} MiB/s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,12 +223,16 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mib", type=int, default=512)
     p.add_argument("--chunk-kib", type=int, default=1024)
+    p.add_argument("--image", help="run inside this image (buildah's local storage), e.g. "
+                   "localhost/aggapi:dev of hack/build-image.sh")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead")
     a = p.parse_args(argv)
-    print(f"TLS floor ({ssl.OPENSSL_VERSION}, Python {sys.version.split()[0]}), "
-          "CPU-s/GiB per side:")
-    for mode, f in floor(a.size_mib * MiB, a.chunk_kib * 1024).items():
-        print(f"  {mode:9s} receiver {f['receiver']:.2f}  sender {f['sender']:.2f}  "
-              f"({f['MiB_per_s']:.0f} MiB/s)")
+    size, chunk = a.size_mib * MiB, a.chunk_kib * 1024
+    f = floor_in_image(a.image, size, chunk) if a.image else floor(size, chunk)
+    if a.json:
+        print(json.dumps(f))
+    else:
+        print_floor(f)
     return 0
 
 

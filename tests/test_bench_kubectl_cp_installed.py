@@ -1,17 +1,22 @@
 """The parts of ``bench_kubectl_cp --installed`` that decide its figures without a
-cluster: the pod cgroup readings (v1 and v2 layouts) and the tree digest both ends
-compare."""
+cluster: the pod cgroup readings (v1 and v2 layouts), the tree digest both ends
+compare, the variants' parsing; and the TLS floor it prints beside them."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import ssl
+import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks import tls_floor
 from benchmarks._cgroupstats import PodCgroup
-from benchmarks._installed import local_digest, tree_digest
+from benchmarks._installed import REPO, local_digest, parse_variant, tree_digest
 
 
 def test_cgroup_v1_usage_throttling_and_limit(tmp_path: Path) -> None:
@@ -72,3 +77,24 @@ def test_local_tree_digest_is_the_sorted_sha256sum_listing(files: dict[str, byte
         first = next(iter(kept))
         (root / first).write_bytes(kept[first] + b"x")
         assert local_digest(root) != tree_digest(listing)
+
+
+def test_variant_names_helm_values_the_ncp_checkout_and_the_image_suite(tmp_path: Path) -> None:
+    v = parse_variant(f"t=suite=bookworm,agent.x=1,ncp={tmp_path},suite=trixie,b=c=d")
+    assert (v.label, v.sets, v.ncp_root, v.suite) == \
+        ("t", ("agent.x=1", "b=c=d"), tmp_path.resolve(), "trixie")
+    plain = parse_variant("as installed=")
+    assert (plain.label, plain.sets, plain.ncp_root, plain.suite) == \
+        ("as installed", (), REPO, None)
+
+
+def test_tls_floor_json_holds_both_modes_and_the_runtime(capsys: pytest.CaptureFixture[str]) \
+        -> None:
+    """A real TLS pair over 127.0.0.1 (two processes, 4 MiB): the JSON line
+    ``--image`` reads back from inside an image."""
+    assert tls_floor.main(["--size-mib", "4", "--chunk-kib", "256", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["runtime"] == f"Python {sys.version.split()[0]}, {ssl.OPENSSL_VERSION}"
+    for mode in ("asyncio", "blocking"):
+        assert set(out[mode]) == {"receiver", "sender", "MiB_per_s"}
+        assert out[mode]["receiver"] > 0 and out[mode]["sender"] > 0
