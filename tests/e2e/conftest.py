@@ -349,6 +349,30 @@ async def kubectl(cp: ControlPlane, *args: str, user: str | None = "alice",
 
 
 @dataclass
+class ApiReply:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+async def api_get(cp: ControlPlane, path: str, *, user: str = "alice",
+                  timeout: float = 30) -> ApiReply:
+    """GET ``path`` on kube-apiserver over HTTPS as ``user`` (their kubeconfig's client
+    certificate), once: status, headers and body as they came, with no client retry."""
+    import asyncio
+
+    import aiohttp
+
+    from aggapi.kube.kubeconfig import load_kubeconfig
+
+    cfg = await asyncio.to_thread(load_kubeconfig, str(cp.user_kubeconfig(user)))
+    assert cfg.ssl_context is not None  # the harness's kube-apiserver speaks only HTTPS
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s, \
+            s.get(cfg.server + path, ssl=cfg.ssl_context) as r:
+        return ApiReply(r.status, dict(r.headers), await r.read())
+
+
+@dataclass
 class Streamed:
     """A ``kubectl get --raw`` stream read line by line: (seconds since start, object)."""
 

@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,11 +21,9 @@ from tests.framework.node import Node
 from tests.framework.procs import Proc
 from tests.framework.standin import StandinKubelet, SyncStandin
 
-from .conftest import GROUP_VERSION, E2EPod, delete_pod, kubectl, kubectl_argv, run_pod
+from .conftest import GROUP_VERSION, E2EPod, delete_pod, kubectl, run_pod
 
 MiB = 1 << 20
-LONG_UPLOAD_RATE = 1 * MiB  # bytes/s written into kubectl's stdin
-LONG_UPLOAD_SIZE = 96 * MiB  # -> ~96 s: longer than kube-apiserver's 60 s request timeout
 
 
 def sha256(data: bytes) -> str:
@@ -112,94 +109,6 @@ async def test_copy_into_a_container_without_shell_or_tar(
     assert r.rc == 0, r.err
     r = await kubectl(control_plane, "get", "--raw", noshell_pod.path("copy", q))
     assert r.rc == 0 and r.out == src.read_bytes(), r.err
-
-
-async def _container_pid(standin: SyncStandin, pod: E2EPod) -> int:
-    async def go(k: StandinKubelet) -> int:
-        st = await k.cri.container_status(pod.pod.container_id(pod.container))
-        assert st is not None and st.pid
-        return st.pid
-
-    return await asyncio.to_thread(standin.call, go)
-
-
-def _tmp_sizes(pid: int) -> dict[str, int]:
-    """Sizes of the files in the container's /tmp, seen from the host."""
-    root = Path(f"/proc/{pid}/root/tmp")
-    out = {}
-    for p in root.iterdir():
-        try:
-            if p.is_file():
-                out[p.name] = p.stat().st_size
-        except OSError:
-            pass
-    return out
-
-
-async def test_upload_lasting_over_90s_on_the_watch_path(
-        control_plane: ControlPlane, workload_pod: E2EPod, standin: SyncStandin) -> None:
-    """``kubectl create --raw /apis/.../watch/...copy -f -`` fed at 1 MiB/s for ~96 s.
-
-    On the plain path kube-apiserver would cut it at 60 s; the /watch/ prefix makes it
-    long-running. Midway, the bytes are already landing in the container (streamed, not
-    buffered by kubectl or kube-apiserver). Then the file is downloaded and compared.
-    """
-    target = "/tmp/e2e-long.bin"
-    q = {"container": workload_pod.container, "path": target}
-    pid = await _container_pid(standin, workload_pod)
-    before = _tmp_sizes(pid)
-    argv = kubectl_argv(control_plane, "alice", "create", "--raw",
-                        workload_pod.path("copy", q, watch=True), "-f", "-")
-    t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    assert proc.stdin is not None
-    want = hashlib.sha256()
-    block = os.urandom(64 * 1024)
-    sent = 0
-    growing: list[int] = []
-    try:
-        while sent < LONG_UPLOAD_SIZE:
-            chunk = sent.to_bytes(8, "big") + block[8:]  # every chunk differs
-            want.update(chunk)
-            proc.stdin.write(chunk)
-            await proc.stdin.drain()
-            sent += len(chunk)
-            ahead = sent / LONG_UPLOAD_RATE - (time.monotonic() - t0)
-            if ahead > 0:
-                await asyncio.sleep(ahead)
-            if not growing and time.monotonic() - t0 > 45:
-                # Midway: a temporary file in the target directory already holds most of
-                # what was sent (the agent writes O_EXCL temp, then renames).
-                now = {n: s for n, s in _tmp_sizes(pid).items() if n not in before}
-                growing.append(max(now.values(), default=0))
-        proc.stdin.close()
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    took = time.monotonic() - t0
-    assert proc.returncode == 0, err.decode()
-    assert took > 90, took
-    reply = json.loads(out)
-    assert reply == {"path": target, "size": LONG_UPLOAD_SIZE, "sha256": want.hexdigest()}
-    assert growing and growing[0] > 30 * MiB, growing
-
-    # Download it back (the /watch/ path too) and compare, streaming into a hash.
-    got, n = hashlib.sha256(), 0
-    dl = await asyncio.create_subprocess_exec(
-        *kubectl_argv(control_plane, "alice", "get", "--raw",
-                      workload_pod.path("copy", q, watch=True)),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    assert dl.stdout is not None
-    while chunk := await dl.stdout.read(1 << 20):
-        got.update(chunk)
-        n += len(chunk)
-    await dl.wait()
-    assert dl.returncode == 0
-    assert n == LONG_UPLOAD_SIZE and got.hexdigest() == want.hexdigest()
 
 
 async def test_errors(control_plane: ControlPlane, workload_pod: E2EPod,

@@ -225,6 +225,26 @@ def test_image_size(archive: Archive) -> None:
     assert total <= MAX_IMAGE_BYTES, f"{total / 1e6:.1f} MB > {MAX_IMAGE_BYTES / 1e6:.0f} MB"
 
 
+@pytest.mark.slow
+@pytest.mark.integration  # builds the image: root, mmdebstrap, buildah
+def test_an_archive_of_the_same_inputs_is_copied_not_built_again(archive: Archive,
+                                                                 tmp_path: Path) -> None:
+    """Another checkout of the same tree (a clone's own archive, as the add-on e2e writes
+    it) gets a copy of the cache's archive: no second buildah build of the same image."""
+    out = tmp_path / "other-checkout.oci.tar"
+    r = subprocess.run(["bash", str(BUILD), "-o", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert "buildah bud" not in r.stdout, r.stdout
+    m = re.search(r"^build-image: \[\d+s\] same inputs as (\S+): copied$", r.stdout, re.M)
+    assert m, r.stdout
+    src = Path(m.group(1))  # the module's archive, or another checkout's of this tree
+    stamp = Path(f"{archive.path}.inputs").read_text()
+    assert Path(f"{src}.inputs").read_text() == Path(f"{out}.inputs").read_text() == stamp
+    assert out.read_bytes() == src.read_bytes()
+    assert Path(f"{out}.sizes").read_text() == Path(f"{src}.sizes").read_text()
+
+
 @pytest.fixture
 def imported(archive: Archive, containerd: Any) -> Iterator[list[str]]:
     """``ctr`` for the harness's containerd with the image imported, as the harness

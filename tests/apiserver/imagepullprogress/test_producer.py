@@ -402,7 +402,8 @@ async def test_a_present_layer_ends_present_when_the_summary_beats_kubelets_pull
     layer's AlreadyPresent reads as Pulling. The agent's Summary often arrives before
     kubelet's Pulled event; the stream then ends on the runtime's word, so every
     layer's last object is final. At dd35495 the base layer's last object stayed
-    Pulling (a CI failure of test_long_pull_on_watch_path_and_plain_path)."""
+    Pulling (a CI failure of test_long_pull_on_watch_path_and_plain_path, now
+    follow_long_pull in tests/e2e/test_long_streams_e2e.py)."""
     pod = pod_object()
     kube.put("api/v1", "pods", pod)
     kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
