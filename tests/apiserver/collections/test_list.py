@@ -201,16 +201,22 @@ async def test_only_a_feeds_first_list_waits_for_the_nodes_first_views(
     assert code == 200 and sorted(i["metadata"]["name"] for i in body["items"]) == ["a", "b"]
 
 
-async def test_a_view_change_rebuilds_only_the_pods_whose_pull_moved(
-        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    built: list[str] = []
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the pods the feeds build an object for, in order."""
+    names: list[str] = []
     real = feeds.pod_image_pull
 
     def counting(pod: Any, events: Any, view: Any) -> dict[str, Any]:
-        built.append(pod["metadata"]["name"])
+        names.append(pod["metadata"]["name"])
         return real(pod, events, view)
 
     monkeypatch.setattr(feeds, "pod_image_pull", counting)
+    return names
+
+
+async def test_a_view_change_rebuilds_only_the_pods_whose_pull_moved(
+        env: Env, built: list[str]) -> None:
     for name in ("a", "b"):
         p = env.kube.put("api/v1", "pods", pod(name, f"registry.test/{name}:1"))
         env.kube.put("api/v1", "events",
@@ -236,19 +242,12 @@ async def test_a_view_change_rebuilds_only_the_pods_whose_pull_moved(
 
 
 async def test_a_big_change_is_rebuilt_a_batch_per_turn_of_the_loop(
-        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+        env: Env, built: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(10):
         env.kube.put("api/v1", "pods", pod(f"p{i}"))
     async with env.feeds.pods.use("ns1") as feed:
         await feed.ready()
-        built: list[str] = []
-        real = feeds.pod_image_pull
-
-        def counting(pod: Any, events: Any, view: Any) -> dict[str, Any]:
-            built.append(pod["metadata"]["name"])
-            return real(pod, events, view)
-
-        monkeypatch.setattr(feeds, "pod_image_pull", counting)
+        built.clear()
         monkeypatch.setattr(feeds, "FLUSH_BATCH", 3)
         feed.mark(None)  # as after a relist: every pod
         feed.cancel()

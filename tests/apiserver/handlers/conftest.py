@@ -8,6 +8,7 @@ pulls and containers are real and driven through CRI, as kubelet would.
 from __future__ import annotations
 
 import json
+import ssl
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.runtime.containerd import ContainerdClient
@@ -32,6 +34,38 @@ AGENT_NS, AGENT_SVC = "aggapi", "aggapi-agent"
 USER = {"Authorization": "Bearer alice-token"}
 
 
+
+
+async def serve_standin_agent(app: web.Application, pki_dir: Path) -> tuple[web.AppRunner, int]:
+    """``app`` served over TLS with the agent's certificate from ``pki_dir``
+    (aggapi.tls.certs.generate) on 127.0.0.1: a stand-in agent the relay trusts.
+    The runner (the caller cleans it up) and the port."""
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pki_dir / "agent.crt", pki_dir / "agent.key")
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    server = site._server
+    assert server is not None and server.sockets  # type: ignore[attr-defined]
+    return runner, int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+
+
+async def relay_to_standin(make_server: Any, kube: FakeKube, pki_dir: Path,
+                           port: int) -> Server:
+    """The apiserver relaying to the stand-in agent on ``port`` (serve_standin_agent),
+    for a pod ``default/box``, every request allowed."""
+    kube.put("apis/discovery.k8s.io/v1", "endpointslices", endpoint_slice(port))
+    kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")]))
+    kube.sar_policy = lambda _spec: True
+    server: Server = await make_server(
+        stub_handlers=False, agent_namespace=AGENT_NS, agent_service=AGENT_SVC,
+        agent_ca_file=str(pki_dir / "ca.crt"),
+        agent_client_cert_file=str(pki_dir / "agent-client.crt"),
+        agent_client_key_file=str(pki_dir / "agent-client.key"),
+        token_signing_key_file=str(pki_dir / "token-signing.key"),
+        agent_pod_check=False)  # the stand-in runs in this process, not in a pod
+    return server
 
 
 def endpoint_slice(port: int, *, node: str = NODE, ready: bool = True) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from aiohttp import web
 from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
 
-from ..conftest import GV, Server
-from .conftest import AGENT_NS, AGENT_SVC, endpoint_slice, pod_object
+from ..conftest import GV
+from .conftest import relay_to_standin, serve_standin_agent
 
 MiB = 1 << 20
 
@@ -43,15 +43,7 @@ async def _dying_agent(pki: Path) -> tuple[web.AppRunner, int, dict[str, float]]
 
     app = web.Application()
     app.router.add_post("/v1/copy", copy)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(pki / "agent.crt", pki / "agent.key")
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
-    await site.start()
-    server = site._server
-    assert server is not None and server.sockets  # type: ignore[attr-defined]
-    port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+    runner, port = await serve_standin_agent(app, pki)
     return runner, port, died
 
 
@@ -61,16 +53,7 @@ async def test_agent_dies_mid_upload_503_at_once_and_the_body_is_not_read_on(
     aggapi_certs.generate(pki)
     runner, port, died = await _dying_agent(pki)
     try:
-        kube.put("apis/discovery.k8s.io/v1", "endpointslices", endpoint_slice(port))
-        kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")]))
-        kube.sar_policy = lambda _spec: True
-        srv: Server = await make_server(
-            stub_handlers=False, agent_namespace=AGENT_NS, agent_service=AGENT_SVC,
-            agent_ca_file=str(pki / "ca.crt"),
-            agent_client_cert_file=str(pki / "agent-client.crt"),
-            agent_client_key_file=str(pki / "agent-client.key"),
-            token_signing_key_file=str(pki / "token-signing.key"),
-            agent_pod_check=False)  # the dying agent runs in this process, not in a pod
+        srv = await relay_to_standin(make_server, kube, pki, port)
         # A raw client that goes on sending whatever is answered, as a proxy does
         # (kube-apiserver's aggregator relays the user's body as it comes).
         cert, key = srv.certs.client_pair(srv.certs.client_ca, "carol")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
 
 from ..conftest import GV, Server
-from .conftest import AGENT_NS, AGENT_SVC, endpoint_slice, pod_object
+from .conftest import relay_to_standin, serve_standin_agent
 
 MiB = 1 << 20
 BODY = os.urandom(3 * MiB + 17)
@@ -71,15 +70,7 @@ async def _agent(pki_dir: Path, agent: Agent) -> tuple[web.AppRunner, int]:
 
     app = web.Application()
     app.router.add_get("/v1/copy", copy)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(pki_dir / "agent.crt", pki_dir / "agent.key")
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
-    await site.start()
-    server = site._server
-    assert server is not None and server.sockets  # type: ignore[attr-defined]
-    return runner, int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+    return await serve_standin_agent(app, pki_dir)
 
 
 @pytest.fixture
@@ -92,16 +83,7 @@ async def relay(tmp_path: Path, make_server: Any, kube: FakeKube
     async def start(agent: Agent) -> tuple[Server, aiohttp.ClientSession]:
         runner, port = await _agent(pki_dir, agent)
         runners.append(runner)
-        kube.put("apis/discovery.k8s.io/v1", "endpointslices", endpoint_slice(port))
-        kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")]))
-        kube.sar_policy = lambda _spec: True
-        srv: Server = await make_server(
-            stub_handlers=False, agent_namespace=AGENT_NS, agent_service=AGENT_SVC,
-            agent_ca_file=str(pki_dir / "ca.crt"),
-            agent_client_cert_file=str(pki_dir / "agent-client.crt"),
-            agent_client_key_file=str(pki_dir / "agent-client.key"),
-            token_signing_key_file=str(pki_dir / "token-signing.key"),
-            agent_pod_check=False)
+        srv = await relay_to_standin(make_server, kube, pki_dir, port)
         return srv, srv.session(srv.certs.client_pair(srv.certs.client_ca, "carol"))
 
     yield start
