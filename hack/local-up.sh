@@ -11,8 +11,8 @@
 #   4. a release as users receive one (hack/release.sh, tests.framework.addon): image and
 #      chart pushed to the htpasswd registry (image by digest, chart as an OCI artifact),
 #      SBOM, cosign signatures; then `cosign verify` of both, `helm registry login`, an
-#      imagePullSecret, and `helm install aggapi oci://REGISTRY/charts/aggapi --version X
-#      -n aggapi`: both nodes pull the image by digest through the Secret; on a re-run,
+#      imagePullSecret, and `helm install aggapi oci://REGISTRY/charts/aggapi@sha256:...
+#      -n aggapi` (the chart by the digest cosign verified): both nodes pull the image by digest through the Secret; on a re-run,
 #      `helm upgrade` instead;
 #   5. the demo: a pod on node 2 pulls a ~150 MB image through the throttle, its progress
 #      followed live through the aggregated API.
@@ -72,7 +72,7 @@ printf 'local-up: %s\n' "${TIMES[@]}"
 echo "local-up: all in $((SECONDS - T0))s"
 release_field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' \
   "$AGGAPI_STATE_DIR/release/release.json" "$1"; }
-echo "local-up: chart $(release_field chart) --version $(release_field chart_version)"
+echo "local-up: chart $(release_field chart)@$(release_field chart_digest) (version $(release_field chart_version))"
 echo "local-up: image $(release_field image)"
 echo "local-up: image digest $(release_field image_digest)"
 cat <<MSG

@@ -11,7 +11,8 @@ kube-controller-manager makes for them, the aggregated ClusterRoles it fills in.
     install      with a release (``Addon.release``): ``cosign verify`` of image and chart
                  (nothing is installed from a reference it refuses), ``helm registry
                  login``, a dockerconfigjson pull Secret, then ``helm install aggapi
-                 oci://REGISTRY/charts/aggapi --version X`` with the image by digest and
+                 oci://REGISTRY/charts/aggapi@sha256:...`` (the chart by the digest cosign
+                 verified) with the image by digest and
                  the default pull policy: each node pulls it through the Secret. Without
                  one: ``helm install`` of manifests/charts/aggapi, the image imported.
                  Waits until the Deployment's replicas are Ready (one per node when there
@@ -221,12 +222,13 @@ class Addon:
         return self.cp.state / "helm" / "registry.json"
 
     def chart_args(self) -> list[str]:
-        """The chart argument(s) of helm install/upgrade: the release's OCI chart at its
-        version, else the checkout's chart directory."""
+        """The chart argument(s) of helm install/upgrade: the release's OCI chart by the
+        digest cosign verified (a tag moved after the verification changes nothing),
+        else the checkout's chart directory."""
         if self.published is None:
             return [str(CHART)]
-        args = [self.published.chart, "--version", self.published.chart_version]
-        return [*args, "--plain-http", "--registry-config", str(self.registry_config)]
+        return [f"oci://{self.published.chart_by_digest}", "--plain-http",
+                "--registry-config", str(self.registry_config)]
 
     def publish(self, archive: Path, login: RegistryLogin) -> Release:
         """hack/release.sh of ``archive`` to ``login``'s registry; later installs use it."""

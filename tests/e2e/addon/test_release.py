@@ -12,11 +12,14 @@ import dataclasses
 import json
 import os
 import subprocess
+import tarfile
 import tomllib
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.framework.addon import PULL_SECRET, Addon
 from tests.framework.cluster import Cluster
@@ -89,6 +92,46 @@ def test_cosign_verifies_the_release_and_refuses_tampered_digests(
         ns = a.kubectl("get", "namespace", victim.namespace, check=False)
         assert ns.returncode != 0 and "NotFound" in ns.stderr, what
     print(f"\nrelease: cosign verified image and chart; refused {', '.join(tampered)}")
+
+
+def _apiserver_replicas(a: Addon, chart: list[str]) -> int:
+    """spec.replicas of the apiserver Deployment ``helm template`` renders from ``chart``
+    (the release's values as installed)."""
+    server = json.loads(a.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    out = a.helm("template", "aggapi", *chart, "-n", a.namespace,
+                 "--kube-version", server["gitVersion"]).stdout
+    (dep,) = [d for d in yaml.safe_load_all(out)
+              if d and d.get("kind") == "Deployment"]
+    return int(dep["spec"]["replicas"])
+
+
+def test_a_tag_moved_after_verification_is_not_what_gets_installed(
+        installed_addon: Addon, tmp_path: Path) -> None:
+    """helm install and upgrade take the chart by the digest cosign verified: a chart
+    pushed over the version's tag afterwards (the registry's tags are mutable) changes
+    nothing, while by ``--version`` it would have been taken."""
+    a, rel = installed_addon, _release(installed_addon)
+    args = a.chart_args()
+    assert args[0] == f"oci://{rel.chart_by_digest}"
+    flags = args[1:]
+    with tarfile.open(rel.package) as t:
+        t.extractall(tmp_path / "moved", filter="data")
+    values = tmp_path / "moved" / "aggapi" / "values.yaml"
+    text = values.read_text()
+    assert "\n  replicas: 2\n" in text
+    values.write_text(text.replace("\n  replicas: 2\n", "\n  replicas: 7\n", 1))
+    moved = Path(a.helm("package", str(tmp_path / "moved" / "aggapi"), "-d",
+                        str(tmp_path)).stdout.strip().rsplit(" ", 1)[-1])
+    registry = rel.chart.removesuffix("/aggapi")
+    a.helm("push", str(moved), registry, *flags)
+    try:
+        by_tag = [rel.chart, "--version", rel.chart_version, *flags]
+        assert _apiserver_replicas(a, by_tag) == 7  # the tag now names the other chart
+        assert _apiserver_replicas(a, args) == 2    # the verified one, whatever the tag
+    finally:
+        a.helm("push", str(rel.package), registry, *flags)  # the tag back on the release
+    print(f"\nrelease: installs take {args[0]}; a chart pushed over "
+          f"{rel.chart_version}'s tag was not")
 
 
 def _push_other_image(cluster: Cluster, login: RegistryLogin, rel: Release) -> str:
