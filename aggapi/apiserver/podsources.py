@@ -177,15 +177,9 @@ class Sources:
     @contextlib.asynccontextmanager
     async def of(self, namespace: str) -> AsyncIterator[Source]:
         """A source holding ``namespace``'s pods: the cluster-wide one while it runs
-        and is synced (as kube-apiserver's watch cache serves every namespace from one
-        watch), else the namespace's own."""
-        every = self._shared.get("")
-        key = "" if every is not None and every.synced else namespace
-        async with self._shared.use(key) as source:
+        and is synced, else the namespace's own."""
+        async with self._shared.use_covering(namespace, "", lambda s: s.synced) as source:
             yield source
-
-    def running(self) -> list[str]:
-        return list(self._shared.parts())
 
     def watches(self) -> int:
         """Watches held on kube-apiserver for pods and events now."""

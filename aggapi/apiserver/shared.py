@@ -77,6 +77,16 @@ class Shared(Generic[K, P]):
         finally:
             self.release(key)
 
+    @contextlib.asynccontextmanager
+    async def use_covering(self, key: K, wider: K,
+                           ready: Callable[[P], bool]) -> AsyncIterator[P]:
+        """``use`` of ``wider``'s part while it runs and is ``ready`` (it holds ``key``'s
+        objects too, as kube-apiserver's watch cache serves every namespace from one
+        watch: no second part, no cold start), else of ``key``'s own."""
+        part = self.get(wider)
+        async with self.use(wider if part is not None and ready(part) else key) as used:
+            yield used
+
     def get(self, key: K) -> P | None:
         entry = self._entries.get(key)
         return entry.part if entry is not None else None

@@ -219,7 +219,7 @@ class PodFeed(_Batcher):
             if self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(0, self._fire)
         for key in dirty:
-            pod = self.source.pods.items.get(f"{key[0]}/{key[1]}")
+            pod = self.source.pod(key)
             if pod is None:
                 self._index(key, None, False)
                 self.collection.set(key, None)
@@ -365,14 +365,10 @@ class Feeds:
     @contextlib.asynccontextmanager
     async def pods_of(self, namespace: str) -> AsyncIterator[PodFeed]:
         """The feed that serves ``namespace`` ("" for all): the cluster-wide one while it
-        runs and is synced, as kube-apiserver's watch cache serves every namespace from
-        one watch (no second pair of watches, and no cold list of that namespace while
-        the whole cluster's pods are here already); else the namespace's own.
-        Selectors scope it: the handler adds metadata.namespace to every namespaced
-        request."""
-        every = self.pods.get("")
-        key = "" if every is not None and every.synced.is_set() else namespace
-        async with self.pods.use(key) as feed:
+        runs and is synced, else the namespace's own. Selectors scope it: the handler
+        adds metadata.namespace to every namespaced request."""
+        async with self.pods.use_covering(namespace, "",
+                                          lambda f: f.synced.is_set()) as feed:
             yield feed
 
     def watches(self) -> int:
