@@ -79,10 +79,13 @@ def usage(pid: Pid, window: CpuWindow | None = None) -> dict[str, float]:
 
 @contextlib.contextmanager
 def profiled(out: Path | None, key: str, pids: Mapping[str, int | None],
-             native: bool = True) -> Iterator[None]:
+             native: bool = True, perf: bool = False) -> Iterator[None]:
     """py-spy (raw collapsed stacks) on ``pids`` while the block runs: one
     ``<key>-<name>.txt`` each, py-spy's own messages beside it in ``.log``. ``native``:
-    C frames too (py-spy 0.4.3 cannot unwind the image's Debian Python: UNW_EBADREG)."""
+    C frames too (py-spy 0.4.3 cannot unwind the image's Debian Python: UNW_EBADREG).
+    ``perf``: ``perf record`` on each too (``<key>-<name>.perf``), whose symbols name
+    the C side py-spy cannot: memcpy, malloc, the TLS cipher, sha256, the kernel's copies
+    (``perf report -i FILE --sort dso,sym``)."""
     if out is None:
         yield
         return
@@ -96,6 +99,11 @@ def profiled(out: Path | None, key: str, pids: Mapping[str, int | None],
                 ["py-spy", "record", "-p", str(pid), "-r", "97", *(["-n"] if native else []),
                  "-f", "raw", "-o", str(base.with_suffix(".txt"))],
                 stdout=log, stderr=subprocess.STDOUT))
+            if perf:
+                spies.append(subprocess.Popen(
+                    ["perf", "record", "-q", "-F", "499", "-p", str(pid), "-o",
+                     str(base.with_suffix(".perf"))],
+                    stdout=log, stderr=subprocess.STDOUT))
     time.sleep(1)  # attached before the transfer starts
     try:
         yield

@@ -339,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                       "side by side; ncp=DIR among them runs the ncp client from the "
                       "checkout DIR (e.g. main's, from git archive) instead of this one, "
                       "suite=SUITE the pods on this checkout's image built on Debian SUITE "
-                      "(hack/build-image.sh --suite; e.g. bookworm, trixie)")
+                      "(hack/build-image.sh --suite; e.g. bookworm, trixie), src=DIR "
+                      "with suite= that image built from the checkout DIR")
     inst.add_argument("--json", type=Path, metavar="FILE",
                       help="write the ratios per scenario and goal_met")
     a = p.parse_args(argv)
