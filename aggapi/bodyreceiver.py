@@ -21,6 +21,7 @@ transport), as it does for a download anyway.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 
 import aiohttp
@@ -29,6 +30,10 @@ from aggapi.fs.pump import next_piece
 
 BUFFER = 1 << 20
 HIGH = 4 << 20
+SPARES = 6  # full buffers kept for reuse: more than HIGH holds, plus those being written
+# Reuse tells by the reference count that no view of a buffer is left: exact only with
+# the GIL (a free-threaded build defers some counts), so there buffers are never reused.
+REFCOUNTED = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class BodyCut(ConnectionResetError):
@@ -44,6 +49,8 @@ class BodyReceiver(asyncio.BufferedProtocol):
         self._previous = previous
         self._size, self._high = buffer, high
         self._buf: bytearray | None = None
+        self._spares: list[bytearray] = []  # full buffers, reused once no view is left
+        self.allocated = 0  # buffers made, not reused
         self._filled = self._handed = 0  # of the current buffer
         self._ready: deque[memoryview] = deque()  # received, not yet handed out
         self._held = 0  # bytes in _ready plus the current buffer's unhanded part
@@ -63,7 +70,9 @@ class BodyReceiver(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._buf is None or self._filled == len(self._buf):
             self._seal()
-            self._buf = bytearray(max(1, min(self._size, self.remaining)))
+            if self._buf is not None and len(self._spares) < SPARES:
+                self._spares.append(self._buf)
+            self._buf = self._fresh(max(1, min(self._size, self.remaining)))
             self._filled = self._handed = 0
         return memoryview(self._buf)[self._filled:]
 
@@ -96,6 +105,21 @@ class BodyReceiver(asyncio.BufferedProtocol):
                                f"still to come: {exc or 'closed'}"))
         if self._previous is not None:  # aiohttp's protocol: it tracks its connection
             self._previous.connection_lost(exc)
+
+    def _fresh(self, size: int) -> bytearray:
+        """A buffer of ``size`` bytes: a spare that nothing refers to any more (no view
+        of it is alive: each holds a reference), else a new one. A new bytearray is
+        zeroed, and a MiB freed and allocated again faults its pages in again: about a
+        tenth of a receiver's CPU."""
+        for i in range(len(self._spares)):
+            buf = self._spares[i]
+            # References: the list, ``buf`` and getrefcount's argument; a view (ours in
+            # a reader's hands, or a transport's backlog) would be a fourth.
+            if len(buf) == size and sys.getrefcount(buf) == 3 and REFCOUNTED:
+                del self._spares[i]
+                return buf
+        self.allocated += 1
+        return bytearray(size)
 
     def _seal(self) -> None:
         """Queue the current buffer's received, unhanded part."""
@@ -180,6 +204,6 @@ def take_over(resp: aiohttp.ClientResponse) -> tuple[bytes, BodyReceiver] | None
     remaining = length - resp.content.total_bytes
     if remaining <= 0:
         return head, BodyReceiver(0)
-    receiver = BodyReceiver(remaining, previous=conn.protocol)
+    receiver = BodyReceiver(remaining, previous=conn.protocol, buffer=BUFFER)
     receiver.attach(transport)
     return head, receiver

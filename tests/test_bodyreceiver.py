@@ -7,6 +7,7 @@ BodyCut after every byte that came; a reader that stops reading stops the transp
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +19,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggapi import bodyreceiver
 from aggapi.bodyreceiver import BodyCut, BodyReceiver, ResponseBody
 from aggapi.tls import certs
 
@@ -115,6 +117,20 @@ async def test_the_body_after_the_head_is_decrypted_into_our_buffers(get: Get) -
     resp.close()
     assert b"".join(pieces) == BODY
     assert any(isinstance(p, memoryview) for p in pieces)
+
+
+async def test_buffers_are_reused_once_no_view_of_them_is_left(
+        get: Get, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bodyreceiver, "BUFFER", 64 << 10)  # 81 for the body, if fresh
+    resp = await get("length", len(BODY), MiB)
+    body = ResponseBody(resp)
+    assert body.receiver is not None
+    got = hashlib.sha256()
+    while piece := await body.next_piece():
+        got.update(piece)  # and the piece dropped: its buffer may come back
+    resp.close()
+    assert got.digest() == hashlib.sha256(BODY).digest()
+    assert body.receiver.allocated <= 16
 
 
 async def test_a_chunked_body_stays_with_aiohttp(get: Get) -> None:
