@@ -32,7 +32,6 @@ from typing import Any, Protocol
 import aiohttp
 
 from aggapi import wire
-from aggapi.bodyreceiver import ResponseBody
 from aggapi.client.confine import link_stays_inside
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.errors import (
@@ -48,6 +47,7 @@ from aggapi.client.packtar import list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
 from aggapi.client.retry import CATCH, Backoff, wait_or_raise
 from aggapi.fs.pump import pump
+from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.tar.stream import TarReader
 
 CHUNK = 1 << 20

@@ -28,7 +28,7 @@ async def next_piece(stream: StreamReader) -> bytes:
             return data
 
 
-# A piece received: bytes, or a view of a receive buffer (aggapi.bodyreceiver).
+# A piece received: bytes, or a view of a receive buffer (aggapi.serve.bodyreceiver).
 Piece = TypeVar("Piece", bound=bytes | memoryview)
 
 

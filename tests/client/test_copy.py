@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from aiohttp import ClientResponse
 
-from aggapi.bodyreceiver import ResponseBody
 from aggapi.client import copy as client_copy
 from aggapi.client import errors
 from aggapi.client.connection import Connection
 from aggapi.client.copy import RemotePath, download, upload_dir, upload_file
 from aggapi.client.retry import Backoff
+from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.tar.stream import BLK, DIR, LNK, PAX, REG, SYM, header, pad, pax_header
 from tests.client.fakeserver import FakeCluster
 from tests.client.test_extract import escapes
@@ -67,7 +67,7 @@ async def test_download_resumes_within_a_run(cluster: FakeCluster, tmp_path: Pat
 
 async def test_a_big_download_cut_mid_body_resumes_through_our_own_buffers(
         cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The body is taken over from aiohttp (aggapi.bodyreceiver) on both GETs: the cut
+    """The body is taken over from aiohttp (aggapi.serve.bodyreceiver) on both GETs: the cut
     one ends after the bytes that came, and the resumed one continues from them."""
     payload = os.urandom(9 << 20)
     (app_root(cluster) / "data/big.bin").write_bytes(payload)

@@ -19,8 +19,8 @@ from aggapi.apiserver.pods import PodTarget, lookup
 from aggapi.apiserver.requestinfo import INFO
 from aggapi.apiserver.user import USER
 from aggapi.auth.capability import ContainerRef
-from aggapi.bodyreceiver import ResponseBody
 from aggapi.kube.client import KubeClient
+from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.status import StatusError
 from aggapi.wire import (
     AGENT_COPY_PATH,

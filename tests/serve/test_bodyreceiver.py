@@ -1,4 +1,4 @@
-"""aggapi.bodyreceiver over a real TLS connection (an aiohttp server on 127.0.0.1): a
+"""aggapi.serve.bodyreceiver over a real TLS connection (an aiohttp server on 127.0.0.1): a
 Content-Length body is taken over from aiohttp after its head and arrives whole and
 unchanged, in views that stay valid; a body cut mid-way or closed short ends in
 BodyCut after every byte that came; a reader that stops reading stops the transport
@@ -19,8 +19,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggapi import bodyreceiver
-from aggapi.bodyreceiver import BodyCut, BodyReceiver, ResponseBody
+from aggapi.serve import bodyreceiver
+from aggapi.serve.bodyreceiver import BodyCut, BodyReceiver, ResponseBody
 from aggapi.tls import certs
 
 MiB = 1 << 20
