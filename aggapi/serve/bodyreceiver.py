@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import deque
+from typing import cast
 
 import aiohttp
 
@@ -196,8 +197,10 @@ def take_over(resp: aiohttp.ClientResponse) -> tuple[bytes, BodyReceiver] | None
             or resp.headers.get("Content-Encoding", "identity") != "identity"
             or resp.headers.get("Transfer-Encoding")):
         return None
-    transport = conn.transport
-    if not isinstance(transport, asyncio.Transport) or transport.is_closing():
+    # Not isinstance(asyncio.Transport): uvloop's transports (ours in production) are
+    # not its subclasses, but have all a receiver needs.
+    transport = cast("asyncio.Transport | None", conn.transport)
+    if transport is None or transport.is_closing():
         return None
     # No await from here on: nothing may arrive between the two halves.
     head = resp.content.read_nowait(-1)

@@ -2,7 +2,8 @@
 Content-Length body is taken over from aiohttp after its head and arrives whole and
 unchanged, in views that stay valid; a body cut mid-way or closed short ends in
 BodyCut after every byte that came; a reader that stops reading stops the transport
-(bounded memory); bodies without a Content-Length stay with aiohttp."""
+(bounded memory); bodies without a Content-Length stay with aiohttp. Each on asyncio's
+loop and on uvloop's (tests/serve/conftest.py)."""
 
 from __future__ import annotations
 
