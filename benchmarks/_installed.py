@@ -234,7 +234,7 @@ def timed(argv: list[str], cwd: Path = REPO) -> float:
 
 class Bench:
     def __init__(self, cluster: Cluster, addon: Addon, node: ClusterNode, workdir: Path,
-                 spy: Path | None, ncp_root: Path = REPO) -> None:
+                 spy: Path | None, ncp_root: Path = REPO, perf_only: bool = False) -> None:
         # Where ``python3 -m aggapi.plugins.ncp`` runs (its aggapi): another checkout's
         # client side by side with this one's.
         self.ncp_root = ncp_root
@@ -244,6 +244,7 @@ class Bench:
         self.node = node
         self.workdir = workdir
         self.spy = spy
+        self.perf_only = perf_only  # with spy: perf on the pods and the client, no py-spy
 
     def kubectl(self, *args: str) -> str:
         return self.cp.kubectl(*args).stdout
@@ -321,13 +322,16 @@ class Bench:
         def one(tool: str, way: str, argv: list[str]) -> None:
             key = f"{tool} {way}"
             spy = self.spy if tool == "kubectl ncp" else None
-            if spy is not None:  # the client too, started under py-spy
-                argv = ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o",
-                        str(spy / f"{sc.name}-{key.replace(' ', '_')}-client.txt"), "--",
-                        *argv]
+            if spy is not None:  # the client too, started under py-spy (or perf)
+                out = spy / f"{sc.name}-{key.replace(' ', '_')}-client"
+                argv = (["perf", "record", "-q", "-F", "499", "-o", f"{out}.perf", "--", *argv]
+                        if self.perf_only else
+                        ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o", f"{out}.txt",
+                         "--", *argv])
             for attempt in range(1, KCP_ATTEMPTS + 1):
                 try:  # a failed attempt adds no CPU: window() measures only on success
-                    with profiled(spy, f"{sc.name}-{key}", spied, native=False, perf=True), \
+                    with profiled(spy, f"{sc.name}-{key}", spied, native=False, perf=True,
+                                  pyspy=not self.perf_only), \
                             meter.window(cpu.setdefault(key, {}), thr.setdefault(key, {})):
                         took = timed(argv, self.ncp_root if tool == "kubectl ncp" else REPO)
                 except SystemExit as exc:
@@ -483,7 +487,8 @@ def parse_variant(text: str) -> Variant:
 
 
 def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario], rounds: int,
-                  variants: list[str], spy: Path | None) -> dict[str, Any]:
+                  variants: list[str], spy: Path | None, perf_only: bool = False
+                  ) -> dict[str, Any]:
     from benchmarks.tls_floor import floor, floor_in_image, print_floor
 
     results: dict[str, Any] = {}
@@ -510,7 +515,8 @@ def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario],
             if vspy:
                 vspy.mkdir(parents=True, exist_ok=True)
             with tempfile_dir() as workdir:
-                r = Bench(cluster, addon, node, workdir, vspy, v.ncp_root).run(scs, rounds)
+                r = Bench(cluster, addon, node, workdir, vspy, v.ncp_root,
+                          perf_only).run(scs, rounds)
             r["sets"] = sets
             r["ncp_from"] = str(v.ncp_root)
             r["tls_floor"] = vtls
