@@ -234,7 +234,7 @@ def timed(argv: list[str], cwd: Path = REPO) -> float:
 
 class Bench:
     def __init__(self, cluster: Cluster, addon: Addon, node: ClusterNode, workdir: Path,
-                 spy: Path | None, ncp_root: Path = REPO) -> None:
+                 spy: Path | None, ncp_root: Path = REPO, perf_only: bool = False) -> None:
         # Where ``python3 -m aggapi.plugins.ncp`` runs (its aggapi): another checkout's
         # client side by side with this one's.
         self.ncp_root = ncp_root
@@ -244,6 +244,7 @@ class Bench:
         self.node = node
         self.workdir = workdir
         self.spy = spy
+        self.perf_only = perf_only  # with spy: perf on the pods and the client, no py-spy
 
     def kubectl(self, *args: str) -> str:
         return self.cp.kubectl(*args).stdout
@@ -321,13 +322,16 @@ class Bench:
         def one(tool: str, way: str, argv: list[str]) -> None:
             key = f"{tool} {way}"
             spy = self.spy if tool == "kubectl ncp" else None
-            if spy is not None:  # the client too, started under py-spy
-                argv = ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o",
-                        str(spy / f"{sc.name}-{key.replace(' ', '_')}-client.txt"), "--",
-                        *argv]
+            if spy is not None:  # the client too, started under py-spy (or perf)
+                out = spy / f"{sc.name}-{key.replace(' ', '_')}-client"
+                argv = (["perf", "record", "-q", "-F", "499", "-o", f"{out}.perf", "--", *argv]
+                        if self.perf_only else
+                        ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o", f"{out}.txt",
+                         "--", *argv])
             for attempt in range(1, KCP_ATTEMPTS + 1):
                 try:  # a failed attempt adds no CPU: window() measures only on success
-                    with profiled(spy, f"{sc.name}-{key}", spied, native=False), \
+                    with profiled(spy, f"{sc.name}-{key}", spied, native=False, perf=True,
+                                  pyspy=not self.perf_only), \
                             meter.window(cpu.setdefault(key, {}), thr.setdefault(key, {})):
                         took = timed(argv, self.ncp_root if tool == "kubectl ncp" else REPO)
                 except SystemExit as exc:
@@ -402,14 +406,15 @@ def image_archive(suite: str | None = None) -> Path:
     return IMAGE_ARCHIVE.with_name(f"aggapi-{tag}{f'-{suite}' if suite else ''}.oci.tar")
 
 
-def suite_image(addon: Addon, suite: str) -> tuple[str, list[str]]:
-    """This checkout's image on Debian ``suite``, built (hack/build-image.sh skips an
-    unchanged one) and imported into every node; its name and the helm values that run
-    it in place of the installed one."""
-    tag = f"dev-{suite}"
+def suite_image(addon: Addon, suite: str, root: Path = REPO) -> tuple[str, list[str]]:
+    """The image of checkout ``root`` on Debian ``suite``, built (hack/build-image.sh
+    skips an unchanged one) and imported into every node; its name and the helm values
+    that run it in place of the installed one."""
+    own = "" if root == REPO else "-" + hashlib.sha256(str(root).encode()).hexdigest()[:8]
+    tag = f"dev-{suite}{own}"
     image = f"{IMAGE_REPOSITORY}:{tag}"
-    archive = image_archive(suite)
-    subprocess.run(["bash", str(REPO / "hack/build-image.sh"), "--suite", suite, "-t", image,
+    archive = image_archive(suite + own)
+    subprocess.run(["bash", str(root / "hack/build-image.sh"), "--suite", suite, "-t", image,
                     "-o", str(archive)], check=True, stdout=subprocess.DEVNULL)
     addon.load_image(archive)
     return image, [f"image.repository={IMAGE_REPOSITORY}", f"image.tag={tag}",
@@ -460,26 +465,30 @@ class Variant:
     sets: tuple[str, ...]  # helm --set values
     ncp_root: Path = REPO  # where the ncp client runs from (a checkout's root)
     suite: str | None = None  # the pods' image built on this Debian suite; None: as is
+    src: Path = REPO  # the checkout the pods' image is built from (with suite)
 
 
 def parse_variant(text: str) -> Variant:
     """``LABEL=K=V,...``: helm ``--set`` values; ``ncp=DIR``: the ncp client run from
     DIR (a checkout's root holding ``aggapi/``) instead of this one; ``suite=SUITE``: the
-    pods run this checkout's image built on Debian SUITE. The last of each wins."""
+    pods run this checkout's image built on Debian SUITE; ``src=DIR`` (with ``suite=``):
+    that image built from checkout DIR instead. The last of each wins."""
     label, _, spec = text.partition("=")
     sets, own = [], {}
     for s in (s for s in spec.split(",") if s):
         key, _, value = s.partition("=")
-        if key in ("ncp", "suite"):
+        if key in ("ncp", "suite", "src"):
             own[key] = value
         else:
             sets.append(s)
     return Variant(label, tuple(sets), Path(own["ncp"]).resolve() if "ncp" in own else REPO,
-                   own.get("suite") or None)
+                   own.get("suite") or None,
+                   Path(own["src"]).resolve() if "src" in own else REPO)
 
 
 def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario], rounds: int,
-                  variants: list[str], spy: Path | None) -> dict[str, Any]:
+                  variants: list[str], spy: Path | None, perf_only: bool = False
+                  ) -> dict[str, Any]:
     from benchmarks.tls_floor import floor, floor_in_image, print_floor
 
     results: dict[str, Any] = {}
@@ -494,7 +503,7 @@ def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario],
             v = parse_variant(text)
             label, sets, vtls = v.label, list(v.sets), tls
             if v.suite:
-                image, image_sets = suite_image(addon, v.suite)
+                image, image_sets = suite_image(addon, v.suite, v.src)
                 sets = [*image_sets, *sets]
                 vtls = floor_in_image(image, 256 * MiB)
                 print_floor(vtls)
@@ -506,7 +515,8 @@ def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario],
             if vspy:
                 vspy.mkdir(parents=True, exist_ok=True)
             with tempfile_dir() as workdir:
-                r = Bench(cluster, addon, node, workdir, vspy, v.ncp_root).run(scs, rounds)
+                r = Bench(cluster, addon, node, workdir, vspy, v.ncp_root,
+                          perf_only).run(scs, rounds)
             r["sets"] = sets
             r["ncp_from"] = str(v.ncp_root)
             r["tls_floor"] = vtls

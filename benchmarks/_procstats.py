@@ -79,10 +79,14 @@ def usage(pid: Pid, window: CpuWindow | None = None) -> dict[str, float]:
 
 @contextlib.contextmanager
 def profiled(out: Path | None, key: str, pids: Mapping[str, int | None],
-             native: bool = True) -> Iterator[None]:
+             native: bool = True, perf: bool = False, pyspy: bool = True) -> Iterator[None]:
     """py-spy (raw collapsed stacks) on ``pids`` while the block runs: one
     ``<key>-<name>.txt`` each, py-spy's own messages beside it in ``.log``. ``native``:
-    C frames too (py-spy 0.4.3 cannot unwind the image's Debian Python: UNW_EBADREG)."""
+    C frames too (py-spy 0.4.3 cannot unwind the image's Debian Python: UNW_EBADREG).
+    ``perf``: ``perf record`` on each too (``<key>-<name>.perf``), whose symbols name
+    the C side py-spy cannot: memcpy, malloc, the TLS cipher, sha256, the kernel's copies
+    (``perf report -i FILE --sort dso,sym``). ``pyspy=False``: perf alone (py-spy
+    pauses each process it samples, which shows as scheduler time in perf)."""
     if out is None:
         yield
         return
@@ -92,10 +96,16 @@ def profiled(out: Path | None, key: str, pids: Mapping[str, int | None],
             continue
         base = out / f"{key.replace(' ', '_')}-{name.replace(' ', '_')}"
         with base.with_suffix(".log").open("w") as log:
-            spies.append(subprocess.Popen(
-                ["py-spy", "record", "-p", str(pid), "-r", "97", *(["-n"] if native else []),
-                 "-f", "raw", "-o", str(base.with_suffix(".txt"))],
-                stdout=log, stderr=subprocess.STDOUT))
+            if pyspy:
+                spies.append(subprocess.Popen(
+                    ["py-spy", "record", "-p", str(pid), "-r", "97", *(["-n"] if native else []),
+                     "-f", "raw", "-o", str(base.with_suffix(".txt"))],
+                    stdout=log, stderr=subprocess.STDOUT))
+            if perf:
+                spies.append(subprocess.Popen(
+                    ["perf", "record", "-q", "-F", "499", "-p", str(pid), "-o",
+                     str(base.with_suffix(".perf"))],
+                    stdout=log, stderr=subprocess.STDOUT))
     time.sleep(1)  # attached before the transfer starts
     try:
         yield

@@ -339,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                       "side by side; ncp=DIR among them runs the ncp client from the "
                       "checkout DIR (e.g. main's, from git archive) instead of this one, "
                       "suite=SUITE the pods on this checkout's image built on Debian SUITE "
-                      "(hack/build-image.sh --suite; e.g. bookworm, trixie)")
+                      "(hack/build-image.sh --suite; e.g. bookworm, trixie), src=DIR "
+                      "with suite= that image built from the checkout DIR")
+    inst.add_argument("--perf-only", action="store_true",
+                      help="with --py-spy DIR: perf record on the pods and the client "
+                      "instead of py-spy (which pauses what it samples)")
     inst.add_argument("--json", type=Path, metavar="FILE",
                       help="write the ratios per scenario and goal_met")
     a = p.parse_args(argv)
@@ -370,7 +374,7 @@ def installed_main(a: argparse.Namespace) -> int:
     scs = _installed.scenarios(a.size_mib, a.small_files, a.medium_files,
                                [s for s in a.scenario.split(",") if s])
     results = _installed.run_installed(a.instance, a.up, a.node, scs, a.rounds, a.variant,
-                                       a.py_spy)
+                                       a.py_spy, a.perf_only)
     summary = {label: _installed.goals(r) for label, r in results.items()}
     last = summary[list(summary)[-1]]
     for label, s in summary.items():

@@ -80,12 +80,13 @@ def test_local_tree_digest_is_the_sorted_sha256sum_listing(files: dict[str, byte
 
 
 def test_variant_names_helm_values_the_ncp_checkout_and_the_image_suite(tmp_path: Path) -> None:
-    v = parse_variant(f"t=suite=bookworm,agent.x=1,ncp={tmp_path},suite=trixie,b=c=d")
-    assert (v.label, v.sets, v.ncp_root, v.suite) == \
-        ("t", ("agent.x=1", "b=c=d"), tmp_path.resolve(), "trixie")
+    v = parse_variant(f"t=suite=bookworm,agent.x=1,ncp={tmp_path},suite=trixie,b=c=d,"
+                      f"src={tmp_path}/main")
+    assert (v.label, v.sets, v.ncp_root, v.suite, v.src) == \
+        ("t", ("agent.x=1", "b=c=d"), tmp_path.resolve(), "trixie", (tmp_path / "main").resolve())
     plain = parse_variant("as installed=")
-    assert (plain.label, plain.sets, plain.ncp_root, plain.suite) == \
-        ("as installed", (), REPO, None)
+    assert (plain.label, plain.sets, plain.ncp_root, plain.suite, plain.src) == \
+        ("as installed", (), REPO, None, REPO)
 
 
 def test_tls_floor_json_holds_both_modes_and_the_runtime(capsys: pytest.CaptureFixture[str]) \

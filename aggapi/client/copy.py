@@ -46,7 +46,8 @@ from aggapi.client.extract import extract_dir
 from aggapi.client.packtar import list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
 from aggapi.client.retry import CATCH, Backoff, wait_or_raise
-from aggapi.fs.pump import next_piece, pump
+from aggapi.fs.pump import pump
+from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.tar.stream import TarReader
 
 CHUNK = 1 << 20
@@ -236,8 +237,12 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
 
 async def _receive_file(resp: aiohttp.ClientResponse, partial: PartialFile,
                         progress: Progress, backoff: Backoff, limit: RateLimit) -> None:
-    async def read(n: int) -> bytes:
-        data = await next_piece(resp.content)
+    # Decrypted straight into buffers of our own (a file has a Content-Length), which
+    # the writer thread writes and hashes as they are.
+    body = ResponseBody(resp)
+
+    async def read(n: int) -> bytes | memoryview:
+        data = await body.next_piece()
         if data:
             progress.advance(len(data))
             backoff.progressed()
@@ -245,8 +250,12 @@ async def _receive_file(resp: aiohttp.ClientResponse, partial: PartialFile,
         return data
 
     loop = asyncio.get_running_loop()
-    await pump(read, lambda pieces: loop.run_in_executor(None, partial.write_many, pieces),
-               keep_received=True)
+    try:
+        await pump(read, lambda pieces: loop.run_in_executor(None, partial.write_many, pieces),
+                   keep_received=True)
+    finally:
+        if body.receiver is not None:
+            resp.close()  # its connection is ours now: not reusable
 
 
 def _check_origin(resp: aiohttp.ClientResponse, rp: RemotePath, partial: PartialFile,

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,7 +89,7 @@ class PartialFile:
     def write(self, chunk: bytes) -> None:
         self.write_many([chunk])
 
-    def write_many(self, pieces: list[bytes]) -> None:
+    def write_many(self, pieces: Sequence[bytes | memoryview]) -> None:
         """Append ``pieces`` (blocking), each written and then hashed while it is still
         in the CPU cache."""
         assert self._f is not None

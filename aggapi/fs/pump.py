@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import StreamReader
 
@@ -27,15 +28,19 @@ async def next_piece(stream: StreamReader) -> bytes:
             return data
 
 
-async def pump(read: Callable[[int], Awaitable[bytes]],
-               start: Callable[[list[bytes]], asyncio.Future[None]], *,
+# A piece received: bytes, or a view of a receive buffer (aggapi.serve.bodyreceiver).
+Piece = TypeVar("Piece", bound=bytes | memoryview)
+
+
+async def pump(read: Callable[[int], Awaitable[Piece]],
+               start: Callable[[list[Piece]], asyncio.Future[None]], *,
                batch: int = BATCH, before: Callable[[], None] | None = None,
                keep_received: bool = False) -> None:
     """Copy ``read(batch)`` pieces (b"" ends) to ``start(pieces)``, a write started in a
     thread; ``before`` runs before each batch is handed over (a liveness check).
     ``keep_received``: when ``read`` fails, the pieces received so far are written
     before the error goes on, so a resumed transfer loses none of them."""
-    pieces: list[bytes] = []
+    pieces: list[Piece] = []
     held = 0
     pending: asyncio.Future[None] | None = None
     try:

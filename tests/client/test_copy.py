@@ -8,11 +8,14 @@ import stat
 from pathlib import Path
 
 import pytest
+from aiohttp import ClientResponse
 
+from aggapi.client import copy as client_copy
 from aggapi.client import errors
 from aggapi.client.connection import Connection
 from aggapi.client.copy import RemotePath, download, upload_dir, upload_file
 from aggapi.client.retry import Backoff
+from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.tar.stream import BLK, DIR, LNK, PAX, REG, SYM, header, pad, pax_header
 from tests.client.fakeserver import FakeCluster
 from tests.client.test_extract import escapes
@@ -59,6 +62,31 @@ async def test_download_resumes_within_a_run(cluster: FakeCluster, tmp_path: Pat
     assert "Range" not in gets[0]["headers"]
     assert gets[1]["headers"]["Range"].startswith("bytes=")
     assert int(gets[1]["headers"]["Range"][6:-1]) >= 131072  # continued, not restarted
+    assert leftovers(tmp_path) == []
+
+
+async def test_a_big_download_cut_mid_body_resumes_through_our_own_buffers(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body is taken over from aiohttp (aggapi.serve.bodyreceiver) on both GETs: the cut
+    one ends after the bytes that came, and the resumed one continues from them."""
+    payload = os.urandom(9 << 20)
+    (app_root(cluster) / "data/big.bin").write_bytes(payload)
+    taken: list[bool] = []
+
+    class Recorded(ResponseBody):
+        def __init__(self, resp: ClientResponse) -> None:
+            super().__init__(resp)
+            taken.append(self.receiver is not None)
+
+    monkeypatch.setattr(client_copy, "ResponseBody", Recorded)
+    cluster.cut_download_after = 3 << 20
+    dest = tmp_path / "out.bin"
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        res = await download(c, rp("/data/big.bin"), dest, backoff=Backoff(first=0.01))
+    assert dest.read_bytes() == payload
+    assert res.retries == 1 and taken == [True, True]
+    gets = [r for r in cluster.requests if r["method"] == "GET"]
+    assert int(gets[1]["headers"]["Range"][6:-1]) >= 3 << 20  # continued, not restarted
     assert leftovers(tmp_path) == []
 
 

@@ -35,7 +35,7 @@ BODY = os.urandom(3 * MiB + 17)
 class Agent:
     """How the stand-in answers, and what it saw: request heads, its handler's end."""
 
-    mode: str = "length"  # length, chunked, error, die, stall
+    mode: str = "length"  # length, chunked, error, die, short, stall
     heads: list[dict[str, str]] = field(default_factory=list)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -54,12 +54,15 @@ async def _agent(pki_dir: Path, agent: Agent) -> tuple[web.AppRunner, int]:
             resp.content_length = len(BODY)
         await resp.prepare(request)
         try:
-            if agent.mode in ("die", "stall"):
+            if agent.mode in ("die", "short", "stall"):
                 await resp.write(BODY[:MiB])
-                if agent.mode == "die":
+                if agent.mode in ("die", "short"):
                     await asyncio.sleep(0.5)
                     assert request.transport is not None
-                    request.transport.abort()  # the process is gone
+                    if agent.mode == "die":
+                        request.transport.abort()  # the process is gone
+                    else:  # a clean TLS close before the Content-Length is reached
+                        request.transport.close()
                 await asyncio.sleep(3600)
             for at in range(0, len(BODY), 100_000):
                 await resp.write(BODY[at:at + 100_000])
@@ -116,9 +119,10 @@ async def test_an_agent_error_is_relayed_as_its_status(relay: Any) -> None:
     assert status["message"] == "no such file"
 
 
+@pytest.mark.parametrize("mode", ["die", "short"])
 async def test_an_agent_dying_mid_body_ends_the_download_after_the_bytes_it_sent(
-        relay: Any) -> None:
-    _, s = await relay(Agent("die"))
+        relay: Any, mode: str) -> None:
+    _, s = await relay(Agent(mode))
     got = bytearray()
     with pytest.raises(aiohttp.ClientPayloadError):  # not a wait for the rest, forever
         async with asyncio.timeout(20), s.get(URL, params=Q) as resp:
