@@ -7,8 +7,9 @@ verb ``watch``; aggapi itself checks get/create on pods/copy).
 Downloads verify the whole file's sha256 (``X-Aggapi-Sha256``) and resume with
 ``Range``/``If-Range`` after a cut connection, and across runs through the
 partial file kept beside the destination. Directories arrive as a PAX tar and
-are extracted by :mod:`aggapi.client.extract`. Uploads send the sha256 up front
-so the server refuses to commit anything else, and compare the server's reply.
+are extracted by :mod:`aggapi.client.extract`. Uploads carry the sha256 (a file's
+after its bytes, hashed as they are sent; a tar's up front) so the server refuses to
+commit anything else, and compare the server's reply.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from aggapi.client.confine import link_stays_inside
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.errors import (
     AggapiError,
+    BadRequest,
     IntegrityError,
     LocalError,
     RangeNotSatisfiable,
@@ -360,7 +362,7 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
                       backoff: Backoff | None = None, rate_limit: float | None = None,
                       follow_links: bool = False) -> Result:
     """Upload the regular file ``src``; a symlink is refused unless ``follow_links``
-    (-L). One fd, opened once, is hashed and sent (every retry reads it again)."""
+    (-L). One fd, opened once, is hashed as it is sent (every retry reads it again)."""
     progress = progress or NoProgress()
     fd, st = open_source(src, follow_links=follow_links)
     try:
@@ -370,34 +372,77 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
         os.close(fd)
 
 
+# What an agent that predates sha256=trailer answers it, before it writes anything.
+_NO_TRAILER = "sha256 must be 64 hex digits"
+
+
 async def _upload_fd(conn: Connection, fd: int, st: os.stat_result, rp: RemotePath, *,
                      overwrite: bool, mode: int | None, progress: Progress,
                      backoff: Backoff | None, rate_limit: float | None) -> Result:
-    sha = await asyncio.to_thread(_sha256_fd, fd, st.st_size)
+    """One pass over the file: hashed while it is sent, the digest sent after it
+    (sha256=trailer). An agent that predates the trailer refuses it up front; then the
+    file is hashed first and the digest sent in the query."""
+    try:
+        return await _send_fd(conn, fd, st, rp, overwrite=overwrite, mode=mode,
+                              progress=progress, backoff=backoff, rate_limit=rate_limit,
+                              trailer=True)
+    except BadRequest as exc:
+        if _NO_TRAILER not in str(exc):
+            raise
+    return await _send_fd(conn, fd, st, rp, overwrite=overwrite, mode=mode,
+                          progress=progress, backoff=backoff, rate_limit=rate_limit,
+                          trailer=False)
+
+
+def _read(fd: int, n: int, off: int, h: Any | None) -> bytes:
+    chunk = os.pread(fd, n, off)
+    if h is not None:
+        h.update(chunk)  # in the reading thread: hashlib lets go of the GIL
+    return chunk
+
+
+async def _send_fd(conn: Connection, fd: int, st: os.stat_result, rp: RemotePath, *,
+                   overwrite: bool, mode: int | None, progress: Progress,
+                   backoff: Backoff | None, rate_limit: float | None,
+                   trailer: bool) -> Result:
+    size = st.st_size
+    sha = "" if trailer else await asyncio.to_thread(_sha256_fd, fd, size)
 
     async def body() -> AsyncIterator[bytes]:
-        progress.start(st.st_size)
+        nonlocal sha
+        progress.start(size)
         limit = RateLimit(rate_limit)
+        h = hashlib.sha256() if trailer else None
         off = 0
         # A MiB at a time, encrypted right after it is read, while it is in the CPU
         # cache: reading a few MiB ahead per thread hand-over measured 0.3 CPU-s/GiB
-        # more (bench_copy --ncp, 3 rounds).
-        while chunk := await asyncio.to_thread(os.pread, fd, CHUNK, off):
+        # more (bench_copy --ncp, 3 rounds). Never more than the size sent as
+        # Content-Length, whatever the file does meanwhile.
+        while off < size:
+            chunk = await asyncio.to_thread(_read, fd, min(CHUNK, size - off), off, h)
+            if not chunk:
+                raise LocalError.from_message(f"the file shrank to {off} bytes while it "
+                                              f"was sent ({size} at the start)")
             off += len(chunk)
             progress.advance(len(chunk))
             yield chunk
             await limit.pace(len(chunk))
+        if h is not None:
+            sha = h.hexdigest()  # of this attempt's bytes (every retry reads again)
+            yield h.digest()
 
-    params = rp.params(sha256=sha, overwrite="true" if overwrite else "false")
+    params = rp.params(sha256=wire.SHA256_TRAILER if trailer else sha,
+                       overwrite="true" if overwrite else "false")
     if mode is not None:
         params.append(("mode", f"{mode:o}"))
-    headers = {"Content-Type": "application/octet-stream", "Content-Length": str(st.st_size)}
+    length = size + (wire.SHA256_TRAILER_SIZE if trailer else 0)
+    headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length)}
     reply, retries = await _post(conn, rp, params, headers, body, backoff or Backoff())
-    if reply.get("sha256") != sha or reply.get("size") != st.st_size:
+    if reply.get("sha256") != sha or reply.get("size") != size:
         raise IntegrityError.from_message(
             f"the server stored {reply.get('size')} bytes with sha256 {reply.get('sha256')}, "
-            f"sent {st.st_size} bytes with sha256 {sha}")
-    return Result(str(reply.get("path") or rp.path), "file", st.st_size, sha, retries=retries)
+            f"sent {size} bytes with sha256 {sha}")
+    return Result(str(reply.get("path") or rp.path), "file", size, sha, retries=retries)
 
 
 async def _replay(chunks: list[bytes]) -> AsyncIterator[bytes]:

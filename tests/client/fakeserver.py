@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from aggapi import wire
 from aggapi.status import StatusError, status_middleware
 from aggapi.tar.stream import DIR, PAX, REG, SYM, TarReader, header, pad, pax_header
 from aggapi.tls import pki
@@ -64,6 +65,8 @@ class FakeCluster:
     cut_download_after: int | None = None  # the next file GET is cut after N bytes
     download_delay: float = 0.0  # per 64 KiB chunk, to let a test interrupt a transfer
     corrupt_sha: bool = False
+    # As agents before sha256=trailer: any sha256 but 64 hex digits is refused.
+    no_sha256_trailer: bool = False
     # As 622964a's agent: a symlink download is answered with the link whatever the query.
     symlinks_regardless: bool = False
     dir_tar: bytes | None = None  # served instead of a real directory tar
@@ -325,7 +328,12 @@ class FakeCluster:
                 raise StatusError(400, f"sha256 mismatch: got {h.hexdigest()}")
             return web.json_response({"path": path, "size": stream.size,
                                       "sha256": h.hexdigest(), "entries": entries})
+        if want == wire.SHA256_TRAILER and self.no_sha256_trailer:
+            raise StatusError(400, "sha256 must be 64 hex digits")
         data = await request.read()
+        if want == wire.SHA256_TRAILER:
+            data, want = data[:-wire.SHA256_TRAILER_SIZE], \
+                data[-wire.SHA256_TRAILER_SIZE:].hex()
         sha = hashlib.sha256(data).hexdigest()
         if want and want != sha:
             raise StatusError(400, f"sha256 mismatch: got {sha}, expected {want}")
