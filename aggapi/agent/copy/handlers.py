@@ -393,8 +393,9 @@ class CopyHandlers:
         state = self.state
         container, path = _target(request, cap)
         params = upload_params(request, cap)
-        if request.content_length is not None:
-            state.slots.check_size(request.content_length)
+        if request.content_length is not None:  # the data's: a sha256 trailer is not
+            state.slots.check_size(request.content_length
+                                   - (wire.SHA256_TRAILER_SIZE if params.sha256_trailer else 0))
         # A client that stops sending, or trickles, is cut off: the slot and the temp
         # files go with it.
         body = PacedBody(request.content, state.limits.body_idle_timeout,

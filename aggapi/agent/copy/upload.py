@@ -55,10 +55,12 @@ from aggapi.tar.stream import ByteStream, TarError
 from aggapi.wire import SHA256_TRAILER_SIZE
 
 
-def _counted(body: ByteStream, state: CopyState) -> Callable[[int], Awaitable[bytes]]:
+def _counted(body: ByteStream, state: CopyState,
+             params: UploadParams) -> Callable[[int], Awaitable[bytes]]:
     """``read`` for :func:`aggapi.fs.pump.pump`: the body's pieces as received (never
-    joined), their running total checked against the size limit."""
-    received = 0
+    joined), their running total checked against the size limit (which a sha256
+    trailer does not count against)."""
+    received = -SHA256_TRAILER_SIZE if params.sha256_trailer else 0
 
     async def read(n: int) -> bytes:
         nonlocal received
@@ -77,7 +79,7 @@ class Expected:
 
     def __init__(self, read: Callable[[int], Awaitable[bytes]], content_length: int | None,
                  params: UploadParams) -> None:
-        self._read = read
+        self._read = read  # a _counted read
         self._sha256 = params.sha256
         self.size = content_length
         self._tail: bytearray | None = None
@@ -126,9 +128,9 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
     if not name:
         raise StatusError(409, "/: is a directory")
     check_name(name)
-    if content_length is not None:
-        state.slots.check_size(content_length)
-    want = Expected(_counted(body, state), content_length, params)
+    want = Expected(_counted(body, state, params), content_length, params)
+    if want.size is not None:
+        state.slots.check_size(want.size)
     run = state.workers.run
     record = InflightRecord(state.limits.state_dir, root)
     try:
@@ -181,9 +183,9 @@ def _undo_target(root: FsRoot, path: str, opened: tuple[int, str | None]) -> Non
 
 async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream,
                      content_length: int | None, params: UploadParams) -> dict[str, Any]:
-    if content_length is not None:
-        state.slots.check_size(content_length)
-    want = Expected(_counted(body, state), content_length, params)
+    want = Expected(_counted(body, state, params), content_length, params)
+    if want.size is not None:
+        state.slots.check_size(want.size)
     run = state.workers.run
     limits = state.limits
     record = InflightRecord(limits.state_dir, root)

@@ -139,3 +139,16 @@ async def test_a_short_body_is_refused(cc: Any, plain: tuple[Path, Path]) -> Non
     r = await cc.post("/f", b"x" * 31, sha256="trailer")
     assert r.status == 411
     assert not (plain[0] / "f").exists()
+
+
+async def test_the_size_limit_counts_the_data_not_the_trailer(
+        plain: tuple[Path, Path], serve: Any, limits: CopyLimits) -> None:
+    """A file of exactly the limit goes, with its trailer past the limit; one byte more
+    does not."""
+    cc = await serve(DirResolver(plain[0]), CopyLimits(size_limit=1 << 20,
+                                                       state_dir=limits.state_dir))
+    for size, status in ((1 << 20, 200), ((1 << 20) + 1, 413)):
+        data = os.urandom(size)
+        r = await cc.post("/f", data + hashlib.sha256(data).digest(), sha256="trailer")
+        assert r.status == status, await r.text()
+    assert (plain[0] / "f").stat().st_size == 1 << 20
