@@ -5,10 +5,8 @@ into place, for a raw file and for a tar."""
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import os
-import tarfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from aggapi.agent.copy.upload import Expected
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.status import StatusError
 from tests.agent.copy.conftest import DirResolver, temp_leftovers
+from tests.tarcraft import pax_tar
 
 TRAILER = UploadParams(sha256_trailer=True)
 
@@ -74,11 +73,6 @@ def test_a_trailer_needs_a_content_length_that_holds_it(length: int | None) -> N
     assert err.value.code == 411
 
 
-@pytest.fixture
-async def cc(plain: tuple[Path, Path], serve: Any, limits: CopyLimits) -> Any:
-    return await serve(DirResolver(plain[0]), limits)
-
-
 async def test_a_raw_file_with_its_trailer_is_written(cc: Any, plain: tuple[Path, Path]) -> None:
     root, _ = plain
     data = os.urandom(3 * 1024 * 1024 + 5)
@@ -107,20 +101,10 @@ async def test_any_flipped_byte_leaves_the_target_unchanged(
     assert temp_leftovers(root) == []
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name, content in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            tf.addfile(info, io.BytesIO(content))
-    return buf.getvalue()
-
-
 async def test_a_tar_with_its_trailer_is_extracted_and_a_bad_one_is_not(
         cc: Any, plain: tuple[Path, Path]) -> None:
     root, _ = plain
-    raw = _tar({"a.txt": b"alpha", "sub/b.bin": os.urandom(100_000)})
+    raw = pax_tar({"a.txt": b"alpha", "sub/b.bin": os.urandom(100_000)})
     bad = bytearray(raw + hashlib.sha256(raw).digest())
     bad[-1] ^= 1
     r = await cc.post("/bad", bytes(bad), format="tar", sha256="trailer")
