@@ -50,6 +50,11 @@ SYMLINK_KEEP = "keep"
 UPLOAD_PARAMS = ("overwrite", "mode", "uid", "gid", "sha256", "format")
 # Upload parameters the agent may take from the query alone: they only restrict.
 QUERY_ONLY_UPLOAD_PARAMS = frozenset({"sha256"})
+# sha256=trailer: the body's last 32 bytes are the raw sha256 of the bytes before them
+# (the client hashes while it sends: one pass over the file). Agents that predate it
+# refuse the value (not 64 hex digits) before they write anything.
+SHA256_TRAILER = "trailer"
+SHA256_TRAILER_SIZE = 32
 
 # --- copy headers ------------------------------------------------------------------
 HEADER_STAT = "X-Aggapi-Stat"      # base64 JSON {name, size, mode, mtime, uid, gid, ...}

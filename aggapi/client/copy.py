@@ -7,8 +7,9 @@ verb ``watch``; aggapi itself checks get/create on pods/copy).
 Downloads verify the whole file's sha256 (``X-Aggapi-Sha256``) and resume with
 ``Range``/``If-Range`` after a cut connection, and across runs through the
 partial file kept beside the destination. Directories arrive as a PAX tar and
-are extracted by :mod:`aggapi.client.extract`. Uploads send the sha256 up front
-so the server refuses to commit anything else, and compare the server's reply.
+are extracted by :mod:`aggapi.client.extract`. Uploads carry the sha256 (a file's
+after its bytes, hashed as they are sent; a tar's up front) so the server refuses to
+commit anything else, and compare the server's reply.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import base64
 import binascii
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
 import re
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +38,7 @@ from aggapi.client.confine import link_stays_inside
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.errors import (
     AggapiError,
+    BadRequest,
     IntegrityError,
     LocalError,
     RangeNotSatisfiable,
@@ -369,44 +372,97 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
                       backoff: Backoff | None = None, rate_limit: float | None = None,
                       follow_links: bool = False) -> Result:
     """Upload the regular file ``src``; a symlink is refused unless ``follow_links``
-    (-L). One fd, opened once, is hashed and sent (every retry reads it again)."""
-    progress = progress or NoProgress()
+    (-L). One fd, opened once, is hashed as it is sent (every retry reads it again)."""
     fd, st = open_source(src, follow_links=follow_links)
-    try:
-        return await _upload_fd(conn, fd, st, rp, overwrite=overwrite, mode=mode,
-                                progress=progress, backoff=backoff, rate_limit=rate_limit)
-    finally:
-        os.close(fd)
+    size = st.st_size
 
-
-async def _upload_fd(conn: Connection, fd: int, st: os.stat_result, rp: RemotePath, *,
-                     overwrite: bool, mode: int | None, progress: Progress,
-                     backoff: Backoff | None, rate_limit: float | None) -> Result:
-    sha = await asyncio.to_thread(_sha256_fd, fd, st.st_size)
-
-    async def body() -> AsyncIterator[bytes]:
-        progress.start(st.st_size)
-        limit = RateLimit(rate_limit)
-        off = 0
+    async def chunks(h: Hasher | None) -> AsyncIterator[bytes]:
         # A MiB at a time, encrypted right after it is read, while it is in the CPU
         # cache: reading a few MiB ahead per thread hand-over measured 0.3 CPU-s/GiB
-        # more (bench_copy --ncp, 3 rounds).
-        while chunk := await asyncio.to_thread(os.pread, fd, CHUNK, off):
+        # more (bench_copy --ncp, 3 rounds). Never more than the size sent as
+        # Content-Length, whatever the file does meanwhile.
+        off = 0
+        while off < size:
+            chunk = await asyncio.to_thread(_read, fd, min(CHUNK, size - off), off, h)
+            if not chunk:
+                raise LocalError.from_message(f"the file shrank to {off} bytes while it "
+                                              f"was sent ({size} at the start)")
             off += len(chunk)
+            yield chunk
+
+    params = rp.params(overwrite="true" if overwrite else "false")
+    if mode is not None:
+        params.append(("mode", f"{mode:o}"))
+    try:
+        reply, retries, sha = await _one_pass_or_two(
+            functools.partial(_send, conn, rp, params, "application/octet-stream", size,
+                              chunks, progress or NoProgress(), backoff or Backoff(),
+                              rate_limit),
+            lambda: asyncio.to_thread(_sha256_fd, fd, size))
+    finally:
+        os.close(fd)
+    if reply.get("size") != size:
+        raise IntegrityError.from_message(
+            f"the server stored {reply.get('size')} bytes, sent {size} (sha256 {sha})")
+    return Result(str(reply.get("path") or rp.path), "file", size, sha, retries=retries)
+
+
+# What an agent that predates sha256=trailer answers it, before it writes anything.
+_NO_TRAILER = "sha256 must be 64 hex digits"
+Hasher = Any  # hashlib's sha256 object (its type is private)
+Chunks = Callable[[Hasher | None], AsyncIterator[bytes]]
+Sent = tuple[dict[str, Any], int, str]  # the server's reply, retries, the sha256 sent
+
+
+async def _one_pass_or_two(send: Callable[[str | None], Awaitable[Sent]],
+                           digest: Callable[[], Awaitable[str]]) -> Sent:
+    """One pass: hashed while sent, the digest after the bytes (sha256=trailer). An
+    agent that predates the trailer refuses it up front; then a first pass hashes and
+    the digest goes in the query."""
+    try:
+        return await send(None)
+    except BadRequest as exc:
+        if _NO_TRAILER not in str(exc):
+            raise
+    return await send(await digest())
+
+
+def _read(fd: int, n: int, off: int, h: Hasher | None) -> bytes:
+    chunk = os.pread(fd, n, off)
+    if h is not None:
+        h.update(chunk)  # in the reading thread: hashlib lets go of the GIL
+    return chunk
+
+
+async def _send(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
+                content_type: str, size: int, chunks: Chunks, progress: Progress,
+                backoff: Backoff, rate_limit: float | None, sha: str | None) -> Sent:
+    """POST ``size`` bytes from ``chunks`` (again for every retry) under the sha256
+    ``sha``, or with ``sha`` None hashed as they go and the digest sent after them;
+    the server's reply must name the same sha256."""
+    sent = sha
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal sent
+        progress.start(size)
+        limit = RateLimit(rate_limit)
+        h = hashlib.sha256() if sha is None else None
+        async for chunk in chunks(h):
             progress.advance(len(chunk))
             yield chunk
             await limit.pace(len(chunk))
+        if h is not None:
+            sent = h.hexdigest()  # of this attempt's bytes
+            yield h.digest()
 
-    params = rp.params(sha256=sha, overwrite="true" if overwrite else "false")
-    if mode is not None:
-        params.append(("mode", f"{mode:o}"))
-    headers = {"Content-Type": "application/octet-stream", "Content-Length": str(st.st_size)}
-    reply, retries = await _post(conn, rp, params, headers, body, backoff or Backoff())
-    if reply.get("sha256") != sha or reply.get("size") != st.st_size:
+    length = size if sha is not None else size + wire.SHA256_TRAILER_SIZE
+    headers = {"Content-Type": content_type, "Content-Length": str(length)}
+    reply, retries = await _post(conn, rp, [*params, ("sha256", sha or wire.SHA256_TRAILER)],
+                                 headers, body, backoff)
+    if reply.get("sha256") != sent:
         raise IntegrityError.from_message(
-            f"the server stored {reply.get('size')} bytes with sha256 {reply.get('sha256')}, "
-            f"sent {st.st_size} bytes with sha256 {sha}")
-    return Result(str(reply.get("path") or rp.path), "file", st.st_size, sha, retries=retries)
+            f"the server received sha256 {reply.get('sha256')}, sent {sent}")
+    return reply, retries, str(sent)
 
 
 async def _replay(chunks: list[bytes]) -> AsyncIterator[bytes]:
@@ -422,7 +478,6 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
     ``preserve=False``: entries get the container's default modes, not the local ones.
     ``src`` itself may be a symlink only with ``follow_links`` (links inside the tree
     are sent as links)."""
-    progress = progress or NoProgress()
     if not follow_links:
         _refuse_symlink(src)
     try:
@@ -430,34 +485,29 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
         size = tar_size(src, listing)
     except OSError as exc:
         raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
-    # A first pass hashes the (deterministic) tar, so the server can refuse to commit
-    # anything but exactly these bytes; a file changing in between is caught there. A
-    # tar of up to READ_ONCE_MAX bytes is kept from that pass and sent as it is: a tree
-    # of small files is read and framed once, not twice (half the client's work).
-    h = hashlib.sha256()
-    kept: list[bytes] | None = [] if size <= READ_ONCE_MAX else None
-    async for chunk in tar_stream(src, listing, preserve=preserve):
-        h.update(chunk)
-        if kept is not None:
-            kept.append(chunk)
-    sha = h.hexdigest()
+    # Where the digest must come first (an agent without trailers), a first pass hashes
+    # the (deterministic) tar, and a tar of up to READ_ONCE_MAX bytes is kept from it
+    # and sent as it is: a tree of small files is read and framed once, not twice.
+    kept: list[bytes] | None = None
 
-    async def body() -> AsyncIterator[bytes]:
-        progress.start(size)
-        limit = RateLimit(rate_limit)
-        chunks = _replay(kept) if kept is not None else tar_stream(src, listing,
-                                                                   preserve=preserve)
-        async for chunk in chunks:
-            progress.advance(len(chunk))
-            yield chunk
-            await limit.pace(len(chunk))
+    def chunks(h: Hasher | None) -> AsyncIterator[bytes]:
+        return _replay(kept) if kept is not None else \
+            tar_stream(src, listing, preserve=preserve, hasher=h)
 
-    headers = {"Content-Type": "application/x-tar", "Content-Length": str(size)}
-    reply, retries = await _post(conn, rp, rp.params(format="tar", sha256=sha), headers, body,
-                                 backoff or Backoff())
-    if reply.get("sha256") != sha:
-        raise IntegrityError.from_message(
-            f"the server received a tar with sha256 {reply.get('sha256')}, sent {sha}")
+    async def digest() -> str:
+        nonlocal kept
+        h = hashlib.sha256()
+        pieces: list[bytes] | None = [] if size <= READ_ONCE_MAX else None
+        async for chunk in tar_stream(src, listing, preserve=preserve, hasher=h):
+            if pieces is not None:
+                pieces.append(chunk)
+        kept = pieces
+        return h.hexdigest()
+
+    reply, retries, sha = await _one_pass_or_two(
+        functools.partial(_send, conn, rp, rp.params(format="tar"), "application/x-tar",
+                          size, chunks, progress or NoProgress(), backoff or Backoff(),
+                          rate_limit),
+        digest)
     return Result(str(reply.get("path") or rp.path), "dir", int(reply.get("size") or 0),
-                  str(reply.get("sha256")), retries=retries,
-                  entries=len(listing.entries), skipped=listing.skipped)
+                  sha, retries=retries, entries=len(listing.entries), skipped=listing.skipped)

@@ -18,6 +18,7 @@ import stat
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aggapi.client.errors import LocalError
 from aggapi.tar.stream import DIR, END, REG, SYM, header, header_size, pad
@@ -99,9 +100,10 @@ def _pieces(root: Path, listing: Listing, preserve: bool) -> Generator[bytes, No
     yield END
 
 
-def _batch(pieces: Iterator[bytes]) -> bytes:
+def _batch(pieces: Iterator[bytes], hasher: Any | None) -> bytes:
     """The next CHUNK or so of the tar: one piece as it is (a big file's read), or many
-    small ones joined. b"" at the end."""
+    small ones joined, fed to ``hasher`` (a hashlib object) here in the worker. b"" at
+    the end."""
     got: list[bytes] = []
     n = 0
     for piece in pieces:
@@ -109,11 +111,14 @@ def _batch(pieces: Iterator[bytes]) -> bytes:
         n += len(piece)
         if n >= CHUNK:
             break
-    return got[0] if len(got) == 1 else b"".join(got)
+    out = got[0] if len(got) == 1 else b"".join(got)
+    if hasher is not None:
+        hasher.update(out)
+    return out
 
 
-async def tar_stream(root: Path, listing: Listing, *,
-                     preserve: bool = True) -> AsyncIterator[bytes]:
+async def tar_stream(root: Path, listing: Listing, *, preserve: bool = True,
+                     hasher: Any | None = None) -> AsyncIterator[bytes]:
     """The tar of ``listing``, in pieces of about CHUNK bytes; fails if a file changed
     between listing and reading.
 
@@ -123,7 +128,7 @@ async def tar_stream(root: Path, listing: Listing, *,
     hop on every side of the copy."""
     pieces = _pieces(root, listing, preserve)
     try:
-        while piece := await asyncio.to_thread(_batch, pieces):
+        while piece := await asyncio.to_thread(_batch, pieces, hasher):
             yield piece
     finally:
         # Closes the file a batch left open mid-file. A cancelled batch may still run in

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import io
 import json
 import os
 import ssl
@@ -23,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from aggapi import wire
 from aggapi.status import StatusError, status_middleware
 from aggapi.tar.stream import DIR, PAX, REG, SYM, TarReader, header, pad, pax_header
 from aggapi.tls import pki
@@ -64,6 +66,8 @@ class FakeCluster:
     cut_download_after: int | None = None  # the next file GET is cut after N bytes
     download_delay: float = 0.0  # per 64 KiB chunk, to let a test interrupt a transfer
     corrupt_sha: bool = False
+    # As agents before sha256=trailer: any sha256 but 64 hex digits is refused.
+    no_sha256_trailer: bool = False
     # As 622964a's agent: a symlink download is answered with the link whatever the query.
     symlinks_regardless: bool = False
     dir_tar: bytes | None = None  # served instead of a real directory tar
@@ -315,9 +319,15 @@ class FakeCluster:
 
     async def _upload(self, request: web.Request, target: Path, path: str) -> web.Response:
         want = request.query.get("sha256")
+        if want == wire.SHA256_TRAILER and self.no_sha256_trailer:
+            raise StatusError(400, "sha256 must be 64 hex digits")
+        data = await request.read()
+        if want == wire.SHA256_TRAILER:
+            data, want = data[:-wire.SHA256_TRAILER_SIZE], \
+                data[-wire.SHA256_TRAILER_SIZE:].hex()
         if request.query.get("format") == "tar":
             h = hashlib.sha256()
-            stream = HashingStream(request.content, h)
+            stream = HashingStream(BytesStream(data), h)
             entries = await untar_into(TarReader(stream), target)
             while await stream.read(1 << 16):  # trailing zero blocks count, as in the agent
                 pass
@@ -325,7 +335,6 @@ class FakeCluster:
                 raise StatusError(400, f"sha256 mismatch: got {h.hexdigest()}")
             return web.json_response({"path": path, "size": stream.size,
                                       "sha256": h.hexdigest(), "entries": entries})
-        data = await request.read()
         sha = hashlib.sha256(data).hexdigest()
         if want and want != sha:
             raise StatusError(400, f"sha256 mismatch: got {sha}, expected {want}")
@@ -339,6 +348,22 @@ class FakeCluster:
             os.chmod(tmp, int(request.query["mode"], 8))
         os.replace(tmp, target)
         return web.json_response({"path": path, "size": len(data), "sha256": sha})
+
+
+class BytesStream:
+    """A received body, read back as a stream."""
+
+    def __init__(self, data: bytes) -> None:
+        self.buf = io.BytesIO(data)
+
+    async def readexactly(self, n: int) -> bytes:
+        b = self.buf.read(n)
+        if len(b) < n:
+            raise asyncio.IncompleteReadError(b, n)
+        return b
+
+    async def read(self, n: int = -1) -> bytes:
+        return self.buf.read(n)
 
 
 class HashingStream:

@@ -26,7 +26,8 @@ Wire conventions (the aggapi apiserver relays them unchanged):
   linkTarget; without it 409 (as cp without -P: a link is not the file).
 - Upload (POST): body = the file, or with format=tar a tar extracted into the
   directory ``path`` (created if only its last component is missing); optional
-  sha256=, mode= (octal; the only way to set setuid/setgid), uid=, gid=,
+  sha256= (hex, or ``trailer``: the body's last 32 bytes are the raw sha256 of the
+  bytes before them), mode= (octal; the only way to set setuid/setgid), uid=, gid=,
   overwrite=true|false (default true). Reply: JSON {path, size, sha256}
   (+ entries for tar).
 - Errors are metav1.Status (via aggapi.status); a failure after a download has
@@ -128,8 +129,11 @@ def upload_params(request: web.Request, cap: Capability) -> UploadParams:
             raise StatusError(400, f"{k} must be a number")
         ids[k] = int(v) if v is not None else None
     sha = raw["sha256"]
-    if sha is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
-        raise StatusError(400, "sha256 must be 64 hex digits")
+    trailer = sha == wire.SHA256_TRAILER
+    if trailer:
+        sha = None
+    elif sha is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+        raise StatusError(400, f"sha256 must be 64 hex digits or {wire.SHA256_TRAILER!r}")
     fmt = raw["format"] or "raw"
     if fmt not in ("raw", "tar"):
         raise StatusError(400, "format must be raw or tar")
@@ -139,7 +143,7 @@ def upload_params(request: web.Request, cap: Capability) -> UploadParams:
         overwrite=ow in ("true", "1"),
         owner=Owner(ids["uid"], ids["gid"], int(mode, 8) if mode else None,
                     keep_setid=mode is not None),
-        sha256=sha, tar=fmt == "tar")
+        sha256=sha, sha256_trailer=trailer, tar=fmt == "tar")
 
 
 @asynccontextmanager
@@ -389,8 +393,9 @@ class CopyHandlers:
         state = self.state
         container, path = _target(request, cap)
         params = upload_params(request, cap)
-        if request.content_length is not None:
-            state.slots.check_size(request.content_length)
+        if request.content_length is not None:  # the data's: a sha256 trailer is not
+            state.slots.check_size(request.content_length
+                                   - (wire.SHA256_TRAILER_SIZE if params.sha256_trailer else 0))
         # A client that stops sending, or trickles, is cut off: the slot and the temp
         # files go with it.
         body = PacedBody(request.content, state.limits.body_idle_timeout,

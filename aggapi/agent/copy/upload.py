@@ -52,12 +52,15 @@ from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.fs.pump import next_piece, pump
 from aggapi.status import StatusError
 from aggapi.tar.stream import ByteStream, TarError
+from aggapi.wire import SHA256_TRAILER_SIZE
 
 
-def _counted(body: ByteStream, state: CopyState) -> Callable[[int], Awaitable[bytes]]:
+def _counted(body: ByteStream, state: CopyState,
+             params: UploadParams) -> Callable[[int], Awaitable[bytes]]:
     """``read`` for :func:`aggapi.fs.pump.pump`: the body's pieces as received (never
-    joined), their running total checked against the size limit."""
-    received = 0
+    joined), their running total checked against the size limit (which a sha256
+    trailer does not count against)."""
+    received = -SHA256_TRAILER_SIZE if params.sha256_trailer else 0
 
     async def read(n: int) -> bytes:
         nonlocal received
@@ -69,10 +72,54 @@ def _counted(body: ByteStream, state: CopyState) -> Callable[[int], Awaitable[by
     return read
 
 
-def _check_digest(params: UploadParams, digest: str, path: str) -> None:
-    if params.sha256 is not None and digest != params.sha256.lower():
-        raise StatusError(400, f"{path}: sha256 mismatch: received {digest}, expected "
-                          f"{params.sha256}; target unchanged", reason="Invalid")
+class Expected:
+    """What the body must turn out to be: its data size and sha256, from the request
+    (Content-Length, sha256=) or, with sha256=trailer, from the body's own last 32
+    bytes, which ``read`` keeps out of the data."""
+
+    def __init__(self, read: Callable[[int], Awaitable[bytes]], content_length: int | None,
+                 params: UploadParams) -> None:
+        self._read = read  # a _counted read
+        self._sha256 = params.sha256
+        self.size = content_length
+        self._tail: bytearray | None = None
+        self._left = 0
+        if params.sha256_trailer:
+            if content_length is None or content_length < SHA256_TRAILER_SIZE:
+                raise StatusError(411, "sha256=trailer needs a Content-Length of at least "
+                                  f"{SHA256_TRAILER_SIZE} (the trailer)")
+            self.size = self._left = content_length - SHA256_TRAILER_SIZE
+            self._tail = bytearray()
+
+    async def read(self, n: int) -> bytes:
+        """The next data piece (b"" at the end); with a trailer, the piece that crosses
+        into it is split (the only copy), and the trailer's bytes are kept aside."""
+        while True:
+            data = await self._read(n)
+            if self._tail is None or len(data) <= self._left:
+                self._left -= len(data) if self._tail is not None else 0
+                return data
+            head, self._left = data[:self._left], 0
+            self._tail += data[len(head):]
+            if head:
+                return head
+
+    @property
+    def sha256(self) -> str | None:
+        """The sha256 (hex) the data must have; call after the whole body was read."""
+        if self._tail is None:
+            return self._sha256.lower() if self._sha256 is not None else None
+        if len(self._tail) != SHA256_TRAILER_SIZE:  # Content-Length holds it to at most 32
+            raise StatusError(400, f"the body ended inside its sha256 trailer "
+                              f"({len(self._tail)} of {SHA256_TRAILER_SIZE} bytes); target "
+                              "unchanged")
+        return bytes(self._tail).hex()
+
+    def check(self, digest: str, path: str) -> None:
+        want = self.sha256
+        if want is not None and digest != want:
+            raise StatusError(400, f"{path}: sha256 mismatch: received {digest}, expected "
+                              f"{want}; target unchanged", reason="Invalid")
 
 
 async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStream,
@@ -81,8 +128,9 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
     if not name:
         raise StatusError(409, "/: is a directory")
     check_name(name)
-    if content_length is not None:
-        state.slots.check_size(content_length)
+    want = Expected(_counted(body, state, params), content_length, params)
+    if want.size is not None:
+        state.slots.check_size(want.size)
     run = state.workers.run
     record = InflightRecord(state.limits.state_dir, root)
     try:
@@ -95,19 +143,19 @@ async def upload_file(state: CopyState, root: FsRoot, path: str, body: ByteStrea
         replaced = await call(state.workers, check_replaceable, dir_fd, name, path,
                               params.overwrite)
         least = state.limits.direct_io_min_size
-        direct = least > 0 and (content_length is None or content_length >= least)
+        direct = least > 0 and (want.size is None or want.size >= least)
         # call: the temp file a worker creates for a client that has left is removed.
         af = await call(state.workers, functools.partial(
             AtomicFile, root, record, dir_fd, parent, name, direct=direct),
             undo=AtomicFile.abort)
         # Hashed in AtomicFile.write_many, in a worker.
-        await pump(_counted(body, state),
+        await pump(want.read,
                    lambda pieces: state.workers.submit(af.write_many, pieces),
                    before=root.ensure_alive)
         # call, not run: abort must not close the fd under a finish or commit still
         # running for a client that has left.
         digest = await call(state.workers, functools.partial(
-            af.finish, expect_size=content_length, expect_sha256=params.sha256,
+            af.finish, expect_size=want.size, expect_sha256=want.sha256,
             owner=params.owner, replaced=replaced))
         # The digest is not left in the cache: the container may rewrite the file
         # (as it could the temp file) within the rename's timestamp tick (digests.py).
@@ -135,8 +183,9 @@ def _undo_target(root: FsRoot, path: str, opened: tuple[int, str | None]) -> Non
 
 async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream,
                      content_length: int | None, params: UploadParams) -> dict[str, Any]:
-    if content_length is not None:
-        state.slots.check_size(content_length)
+    want = Expected(_counted(body, state, params), content_length, params)
+    if want.size is not None:
+        state.slots.check_size(want.size)
     run = state.workers.run
     limits = state.limits
     record = InflightRecord(limits.state_dir, root)
@@ -153,16 +202,16 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
     ok = False
     try:
         try:
-            await pump(_counted(body, state),
+            await pump(want.read,
                        lambda pieces: state.workers.submit(sink.feed_many, pieces),
                        before=root.ensure_alive)
             await call(state.workers, sink.finish)
         finally:
             await settle(run(sink.abort))
-        if content_length is not None and sink.size != content_length:
-            raise StatusError(400, f"received {sink.size} bytes, expected {content_length}")
+        if want.size is not None and sink.size != want.size:
+            raise StatusError(400, f"received {sink.size} bytes, expected {want.size}")
         digest = sink.hash.hexdigest()
-        _check_digest(params, digest, path)
+        want.check(digest, path)
         await call(state.workers, ex.commit)
         ok = True
         return {"path": path, "size": sink.size, "sha256": digest, "entries": sink.entries}

@@ -13,4 +13,6 @@ class UploadParams:
     overwrite: bool = True
     owner: Owner = field(default_factory=Owner)
     sha256: str | None = None
+    # The expected sha256 comes as the body's last 32 bytes (wire.SHA256_TRAILER).
+    sha256_trailer: bool = False
     tar: bool = False

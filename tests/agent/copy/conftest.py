@@ -231,6 +231,13 @@ def plain(tmp_path: Path) -> tuple[Path, Path]:
     return root, outside
 
 
+@pytest.fixture
+async def cc(plain: tuple[Path, Path], serve: Any, limits: CopyLimits) -> Any:
+    """A copy client of an agent serving ``plain``'s container with ``limits`` (a module
+    that wants other limits defines its own ``cc``)."""
+    return await serve(DirResolver(plain[0]), limits)
+
+
 @dataclass
 class HeldBody:
     """An upload body that sends ``first`` MiB, sets ``sent``, then waits for ``release``

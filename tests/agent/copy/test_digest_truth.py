@@ -29,11 +29,6 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@pytest.fixture
-async def cc(plain: tuple[Path, Path], serve: Any, limits: CopyLimits) -> Any:
-    return await serve(DirResolver(plain[0]), limits)
-
-
 async def _digests(cc: Any, path: str) -> tuple[str, str, bytes]:
     head = await cc.head(path)
     got = await cc.get(path)

@@ -26,11 +26,6 @@ def stat_of(resp: Any) -> dict[str, Any]:
     return doc
 
 
-@pytest.fixture
-async def cc(plain: tuple[Path, Path], serve: Any, limits: CopyLimits) -> Any:
-    return await serve(DirResolver(plain[0]), limits)
-
-
 async def test_upload_then_download_round_trip(cc: Any, plain: tuple[Path, Path]) -> None:
     root, _ = plain
     data = os.urandom(3 * 1024 * 1024 + 17)

@@ -15,12 +15,7 @@ import pytest
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.tar import parse as tarparse
 from tests import tarcraft as tc
-from tests.agent.copy.conftest import DirResolver, snapshot, temp_leftovers
-
-
-@pytest.fixture
-async def cc(plain: tuple[Path, Path], serve: Any, limits: CopyLimits) -> Any:
-    return await serve(DirResolver(plain[0]), limits)
+from tests.agent.copy.conftest import snapshot, temp_leftovers
 
 
 @pytest.fixture
