@@ -119,6 +119,7 @@ class Result:
     entries: int = 0
     skipped: list[Any] = field(default_factory=list)  # entries the server left out
     refused: list[str] = field(default_factory=list)  # entries not created here, and why
+    verified: bool = True  # a directory's files each checked against their sha256
 
 
 def decode_stat(value: str | None) -> dict[str, Any]:
@@ -276,7 +277,7 @@ async def _receive_dir(resp: aiohttp.ClientResponse, dest: Path, st: dict[str, A
     progress.start(None)
     res = await extract_dir(TarReader(resp.content), dest, progress.advance)
     return Result(res.path, "dir", res.bytes, "", entries=res.entries, skipped=res.skipped,
-                  refused=res.refused)
+                  refused=res.refused, verified=res.verified)
 
 
 def _make_symlink(dest: Path, st: dict[str, Any]) -> Result:
@@ -427,7 +428,8 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
     # of small files is read and framed once, not twice (half the client's work).
     h = hashlib.sha256()
     kept: list[bytes] | None = [] if size <= READ_ONCE_MAX else None
-    async for chunk in tar_stream(src, listing, preserve=preserve):
+    digests: dict[str, str] = {}  # each file's, hashed in the first pass only
+    async for chunk in tar_stream(src, listing, preserve=preserve, digests=digests):
         h.update(chunk)
         if kept is not None:
             kept.append(chunk)
@@ -436,8 +438,8 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
     async def body() -> AsyncIterator[bytes]:
         progress.start(size)
         limit = RateLimit(rate_limit)
-        chunks = _replay(kept) if kept is not None else tar_stream(src, listing,
-                                                                   preserve=preserve)
+        chunks = _replay(kept) if kept is not None else tar_stream(
+            src, listing, preserve=preserve, digests=digests)
         async for chunk in chunks:
             progress.advance(len(chunk))
             yield chunk

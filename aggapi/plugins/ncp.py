@@ -269,6 +269,9 @@ def summarize(args: argparse.Namespace, res: Result) -> int:
         extra = f", resumed at {res.resumed_from} bytes" if res.resumed_from else ""
         extra += f", {res.retries} reconnects" if res.retries else ""
         print(f"copied {args.src} -> {res.path} ({what}{extra})", file=sys.stderr)
+    if not res.verified:
+        print("warning: the agent sent no sha256 per file (an aggapi agent older than this "
+              "plugin); the files were not checked one by one", file=sys.stderr)
     for s in res.skipped:
         print(f"warning: skipped {s}", file=sys.stderr)
     for r in res.refused:

@@ -35,6 +35,9 @@ _META = (PAX, GPAX, GNU_LONGNAME, GNU_LONGLINK)
 _NO_DATA = (LNK, SYM, DIR, CHR, BLK, FIFO)  # their size field is not data (as tarfile)
 
 SPARSE_REFUSED = "sparse tar entries are not supported"
+# aggapi's record of a regular file's sha256 (aggapi.tar.entrydigest): one entry's own,
+# so never in a global header, and never given twice (which value would be checked?).
+SHA256_RECORD = "AGGAPI.sha256"
 MAX_SIZE = (1 << 63) - 1  # off_t
 MAX_ID = (1 << 32) - 2  # uid_t/gid_t; 2**32-1 is (uid_t)-1, "no change"
 MAX_MODE = 0o7777777  # what the ustar octal field holds
@@ -155,8 +158,11 @@ def parse_pax(data: bytes, max_records: int) -> dict[str, str]:
         if len(out) >= max_records:
             raise TarError(f"more than {max_records} PAX records for one tar entry")
         key, _, val = rec[:-1].partition(b"=")
+        name = key.decode("utf-8", "surrogateescape")
+        if name == SHA256_RECORD and name in out:
+            raise TarError(f"duplicate PAX record {SHA256_RECORD}")
         # Values may hold any byte (a NUL in a path is the caller's to refuse).
-        out[key.decode("utf-8", "surrogateescape")] = val.decode("utf-8", "surrogateescape")
+        out[name] = val.decode("utf-8", "surrogateescape")
         pos += n
     return out
 
@@ -265,6 +271,8 @@ class TarParser:
         recs = parse_pax(data, lim.max_pax_records)
         _check_not_sparse(recs)
         if t == PAX:
+            if SHA256_RECORD in recs and SHA256_RECORD in self._pax:
+                raise TarError(f"duplicate PAX record {SHA256_RECORD}")
             self._pax.update(recs)
             if len(self._pax) > lim.max_pax_records:
                 raise TarError(f"more than {lim.max_pax_records} PAX records for one tar "
@@ -272,6 +280,9 @@ class TarParser:
             return
         if not recs:
             return
+        if SHA256_RECORD in recs:
+            raise TarError(f"PAX record {SHA256_RECORD} in a global header (it belongs to "
+                           "one entry)")
         merged = {**self._global, **recs}  # at most max_global_records: a bounded copy
         nbytes = self._global_bytes
         for k, v in recs.items():
