@@ -18,7 +18,9 @@ Throttling (periods and seconds) per pod from the cgroup's cpu.stat, beside its 
 ``--variant LABEL=K=V[,K=V...]`` (repeatable) runs every scenario once per chart variant
 (``helm upgrade --set``, then every pod Ready again), side by side in one run;
 ``suite=SUITE`` among the values runs the pods on this checkout's image built on that
-Debian suite (``hack/build-image.sh --suite``), with the TLS floor measured inside it.
+Debian suite (``hack/build-image.sh --suite``), with the TLS floor measured inside it;
+with ``src=DIR`` too, the image of the checkout at DIR instead (``ncp=DIR`` runs its
+client as well): a change's before and after, side by side in one run.
 """
 
 from __future__ import annotations
@@ -402,14 +404,16 @@ def image_archive(suite: str | None = None) -> Path:
     return IMAGE_ARCHIVE.with_name(f"aggapi-{tag}{f'-{suite}' if suite else ''}.oci.tar")
 
 
-def suite_image(addon: Addon, suite: str) -> tuple[str, list[str]]:
-    """This checkout's image on Debian ``suite``, built (hack/build-image.sh skips an
-    unchanged one) and imported into every node; its name and the helm values that run
-    it in place of the installed one."""
-    tag = f"dev-{suite}"
+def suite_image(addon: Addon, suite: str, src: Path | None = None) -> tuple[str, list[str]]:
+    """This checkout's image (or that of the checkout at ``src``) on Debian ``suite``,
+    built (hack/build-image.sh skips an unchanged one) and imported into every node; its
+    name and the helm values that run it in place of the installed one."""
+    root = src or REPO
+    mark = f"-{hashlib.sha256(str(src).encode()).hexdigest()[:8]}" if src else ""
+    tag = f"dev-{suite}{mark}"
     image = f"{IMAGE_REPOSITORY}:{tag}"
-    archive = image_archive(suite)
-    subprocess.run(["bash", str(REPO / "hack/build-image.sh"), "--suite", suite, "-t", image,
+    archive = image_archive(f"{suite}{mark}")
+    subprocess.run(["bash", str(root / "hack/build-image.sh"), "--suite", suite, "-t", image,
                     "-o", str(archive)], check=True, stdout=subprocess.DEVNULL)
     addon.load_image(archive)
     return image, [f"image.repository={IMAGE_REPOSITORY}", f"image.tag={tag}",
@@ -460,22 +464,27 @@ class Variant:
     sets: tuple[str, ...]  # helm --set values
     ncp_root: Path = REPO  # where the ncp client runs from (a checkout's root)
     suite: str | None = None  # the pods' image built on this Debian suite; None: as is
+    src: Path | None = None  # the checkout that image is built from; None: this one
 
 
 def parse_variant(text: str) -> Variant:
     """``LABEL=K=V,...``: helm ``--set`` values; ``ncp=DIR``: the ncp client run from
     DIR (a checkout's root holding ``aggapi/``) instead of this one; ``suite=SUITE``: the
-    pods run this checkout's image built on Debian SUITE. The last of each wins."""
+    pods run this checkout's image built on Debian SUITE, or with ``src=DIR`` the image
+    of the checkout at DIR. The last of each wins."""
     label, _, spec = text.partition("=")
     sets, own = [], {}
     for s in (s for s in spec.split(",") if s):
         key, _, value = s.partition("=")
-        if key in ("ncp", "suite"):
+        if key in ("ncp", "suite", "src"):
             own[key] = value
         else:
             sets.append(s)
+    if "src" in own and not own.get("suite"):
+        raise SystemExit(f"variant {label!r}: src= needs suite= (the image to build)")
     return Variant(label, tuple(sets), Path(own["ncp"]).resolve() if "ncp" in own else REPO,
-                   own.get("suite") or None)
+                   own.get("suite") or None,
+                   Path(own["src"]).resolve() if own.get("src") else None)
 
 
 def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario], rounds: int,
@@ -494,7 +503,7 @@ def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario],
             v = parse_variant(text)
             label, sets, vtls = v.label, list(v.sets), tls
             if v.suite:
-                image, image_sets = suite_image(addon, v.suite)
+                image, image_sets = suite_image(addon, v.suite, v.src)
                 sets = [*image_sets, *sets]
                 vtls = floor_in_image(image, 256 * MiB)
                 print_floor(vtls)

@@ -98,3 +98,12 @@ def test_tls_floor_json_holds_both_modes_and_the_runtime(capsys: pytest.CaptureF
     for mode in ("asyncio", "blocking"):
         assert set(out[mode]) == {"receiver", "sender", "MiB_per_s"}
         assert out[mode]["receiver"] > 0 and out[mode]["sender"] > 0
+
+
+def test_variant_builds_another_checkouts_image_with_src(tmp_path: Path) -> None:
+    """A change's before and after in one run: src=DIR builds the image of DIR."""
+    v = parse_variant(f"main=suite=trixie,src={tmp_path},ncp={tmp_path}")
+    assert (v.src, v.ncp_root, v.suite) == (tmp_path.resolve(), tmp_path.resolve(), "trixie")
+    assert parse_variant("b=suite=trixie").src is None
+    with pytest.raises(SystemExit, match="src= needs suite="):
+        parse_variant(f"x=src={tmp_path}")
