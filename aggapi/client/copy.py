@@ -43,7 +43,7 @@ from aggapi.client.errors import (
     UnsafeArchive,
 )
 from aggapi.client.extract import extract_dir
-from aggapi.client.packtar import list_tree, tar_size, tar_stream
+from aggapi.client.packtar import Listing, list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
 from aggapi.client.retry import CATCH, Backoff, wait_or_raise
 from aggapi.fs.pump import next_piece, pump
@@ -406,20 +406,29 @@ async def _replay(chunks: list[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
-                     progress: Progress | None = None, backoff: Backoff | None = None,
-                     rate_limit: float | None = None, preserve: bool = True,
-                     follow_links: bool = False) -> Result:
-    """Send the tree under ``src`` as a tar extracted into the directory ``rp.path``;
-    ``preserve=False``: entries get the container's default modes, not the local ones.
-    ``src`` itself may be a symlink only with ``follow_links`` (links inside the tree
-    are sent as links)."""
-    progress = progress or NoProgress()
+@dataclass
+class PackedDir:
+    """A directory's upload tar, measured and hashed (and kept when small): the first
+    pass, which needs no connection, so it can run while the connection is set up."""
+
+    src: Path
+    listing: Listing
+    size: int
+    sha256: str
+    kept: list[bytes] | None  # the tar itself, up to READ_ONCE_MAX bytes
+    digests: dict[str, str]  # each file's, for a second pass
+    preserve: bool
+
+
+async def pack_dir(src: Path, *, preserve: bool = True, follow_links: bool = False
+                   ) -> PackedDir:
+    """The first pass over ``src``: its listing, tar size and tar sha256 (see
+    :func:`upload_dir`); every file-system call in worker threads."""
     if not follow_links:
         _refuse_symlink(src)
     try:
-        listing = list_tree(src)
-        size = tar_size(src, listing)
+        listing = await asyncio.to_thread(list_tree, src)
+        size = await asyncio.to_thread(tar_size, src, listing)
     except OSError as exc:
         raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
     # A first pass hashes the (deterministic) tar, so the server can refuse to commit
@@ -433,7 +442,23 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
         h.update(chunk)
         if kept is not None:
             kept.append(chunk)
-    sha = h.hexdigest()
+    return PackedDir(src, listing, size, h.hexdigest(), kept, digests, preserve)
+
+
+async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
+                     progress: Progress | None = None, backoff: Backoff | None = None,
+                     rate_limit: float | None = None, preserve: bool = True,
+                     follow_links: bool = False, packed: PackedDir | None = None) -> Result:
+    """Send the tree under ``src`` as a tar extracted into the directory ``rp.path``;
+    ``preserve=False``: entries get the container's default modes, not the local ones.
+    ``src`` itself may be a symlink only with ``follow_links`` (links inside the tree
+    are sent as links). ``packed``: :func:`pack_dir`'s result for the same arguments,
+    when the caller started it earlier."""
+    progress = progress or NoProgress()
+    if packed is None:
+        packed = await pack_dir(src, preserve=preserve, follow_links=follow_links)
+    listing, size, sha, kept = packed.listing, packed.size, packed.sha256, packed.kept
+    preserve, digests = packed.preserve, packed.digests
 
     async def body() -> AsyncIterator[bytes]:
         progress.start(size)
