@@ -27,16 +27,8 @@ whole copy and removes the temp dir.
 
 The tree is made durable before the rename that publishes it by one syncfs of the
 temp dir's file system (where the platform has it; else an fsync per file and
-directory), not a journal commit per file.
-
-A tree of small files is bound by creating them: on a busy ext4 a create costs the
-kernel a few hundred microseconds, far more than parsing the entry. So a small file
-(its data in memory, checked) is created by one of :data:`WRITERS` threads while the
-loop parses the next entries: the kernel's work overlaps the Python work, and creates
-in different directories run in parallel. Files of one directory go to one thread, in
-order; any other entry (a directory, a link, a file whose path runs through a pending
-one) waits until every pending create is done, so the result is the one a sequential
-extraction gives. Big files are written in a worker thread a chunk at a time.
+directory), not a journal commit per file. Small writes go straight to the page
+cache from the loop; only big chunks take a worker thread.
 """
 
 from __future__ import annotations
@@ -50,9 +42,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,9 +56,7 @@ from aggapi.tar.entrydigest import EntryDigests
 from aggapi.tar.stream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
 
 CHUNK = 1 << 20
-SMALL = 64 << 10  # files up to this size are created by the writer threads
-WRITERS = 2
-PENDING_BYTES = 8 << 20  # small files' data held for the writers at most
+INLINE_WRITE = 64 << 10  # a page-cache write this small costs less than a thread hop
 DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 RECHECK_ROUNDS = 4
 
@@ -117,11 +105,9 @@ class Extractor:
         self.sync_each = not syncfs.available()  # else one syncfs in finish_dirs
         self.digests = EntryDigests()
         self.want: str | None = None  # the current entry's sha256, if it carries one
-        self.writers = _Writers(self)
         self._last: tuple[tuple[str, ...], int] | None = None  # the last parent, its fd
 
     def close(self) -> None:
-        self.writers.shutdown()
         self._forget()
         os.close(self.root)
 
@@ -197,19 +183,7 @@ class Extractor:
                 raise Refused("tar root entry is not a directory")
             self.root_mode = ent.mode
             return
-        small = ent.typeflag in (REG, CONT) and ent.size <= SMALL
-        if not small or self.writers.crosses(parts):
-            await self.writers.drain()  # everything before this entry is on disk
         pfd = self._parent(parts[:-1], ent.name)
-        if small:
-            try:
-                data = await self._read_checked(ent, reader, on_bytes)
-            except BaseException:
-                os.close(pfd)
-                raise
-            await self.writers.create(pfd, parts, data, ent)  # it closes pfd
-            self.result.entries += 1
-            return
         try:
             if ent.typeflag == DIR:
                 self._mkdir(pfd, parts, ent)
@@ -242,46 +216,6 @@ class Extractor:
                 raise
         self.dirs[tuple(parts)] = (ent.mode, ent.mtime_ns)
 
-    async def _read_checked(self, ent: TarEntry, reader: TarReader,
-                            on_bytes: Callable[[int], None]) -> bytes:
-        """A small file's whole data, checked against its entry's sha256."""
-        pieces = []
-        while chunk := await reader.read(CHUNK):
-            pieces.append(chunk)
-            self.result.bytes += len(chunk)
-            on_bytes(len(chunk))
-        data = b"".join(pieces)
-        if self.want is not None:
-            got = hashlib.sha256(data).hexdigest()
-            if got != self.want:
-                raise IntegrityError.from_message(
-                    f"sha256 mismatch for {ent.name!r}: got {got}, the server sent "
-                    f"{self.want}; nothing was placed")
-        return data
-
-    def create_small(self, pfd: int, parts: list[str], data: bytes, mode: int,
-                     mtime_ns: int) -> tuple[int, int]:
-        """Blocking, in a writer thread: one small file; closes ``pfd``."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        try:
-            try:  # a new name (the usual case) costs no lstat first
-                fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
-            except FileExistsError:
-                self._clear(pfd, parts)
-                fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
-            try:
-                _write_all(fd, data)
-                os.fchmod(fd, mode)
-                if self.sync_each:
-                    os.fsync(fd)
-                os.utime(fd, ns=(mtime_ns, mtime_ns))
-                st = os.fstat(fd)
-            finally:
-                os.close(fd)
-            return st.st_dev, st.st_ino
-        finally:
-            os.close(pfd)
-
     async def _write(self, pfd: int, parts: list[str], ent: TarEntry, reader: TarReader,
                      on_bytes: Callable[[int], None]) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -293,7 +227,11 @@ class Extractor:
         want, h = self.want, hashlib.sha256()
         try:
             while chunk := await reader.read(CHUNK):
-                await asyncio.to_thread(_write_and_hash, fd, chunk, h)
+                if len(chunk) <= INLINE_WRITE:
+                    _write_all(fd, chunk)
+                    h.update(chunk)
+                else:
+                    await asyncio.to_thread(_write_and_hash, fd, chunk, h)
                 self.result.bytes += len(chunk)
                 on_bytes(len(chunk))
             if want is not None and h.hexdigest() != want:
@@ -398,11 +336,8 @@ async def extract_dir(reader: TarReader, dest: Path,
             try:
                 while await ex.entry(reader, on_bytes):
                     pass
-                await ex.writers.drain()
             except TarError as exc:
                 raise TransferError.from_message(f"directory stream: {exc}") from exc
-            finally:
-                await ex.writers.settle()  # no create may run on into the removal
             if not ex.complete:
                 raise TransferError.from_message(
                     "directory stream ended without its completion record (cut short)")
@@ -428,62 +363,6 @@ async def extract_dir(reader: TarReader, dest: Path,
     finally:
         if not ok:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-class _Writers:
-    """The writer threads of one extraction and the small files they are creating."""
-
-    def __init__(self, ex: Extractor) -> None:
-        self.ex = ex
-        self.pools = [ThreadPoolExecutor(1, thread_name_prefix="ncp-extract")
-                      for _ in range(WRITERS)]
-        self.pending: deque[tuple[tuple[str, ...], int, asyncio.Future[tuple[int, int]]]] = \
-            deque()
-        self.keys: dict[tuple[str, ...], int] = {}  # pending files, counted by path
-        self.held = 0
-
-    def crosses(self, parts: list[str]) -> bool:
-        """Whether a path up to ``parts``'s parent is a file still being created."""
-        return bool(self.keys) and any(tuple(parts[:i]) in self.keys
-                                       for i in range(1, len(parts)))
-
-    async def create(self, pfd: int, parts: list[str], data: bytes, ent: TarEntry) -> None:
-        key = tuple(parts)
-        pool = self.pools[hash(key[:-1]) % len(self.pools)]  # a directory's files in order
-        mode = local_mode(ent.mode, self.ex.umask)
-        fut = asyncio.wrap_future(pool.submit(self.ex.create_small, pfd, parts, data, mode,
-                                              ent.mtime_ns))
-        self.pending.append((key, len(data), fut))
-        self.keys[key] = self.keys.get(key, 0) + 1
-        self.held += len(data)
-        while self.pending and (self.pending[0][2].done() or self.held > PENDING_BYTES):
-            await self._collect()
-
-    async def _collect(self) -> None:
-        key, size, fut = self.pending.popleft()
-        self.held -= size
-        left = self.keys.pop(key) - 1
-        if left:
-            self.keys[key] = left
-        try:
-            self.ex.files[key] = await fut
-        except Refused as exc:
-            self.ex.result.refused.append(str(exc))
-            self.ex.result.entries -= 1
-
-    async def drain(self) -> None:
-        while self.pending:
-            await self._collect()
-
-    async def settle(self) -> None:
-        """Wait for every create still running, whatever became of the others."""
-        for _, _, fut in self.pending:
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(fut)
-
-    def shutdown(self) -> None:
-        for pool in self.pools:
-            pool.shutdown(wait=True)
 
 
 def _write_and_hash(fd: int, data: bytes, h: hashlib._Hash) -> None:
