@@ -45,6 +45,8 @@ MAX_DEV = (1 << 32) - 1
 NS = 1_000_000_000
 MIN_TIME_NS, MAX_TIME_NS = -(1 << 63), (1 << 63) - 1  # what utimensat can be given
 
+# Global records an entry gets as a copy of its own (more: a view, never copied).
+COPY_GLOBAL = 4
 _ZERO = b"\0" * BLOCK
 _HIGH = bytes(b > 127 for b in range(256))  # 1 for each byte that is negative as a char
 _SPARSE_NAME = re.compile(r"(?:^|/)GNUSparseFile\.")
@@ -294,8 +296,14 @@ class TarParser:
         self._global, self._global_bytes = merged, nbytes
 
     def _entry(self, blk: bytes, typeflag: bytes, size: int) -> TarEntry:
-        pax: Mapping[str, str] = ChainMap(self._pax, self._global) if self._global \
-            else self._pax
+        g = self._global
+        pax: Mapping[str, str]
+        if not g:
+            pax = self._pax
+        elif len(g) <= COPY_GLOBAL:  # a few records (aggapi's one): a plain dict reads
+            pax = {**g, **self._pax}  # faster than a ChainMap, for a bounded copy
+        else:
+            pax = ChainMap(self._pax, g)
         long, self._pax, self._long, self._run = self._long, {}, {}, 0
         magic = blk[257:263]
         raw_name = _str(blk[0:100])
