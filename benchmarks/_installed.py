@@ -18,7 +18,9 @@ Throttling (periods and seconds) per pod from the cgroup's cpu.stat, beside its 
 ``--variant LABEL=K=V[,K=V...]`` (repeatable) runs every scenario once per chart variant
 (``helm upgrade --set``, then every pod Ready again), side by side in one run;
 ``suite=SUITE`` among the values runs the pods on this checkout's image built on that
-Debian suite (``hack/build-image.sh --suite``), with the TLS floor measured inside it.
+Debian suite (``hack/build-image.sh --suite``), with the TLS floor measured inside it;
+with ``src=DIR`` too, the image of the checkout at DIR instead (``ncp=DIR`` runs its
+client as well): a change's before and after, side by side in one run.
 """
 
 from __future__ import annotations
@@ -481,6 +483,8 @@ def parse_variant(text: str) -> Variant:
             own[key] = value
         else:
             sets.append(s)
+    if "src" in own and not own.get("suite"):
+        raise SystemExit(f"variant {label!r}: src= needs suite= (the image to build)")
     return Variant(label, tuple(sets), Path(own["ncp"]).resolve() if "ncp" in own else REPO,
                    own.get("suite") or None,
                    Path(own["src"]).resolve() if "src" in own else REPO)

@@ -87,6 +87,8 @@ def test_variant_names_helm_values_the_ncp_checkout_and_the_image_suite(tmp_path
     plain = parse_variant("as installed=")
     assert (plain.label, plain.sets, plain.ncp_root, plain.suite, plain.src) == \
         ("as installed", (), REPO, None, REPO)
+    with pytest.raises(SystemExit, match="src= needs suite="):  # src= names an image build
+        parse_variant(f"x=src={tmp_path}")
 
 
 def test_tls_floor_json_holds_both_modes_and_the_runtime(capsys: pytest.CaptureFixture[str]) \

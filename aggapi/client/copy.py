@@ -46,7 +46,7 @@ from aggapi.client.errors import (
     UnsafeArchive,
 )
 from aggapi.client.extract import extract_dir
-from aggapi.client.packtar import list_tree, tar_size, tar_stream
+from aggapi.client.packtar import Listing, list_tree, tar_size, tar_stream
 from aggapi.client.partial import Origin, PartialFile
 from aggapi.client.retry import CATCH, Backoff, wait_or_raise
 from aggapi.fs.pump import pump
@@ -123,6 +123,7 @@ class Result:
     entries: int = 0
     skipped: list[Any] = field(default_factory=list)  # entries the server left out
     refused: list[str] = field(default_factory=list)  # entries not created here, and why
+    verified: bool = True  # a directory's files each checked against their sha256
 
 
 def decode_stat(value: str | None) -> dict[str, Any]:
@@ -288,7 +289,7 @@ async def _receive_dir(resp: aiohttp.ClientResponse, dest: Path, st: dict[str, A
     progress.start(None)
     res = await extract_dir(TarReader(resp.content), dest, progress.advance)
     return Result(res.path, "dir", res.bytes, "", entries=res.entries, skipped=res.skipped,
-                  refused=res.refused)
+                  refused=res.refused, verified=res.verified)
 
 
 def _make_symlink(dest: Path, st: dict[str, Any]) -> Result:
@@ -470,44 +471,79 @@ async def _replay(chunks: list[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
-                     progress: Progress | None = None, backoff: Backoff | None = None,
-                     rate_limit: float | None = None, preserve: bool = True,
-                     follow_links: bool = False) -> Result:
-    """Send the tree under ``src`` as a tar extracted into the directory ``rp.path``;
-    ``preserve=False``: entries get the container's default modes, not the local ones.
-    ``src`` itself may be a symlink only with ``follow_links`` (links inside the tree
-    are sent as links)."""
+@dataclass
+class PackedDir:
+    """What a directory upload needs before its request, which needs no connection, so
+    it can run while the connection is set up: the listing and the tar's size; for a
+    tar of up to READ_ONCE_MAX bytes the tar itself, built and hashed."""
+
+    src: Path
+    listing: Listing
+    size: int
+    preserve: bool
+    sha256: str | None = None  # of ``kept``
+    kept: list[bytes] | None = None
+    digests: dict[str, str] = field(default_factory=dict)  # each file's, once hashed
+
+
+async def pack_dir(src: Path, *, preserve: bool = True, follow_links: bool = False
+                   ) -> PackedDir:
+    """The work on ``src`` before its upload (see :func:`upload_dir`); every
+    file-system call in worker threads."""
     if not follow_links:
         _refuse_symlink(src)
     try:
-        listing = list_tree(src)
-        size = tar_size(src, listing)
+        listing = await asyncio.to_thread(list_tree, src)
+        size = await asyncio.to_thread(tar_size, src, listing)
     except OSError as exc:
         raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
-    # Where the digest must come first (an agent without trailers), a first pass hashes
-    # the (deterministic) tar, and a tar of up to READ_ONCE_MAX bytes is kept from it
-    # and sent as it is: a tree of small files is read and framed once, not twice.
-    kept: list[bytes] | None = None
+    packed = PackedDir(src, listing, size, preserve)
+    if size <= READ_ONCE_MAX:
+        packed.sha256 = await _hash_tar(packed, keep=True)
+    return packed
+
+
+async def _hash_tar(p: PackedDir, *, keep: bool) -> str:
+    """A pass over ``p``'s tar for its sha256, the tar kept in ``p`` with ``keep``."""
+    h = hashlib.sha256()
+    kept: list[bytes] = []
+    async for chunk in tar_stream(p.src, p.listing, preserve=p.preserve, digests=p.digests,
+                                  hasher=h):
+        if keep:
+            kept.append(chunk)
+    p.kept = kept if keep else None
+    return h.hexdigest()
+
+
+async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
+                     progress: Progress | None = None, backoff: Backoff | None = None,
+                     rate_limit: float | None = None, preserve: bool = True,
+                     follow_links: bool = False, packed: PackedDir | None = None) -> Result:
+    """Send the tree under ``src`` as a tar extracted into the directory ``rp.path``;
+    ``preserve=False``: entries get the container's default modes, not the local ones.
+    ``src`` itself may be a symlink only with ``follow_links`` (links inside the tree
+    are sent as links). ``packed``: :func:`pack_dir`'s result for the same arguments,
+    when the caller started it earlier.
+
+    The server refuses to commit anything but the tar's exact bytes. A tar of up to
+    READ_ONCE_MAX bytes was built and hashed before the request and is sent as it is,
+    its sha256 in the query: a tree of small files is read and framed once. A bigger
+    one is hashed as it is sent (sha256=trailer); where the agent predates the trailer,
+    a first pass hashes it, and it is built again for sending (bounded memory)."""
+    p = packed or await pack_dir(src, preserve=preserve, follow_links=follow_links)
 
     def chunks(h: Hasher | None) -> AsyncIterator[bytes]:
-        return _replay(kept) if kept is not None else \
-            tar_stream(src, listing, preserve=preserve, hasher=h)
+        return _replay(p.kept) if p.kept is not None else tar_stream(
+            p.src, p.listing, preserve=p.preserve, digests=p.digests, hasher=h)
 
-    async def digest() -> str:
-        nonlocal kept
-        h = hashlib.sha256()
-        pieces: list[bytes] | None = [] if size <= READ_ONCE_MAX else None
-        async for chunk in tar_stream(src, listing, preserve=preserve, hasher=h):
-            if pieces is not None:
-                pieces.append(chunk)
-        kept = pieces
-        return h.hexdigest()
-
-    reply, retries, sha = await _one_pass_or_two(
-        functools.partial(_send, conn, rp, rp.params(format="tar"), "application/x-tar",
-                          size, chunks, progress or NoProgress(), backoff or Backoff(),
-                          rate_limit),
-        digest)
+    send = functools.partial(_send, conn, rp, rp.params(format="tar"), "application/x-tar",
+                             p.size, chunks, progress or NoProgress(), backoff or Backoff(),
+                             rate_limit)
+    if p.sha256 is not None:
+        reply, retries, sha = await send(p.sha256)
+    else:
+        reply, retries, sha = await _one_pass_or_two(
+            send, functools.partial(_hash_tar, p, keep=False))
     return Result(str(reply.get("path") or rp.path), "dir", int(reply.get("size") or 0),
-                  sha, retries=retries, entries=len(listing.entries), skipped=listing.skipped)
+                  sha, retries=retries, entries=len(p.listing.entries),
+                  skipped=p.listing.skipped)

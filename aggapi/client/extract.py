@@ -15,6 +15,12 @@ goes on, like tar's "member name contains '..'"), never created:
 - hard links to anything but the very regular file an earlier entry wrote;
 - devices, FIFOs, unknown types, and directories over a non-directory.
 
+Every regular file's data is checked against its entry's sha256 (the PAX record
+``AGGAPI.sha256``, :mod:`aggapi.tar.entrydigest`) before the tree is placed: a
+mismatch fails the whole copy, naming the file. A stream that announces the records
+(every current agent's) must carry one for every regular file; one from an older agent
+(no announcement) is accepted without them, and the result says so.
+
 Files and directories get the user's umask and no setuid/setgid/sticky bits, as
 tar without -p does for a non-root user. A broken or truncated stream fails the
 whole copy and removes the temp dir.
@@ -30,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -41,10 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from aggapi.client.confine import current_umask, local_mode, resolve_beneath
-from aggapi.client.errors import LocalError, TransferError
+from aggapi.client.errors import IntegrityError, LocalError, TransferError
 from aggapi.client.partial import fsync_dir
 from aggapi.fs import syncfs
 from aggapi.fs.dirfd import descend
+from aggapi.tar.entrydigest import EntryDigests
 from aggapi.tar.stream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
 
 CHUNK = 1 << 20
@@ -60,6 +68,8 @@ class ExtractResult:
     bytes: int = 0
     skipped: list[dict[str, Any]] = field(default_factory=list)  # by the server
     refused: list[str] = field(default_factory=list)  # by this extractor, one line each
+    verified: bool = True  # every file checked against its AGGAPI.sha256 (False: an
+    # older agent's stream, without the records)
 
 
 class Refused(Exception):
@@ -93,6 +103,8 @@ class Extractor:
         self.complete = False
         self.result = ExtractResult(str(tmp))
         self.sync_each = not syncfs.available()  # else one syncfs in finish_dirs
+        self.digests = EntryDigests()
+        self.want: str | None = None  # the current entry's sha256, if it carries one
         self._last: tuple[tuple[str, ...], int] | None = None  # the last parent, its fd
 
     def close(self) -> None:
@@ -152,6 +164,7 @@ class Extractor:
         ent = await reader.next()
         if ent is None:
             return False
+        self.want = self.digests.expected(ent)  # a TarError fails the copy
         if ent.pax.get("AGGAPI.complete") == "true":
             self.complete = True
             with contextlib.suppress(ValueError, TypeError):
@@ -211,14 +224,20 @@ class Extractor:
         except FileExistsError:
             self._clear(pfd, parts)
             fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
+        want, h = self.want, hashlib.sha256()
         try:
             while chunk := await reader.read(CHUNK):
                 if len(chunk) <= INLINE_WRITE:
                     _write_all(fd, chunk)
+                    h.update(chunk)
                 else:
-                    await asyncio.to_thread(_write_all, fd, chunk)
+                    await asyncio.to_thread(_write_and_hash, fd, chunk, h)
                 self.result.bytes += len(chunk)
                 on_bytes(len(chunk))
+            if want is not None and h.hexdigest() != want:
+                raise IntegrityError.from_message(
+                    f"sha256 mismatch for {ent.name!r}: got {h.hexdigest()}, the server "
+                    f"sent {want}; nothing was placed")
             os.fchmod(fd, local_mode(ent.mode, self.umask))
             if self.sync_each:
                 await asyncio.to_thread(os.fsync, fd)
@@ -322,6 +341,7 @@ async def extract_dir(reader: TarReader, dest: Path,
             if not ex.complete:
                 raise TransferError.from_message(
                     "directory stream ended without its completion record (cut short)")
+            ex.result.verified = bool(ex.digests.required)
             # Walks of the whole tree: off the event loop.
             await asyncio.to_thread(ex.recheck_links)
             try:
@@ -343,6 +363,11 @@ async def extract_dir(reader: TarReader, dest: Path,
     finally:
         if not ok:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_and_hash(fd: int, data: bytes, h: hashlib._Hash) -> None:
+    _write_all(fd, data)
+    h.update(data)  # releases the GIL: off the loop with the write
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -7,12 +7,22 @@ Without ``preserve`` (``ncp --no-preserve``, like ``kubectl cp --no-preserve``) 
 local permissions stay home: files go as 0644 and directories as 0755, what a new
 entry gets in the container. Owners never travel (uid/gid 0 in the headers; the agent
 sets the copy's own user).
+
+Every regular file's entry carries its data's sha256 (the PAX record ``AGGAPI.sha256``,
+:mod:`aggapi.tar.entrydigest`), which the agent checks before the file is renamed into
+place; the tar starts with the global record that announces it. The digest goes in the
+header, before the data: a file of up to :data:`READ_WHOLE` bytes is read once into
+memory, hashed and sent from there; a bigger one is hashed first and read again to be
+sent. Digests are kept by name in the caller's ``digests``, so a second pass over the
+same listing (a tree too big to keep in memory is built twice) hashes nothing again; a
+file that changed in between fails its check on the agent, which names it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import stat
 from collections.abc import AsyncIterator, Generator, Iterator
@@ -21,9 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from aggapi.client.errors import LocalError
+from aggapi.tar.entrydigest import ANNOUNCEMENT, PLACEHOLDER, record
 from aggapi.tar.stream import DIR, END, REG, SYM, header, header_size, pad
 
 CHUNK = 1 << 20
+# Files up to this size are read once, into memory (one at a time); bigger ones twice.
+READ_WHOLE = 16 << 20
 # What the agent gives a new file or directory when no mode is asked for.
 DEFAULT_FILE_MODE, DEFAULT_DIR_MODE = 0o644, 0o755
 
@@ -66,9 +79,11 @@ def entry_mode(st: os.stat_result, preserve: bool) -> int:
     return DEFAULT_DIR_MODE if stat.S_ISDIR(st.st_mode) else DEFAULT_FILE_MODE
 
 
-def _pieces(root: Path, listing: Listing, preserve: bool) -> Generator[bytes, None, None]:
+def _pieces(root: Path, listing: Listing, preserve: bool,
+            digests: dict[str, str]) -> Generator[bytes, None, None]:
     """The tar of ``listing`` piece by piece (headers, file data, padding), read with
     blocking calls: run in a worker thread by :func:`tar_stream`."""
+    yield _announcement(listing)
     for rel, st in listing.entries:
         full = root / rel
         mtime = st.st_mtime_ns
@@ -85,19 +100,58 @@ def _pieces(root: Path, listing: Listing, preserve: bool) -> Generator[bytes, No
                 now = os.fstat(fd)
                 if not stat.S_ISREG(now.st_mode) or now.st_ino != st.st_ino:
                     raise LocalError.from_message(f"{full} changed while being copied")
-                yield header(rel, REG, size=st.st_size, mode=entry_mode(st, preserve),
-                             mtime_ns=mtime)
-                left = st.st_size
-                while left:
-                    chunk = os.read(fd, min(CHUNK, left))
-                    if not chunk:
-                        raise LocalError.from_message(f"{full} shrank while being copied")
-                    left -= len(chunk)
-                    yield chunk
-                yield pad(st.st_size)
+                size = st.st_size
+                data = None
+                digest = digests.get(rel)
+                if digest is None:
+                    if size <= READ_WHOLE:
+                        data = _read(fd, size, full)
+                        digest = hashlib.sha256(data).hexdigest()
+                    else:
+                        digest = _hash(fd, size, full)
+                    digests[rel] = digest
+                yield header(rel, REG, size=size, mode=entry_mode(st, preserve),
+                             mtime_ns=mtime, records=record(digest))
+                if data is not None:
+                    yield data
+                else:
+                    yield from _chunks(fd, size, full)
+                yield pad(size)
             finally:
                 os.close(fd)
     yield END
+
+
+def _announcement(listing: Listing) -> bytes:
+    # Not in an empty tar: a global header with no entry after it is "an unexpected end"
+    # to Python's tarfile.
+    return ANNOUNCEMENT if listing.entries else b""
+
+
+def _read(fd: int, size: int, full: Path) -> bytes:
+    """The file's ``size`` bytes, in one read for all but big files."""
+    data = os.read(fd, size) if size else b""
+    if len(data) < size:
+        data += b"".join(_chunks(fd, size - len(data), full))
+    return data
+
+
+def _chunks(fd: int, size: int, full: Path) -> Iterator[bytes]:
+    left = size
+    while left:
+        chunk = os.read(fd, min(CHUNK, left))
+        if not chunk:
+            raise LocalError.from_message(f"{full} shrank while being copied")
+        left -= len(chunk)
+        yield chunk
+
+
+def _hash(fd: int, size: int, full: Path) -> str:
+    h = hashlib.sha256()
+    for chunk in _chunks(fd, size, full):
+        h.update(chunk)
+    os.lseek(fd, 0, os.SEEK_SET)  # read again to be sent
+    return h.hexdigest()
 
 
 def _batch(pieces: Iterator[bytes], hasher: Any | None) -> bytes:
@@ -118,6 +172,7 @@ def _batch(pieces: Iterator[bytes], hasher: Any | None) -> bytes:
 
 
 async def tar_stream(root: Path, listing: Listing, *, preserve: bool = True,
+                     digests: dict[str, str] | None = None,
                      hasher: Any | None = None) -> AsyncIterator[bytes]:
     """The tar of ``listing``, in pieces of about CHUNK bytes; fails if a file changed
     between listing and reading.
@@ -126,7 +181,7 @@ async def tar_stream(root: Path, listing: Listing, *, preserve: bool = True,
     per file. A tree of small files would otherwise cost a thread hop per file and three
     pieces per file (header, data, padding), each its own write, TLS record and relay
     hop on every side of the copy."""
-    pieces = _pieces(root, listing, preserve)
+    pieces = _pieces(root, listing, preserve, {} if digests is None else digests)
     try:
         while piece := await asyncio.to_thread(_batch, pieces, hasher):
             yield piece
@@ -141,13 +196,14 @@ async def tar_stream(root: Path, listing: Listing, *, preserve: bool = True,
 def tar_size(root: Path, listing: Listing) -> int:
     """The exact length :func:`tar_stream` will produce (for progress and Content-Length;
     the mode is a fixed-width field, so ``preserve`` does not change it)."""
-    n = len(END)
+    n = len(_announcement(listing)) + len(END)
     for rel, st in listing.entries:
         if stat.S_ISDIR(st.st_mode):
             n += header_size(rel + "/", mtime_ns=st.st_mtime_ns)
         elif stat.S_ISLNK(st.st_mode):
             n += header_size(rel, mtime_ns=st.st_mtime_ns, linkname=os.readlink(root / rel))
         else:
-            n += header_size(rel, size=st.st_size, mtime_ns=st.st_mtime_ns) + st.st_size \
+            n += header_size(rel, size=st.st_size, mtime_ns=st.st_mtime_ns,
+                             records=PLACEHOLDER) + st.st_size \
                 + len(pad(st.st_size))
     return n

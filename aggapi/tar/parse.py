@@ -35,6 +35,9 @@ _META = (PAX, GPAX, GNU_LONGNAME, GNU_LONGLINK)
 _NO_DATA = (LNK, SYM, DIR, CHR, BLK, FIFO)  # their size field is not data (as tarfile)
 
 SPARSE_REFUSED = "sparse tar entries are not supported"
+# aggapi's record of a regular file's sha256 (aggapi.tar.entrydigest): one entry's own,
+# so never in a global header, and never given twice (which value would be checked?).
+SHA256_RECORD = "AGGAPI.sha256"
 MAX_SIZE = (1 << 63) - 1  # off_t
 MAX_ID = (1 << 32) - 2  # uid_t/gid_t; 2**32-1 is (uid_t)-1, "no change"
 MAX_MODE = 0o7777777  # what the ustar octal field holds
@@ -42,6 +45,8 @@ MAX_DEV = (1 << 32) - 1
 NS = 1_000_000_000
 MIN_TIME_NS, MAX_TIME_NS = -(1 << 63), (1 << 63) - 1  # what utimensat can be given
 
+# Global records an entry gets as a copy of its own (more: a view, never copied).
+COPY_GLOBAL = 4
 _ZERO = b"\0" * BLOCK
 _HIGH = bytes(b > 127 for b in range(256))  # 1 for each byte that is negative as a char
 _SPARSE_NAME = re.compile(r"(?:^|/)GNUSparseFile\.")
@@ -155,8 +160,11 @@ def parse_pax(data: bytes, max_records: int) -> dict[str, str]:
         if len(out) >= max_records:
             raise TarError(f"more than {max_records} PAX records for one tar entry")
         key, _, val = rec[:-1].partition(b"=")
+        name = key.decode("utf-8", "surrogateescape")
+        if name == SHA256_RECORD and name in out:
+            raise TarError(f"duplicate PAX record {SHA256_RECORD}")
         # Values may hold any byte (a NUL in a path is the caller's to refuse).
-        out[key.decode("utf-8", "surrogateescape")] = val.decode("utf-8", "surrogateescape")
+        out[name] = val.decode("utf-8", "surrogateescape")
         pos += n
     return out
 
@@ -265,6 +273,8 @@ class TarParser:
         recs = parse_pax(data, lim.max_pax_records)
         _check_not_sparse(recs)
         if t == PAX:
+            if SHA256_RECORD in recs and SHA256_RECORD in self._pax:
+                raise TarError(f"duplicate PAX record {SHA256_RECORD}")
             self._pax.update(recs)
             if len(self._pax) > lim.max_pax_records:
                 raise TarError(f"more than {lim.max_pax_records} PAX records for one tar "
@@ -272,6 +282,9 @@ class TarParser:
             return
         if not recs:
             return
+        if SHA256_RECORD in recs:
+            raise TarError(f"PAX record {SHA256_RECORD} in a global header (it belongs to "
+                           "one entry)")
         merged = {**self._global, **recs}  # at most max_global_records: a bounded copy
         nbytes = self._global_bytes
         for k, v in recs.items():
@@ -283,8 +296,14 @@ class TarParser:
         self._global, self._global_bytes = merged, nbytes
 
     def _entry(self, blk: bytes, typeflag: bytes, size: int) -> TarEntry:
-        pax: Mapping[str, str] = ChainMap(self._pax, self._global) if self._global \
-            else self._pax
+        g = self._global
+        pax: Mapping[str, str]
+        if not g:
+            pax = self._pax
+        elif len(g) <= COPY_GLOBAL:  # a few records (aggapi's one): a plain dict reads
+            pax = {**g, **self._pax}  # faster than a ChainMap, for a bounded copy
+        else:
+            pax = ChainMap(self._pax, g)
         long, self._pax, self._long, self._run = self._long, {}, {}, 0
         magic = blk[257:263]
         raw_name = _str(blk[0:100])

@@ -111,12 +111,16 @@ def _pax_needed(name: str, raw_name: bytes, size: int, uid: int, gid: int, mtime
 
 
 def header(name: str, typeflag: bytes, *, size: int = 0, mode: int = 0o644, uid: int = 0,
-           gid: int = 0, mtime_ns: int = 0, linkname: str = "") -> bytes:
+           gid: int = 0, mtime_ns: int = 0, linkname: str = "",
+           records: Mapping[str, str] | None = None) -> bytes:
     """Header block(s) for one entry: a PAX ``x`` header first when ustar cannot
-    hold a field (long or non-ASCII names, sizes >= 8 GiB, big ids, sub-second mtime)."""
+    hold a field (long or non-ASCII names, sizes >= 8 GiB, big ids, sub-second mtime),
+    or when ``records`` (extra PAX records, e.g. ``AGGAPI.sha256``) are given."""
     raw_name = name.encode("utf-8", "surrogateescape")
     raw_link = linkname.encode("utf-8", "surrogateescape")
     pax, sec = _pax_needed(name, raw_name, size, uid, gid, mtime_ns, linkname, raw_link)
+    if records:
+        pax.update(records)
     out = b""
     if pax:
         out = pax_header("PaxHeader/" + name[-80:], pax, typeflag=PAX)
@@ -128,12 +132,15 @@ def header(name: str, typeflag: bytes, *, size: int = 0, mode: int = 0o644, uid:
 
 
 def header_size(name: str, *, size: int = 0, uid: int = 0, gid: int = 0, mtime_ns: int = 0,
-                linkname: str = "") -> int:
+                linkname: str = "", records: Mapping[str, str] | None = None) -> int:
     """``len(header(...))`` for the same fields, without building the blocks (an upload
-    sizes its whole tar before sending it)."""
+    sizes its whole tar before sending it; a record's length depends only on the lengths
+    of its key and value)."""
     raw_name = name.encode("utf-8", "surrogateescape")
     raw_link = linkname.encode("utf-8", "surrogateescape")
     pax, _ = _pax_needed(name, raw_name, size, uid, gid, mtime_ns, linkname, raw_link)
+    if records:
+        pax.update(records)
     if not pax:
         return BLOCK
     n = sum(len(_pax_record(k, v)) for k, v in pax.items())

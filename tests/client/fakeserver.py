@@ -26,6 +26,7 @@ from aiohttp import web
 
 from aggapi import wire
 from aggapi.status import StatusError, status_middleware
+from aggapi.tar.entrydigest import ANNOUNCEMENT, record
 from aggapi.tar.stream import DIR, PAX, REG, SYM, TarReader, header, pad, pax_header
 from aggapi.tls import pki
 
@@ -407,8 +408,9 @@ async def untar_into(reader: TarReader, dest: Path) -> int:
 
 
 def tar_of(d: Path, *, complete: bool = True) -> bytes:
-    """A directory as the agent sends it: entries, then the "./" record with AGGAPI.*."""
-    out = bytearray()
+    """A directory as the agent sends it: the announcement of per-file digests, entries
+    (each regular file with its AGGAPI.sha256), then the "./" record with AGGAPI.*."""
+    out = bytearray(ANNOUNCEMENT)
     for cur, dirs, files in os.walk(d):
         dirs.sort()
         rel = os.path.relpath(cur, d)
@@ -421,7 +423,8 @@ def tar_of(d: Path, *, complete: bool = True) -> bytes:
                 out += header(pre + name, SYM, linkname=os.readlink(p))
             else:
                 data = p.read_bytes()
-                out += header(pre + name, REG, size=len(data), mode=p.stat().st_mode)
+                out += header(pre + name, REG, size=len(data), mode=p.stat().st_mode,
+                              records=record(hashlib.sha256(data).hexdigest()))
                 out += data + pad(len(data))
     if complete:
         out += pax_header("./", {"AGGAPI.complete": "true", "AGGAPI.skipped": "[]"},

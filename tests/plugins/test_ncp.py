@@ -8,6 +8,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,3 +186,28 @@ async def test_progress_bar_on_a_terminal(cluster: FakeCluster, env: dict[str, s
     pcts = [int(p) for p in re.findall(r"(\d+)%", screen)]
     assert "━" in screen and len(set(pcts)) >= 3 and pcts == sorted(pcts)
     assert pcts[-1] == 100 and "/s" in screen
+
+
+async def test_directory_upload_packs_before_the_first_request(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tree's first pass (read, frame, hash) starts before any request, so it runs
+    while the connection is made and the pod and the target are looked up."""
+    from aggapi.client import copy
+    from aggapi.plugins import ncp
+
+    seen: list[int] = []
+    real = copy.pack_dir
+
+    async def pack_dir(*args: Any, **kwargs: Any) -> copy.PackedDir:
+        seen.append(len(cluster.requests))
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(copy, "pack_dir", pack_dir)
+    src = tmp_path / "site"
+    (src / "css").mkdir(parents=True)
+    (src / "css/x.css").write_bytes(DATA[:5000])
+    rc = await asyncio.to_thread(ncp.main, ["--kubeconfig", str(cluster.kubeconfig()), "-q",
+                                            "-c", "app", str(src), "web:/data/site"])
+    assert rc == 0
+    assert seen == [0] and len(cluster.requests) >= 3  # pod, stat, upload
+    assert tree(root(cluster) / "data/site") == tree(src)

@@ -10,7 +10,10 @@ devices, FIFOs and sockets are skipped. Files and directories on kernel pseudo
 file systems (procfs, sysfs, cgroupfs...: see aggapi.agent.copy.pseudofs) are
 refused (400) when asked for and skipped in a walk: their sizes are made up.
 No file is read past the size fstat gave when it was opened. /proc magic links
-are reported without a target.
+are reported without a target. Every regular file's entry carries its data's
+sha256 (``AGGAPI.sha256``, :mod:`aggapi.tar.entrydigest`), computed from the bytes sent:
+a file of up to a chunk is read once and sent from memory, a bigger one is hashed
+first (in steps of a chunk, so a walk step stays bounded) and read again to be sent.
 
 Skipped entries are reported at the end of the stream: the last entry is
 "./" (the directory itself, a no-op for extractors) whose PAX extended header
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -39,6 +43,7 @@ from aggapi.agent.copy.pseudofs import is_magic_link, pseudo_fs
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.status import StatusError
 from aggapi.tar import stream as ts
+from aggapi.tar.entrydigest import ANNOUNCEMENT, record
 
 CHUNK = 1 << 20
 PSEUDO_REASON = "on a kernel pseudo file system (procfs, sysfs...); not copied"
@@ -217,9 +222,13 @@ class TarWalker:
             raise StatusError(413, "directory grew past the copy limits while being sent")
 
     def chunks(self) -> Generator[bytes, None, None]:
-        buf: list[bytes] = []
-        held = 0
+        buf: list[bytes] = [ANNOUNCEMENT]  # every regular file carries AGGAPI.sha256
+        held = len(ANNOUNCEMENT)
         for piece in self._walk(self.dir_fd, "", 0):
+            if piece is None:  # a step of a big file's hash: let the caller check in
+                yield b"".join(buf)
+                buf, held = [], 0
+                continue
             if len(piece) >= CHUNK and not buf:
                 yield piece
                 continue
@@ -246,7 +255,8 @@ class TarWalker:
                 + ts.header("./", ts.DIR, mode=stat.S_IMODE(st.st_mode), uid=uid, gid=gid,
                             mtime_ns=st.st_mtime_ns - st.st_mtime_ns % 1_000_000_000))
 
-    def _walk(self, dfd: int, prefix: str, depth: int) -> Iterator[bytes]:
+    def _walk(self, dfd: int, prefix: str, depth: int) -> Iterator[bytes | None]:
+        """The tar's pieces; None after each MiB a big file's hash read (a step)."""
         dev = os.fstat(dfd).st_dev  # a real file system's (pseudo ones are not walked)
         for name in _names(dfd, self.limits, self.entries):
             rel = prefix + name
@@ -291,7 +301,7 @@ class TarWalker:
                 self.skip(rel, file_type(st.st_mode), "special files are not copied")
 
     def _file(self, dfd: int, dev: int, name: str, rel: str, common: dict[str, Any]
-              ) -> Iterator[bytes]:
+              ) -> Iterator[bytes | None]:
         try:
             pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except OSError as exc:
@@ -326,15 +336,44 @@ class TarWalker:
         try:
             size = st.st_size
             self._count(size)
-            yield ts.header(rel, ts.REG, size=size, **common)
+            if size <= CHUNK:  # read once: hashed, then sent from memory
+                data = os.pread(fd, size, 0) if size else b""
+                if len(data) < size:
+                    data = self._shrank(rel, data, size)
+                yield ts.header(rel, ts.REG, size=size, **common,
+                                records=record(hashlib.sha256(data).hexdigest()))
+                yield data
+                yield ts.pad(size)
+                return
+            # The digest goes in the header, before the data: a bigger file is read
+            # twice (hashed, then sent; a second read from the page cache), as a single
+            # file's download is. A change in between fails the copy on the client.
+            h = hashlib.sha256()
+            yield from _hash_steps(fd, size, h)
+            yield ts.header(rel, ts.REG, size=size, **common, records=record(h.hexdigest()))
             off = 0
             while off < size:
                 data = os.pread(fd, min(CHUNK, size - off), off)
                 if not data:  # shrank under us: keep the archive well-formed
-                    self.skip(rel, "file", "shrank while being read; padded with zeros")
-                    data = b"\0" * min(CHUNK, size - off)
+                    data = self._shrank(rel, b"", min(CHUNK, size - off))
                 off += len(data)
                 yield data
             yield ts.pad(size)
         finally:
             os.close(fd)
+
+    def _shrank(self, rel: str, data: bytes, size: int) -> bytes:
+        self.skip(rel, "file", "shrank while being read; padded with zeros")
+        return data + b"\0" * (size - len(data))
+
+
+def _hash_steps(fd: int, size: int, h: hashlib._Hash) -> Iterator[None]:
+    """Hash the file's first ``size`` bytes (zeros for any it no longer has) into ``h``,
+    yielding None after each chunk: every step of the walk stays about a MiB
+    of work, so a client that leaves frees its worker within a chunk, not a file."""
+    off = 0
+    while off < size:
+        data = os.pread(fd, min(CHUNK, size - off), off) or b"\0" * min(CHUNK, size - off)
+        h.update(data)
+        off += len(data)
+        yield None

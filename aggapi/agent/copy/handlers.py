@@ -20,8 +20,9 @@ Wire conventions (the aggapi apiserver relays them unchanged):
   -K) gives 206 + Content-Range; ``If-Range`` with another ETag gives 200 and
   the whole file.
 - Directory (GET): ``Content-Type: application/x-tar``, a PAX tar of its
-  contents with names relative to it; the final PAX global header reports
-  skipped entries (see aggapi.agent.copy.download).
+  contents with names relative to it, each regular file's sha256 in its entry
+  (aggapi.tar.entrydigest); the closing "./" entry reports skipped entries (see
+  aggapi.agent.copy.download).
 - Symlink (GET): with ``symlink=keep`` an empty body, the stat header carrying
   linkTarget; without it 409 (as cp without -P: a link is not the file).
 - Upload (POST): body = the file, or with format=tar a tar extracted into the
@@ -334,7 +335,8 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
                     break
                 if not root.alive():
                     raise _abort(request, "container exited during the download")
-                await _write(request, resp, chunk)
+                if chunk:  # empty: a step of hashing a big file (download.TarWalker)
+                    await _write(request, resp, chunk)
             await resp.write_eof()
             return resp
         finally:

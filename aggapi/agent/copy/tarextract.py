@@ -186,12 +186,15 @@ class TarExtractor:
         self.pending[rel] = _Pending(parent, af.tmp, name, True)
         return af
 
-    def end_file(self, af: AtomicFile, rel: str, size: int, mode: int, mtime_ns: int) -> None:
+    def end_file(self, af: AtomicFile, rel: str, size: int, mode: int, mtime_ns: int, *,
+                 sha256: str | None = None) -> None:
+        """The file's attributes and checks: its size, and its data's sha256 (the entry's
+        AGGAPI.sha256 record), before it can be renamed into place by :meth:`commit`."""
         try:
             o = self.params.owner
             # Big files were written back as they came: their own fsync waits for little.
             sync = size >= WRITEBACK_STEP or not syncfs.available()
-            af.finish(expect_size=size, expect_sha256=None, replaced=None, mtime_ns=mtime_ns,
+            af.finish(expect_size=size, expect_sha256=sha256, replaced=None, mtime_ns=mtime_ns,
                       owner=Owner(o.uid, o.gid, mode & ~SETID & 0o1777), sync=sync)
             assert af.fd is not None
             st = os.fstat(af.fd)

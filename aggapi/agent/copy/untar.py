@@ -26,6 +26,7 @@ from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.tarextract import TarExtractor, entry_parts
 from aggapi.status import StatusError
+from aggapi.tar.entrydigest import EntryDigests
 from aggapi.tar.parse import (
     CONT,
     DIR,
@@ -69,6 +70,8 @@ class TarSink:
         self.af: AtomicFile | None = None
         self.entry: TarEntry | None = None
         self.rel = ""
+        self.digests = EntryDigests()  # each file's AGGAPI.sha256, checked before commit
+        self.want: str | None = None  # the current file's
         self.pieces: list[bytes] = []
 
     def feed_many(self, batch: list[bytes]) -> None:
@@ -113,6 +116,7 @@ class TarSink:
         if self.entries > lim.max_entries:
             raise StatusError(413, f"tar has more than {lim.max_entries} entries")
         self.ex.charge()
+        want = self.digests.expected(entry)
         parts = entry_parts(entry.name)
         if not parts:
             return  # "./": the target itself (its data, if any, is dropped)
@@ -128,6 +132,7 @@ class TarSink:
             self.ex.mkdir(rel, entry.mode & ~SETID)
         elif t in (REG, CONT):
             self.af, self.entry, self.rel = self.ex.begin_file(rel), entry, rel
+            self.want = want
         elif t == SYM:
             self.ex.symlink(rel, entry.linkname)
         elif t == LNK:
@@ -142,7 +147,7 @@ class TarSink:
             return
         self._flush()
         af, e, self.af, self.entry = self.af, self.entry, None, None
-        self.ex.end_file(af, self.rel, e.size, e.mode, e.mtime_ns)
+        self.ex.end_file(af, self.rel, e.size, e.mode, e.mtime_ns, sha256=self.want)
 
 
 __all__ = ["TarError", "TarSink", "entry_parts"]

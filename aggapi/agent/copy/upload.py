@@ -13,7 +13,9 @@ the target directory with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so
 neither '..' nor a symlink (from the tar or swapped in by the container) can
 lead out. Regular files, symlinks and hard links are written as temp files and
 renamed into place only after the whole tar was read and its size and sha256
-checked; a hard link may only name an earlier regular file of the same tar.
+checked, and each regular file against its own entry's sha256 (the record
+``AGGAPI.sha256``, :mod:`aggapi.tar.entrydigest`; a mismatch names the file); a hard
+link may only name an earlier regular file of the same tar.
 Device nodes and FIFOs are refused. Missing directories are created as the tar
 goes and removed again if the upload fails. Tar entry modes lose setuid/setgid;
 owners are the uid=/gid= parameters or the user the copy acts as (the container

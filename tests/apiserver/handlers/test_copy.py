@@ -3,6 +3,7 @@ started through CRI with kubelet's labels."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
@@ -10,10 +11,15 @@ import json
 import os
 import tarfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aggapi.client import packtar
+from aggapi.client.extract import extract_dir
+from aggapi.tar.stream import TarReader
+from tests.filetrees import data_spans, pax_records, read_tree, write_tree
 from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 
 from .conftest import Stack, pod_object
@@ -234,3 +240,52 @@ async def test_stopped_container_is_409(stack: Stack, pods: PodRunner, busybox_i
                                    params={"container": "app", "path": "/etc/passwd"}) as resp:
         assert resp.status == 409
         assert (await resp.json())["reason"] == "Conflict"
+
+
+async def test_directory_copies_check_each_files_sha256(stack: Stack, box: RunningPod,
+                                                        tmp_path: Path) -> None:
+    """Issue 27 item 4 through the real agent: ncp's tar carries every file's sha256,
+    which the agent checks before any rename (a corrupted file fails the upload, naming
+    it, even when the whole tar's sha256 parameter matches the corrupted bytes), and the
+    agent's download tar carries them for the client's check."""
+    tree = {"a/one": b"1" * 5000, "a/b/two": os.urandom(3 << 20), "three": b""}
+    write_tree(tmp_path / "src", tree)
+    write_tree(tmp_path / "old", {"keep": b"old"})
+
+    async def pack(src: Path) -> bytes:
+        listing = packtar.list_tree(src)
+        return b"".join([c async for c in packtar.tar_stream(src, listing)])
+
+    good, old = await pack(tmp_path / "src"), await pack(tmp_path / "old")
+    off = next(o for n, o, _ in data_spans(good) if n == "a/b/two")
+    bad = bytearray(good)
+    bad[off + 12345] ^= 1
+    path = stack.pod_path("box", "copy")
+    s = stack.session()
+    q = {"container": "app", "path": "/tmp/dtree", "format": "tar"}
+    async with s.post(path, params={**q, "sha256": hashlib.sha256(old).hexdigest()},
+                      data=old) as resp:
+        assert resp.status == 200, await resp.text()
+    async with s.post(path, params={**q, "sha256": hashlib.sha256(bad).hexdigest()},
+                      data=bytes(bad)) as resp:
+        assert resp.status == 400
+        status = await resp.json()
+    assert status["kind"] == "Status" and status["reason"] == "Invalid"
+    assert "/tmp/dtree/a/b/two: sha256 mismatch" in status["message"]
+    async with s.get(path, params={"container": "app", "path": "/tmp/dtree"}) as resp:
+        assert sorted(pax_records(await resp.read())) == [".", "keep"]  # unchanged
+
+    async with s.post(path, params={**q, "sha256": hashlib.sha256(good).hexdigest()},
+                      data=good) as resp:
+        assert resp.status == 200, await resp.text()
+    async with s.get(path, params={"container": "app", "path": "/tmp/dtree"}) as resp:
+        raw = await resp.read()
+    recs = pax_records(raw)
+    for rel, data in tree.items():
+        assert recs[rel]["AGGAPI.sha256"] == hashlib.sha256(data).hexdigest()
+        assert recs[rel]["AGGAPI.entryDigests"] == "sha256"
+    sr = asyncio.StreamReader()
+    sr.feed_data(raw)
+    sr.feed_eof()
+    res = await extract_dir(TarReader(sr), tmp_path / "back")
+    assert res.verified and read_tree(tmp_path / "back") == {**tree, "keep": b"old"}

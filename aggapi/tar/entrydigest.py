@@ -1,0 +1,79 @@
+"""Each regular file's sha256 in its own tar entry: directory copies verified file by file.
+
+A directory travels as one PAX tar both ways (ncp's upload, the agent's download).
+Every regular file's entry carries the PAX record ``AGGAPI.sha256`` (64 lowercase hex
+digits of the file's data), and the receiver checks it before the file is placed:
+the agent before its temp file is renamed into place, the ncp client before its
+private temp tree is renamed into place. A mismatch fails the whole copy, naming the
+file, and nothing is placed. Vendor records are ignored by ordinary tar programs
+(GNU tar warns about the unknown keyword; bsdtar, busybox and Python's tarfile say
+nothing), so the stream stays a plain tar for anyone else who reads it.
+
+Both peers are aggapi's own, so an entry without its record is refused, but only in a
+stream that says every entry has one: the writer puts the global record
+``AGGAPI.entryDigests=sha256`` before the first entry. That announcement travels in
+the tar itself, so no proxy or relay can drop it; a new writer always sends it, so a
+new pair never skips the check. A stream without it comes from an older peer during an
+upgrade (an older ncp uploading to a new agent, or a new ncp downloading from an older
+agent): its files carry no records and are accepted unchecked, as before, while any
+record present is still checked. The record of a file is its entry's own (an ``x``
+header): in a global header, or twice for one entry, the parser refuses it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from aggapi.tar.parse import CONT, REG, SHA256_RECORD, TarEntry, TarError
+from aggapi.tar.stream import GPAX, pax_header
+
+ANNOUNCE_RECORD = "AGGAPI.entryDigests"
+ALGORITHM = "sha256"
+# The global header every new writer starts its tar with.
+ANNOUNCEMENT = pax_header("pax_global_header", {ANNOUNCE_RECORD: ALGORITHM}, typeflag=GPAX)
+# A placeholder of the record's length: a header's size depends only on it.
+PLACEHOLDER = {SHA256_RECORD: "0" * 64}
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_DATA = (REG, CONT)
+
+
+def record(digest: str) -> dict[str, str]:
+    """The PAX records that carry ``digest`` (hex) in a regular file's entry."""
+    return {SHA256_RECORD: digest}
+
+
+class EntryDigests:
+    """One stream's check of its entries' records, fed every entry in order.
+
+    :meth:`expected` returns the sha256 a regular file's data must have (None when an
+    unannounced stream's entry has no record), or raises :class:`TarError`."""
+
+    def __init__(self) -> None:
+        self.required: bool | None = None  # decided by the first entry
+
+    def expected(self, entry: TarEntry) -> str | None:
+        announced = entry.pax.get(ANNOUNCE_RECORD)
+        if announced is not None and announced != ALGORITHM:
+            raise TarError(f"unsupported {ANNOUNCE_RECORD} {announced[:40]!r} (this side "
+                           f"checks {ALGORITHM})")
+        if self.required is None:
+            self.required = announced is not None
+        elif announced is not None and not self.required:
+            raise TarError(f"{ANNOUNCE_RECORD} came after the first entry; it must precede "
+                           "every entry")
+        digest = entry.pax.get(SHA256_RECORD)
+        if entry.typeflag not in _DATA:
+            if digest is not None:
+                raise TarError(f"tar entry {entry.name!r} is not a regular file but carries "
+                               f"a {SHA256_RECORD} record")
+            return None
+        if digest is None:
+            if self.required:
+                raise TarError(f"tar entry {entry.name!r} carries no {SHA256_RECORD} record "
+                               "(the stream announced one for every regular file)")
+            return None
+        if _HEX64.fullmatch(digest) is None:
+            raise TarError(f"tar entry {entry.name!r} has a malformed {SHA256_RECORD} record "
+                           f"{digest[:80]!r} (64 lowercase hex digits expected)")
+        return digest
