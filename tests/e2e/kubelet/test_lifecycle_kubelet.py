@@ -190,6 +190,16 @@ def test_other_tenants_pulls_are_a_count(control_plane: ControlPlane, node: Node
         create_pods(cp, [pod(node, "tb", [{"name": "c", "image": b_img}])])
         streams = [ProgressStream(cp, "tb", granularity="image", user="victor").start(),
                    ProgressStream(cp, "tb", granularity="image").start()]
+
+        def seen_waiting() -> bool:  # (or ended: the assertions below then say why)
+            return all((s.proc is not None and s.proc.poll() is not None)
+                       or any(o.get("phase") == "Waiting" for _, o in s.objects)
+                       for s in streams)
+
+        # Once both streams have shown tb waiting, the rest of the two pulls is not
+        # what is tested: unthrottled, they end in a second instead of ~25 s.
+        wait_for(seen_waiting, 120, "tb Waiting on both streams")
+        node.set_rate(None)
         for s in streams:
             assert s.wait(180) == 0, s.stderr
     finally:

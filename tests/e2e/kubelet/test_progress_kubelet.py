@@ -85,6 +85,16 @@ def test_kep3673_waiting_then_downloading(control_plane: ControlPlane, node: Nod
     try:
         create_pods(cp, [pod(node, n, [{"name": "c", "image": i}]) for n, i in img.items()])
         streams = {n: ProgressStream(cp, n, granularity="image").start() for n in img}
+
+        def seen_waiting() -> bool:  # (or both ended: the assertions below say why)
+            return any(o.get("phase") == "Waiting" for s in streams.values()
+                       for _, o in s.objects) or all(
+                s.proc is not None and s.proc.poll() is not None for s in streams.values())
+
+        # Once the second has shown Waiting, 8 MiB/s: ~5 s per pull (20 polls of the
+        # second's Downloading) instead of ~13 s.
+        wait_for(seen_waiting, 120, "a pull Waiting")
+        node.set_rate(8 * MiB)
         for s in streams.values():
             assert s.wait(180) == 0, s.stderr
     finally:
