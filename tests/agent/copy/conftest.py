@@ -21,11 +21,15 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from aggapi.agent.auth import CAPABILITY
+from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.container import open_process_root
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.handlers import CopyHandlers
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.state import CopyState
+from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
+from aggapi.agent.copy.untar import TarSink
+from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.agent.copy.workers import Workers
 from aggapi.auth.capability import Capability, ContainerRef
 from aggapi.status import StatusError, status_middleware
@@ -280,3 +284,31 @@ def snapshot(path: Path) -> dict[str, bytes | str]:
             else:
                 out[p] = "dir"
     return out
+
+
+def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 1 << 20
+                ) -> None:
+    """Extract ``raw`` into ``root_dir``/dst (which must not exist yet) as upload_tar
+    does, fed ``chunk`` bytes at a time, in this thread; raises its refusal."""
+    root = FsRoot(os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+                  container_id="extract")
+    record = InflightRecord(limits.state_dir, root)
+    target_fd, made = open_target_dir(root, "/dst")
+    assert made is None
+    ex = TarExtractor(root, record, target_fd, "/dst", UploadParams())
+    sink = TarSink(ex, root, limits)
+    ok = False
+    try:
+        for i in range(0, len(raw), chunk):
+            sink.feed_many([raw[i:i + chunk]])
+        sink.finish()
+        ex.commit()
+        ok = True
+    finally:
+        sink.abort()
+        if not ok:
+            ex.rollback()
+        ex.close()
+        os.close(target_fd)
+        record.done()
+        os.close(root.root_fd)

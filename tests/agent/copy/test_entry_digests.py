@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import re
 import shutil
 import tempfile
@@ -18,18 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggapi.agent.copy.cleanup import InflightRecord
-from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
-from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
-from aggapi.agent.copy.untar import TarSink
-from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.client import packtar
 from aggapi.status import StatusError
 from aggapi.tar import stream as ts
 from aggapi.tar.entrydigest import ANNOUNCEMENT, record
 from aggapi.tar.parse import TarError
-from tests.agent.copy.conftest import snapshot, temp_leftovers
+from tests.agent.copy.conftest import extract_tar, snapshot, temp_leftovers
 from tests.filetrees import data_spans, pax_records, read_tree, trees, write_tree
 
 PROPS = settings(max_examples=40, deadline=None, derandomize=True,
@@ -54,28 +48,8 @@ def pack(src: Path, read_whole: int) -> bytes:
 
 def extract(root_dir: Path, raw: bytes, chunk: int = 1 << 20) -> None:
     """Extract ``raw`` into ``root_dir``/dst as upload_tar does; raises its refusal."""
-    root = FsRoot(os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
-                  container_id="digests")
-    limits = CopyLimits(state_dir=str(root_dir.parent / "state"))
-    record_ = InflightRecord(limits.state_dir, root)
-    target_fd, _ = open_target_dir(root, "/dst")
-    ex = TarExtractor(root, record_, target_fd, "/dst", UploadParams())
-    sink = TarSink(ex, root, limits)
-    ok = False
-    try:
-        for i in range(0, len(raw), chunk):
-            sink.feed_many([raw[i:i + chunk]])
-        sink.finish()
-        ex.commit()
-        ok = True
-    finally:
-        sink.abort()
-        if not ok:
-            ex.rollback()
-        ex.close()
-        os.close(target_fd)
-        record_.done()
-        os.close(root.root_fd)
+    extract_tar(root_dir, raw, CopyLimits(state_dir=str(root_dir.parent / "state")),
+                chunk=chunk)
 
 
 @pytest.fixture

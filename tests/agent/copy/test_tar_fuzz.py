@@ -8,7 +8,6 @@ Run with ``-s`` to see how many cases ran.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -18,17 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fserrors import fs_status
-from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
-from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
-from aggapi.agent.copy.untar import TarSink
-from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.status import StatusError
 from aggapi.tar.parse import TarError
 from tests import tarcraft as tc
-from tests.agent.copy.conftest import snapshot, temp_leftovers
+from tests.agent.copy.conftest import extract_tar, snapshot, temp_leftovers
 
 RUNS = {"sink": 0, "refused": 0}
 
@@ -69,29 +63,9 @@ def report_counts() -> Iterator[None]:
 
 
 def extract(root_dir: Path, raw: bytes, chunk: int) -> None:
-    root = FsRoot(os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
-                  container_id="fuzz")
-    limits = CopyLimits(size_limit=1 << 20, max_entries=20, max_depth=3,
-                        state_dir=str(root_dir.parent / "state"))
-    record = InflightRecord(limits.state_dir, root)
-    target_fd, made = open_target_dir(root, "/dst")
-    assert made is None
-    ex = TarExtractor(root, record, target_fd, "/dst", UploadParams())
-    sink = TarSink(ex, root, limits)
-    ok = False
-    try:
-        for i in range(0, len(raw), chunk):
-            sink.feed_many([raw[i:i + chunk]])
-        sink.finish()
-        ex.commit()
-        ok = True
-    finally:
-        sink.abort()
-        if not ok:
-            ex.rollback()
-        os.close(target_fd)
-        record.done()
-        os.close(root.root_fd)
+    extract_tar(root_dir, raw, CopyLimits(size_limit=1 << 20, max_entries=20, max_depth=3,
+                                          state_dir=str(root_dir.parent / "state")),
+                chunk=chunk)
 
 
 @settings(max_examples=300, deadline=None,
