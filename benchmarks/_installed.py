@@ -331,6 +331,11 @@ class Bench:
                         ["py-spy", "record", "-r", "97", "-n", "-f", "raw", "-o", f"{out}.txt",
                          "--", *argv])
             for attempt in range(1, KCP_ATTEMPTS + 1):
+                # Each transfer starts on clean file systems: kubectl cp's tar leaves its
+                # files dirty, and the next tool's syncfs (or the kernel's writeback in its
+                # window) would otherwise pay for them; this is the order effect of earlier
+                # runs, where whichever tool came second was slower on small files.
+                os.sync()
                 try:  # a failed attempt adds no CPU: window() measures only on success
                     with profiled(spy, f"{sc.name}-{key}", spied, native=False, perf=True,
                                   pyspy=not self.perf_only), \

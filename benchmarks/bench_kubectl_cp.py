@@ -239,6 +239,7 @@ def run(cp: ControlPlane, size: int, rounds: int, workdir: Path,
         for _ in range(rounds):
             for tool in tools:  # uploads, each checked from inside the container
                 key = f"{tool} upload"
+                os.sync()  # start on clean file systems, as in _installed.Bench.scenario
                 with profiled(spy if tool == "kubectl ncp" else None, key, spied), \
                         meter.window(cpu.setdefault(key, {})):
                     t = timed(client(tool, key, up_argv[tool](remote[tool])))
@@ -250,6 +251,7 @@ def run(cp: ControlPlane, size: int, rounds: int, workdir: Path,
             for tool in tools:  # downloads of the same file, checked here
                 key = f"{tool} download"
                 back.unlink(missing_ok=True)
+                os.sync()
                 with profiled(spy if tool == "kubectl ncp" else None, key, spied), \
                         meter.window(cpu.setdefault(key, {})):
                     t = timed(client(tool, key, down_argv[tool](cold)))
