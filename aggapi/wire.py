@@ -55,6 +55,15 @@ QUERY_ONLY_UPLOAD_PARAMS = frozenset({"sha256"})
 # refuse the value (not 64 hex digits) before they write anything.
 SHA256_TRAILER = "trailer"
 SHA256_TRAILER_SIZE = 32
+# A tar upload (format=tar) whose every regular file carries its AGGAPI.sha256 record
+# may claim the headers digest instead (aggapi.tar.entrydigest): each file's data is
+# hashed once, for its record, not again for the whole tar. ``headers:<hex>`` gives it
+# up front, ``headers-trailer`` as the trailer. Agents that predate it refuse both (not
+# 64 hex digits) before they write anything, and the client falls back to the above.
+SHA256_HEADERS_PREFIX = "headers:"
+SHA256_HEADERS_TRAILER = "headers-trailer"
+# What every agent answers a sha256 value it does not know, before it writes anything.
+SHA256_REFUSED = "sha256 must be 64 hex digits"
 
 # --- copy headers ------------------------------------------------------------------
 HEADER_STAT = "X-Aggapi-Stat"      # base64 JSON {name, size, mode, mtime, uid, gid, ...}

@@ -8,8 +8,9 @@ Downloads verify the whole file's sha256 (``X-Aggapi-Sha256``) and resume with
 ``Range``/``If-Range`` after a cut connection, and across runs through the
 partial file kept beside the destination. Directories arrive as a PAX tar and
 are extracted by :mod:`aggapi.client.extract`. Uploads carry the sha256 (a file's
-after its bytes, hashed as they are sent; a tar's up front) so the server refuses to
-commit anything else, and compare the server's reply.
+after its bytes, hashed as they are sent; a tar's, each file's data in its own entry
+and the rest as the headers digest of :mod:`aggapi.tar.entrydigest`) so the server
+refuses to commit anything else, and compare the server's reply.
 """
 
 from __future__ import annotations
@@ -408,8 +409,6 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
     return Result(str(reply.get("path") or rp.path), "file", size, sha, retries=retries)
 
 
-# What an agent that predates sha256=trailer answers it, before it writes anything.
-_NO_TRAILER = "sha256 must be 64 hex digits"
 Hasher = Any  # hashlib's sha256 object (its type is private)
 Chunks = Callable[[Hasher | None], AsyncIterator[bytes]]
 Sent = tuple[dict[str, Any], int, str]  # the server's reply, retries, the sha256 sent
@@ -423,9 +422,15 @@ async def _one_pass_or_two(send: Callable[[str | None], Awaitable[Sent]],
     try:
         return await send(None)
     except BadRequest as exc:
-        if _NO_TRAILER not in str(exc):
-            raise
+        _raise_unless_refused(exc)
     return await send(await digest())
+
+
+def _raise_unless_refused(exc: BadRequest) -> None:
+    """Re-raise ``exc`` unless it is an agent refusing a sha256 form it predates (which
+    it answers before it writes anything)."""
+    if wire.SHA256_REFUSED not in str(exc):
+        raise exc
 
 
 def _read(fd: int, n: int, off: int, h: Hasher | None) -> bytes:
@@ -437,10 +442,12 @@ def _read(fd: int, n: int, off: int, h: Hasher | None) -> bytes:
 
 async def _send(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
                 content_type: str, size: int, chunks: Chunks, progress: Progress,
-                backoff: Backoff, rate_limit: float | None, sha: str | None) -> Sent:
+                backoff: Backoff, rate_limit: float | None, sha: str | None, *,
+                headers: bool = False) -> Sent:
     """POST ``size`` bytes from ``chunks`` (again for every retry) under the sha256
-    ``sha``, or with ``sha`` None hashed as they go and the digest sent after them;
-    the server's reply must name the same sha256."""
+    ``sha``, or with ``sha`` None hashed as they go (by ``chunks``) and the digest sent
+    after them; the server's reply must name the same sha256. ``headers``: the digest is
+    a tar's headers digest (aggapi.tar.entrydigest), and ``chunks`` hashes that."""
     sent = sha
 
     async def body() -> AsyncIterator[bytes]:
@@ -457,9 +464,13 @@ async def _send(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
             yield h.digest()
 
     length = size if sha is not None else size + wire.SHA256_TRAILER_SIZE
-    headers = {"Content-Type": content_type, "Content-Length": str(length)}
-    reply, retries = await _post(conn, rp, [*params, ("sha256", sha or wire.SHA256_TRAILER)],
-                                 headers, body, backoff)
+    if headers:
+        claim = wire.SHA256_HEADERS_PREFIX + sha if sha else wire.SHA256_HEADERS_TRAILER
+    else:
+        claim = sha or wire.SHA256_TRAILER
+    reply, retries = await _post(conn, rp, [*params, ("sha256", claim)],
+                                 {"Content-Type": content_type, "Content-Length": str(length)},
+                                 body, backoff)
     if reply.get("sha256") != sent:
         raise IntegrityError.from_message(
             f"the server received sha256 {reply.get('sha256')}, sent {sent}")
@@ -475,13 +486,13 @@ async def _replay(chunks: list[bytes]) -> AsyncIterator[bytes]:
 class PackedDir:
     """What a directory upload needs before its request, which needs no connection, so
     it can run while the connection is set up: the listing and the tar's size; for a
-    tar of up to READ_ONCE_MAX bytes the tar itself, built and hashed."""
+    tar of up to READ_ONCE_MAX bytes the tar itself, built, with its headers digest."""
 
     src: Path
     listing: Listing
     size: int
     preserve: bool
-    sha256: str | None = None  # of ``kept``
+    headers_sha256: str | None = None  # of ``kept`` (aggapi.tar.entrydigest)
     kept: list[bytes] | None = None
     digests: dict[str, str] = field(default_factory=dict)  # each file's, once hashed
 
@@ -499,19 +510,27 @@ async def pack_dir(src: Path, *, preserve: bool = True, follow_links: bool = Fal
         raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
     packed = PackedDir(src, listing, size, preserve)
     if size <= READ_ONCE_MAX:
-        packed.sha256 = await _hash_tar(packed, keep=True)
+        packed.headers_sha256 = await _hash_tar(packed, keep=True, headers_only=True)
     return packed
 
 
-async def _hash_tar(p: PackedDir, *, keep: bool) -> str:
-    """A pass over ``p``'s tar for its sha256, the tar kept in ``p`` with ``keep``."""
+async def _hash_tar(p: PackedDir, *, keep: bool, headers_only: bool = False) -> str:
+    """A pass over ``p``'s tar for its sha256 (or headers digest), the tar kept in ``p``
+    with ``keep``."""
     h = hashlib.sha256()
     kept: list[bytes] = []
     async for chunk in tar_stream(p.src, p.listing, preserve=p.preserve, digests=p.digests,
-                                  hasher=h):
+                                  hasher=h, headers_only=headers_only):
         if keep:
             kept.append(chunk)
-    p.kept = kept if keep else None
+    p.kept = kept if keep else p.kept
+    return h.hexdigest()
+
+
+def _sha256_of(chunks: list[bytes]) -> str:
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk)
     return h.hexdigest()
 
 
@@ -525,25 +544,37 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
     are sent as links). ``packed``: :func:`pack_dir`'s result for the same arguments,
     when the caller started it earlier.
 
-    The server refuses to commit anything but the tar's exact bytes. A tar of up to
-    READ_ONCE_MAX bytes was built and hashed before the request and is sent as it is,
-    its sha256 in the query: a tree of small files is read and framed once. A bigger
-    one is hashed as it is sent (sha256=trailer); where the agent predates the trailer,
-    a first pass hashes it, and it is built again for sending (bounded memory)."""
+    The server refuses to commit anything but the tar's exact bytes: every file's data
+    against its own AGGAPI.sha256 record, the rest against the tar's headers digest
+    (aggapi.tar.entrydigest), so each file is hashed once. A tar of up to
+    READ_ONCE_MAX bytes was built before the request and is sent as it is, its headers
+    digest in the query: a tree of small files is read and framed once. A bigger one
+    is built as it is sent, the digest after it (sha256=headers-trailer). An agent
+    that predates the headers digest refuses it before writing anything; then the
+    whole tar's sha256 goes as before (the kept tar's up front; a bigger one's as a
+    trailer, or where the agent predates that too, from a first pass, the tar built
+    again for sending in bounded memory)."""
     p = packed or await pack_dir(src, preserve=preserve, follow_links=follow_links)
 
-    def chunks(h: Hasher | None) -> AsyncIterator[bytes]:
+    def chunks(h: Hasher | None, headers_only: bool = False) -> AsyncIterator[bytes]:
         return _replay(p.kept) if p.kept is not None else tar_stream(
-            p.src, p.listing, preserve=p.preserve, digests=p.digests, hasher=h)
+            p.src, p.listing, preserve=p.preserve, digests=p.digests, hasher=h,
+            headers_only=headers_only)
 
-    send = functools.partial(_send, conn, rp, rp.params(format="tar"), "application/x-tar",
-                             p.size, chunks, progress or NoProgress(), backoff or Backoff(),
-                             rate_limit)
-    if p.sha256 is not None:
-        reply, retries, sha = await send(p.sha256)
-    else:
-        reply, retries, sha = await _one_pass_or_two(
-            send, functools.partial(_hash_tar, p, keep=False))
+    def send(sha: str | None, *, headers: bool = False) -> Awaitable[Sent]:
+        return _send(conn, rp, rp.params(format="tar"), "application/x-tar", p.size,
+                     functools.partial(chunks, headers_only=headers), progress or NoProgress(),
+                     backoff or Backoff(), rate_limit, sha, headers=headers)
+
+    try:
+        reply, retries, sha = await send(p.headers_sha256, headers=True)
+    except BadRequest as exc:
+        _raise_unless_refused(exc)
+        if p.kept is not None:
+            reply, retries, sha = await send(await asyncio.to_thread(_sha256_of, p.kept))
+        else:
+            reply, retries, sha = await _one_pass_or_two(
+                send, functools.partial(_hash_tar, p, keep=False))
     return Result(str(reply.get("path") or rp.path), "dir", int(reply.get("size") or 0),
                   sha, retries=retries, entries=len(p.listing.entries),
                   skipped=p.listing.skipped)

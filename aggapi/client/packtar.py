@@ -13,7 +13,8 @@ Every regular file's entry carries its data's sha256 (the PAX record ``AGGAPI.sh
 place; the tar starts with the global record that announces it. The digest goes in the
 header, before the data: a file of up to :data:`READ_WHOLE` bytes is read once into
 memory, hashed and sent from there; a bigger one is hashed first and read again to be
-sent. Digests are kept by name in the caller's ``digests``, so a second pass over the
+sent. The whole tar's sha256 may then leave that data out (the headers digest): each
+file is hashed once. Digests are kept by name in the caller's ``digests``, so a second pass over the
 same listing (a tree too big to keep in memory is built twice) hashes nothing again; a
 file that changed in between fails its check on the agent, which names it.
 """
@@ -79,18 +80,23 @@ def entry_mode(st: os.stat_result, preserve: bool) -> int:
     return DEFAULT_DIR_MODE if stat.S_ISDIR(st.st_mode) else DEFAULT_FILE_MODE
 
 
+Piece = tuple[bytes, bool]  # a piece of the tar, and whether it is a file's data
+
+
 def _pieces(root: Path, listing: Listing, preserve: bool,
-            digests: dict[str, str]) -> Generator[bytes, None, None]:
-    """The tar of ``listing`` piece by piece (headers, file data, padding), read with
+            digests: dict[str, str]) -> Generator[Piece, None, None]:
+    """The tar of ``listing`` piece by piece (headers, file data, padding), each marked
+    whether it is a file's data (which its AGGAPI.sha256 record covers), read with
     blocking calls: run in a worker thread by :func:`tar_stream`."""
-    yield _announcement(listing)
+    yield _announcement(listing), False
     for rel, st in listing.entries:
         full = root / rel
         mtime = st.st_mtime_ns
         if stat.S_ISDIR(st.st_mode):
-            yield header(rel + "/", DIR, mode=entry_mode(st, preserve), mtime_ns=mtime)
+            yield header(rel + "/", DIR, mode=entry_mode(st, preserve), mtime_ns=mtime), False
         elif stat.S_ISLNK(st.st_mode):
-            yield header(rel, SYM, mode=0o777, mtime_ns=mtime, linkname=os.readlink(full))
+            yield header(rel, SYM, mode=0o777, mtime_ns=mtime,
+                         linkname=os.readlink(full)), False
         else:
             try:
                 fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
@@ -111,15 +117,16 @@ def _pieces(root: Path, listing: Listing, preserve: bool,
                         digest = _hash(fd, size, full)
                     digests[rel] = digest
                 yield header(rel, REG, size=size, mode=entry_mode(st, preserve),
-                             mtime_ns=mtime, records=record(digest))
+                             mtime_ns=mtime, records=record(digest)), False
                 if data is not None:
-                    yield data
+                    yield data, True
                 else:
-                    yield from _chunks(fd, size, full)
-                yield pad(size)
+                    for chunk in _chunks(fd, size, full):
+                        yield chunk, True
+                yield pad(size), False
             finally:
                 os.close(fd)
-    yield END
+    yield END, False
 
 
 def _announcement(listing: Listing) -> bytes:
@@ -154,28 +161,34 @@ def _hash(fd: int, size: int, full: Path) -> str:
     return h.hexdigest()
 
 
-def _batch(pieces: Iterator[bytes], hasher: Any | None) -> bytes:
+def _batch(pieces: Iterator[Piece], hasher: Any | None, headers_only: bool) -> bytes:
     """The next CHUNK or so of the tar: one piece as it is (a big file's read), or many
-    small ones joined, fed to ``hasher`` (a hashlib object) here in the worker. b"" at
-    the end."""
+    small ones joined, fed to ``hasher`` (a hashlib object) here in the worker, all of
+    it or with ``headers_only`` all but the files' data (the headers digest of
+    :mod:`aggapi.tar.entrydigest`). b"" at the end."""
     got: list[bytes] = []
     n = 0
-    for piece in pieces:
+    part = hasher if headers_only else None
+    for piece, data in pieces:
         got.append(piece)
         n += len(piece)
+        if part is not None and not data and piece:
+            part.update(piece)
         if n >= CHUNK:
             break
     out = got[0] if len(got) == 1 else b"".join(got)
-    if hasher is not None:
+    if hasher is not None and not headers_only:
         hasher.update(out)
     return out
 
 
 async def tar_stream(root: Path, listing: Listing, *, preserve: bool = True,
                      digests: dict[str, str] | None = None,
-                     hasher: Any | None = None) -> AsyncIterator[bytes]:
-    """The tar of ``listing``, in pieces of about CHUNK bytes; fails if a file changed
-    between listing and reading.
+                     hasher: Any | None = None, headers_only: bool = False
+                     ) -> AsyncIterator[bytes]:
+    """The tar of ``listing``, in pieces of about CHUNK bytes, fed to ``hasher`` whole or
+    with ``headers_only`` without the files' data; fails if a file changed between
+    listing and reading.
 
     A worker thread builds each piece (opens, reads, headers): one hand-off per MiB, not
     per file. A tree of small files would otherwise cost a thread hop per file and three
@@ -183,7 +196,8 @@ async def tar_stream(root: Path, listing: Listing, *, preserve: bool = True,
     hop on every side of the copy."""
     pieces = _pieces(root, listing, preserve, {} if digests is None else digests)
     try:
-        while piece := await asyncio.to_thread(_batch, pieces, hasher):
+        headers = headers_only and hasher is not None
+        while piece := await asyncio.to_thread(_batch, pieces, hasher, headers):
             yield piece
     finally:
         # Closes the file a batch left open mid-file. A cancelled batch may still run in

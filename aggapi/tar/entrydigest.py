@@ -22,6 +22,7 @@ header): in a global header, or twice for one entry, the parser refuses it.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from aggapi.tar.parse import CONT, REG, SHA256_RECORD, TarEntry, TarError
@@ -77,3 +78,31 @@ class EntryDigests:
             raise TarError(f"tar entry {entry.name!r} has a malformed {SHA256_RECORD} record "
                            f"{digest[:80]!r} (64 lowercase hex digits expected)")
         return digest
+
+
+class HeadersHash:
+    """The headers digest of a stream, fed each piece (:meth:`piece`), the data events
+    it leaves out (:meth:`skip`, with :attr:`TarParser.data_at
+    <aggapi.tar.parse.TarParser.data_at>`), then :meth:`done` for the rest of the piece."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._view = memoryview(b"")
+        self._mark = 0
+
+    def piece(self, data: bytes) -> None:
+        self._view, self._mark = memoryview(data), 0
+
+    def skip(self, at: int, n: int) -> None:
+        """Leave out ``n`` bytes at ``at`` in the piece: a checked file's data."""
+        if at > self._mark:
+            self._hash.update(self._view[self._mark:at])
+        self._mark = at + n
+
+    def done(self) -> None:
+        if self._mark < len(self._view):
+            self._hash.update(self._view[self._mark:])
+        self._view, self._mark = memoryview(b""), 0
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()

@@ -195,6 +195,9 @@ class TarParser:
         self._pax: dict[str, str] = {}  # x records for the next entry
         self._long: dict[bytes, str] = {}  # GNU L/K for the next entry
         self._run = 0  # metadata headers since the last entry
+        # Where the last data event starts in the piece being fed: a caller that hashes
+        # all but file data (aggapi.tar.entrydigest.HeadersHash) cuts the piece there.
+        self.data_at = 0
 
     def close(self) -> None:
         if not self.ended:
@@ -207,6 +210,7 @@ class TarParser:
                 return  # after the end-of-archive block the rest is padding
             if self._left:
                 take = min(self._left, end - pos)
+                self.data_at = pos
                 yield data[pos:pos + take]
                 pos += take
                 self._left -= take

@@ -29,6 +29,7 @@ from aggapi.status import StatusError, status_middleware
 from aggapi.tar.entrydigest import ANNOUNCEMENT, record
 from aggapi.tar.stream import DIR, PAX, REG, SYM, TarReader, header, pad, pax_header
 from aggapi.tls import pki
+from tests.tarcraft import headers_digest
 
 PREFIX = "/apis/subresources.aggapi.io/v1alpha1/watch/namespaces/{ns}/pods/{pod}"
 FORBIDDEN_USER = "mallory"
@@ -69,6 +70,8 @@ class FakeCluster:
     corrupt_sha: bool = False
     # As agents before sha256=trailer: any sha256 but 64 hex digits is refused.
     no_sha256_trailer: bool = False
+    # As agents before the headers digest (sha256=headers...): refused as above.
+    no_headers_digest: bool = False
     # As 622964a's agent: a symlink download is answered with the link whatever the query.
     symlinks_regardless: bool = False
     dir_tar: bytes | None = None  # served instead of a real directory tar
@@ -320,22 +323,29 @@ class FakeCluster:
 
     async def _upload(self, request: web.Request, target: Path, path: str) -> web.Response:
         want = request.query.get("sha256")
-        if want == wire.SHA256_TRAILER and self.no_sha256_trailer:
-            raise StatusError(400, "sha256 must be 64 hex digits")
+        headers = want is not None and (want == wire.SHA256_HEADERS_TRAILER
+                                        or want.startswith(wire.SHA256_HEADERS_PREFIX))
+        # An agent before the trailer predates the headers digest too.
+        if ((want == wire.SHA256_TRAILER and self.no_sha256_trailer)
+                or (headers and (self.no_headers_digest or self.no_sha256_trailer))):
+            raise StatusError(400, wire.SHA256_REFUSED)
         data = await request.read()
-        if want == wire.SHA256_TRAILER:
+        if want in (wire.SHA256_TRAILER, wire.SHA256_HEADERS_TRAILER):
             data, want = data[:-wire.SHA256_TRAILER_SIZE], \
                 data[-wire.SHA256_TRAILER_SIZE:].hex()
+        elif want and headers:
+            want = want.removeprefix(wire.SHA256_HEADERS_PREFIX)
         if request.query.get("format") == "tar":
             h = hashlib.sha256()
             stream = HashingStream(BytesStream(data), h)
             entries = await untar_into(TarReader(stream), target)
             while await stream.read(1 << 16):  # trailing zero blocks count, as in the agent
                 pass
-            if want and want != h.hexdigest():
-                raise StatusError(400, f"sha256 mismatch: got {h.hexdigest()}")
+            got = headers_digest(data) if headers else h.hexdigest()
+            if want and want != got:
+                raise StatusError(400, f"sha256 mismatch: got {got}")
             return web.json_response({"path": path, "size": stream.size,
-                                      "sha256": h.hexdigest(), "entries": entries})
+                                      "sha256": got, "entries": entries})
         sha = hashlib.sha256(data).hexdigest()
         if want and want != sha:
             raise StatusError(400, f"sha256 mismatch: got {sha}, expected {want}")

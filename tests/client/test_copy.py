@@ -341,19 +341,25 @@ async def test_upload_reads_the_file_it_opened(cluster: FakeCluster, tmp_path: P
     os.close(fd)
 
 
-@pytest.mark.parametrize("trailer, read_once_max, reads",
-                         [(True, 1024, 1), (False, 64 << 20, 1), (False, 1024, 2)])
+@pytest.mark.parametrize("agent, read_once_max, reads, claim", [
+    ("new", 1024, 1, "headers-trailer"), ("new", 64 << 20, 1, "headers:"),
+    ("trailer", 1024, 1, "trailer"), ("trailer", 64 << 20, 1, ""),
+    ("old", 64 << 20, 1, ""), ("old", 1024, 2, "")])
 async def test_a_tree_is_read_once_for_hash_and_send(
         cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        trailer: bool, read_once_max: int, reads: int) -> None:
-    """Issue 27: every file of a tree is read once, hashed as it is sent (sha256=trailer)
-    whatever its size. Where the agent predates the trailer, the hash pass's tar is kept
-    and sent when it fits READ_ONCE_MAX; a bigger one is built again for sending
-    (bounded memory). Both arrive whole, under the sha256 sent."""
+        agent: str, read_once_max: int, reads: int, claim: str) -> None:
+    """Issue 27: every file of a tree is read once, its data hashed once for its own
+    record, the rest of the tar for the headers digest: sent up front for a tar kept
+    (READ_ONCE_MAX), after it (sha256=headers-trailer) for a bigger one. An agent that
+    predates the headers digest gets the whole tar's sha256 (of the kept tar, or as a
+    trailer); one that predates the trailer too gets it from a first pass, and the tar
+    is built again for sending (bounded memory). All arrive whole, under the claim
+    sent."""
     from aggapi.client import copy as copy_mod
     from aggapi.client import packtar
 
-    cluster.no_sha256_trailer = not trailer
+    cluster.no_headers_digest = agent != "new"
+    cluster.no_sha256_trailer = agent == "old"
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     files = {f"d/f{i}": os.urandom(700 * i) for i in range(12)}
@@ -374,8 +380,12 @@ async def test_a_tree_is_read_once_for_hash_and_send(
     assert tree(app_root(cluster) / "data/once") == tree(src)
     mine = [p for p in opened if p.startswith(f"{src}/")]  # not the fake server's
     times = {mine.count(str(src / rel)) for rel in files}
-    # Refused, the one-pass attempt may have read some files before its 400 came back.
-    assert times == {reads} if trailer else times <= {reads, reads + 1}
+    # Refused, a streamed attempt may have read some files before its 400 came back.
+    assert times == {reads} if agent == "new" or read_once_max > 1024 \
+        else times <= {reads, reads + 1, reads + 2}
     assert len(mine) >= reads * len(files)
-    assert dict(cluster.requests[-1]["query"])["sha256"] == \
-        ("trailer" if trailer else up.sha256)
+    sent = [dict(r["query"])["sha256"] for r in cluster.requests if r["method"] == "POST"]
+    assert sent[-1] == {"": up.sha256, "headers:": "headers:" + up.sha256}.get(claim, claim)
+    if agent != "new":  # the headers digest was refused first (before any file was placed)
+        assert sent[0].startswith("headers:" if read_once_max > 1024 else "headers-trailer")
+        assert len(sent) == {"trailer": 2, "old": 2 if read_once_max > 1024 else 3}[agent]

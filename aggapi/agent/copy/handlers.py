@@ -28,8 +28,9 @@ Wire conventions (the aggapi apiserver relays them unchanged):
 - Upload (POST): body = the file, or with format=tar a tar extracted into the
   directory ``path`` (created if only its last component is missing); optional
   sha256= (hex, or ``trailer``: the body's last 32 bytes are the raw sha256 of the
-  bytes before them), mode= (octal; the only way to set setuid/setgid), uid=, gid=,
-  overwrite=true|false (default true). Reply: JSON {path, size, sha256}
+  bytes before them; for a tar also ``headers:<hex>`` or ``headers-trailer``, the
+  headers digest of aggapi.tar.entrydigest), mode= (octal; the only way to set
+  setuid/setgid), uid=, gid=, overwrite=true|false (default true). Reply: JSON {path, size, sha256}
   (+ entries for tar).
 - Errors are metav1.Status (via aggapi.status); a failure after a download has
   started aborts the connection, so a cut stream never looks complete.
@@ -129,22 +130,35 @@ def upload_params(request: web.Request, cap: Capability) -> UploadParams:
         if v is not None and (not v.isdigit() or int(v) > 0xFFFFFFFE):
             raise StatusError(400, f"{k} must be a number")
         ids[k] = int(v) if v is not None else None
-    sha = raw["sha256"]
-    trailer = sha == wire.SHA256_TRAILER
-    if trailer:
-        sha = None
-    elif sha is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
-        raise StatusError(400, f"sha256 must be 64 hex digits or {wire.SHA256_TRAILER!r}")
     fmt = raw["format"] or "raw"
     if fmt not in ("raw", "tar"):
         raise StatusError(400, "format must be raw or tar")
     if fmt == "tar" and mode is not None:
         raise StatusError(400, "mode= applies to single files only")
+    sha, trailer, headers = _sha256_claim(raw["sha256"], fmt == "tar")
     return UploadParams(
         overwrite=ow in ("true", "1"),
         owner=Owner(ids["uid"], ids["gid"], int(mode, 8) if mode else None,
                     keep_setid=mode is not None),
-        sha256=sha, sha256_trailer=trailer, tar=fmt == "tar")
+        sha256=sha, sha256_trailer=trailer, sha256_headers=headers, tar=fmt == "tar")
+
+
+def _sha256_claim(value: str | None, tar: bool) -> tuple[str | None, bool, bool]:
+    """sha256= as (hex up front or None, in a trailer, of the tar's headers only)."""
+    if value is None:
+        return None, False, False
+    trailer = value in (wire.SHA256_TRAILER, wire.SHA256_HEADERS_TRAILER)
+    headers = value == wire.SHA256_HEADERS_TRAILER \
+        or value.startswith(wire.SHA256_HEADERS_PREFIX)
+    if headers and not tar:
+        raise StatusError(400, "a headers digest (sha256=headers...) applies to format=tar "
+                          "only")
+    hex_ = None if trailer else value.removeprefix(wire.SHA256_HEADERS_PREFIX)
+    if hex_ is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", hex_):
+        raise StatusError(400, f"{wire.SHA256_REFUSED}, {wire.SHA256_TRAILER!r}, "
+                          f"{wire.SHA256_HEADERS_PREFIX!r} and 64 hex digits, or "
+                          f"{wire.SHA256_HEADERS_TRAILER!r}")
+    return hex_, trailer, headers
 
 
 @asynccontextmanager

@@ -20,13 +20,14 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aggapi.agent.copy.atomic import SETID, AtomicFile
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.tarextract import TarExtractor, entry_parts
 from aggapi.status import StatusError
-from aggapi.tar.entrydigest import EntryDigests
+from aggapi.tar.entrydigest import EntryDigests, HeadersHash
 from aggapi.tar.parse import (
     CONT,
     DIR,
@@ -57,14 +58,17 @@ class TarSink:
 
     def __init__(self, ex: TarExtractor, root: FsRoot, limits: CopyLimits,
                  tar_limits: TarLimits | None = None,
-                 pause: Callable[[], None] = yield_gil) -> None:
+                 pause: Callable[[], None] = yield_gil, *,
+                 headers_only: bool = False) -> None:
         self.ex = ex
         self.pause = pause
         ex.max_ops = limits.max_entries  # --copy-max-entries bounds the metadata work too
         self.root = root
         self.limits = limits
         self.parser = TarParser(tar_limits or TarLimits())
-        self.hash = hashlib.sha256()
+        # The whole stream's sha256, or with headers_only its headers digest (a file's
+        # data is hashed once, for its own record: aggapi.tar.entrydigest).
+        self.hash: Any = HeadersHash() if headers_only else hashlib.sha256()
         self.size = 0
         self.entries = 0  # every entry, "./" included
         self.af: AtomicFile | None = None
@@ -75,13 +79,19 @@ class TarSink:
         self.pieces: list[bytes] = []
 
     def feed_many(self, batch: list[bytes]) -> None:
+        headers = self.hash if isinstance(self.hash, HeadersHash) else None
         for data in batch:
-            self.hash.update(data)
+            if headers is None:
+                self.hash.update(data)
+            else:
+                headers.piece(data)
             self.size += len(data)
             for ev in self.parser.feed(data):
                 if isinstance(ev, bytes):
                     if self.af is not None:
                         self.pieces.append(ev)
+                        if headers is not None and self.want is not None:
+                            headers.skip(self.parser.data_at, len(ev))
                 elif isinstance(ev, TarEntry):
                     if self.entries % ENTRIES_PER_YIELD == 0:
                         # A container that exited stops the copy within a slice of
@@ -92,6 +102,8 @@ class TarSink:
                         self.pause()
                 elif ev is ENTRY_END:
                     self._end()
+            if headers is not None:
+                headers.done()
         self._flush()
 
     def finish(self) -> None:

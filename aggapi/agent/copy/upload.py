@@ -14,7 +14,9 @@ neither '..' nor a symlink (from the tar or swapped in by the container) can
 lead out. Regular files, symlinks and hard links are written as temp files and
 renamed into place only after the whole tar was read and its size and sha256
 checked, and each regular file against its own entry's sha256 (the record
-``AGGAPI.sha256``, :mod:`aggapi.tar.entrydigest`; a mismatch names the file); a hard
+``AGGAPI.sha256``, :mod:`aggapi.tar.entrydigest`; a mismatch names the file). With
+``sha256=headers...`` the tar's sha256 is its headers digest, which leaves out the data
+of the files checked against their records: their data is hashed once. A hard
 link may only name an earlier regular file of the same tar.
 Device nodes and FIFOs are refused. Missing directories are created as the tar
 goes and removed again if the upload fails. Tar entry modes lose setuid/setgid;
@@ -199,7 +201,7 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
     ex = TarExtractor(root, record, target_fd, path, params)
     # The loop only receives and counts; parsing and extraction happen in workers
     # (untar.TarSink), a batch of about a MiB at a time.
-    sink = TarSink(ex, root, limits)
+    sink = TarSink(ex, root, limits, headers_only=params.sha256_headers)
 
     ok = False
     try:

@@ -15,4 +15,6 @@ class UploadParams:
     sha256: str | None = None
     # The expected sha256 comes as the body's last 32 bytes (wire.SHA256_TRAILER).
     sha256_trailer: bool = False
+    # The sha256 (either way) is the tar's headers digest (aggapi.tar.entrydigest).
+    sha256_headers: bool = False
     tar: bool = False
