@@ -201,3 +201,41 @@ def test_a_stream_cut_inside_a_file_leaves_no_fd_and_no_tree(tmp_path: Path) -> 
         extract(blob[:len(blob) // 2], tmp_path / "dst", [1000])
     assert open_fds() == before
     assert os.listdir(tmp_path) == []
+
+
+async def test_a_cancelled_download_closes_nothing_under_its_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled while a worker applies a piece, the extraction waits for that call
+    before closing the fds it writes through (a closed fd number can be reused by the
+    next open: a late write would land in another file), then removes the temp tree."""
+    from aggapi.client.extract import Extractor
+
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+    real_feed, real_close = Extractor.feed, Extractor.close
+
+    def slow_feed(self: Extractor, data: bytes) -> int:
+        started.set()
+        release.wait(10)
+        n = real_feed(self, data)
+        order.append("fed")
+        return n
+
+    def close(self: Extractor) -> None:
+        order.append("closed")
+        real_close(self)
+
+    monkeypatch.setattr(Extractor, "feed", slow_feed)
+    monkeypatch.setattr(Extractor, "close", close)
+    blob = ANNOUNCEMENT + reg("a", b"x" * 3000) + end()
+    task = asyncio.create_task(extract_dir(ts.TarReader(Pieces(blob, [len(blob)])),
+                                           tmp_path / "dst"))
+    assert await asyncio.to_thread(started.wait, 10)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert order == []  # still waiting for the worker
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert order == ["fed", "closed"]
+    assert os.listdir(tmp_path) == []
