@@ -316,7 +316,17 @@ class Bench:
               file=sys.stderr, flush=True)
         src = make_payload(sc, self.workdir)
         digest = local_digest(src)
-        back = self.workdir / f"back-{sc.name}"
+        # Each tool downloads into a directory of its own, and a round's trees are removed
+        # only after both tools ran: on ext4 without a journal (this VM's root) a file
+        # created within minutes of a mass deletion nearby pays a scan past every
+        # recently deleted inode (find_inode_bit -> recently_deleted, ~10x the kernel time
+        # of a create), so removing one tool's 10,000 files right before the other's
+        # download handicapped whichever went second (kubectl cp's first round never was).
+        backs = {t: self.workdir / f"back-{sc.name}-{t.split()[-1]}" for t in TOOLS}
+
+        def drop(path: Path) -> None:
+            shutil.rmtree(path, ignore_errors=True)
+            path.unlink(missing_ok=True)
         secs: dict[str, list[float]] = {}
         cpu: dict[str, dict[str, float]] = {}
         thr: dict[str, dict[str, list[float]]] = {}
@@ -352,8 +362,7 @@ class Bench:
                         self.kubectl("exec", POD, "--", BUSYBOX, "rm", "-rf",
                                      argv[-1].rpartition(":")[2])
                     else:
-                        shutil.rmtree(back, ignore_errors=True)
-                        back.unlink(missing_ok=True)
+                        drop(backs[tool])
                     continue
                 secs.setdefault(key, []).append(took)
                 break
@@ -370,17 +379,17 @@ class Bench:
                 # Both download what kubectl cp wrote: the agent has never hashed it.
                 cold = f"{remote['kubectl cp']}-{sc.name}"
                 for tool in order:
-                    shutil.rmtree(back, ignore_errors=True)
-                    back.unlink(missing_ok=True)
                     one(tool, "download", [*tool_argv[tool], f"default/{POD}:{cold}",
-                                           str(back)])
-                    if local_digest(back) != digest:
+                                           str(backs[tool])])
+                    if local_digest(backs[tool]) != digest:
                         raise SystemExit(f"{sc.name} {tool} download: sha256 mismatch")
+                for back in backs.values():
+                    drop(back)
                 self.kubectl("exec", POD, "--", BUSYBOX, "rm", "-rf",
                              *(f"{p}-{sc.name}" for p in remote.values()))
         finally:
-            shutil.rmtree(back, ignore_errors=True)
-            back.unlink(missing_ok=True)
+            for back in backs.values():
+                drop(back)
             if src.is_dir():
                 shutil.rmtree(src)
             else:

@@ -27,8 +27,14 @@ whole copy and removes the temp dir.
 
 The tree is made durable before the rename that publishes it by one syncfs of the
 temp dir's file system (where the platform has it; else an fsync per file and
-directory), not a journal commit per file. Small writes go straight to the page
-cache from the loop; only big chunks take a worker thread.
+directory), not a journal commit per file.
+
+The event loop only receives: each piece of the stream (what arrived, up to
+READ_SIZE) goes to one worker-thread call that parses it and applies every entry it
+completes. A tree of small files costs a hand-off per piece, not per file, and the
+file system's work (most of a small file's cost) runs beside the loop's TLS
+receiving with the GIL released. A file is created with its final mode, so it takes
+open, write, utime, fstat and close.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aggapi.client.confine import current_umask, local_mode, resolve_beneath
 from aggapi.client.errors import IntegrityError, LocalError, TransferError
@@ -53,12 +59,25 @@ from aggapi.client.partial import fsync_dir
 from aggapi.fs import syncfs
 from aggapi.fs.dirfd import descend
 from aggapi.tar.entrydigest import EntryDigests
-from aggapi.tar.stream import CONT, DIR, LNK, REG, SYM, TarEntry, TarError, TarReader
+from aggapi.tar.parse import ENTRY_END, TarParser
+from aggapi.tar.stream import (
+    CONT,
+    DIR,
+    LNK,
+    REG,
+    SYM,
+    ByteStream,
+    TarEntry,
+    TarError,
+    TarReader,
+)
 
-CHUNK = 1 << 20
-INLINE_WRITE = 64 << 10  # a page-cache write this small costs less than a thread hop
+# The most a worker is handed at once (and the memory a piece holds): what arrived
+# while it applied the last piece, usually less.
+READ_SIZE = 1 << 20
 DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 RECHECK_ROUNDS = 4
+T = TypeVar("T")
 
 
 @dataclass
@@ -88,12 +107,30 @@ def entry_parts(name: str) -> list[str]:
     return parts
 
 
-class Extractor:
-    """Write one tar stream into ``tmp`` (a new private directory) using fds only."""
+@dataclass
+class _Open:
+    """The regular file whose data is arriving: written and hashed as it comes."""
 
-    def __init__(self, tmp: Path, umask: int) -> None:
+    fd: int
+    key: tuple[str, ...]
+    name: str
+    want: str | None  # its AGGAPI.sha256, if the entry carries one
+    mtime_ns: int
+    hash: Any = field(default_factory=hashlib.sha256)
+
+
+class Extractor:
+    """Write one tar stream into ``tmp`` (a new private directory) using fds only.
+
+    Synchronous, run in a worker thread: :meth:`feed` parses one piece of the stream and
+    applies every event it completes, so a piece holding a dozen small files costs one
+    hand-off from the event loop, not a dozen (and their syscalls run beside the loop's
+    TLS work, the GIL released)."""
+
+    def __init__(self, tmp: Path, umask: int, parser: TarParser | None = None) -> None:
         self.tmp = tmp
         self.umask = umask
+        self.parser = parser or TarParser()
         self.root = os.open(tmp, DIRFLAGS)
         # Regular files this stream wrote, by path: hard links may only name these,
         # and only while the same inode is still there.
@@ -104,10 +141,13 @@ class Extractor:
         self.result = ExtractResult(str(tmp))
         self.sync_each = not syncfs.available()  # else one syncfs in finish_dirs
         self.digests = EntryDigests()
-        self.want: str | None = None  # the current entry's sha256, if it carries one
+        self._out: _Open | None = None  # the file being written, if any
         self._last: tuple[tuple[str, ...], int] | None = None  # the last parent, its fd
 
     def close(self) -> None:
+        out, self._out = self._out, None
+        if out is not None:
+            os.close(out.fd)
         self._forget()
         os.close(self.root)
 
@@ -116,15 +156,46 @@ class Extractor:
         if last is not None:
             os.close(last[1])
 
+    def feed(self, data: bytes) -> int:
+        """Parse ``data`` (the next piece of the stream) and apply what it completes;
+        the data bytes written. Work is linear in ``len(data)``: a refused entry's data
+        is dropped, a big file's is written a piece at a time."""
+        written = 0
+        for ev in self.parser.feed(data):
+            if isinstance(ev, bytes):
+                out = self._out
+                if out is not None:
+                    _write_all(out.fd, ev)
+                    out.hash.update(ev)  # (releases the GIL above 2 KiB)
+                    written += len(ev)
+            elif isinstance(ev, TarEntry):
+                self._begin(ev)
+            elif ev is ENTRY_END and self._out is not None:
+                self._finish_file()
+        self.result.bytes += written
+        return written
+
+    def _begin(self, ent: TarEntry) -> None:
+        want = self.digests.expected(ent)  # a TarError fails the copy
+        if ent.pax.get("AGGAPI.complete") == "true":
+            self.complete = True
+            with contextlib.suppress(ValueError, TypeError):
+                self.result.skipped = list(json.loads(ent.pax.get("AGGAPI.skipped", "[]")))
+        try:
+            self._place(ent, want)
+        except Refused as exc:
+            self.result.refused.append(str(exc))  # its data, if any, is dropped
+
     def _parent(self, parts: list[str], entry: str) -> int:
-        """Like :meth:`_dir` (the caller closes the fd), but the last directory is kept:
-        a tar lists a directory's entries together."""
+        """The fd of the directory ``parts``, owned by the extractor (the caller must not
+        close it): the last one is kept, as a tar lists a directory's entries together.
+        A directory, once made, is never replaced, so the fd stays the path's."""
         key = tuple(parts)
         if self._last is not None and self._last[0] == key:
-            return os.dup(self._last[1])
+            return self._last[1]
         fd = self._dir(parts, entry=entry)
         self._forget()
-        self._last = (key, os.dup(fd))
+        self._last = (key, fd)
         return fd
 
     def _dir(self, parts: list[str], create: bool = True, entry: str = "") -> int:
@@ -160,23 +231,7 @@ class Extractor:
         os.unlink(name, dir_fd=dfd)
         self.files.pop(tuple(parts), None)
 
-    async def entry(self, reader: TarReader, on_bytes: Callable[[int], None]) -> bool:
-        ent = await reader.next()
-        if ent is None:
-            return False
-        self.want = self.digests.expected(ent)  # a TarError fails the copy
-        if ent.pax.get("AGGAPI.complete") == "true":
-            self.complete = True
-            with contextlib.suppress(ValueError, TypeError):
-                self.result.skipped = list(json.loads(ent.pax.get("AGGAPI.skipped", "[]")))
-        try:
-            await self._place(ent, reader, on_bytes)
-        except Refused as exc:
-            self.result.refused.append(str(exc))  # the reader skips its data
-        return True
-
-    async def _place(self, ent: TarEntry, reader: TarReader,
-                     on_bytes: Callable[[int], None]) -> None:
+    def _place(self, ent: TarEntry, want: str | None) -> None:
         parts = entry_parts(ent.name)
         if not parts:  # the root itself ("./"): nothing to create
             if ent.typeflag != DIR:
@@ -184,23 +239,20 @@ class Extractor:
             self.root_mode = ent.mode
             return
         pfd = self._parent(parts[:-1], ent.name)
-        try:
-            if ent.typeflag == DIR:
-                self._mkdir(pfd, parts, ent)
-            elif ent.typeflag in (REG, CONT):
-                await self._write(pfd, parts, ent, reader, on_bytes)
-            elif ent.typeflag == SYM:
-                if resolve_beneath(self.root, parts[:-1], ent.linkname) is None:
-                    raise Refused(f"symlink {ent.name!r} -> {ent.linkname!r} points outside "
-                                  "the destination")
-                self._clear(pfd, parts)
-                os.symlink(ent.linkname, parts[-1], dir_fd=pfd)
-            elif ent.typeflag == LNK:
-                self._hardlink(pfd, parts, ent)
-            else:
-                raise Refused(f"tar entry {ent.name!r} has a refused type {ent.typeflag!r}")
-        finally:
-            os.close(pfd)
+        if ent.typeflag == DIR:
+            self._mkdir(pfd, parts, ent)
+        elif ent.typeflag in (REG, CONT):
+            self._create(pfd, parts, ent, want)
+        elif ent.typeflag == SYM:
+            if resolve_beneath(self.root, parts[:-1], ent.linkname) is None:
+                raise Refused(f"symlink {ent.name!r} -> {ent.linkname!r} points outside "
+                              "the destination")
+            self._clear(pfd, parts)
+            os.symlink(ent.linkname, parts[-1], dir_fd=pfd)
+        elif ent.typeflag == LNK:
+            self._hardlink(pfd, parts, ent)
+        else:
+            raise Refused(f"tar entry {ent.name!r} has a refused type {ent.typeflag!r}")
         self.result.entries += 1
 
     def _mkdir(self, pfd: int, parts: list[str], ent: TarEntry) -> None:
@@ -216,36 +268,35 @@ class Extractor:
                 raise
         self.dirs[tuple(parts)] = (ent.mode, ent.mtime_ns)
 
-    async def _write(self, pfd: int, parts: list[str], ent: TarEntry, reader: TarReader,
-                     on_bytes: Callable[[int], None]) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    def _create(self, pfd: int, parts: list[str], ent: TarEntry, want: str | None) -> None:
+        # Created with its final mode (the umask already out of it, as open applies it
+        # too): no fchmod after. Our fd writes whatever the mode says.
+        mode = local_mode(ent.mode, self.umask)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:  # a new name (the usual case) costs no lstat first
-            fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
+            fd = os.open(parts[-1], flags, mode, dir_fd=pfd)
         except FileExistsError:
             self._clear(pfd, parts)
-            fd = os.open(parts[-1], flags, 0o600, dir_fd=pfd)
-        want, h = self.want, hashlib.sha256()
+            fd = os.open(parts[-1], flags, mode, dir_fd=pfd)
+        self._out = _Open(fd, tuple(parts), ent.name, want, ent.mtime_ns)
+
+    def _finish_file(self) -> None:
+        out = self._out
+        assert out is not None
         try:
-            while chunk := await reader.read(CHUNK):
-                if len(chunk) <= INLINE_WRITE:
-                    _write_all(fd, chunk)
-                    h.update(chunk)
-                else:
-                    await asyncio.to_thread(_write_and_hash, fd, chunk, h)
-                self.result.bytes += len(chunk)
-                on_bytes(len(chunk))
-            if want is not None and h.hexdigest() != want:
+            got = out.hash.hexdigest()
+            if out.want is not None and got != out.want:
                 raise IntegrityError.from_message(
-                    f"sha256 mismatch for {ent.name!r}: got {h.hexdigest()}, the server "
-                    f"sent {want}; nothing was placed")
-            os.fchmod(fd, local_mode(ent.mode, self.umask))
+                    f"sha256 mismatch for {out.name!r}: got {got}, the server sent "
+                    f"{out.want}; nothing was placed")
             if self.sync_each:
-                await asyncio.to_thread(os.fsync, fd)
-            os.utime(fd, ns=(ent.mtime_ns, ent.mtime_ns))
-            st = os.fstat(fd)
+                os.fsync(out.fd)
+            os.utime(out.fd, ns=(out.mtime_ns, out.mtime_ns))
+            st = os.fstat(out.fd)
         finally:
-            os.close(fd)
-        self.files[tuple(parts)] = (st.st_dev, st.st_ino)
+            self._out = None
+            os.close(out.fd)
+        self.files[out.key] = (st.st_dev, st.st_ino)
 
     def _hardlink(self, pfd: int, parts: list[str], ent: TarEntry) -> None:
         target = entry_parts(ent.linkname)
@@ -324,18 +375,18 @@ def _exists(p: Path) -> bool:
 
 async def extract_dir(reader: TarReader, dest: Path,
                       on_bytes: Callable[[int], None] = lambda n: None) -> ExtractResult:
-    """Extract ``reader`` as the new directory ``dest`` (which must not exist)."""
+    """Extract ``reader`` (its stream, parsed by its parser) as the new directory
+    ``dest`` (which must not exist)."""
     if _exists(dest):
         raise LocalError.from_message(f"{dest} already exists; refusing to merge a directory "
                                       "copy into it")
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.ncp-", dir=dest.parent))
     ok = False
     try:
-        ex = Extractor(tmp, current_umask())
+        ex = Extractor(tmp, current_umask(), reader.parser)
         try:
             try:
-                while await ex.entry(reader, on_bytes):
-                    pass
+                await _feed_all(ex, reader.stream, on_bytes)
             except TarError as exc:
                 raise TransferError.from_message(f"directory stream: {exc}") from exc
             if not ex.complete:
@@ -343,9 +394,9 @@ async def extract_dir(reader: TarReader, dest: Path,
                     "directory stream ended without its completion record (cut short)")
             ex.result.verified = bool(ex.digests.required)
             # Walks of the whole tree: off the event loop.
-            await asyncio.to_thread(ex.recheck_links)
+            await _in_worker(ex.recheck_links)
             try:
-                await asyncio.to_thread(ex.finish_dirs)
+                await _in_worker(ex.finish_dirs)
             except OSError as exc:  # e.g. EIO from syncfs: the tree may not be on disk
                 raise LocalError.from_message(f"cannot make the copy durable beside {dest}: "
                                               f"{exc.strerror}") from exc
@@ -365,13 +416,37 @@ async def extract_dir(reader: TarReader, dest: Path,
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_and_hash(fd: int, data: bytes, h: hashlib._Hash) -> None:
-    _write_all(fd, data)
-    h.update(data)  # releases the GIL: off the loop with the write
+async def _feed_all(ex: Extractor, stream: ByteStream, on_bytes: Callable[[int], None]) -> None:
+    """Hand the stream to the extractor piece by piece, up to the end-of-archive block.
+
+    A read takes whatever has arrived, up to READ_SIZE (bounded memory): while the
+    worker applies one piece, the loop keeps receiving the next, so a busy worker is
+    handed bigger pieces and the hand-offs per file fall as the load rises."""
+    while not ex.parser.ended:
+        try:
+            data = await stream.read(READ_SIZE)
+        except Exception as exc:  # a broken connection: a truncated tar
+            raise TarError("tar stream ended early") from exc
+        if not data:
+            ex.parser.close()  # raises: the stream ended before the archive did
+            return
+        if n := await _in_worker(ex.feed, data):
+            on_bytes(n)
+
+
+async def _in_worker(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread. Cancelled, it still waits for the call to
+    return before re-raising: the caller's cleanup closes the fds the call works on."""
+    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await fut
+        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-

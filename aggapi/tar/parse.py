@@ -51,6 +51,11 @@ _ZERO = b"\0" * BLOCK
 _HIGH = bytes(b > 127 for b in range(256))  # 1 for each byte that is negative as a char
 _SPARSE_NAME = re.compile(r"(?:^|/)GNUSparseFile\.")
 _OCTAL = re.compile(rb" *([0-7]*) *")
+# mode, uid, gid (7 digits), size and mtime (11 digits), each NUL-terminated, and the
+# checksum (6 digits, NUL, space): every such value is within its field's range.
+_STD_FIELDS = re.compile(rb"([0-7]{7})\0([0-7]{7})\0([0-7]{7})\0([0-7]{11})\0([0-7]{11})\0"
+                         rb"([0-7]{6})\0 ")
+_ZERO_DEVS = b"0000000\0" * 2
 _DECIMAL = re.compile(r"[0-9]{1,20}")
 _TIME = re.compile(r"(-?)([0-9]{1,20})(?:\.([0-9]{0,30}))?")
 
@@ -242,12 +247,16 @@ class TarParser:
             self.ended = True
             yield ARCHIVE_END
             return
-        stored = _num(blk[148:156], "checksum", 1 << 24)
+        # The fields as every common writer fills them (zero-padded octal, each value in
+        # range by its width): one match instead of six checks (a tree of small files
+        # is mostly headers).
+        std = _STD_FIELDS.match(blk, 100, 156)
+        stored = int(std[6], 8) if std else _num(blk[148:156], "checksum", 1 << 24)
         unsigned = sum(blk) - sum(blk[148:156]) + 256
         if stored != unsigned and stored != unsigned - 256 * sum(blk.translate(_HIGH)):
             raise TarError("tar header checksum mismatch")  # (old writers summed signed)
         typeflag = blk[156:157]
-        size = _num(blk[124:136], "size", MAX_SIZE)
+        size = int(std[4], 8) if std else _num(blk[124:136], "size", MAX_SIZE)
         if typeflag == GNU_SPARSE:
             raise TarError(SPARSE_REFUSED)
         if typeflag in _META:
@@ -262,7 +271,7 @@ class TarParser:
             if not self._need:
                 self._metadata(b"")
             return
-        yield self._entry(blk, typeflag, size)
+        yield self._entry(blk, typeflag, size, std)
         if self._left:
             return
         yield ENTRY_END
@@ -299,7 +308,8 @@ class TarParser:
                            f"{lim.max_global_bytes} bytes")
         self._global, self._global_bytes = merged, nbytes
 
-    def _entry(self, blk: bytes, typeflag: bytes, size: int) -> TarEntry:
+    def _entry(self, blk: bytes, typeflag: bytes, size: int,
+               std: re.Match[bytes] | None) -> TarEntry:
         g = self._global
         pax: Mapping[str, str]
         if not g:
@@ -314,14 +324,20 @@ class TarParser:
         if magic == b"ustar\0" and blk[345:500].strip(b"\0"):  # GNU keeps times there
             raw_name = _str(blk[345:500]) + "/" + raw_name
         name = pax.get("path", long.get(GNU_LONGNAME, raw_name))
-        if _SPARSE_NAME.search(name) or _SPARSE_NAME.search(raw_name):
+        if _SPARSE_NAME.search(name) or (name is not raw_name
+                                         and _SPARSE_NAME.search(raw_name)):
             raise TarError(SPARSE_REFUSED)
         linkname = pax.get("linkpath", long.get(GNU_LONGLINK, _str(blk[157:257])))
-        mode = _num(blk[100:108], "mode", MAX_MODE)
-        uid = _num(blk[108:116], "uid", MAX_ID)
-        gid = _num(blk[116:124], "gid", MAX_ID)
-        mtime_ns = _num(blk[136:148], "mtime", MAX_TIME_NS // NS, -(MIN_TIME_NS // -NS)) * NS
-        if magic in (b"ustar\0", b"ustar "):
+        if std:
+            mode, uid, gid = int(std[1], 8), int(std[2], 8), int(std[3], 8)
+            mtime_ns = int(std[5], 8) * NS
+        else:
+            mode = _num(blk[100:108], "mode", MAX_MODE)
+            uid = _num(blk[108:116], "uid", MAX_ID)
+            gid = _num(blk[116:124], "gid", MAX_ID)
+            mtime_ns = _num(blk[136:148], "mtime", MAX_TIME_NS // NS,
+                            -(MIN_TIME_NS // -NS)) * NS
+        if magic in (b"ustar\0", b"ustar ") and blk[329:345] != _ZERO_DEVS:
             _num(blk[329:337], "devmajor", MAX_DEV)
             _num(blk[337:345], "devminor", MAX_DEV)
         if "size" in pax:

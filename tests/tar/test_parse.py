@@ -281,3 +281,57 @@ def test_negative_base256_mtime_is_a_time_before_1970() -> None:
     raw = tc.block(fields={"mtime": (-86400).to_bytes(12, "big", signed=True)})
     [e] = [ev for ev in tp.TarParser().feed(raw) if isinstance(ev, tp.TarEntry)]
     assert e.mtime_ns == -86400 * 10**9
+
+
+def _field_variant(value: int, width: int, form: int) -> bytes:
+    """``value`` in a width-byte octal field as writers other than ours fill it."""
+    digits = b"%o" % value
+    if form == 0:  # zero-padded, NUL-terminated (the common form: the fast path)
+        out = digits.rjust(width - 1, b"0") + b"\0"
+    elif form == 1:  # space-terminated
+        out = digits.rjust(width - 1, b"0") + b" "
+    elif form == 2:  # leading spaces, then space and NUL (old tar)
+        out = digits.rjust(width - 2, b" ") + b" \0"
+    else:  # no padding: digits, then NULs
+        out = digits.ljust(width, b"\0")
+    assert len(out) == width
+    return out
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(0, 0o777777), st.integers(0, 0o777777), st.integers(0, 0o777777),
+       st.integers(0, 0o7777777777), st.integers(0, 0o7777777777),
+       st.lists(st.integers(0, 3), min_size=6, max_size=6), st.booleans())
+def test_standard_fields_read_alike_in_every_form(mode: int, uid: int, gid: int, size: int,
+                                                  mtime: int, forms: list[int],
+                                                  empty_devs: bool) -> None:
+    """The one-match reading of the usual zero-padded fields and the field-by-field one
+    agree: a header whose numbers are written in any accepted form (space-terminated,
+    space-padded, unpadded; the checksum too) parses to the same entry as the usual
+    form, and a wrong checksum is caught on either path."""
+    def blk(fs: list[int]) -> bytes:
+        raw = bytearray(ts.header("f", ts.REG, size=0, mode=0o644))
+        for (off, width, val), form in zip(((100, 8, mode), (108, 8, uid), (116, 8, gid),
+                                            (124, 12, size), (136, 12, mtime)), fs,
+                                           strict=False):
+            raw[off:off + width] = _field_variant(val, width, form)
+        if empty_devs:
+            raw[329:345] = b"\0" * 16
+        raw[148:156] = b" " * 8
+        ck = sum(raw)
+        raw[148:156] = (b"%06o\0 " % ck if fs[5] == 0 else _field_variant(ck, 8, fs[5]))
+        return bytes(raw)
+
+    def first(raw: bytes) -> tp.TarEntry:
+        ev = next(iter(tp.TarParser().feed(raw)))
+        assert isinstance(ev, tp.TarEntry)
+        return ev
+
+    usual, other = first(blk([0] * 6)), first(blk(forms))
+    assert usual == other
+    assert (usual.mode, usual.uid, usual.gid, usual.size, usual.mtime_ns) == (
+        mode, uid, gid, size, mtime * 1_000_000_000)
+    bad = bytearray(blk(forms))
+    bad[0] ^= 1  # the name changed under an unchanged checksum
+    with pytest.raises(tp.TarError, match="checksum"):
+        first(bytes(bad))
