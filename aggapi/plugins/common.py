@@ -156,9 +156,6 @@ def run_plugin(parser: argparse.ArgumentParser, argv: list[str] | None,
     """A plugin's main: parse, run, and turn every failure into ``error: ...`` + a code."""
     args = parser.parse_args(argv)
     setup_logging(args.verbosity)
-    from aggapi.plugins.clientimport import import_client
-
-    import_client()  # first, before anything imports aiohttp
     from aggapi import eventloop
     from aggapi.client.errors import AggapiError
 
