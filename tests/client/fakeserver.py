@@ -69,6 +69,14 @@ class FakeCluster:
     corrupt_sha: bool = False
     # As agents before sha256=trailer: any sha256 but 64 hex digits is refused.
     no_sha256_trailer: bool = False
+    # As agents before digest=trailer: a file's sha256 always goes up front.
+    no_download_trailer: bool = False
+    # A digest=trailer reply framed badly: "short" (Content-Length below the trailer's
+    # 32 bytes), "extra" (5 bytes more than the file and trailer), "cut" (the body ends
+    # inside the trailer).
+    trailer_framing: str = ""
+    # Flip this byte of a digest=trailer body (an offset into it, data then trailer).
+    flip_byte: int | None = None
     # As 622964a's agent: a symlink download is answered with the link whatever the query.
     symlinks_regardless: bool = False
     dir_tar: bytes | None = None  # served instead of a real directory tar
@@ -295,14 +303,31 @@ class FakeCluster:
             if start >= len(data):
                 raise StatusError(416, "range not satisfiable")
             code = 206
-        headers = {**hdrs, "ETag": etag, "Accept-Ranges": "bytes", "X-Aggapi-Sha256": sha,
+        trailer = (request.query.get(wire.PARAM_DIGEST) == wire.DIGEST_TRAILER
+                   and not self.no_download_trailer)
+        headers = {**hdrs, "ETag": etag, "Accept-Ranges": "bytes",
+                   "X-Aggapi-Sha256": wire.DIGEST_TRAILER if trailer else sha,
                    "Content-Type": "application/octet-stream"}
         if code == 206:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         resp = web.StreamResponse(status=code, headers=headers)
+        size, cut_trailer = len(data), False
+        if trailer:  # the agent's framing: data, then the whole file's raw sha256
+            framed = bytearray(data + bytes.fromhex(sha))
+            if self.flip_byte is not None:
+                framed[start + self.flip_byte] ^= 1
+            framing, self.trailer_framing = self.trailer_framing, ""
+            if framing == "short":
+                framed = framed[:start + 20]
+            elif framing == "extra":
+                framed += b"\0" * 5
+            data = bytes(framed)
+            cut_trailer = framing == "cut"
         resp.content_length = len(data) - start
         await resp.prepare(request)
         cut, self.cut_download_after = self.cut_download_after, None
+        if cut_trailer:
+            cut = size - start + 10
         off = start
         while off < len(data):
             if cut is not None and off - start >= cut:
