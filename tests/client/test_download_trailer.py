@@ -145,3 +145,22 @@ async def test_a_body_cut_inside_its_trailer_is_not_published_and_is_fetched_aga
         assert not dest.exists()
         res = await download(c, _rp(), dest, backoff=Backoff(first=0.01))
     assert dest.read_bytes() == PAYLOAD and res.sha256 == hashlib.sha256(PAYLOAD).hexdigest()
+
+
+@pytest.mark.parametrize("old_agent", [False, True])
+async def test_a_directory_download_is_verified_file_by_file_in_either_form(
+        cluster: FakeCluster, tmp_path: Path, old_agent: bool) -> None:
+    """Asked with digest=trailer, a tree's digests follow their files; an agent that
+    predates it sends each in the file's own entry. Both are checked file by file."""
+    src = cluster.pods[("default", "web")].containers["app"] / "data/tree"
+    files = {"a.bin": os.urandom(300_000), "b/c.txt": b"hello\n", "b/empty": b""}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    cluster.no_download_trailer = old_agent
+    dest = _out(tmp_path) / "tree"
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        res = await download(c, RemotePath("default", "web", "/data/tree", "app"), dest)
+    assert res.kind == "dir" and res.verified
+    assert {rel: (dest / rel).read_bytes() for rel in files} == files
+    assert dict(_gets(cluster)[0]["query"])[wire.PARAM_DIGEST] == wire.DIGEST_TRAILER

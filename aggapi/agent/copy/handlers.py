@@ -24,7 +24,8 @@ Wire conventions (the aggapi apiserver relays them unchanged):
   -K) gives 206 + Content-Range; ``If-Range`` with another ETag gives 200 and
   the whole file.
 - Directory (GET): ``Content-Type: application/x-tar``, a PAX tar of its
-  contents with names relative to it, each regular file's sha256 in its entry
+  contents with names relative to it, each regular file's sha256 in its entry, or
+  with ``digest=trailer`` in the entry after it, each file then read once
   (aggapi.tar.entrydigest); the closing "./" entry reports skipped entries (see
   aggapi.agent.copy.download).
 - Symlink (GET): with ``symlink=keep`` an empty body, the stat header carrying
@@ -376,7 +377,7 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
                     t: dl.Target) -> web.StreamResponse:
     async with _opened(state, t, dl.open_dir) as dfd:
         await call(state.workers, dl.measure, dfd, state.limits)
-        walker = dl.TarWalker(root, dfd, state.limits)
+        walker = dl.TarWalker(root, dfd, state.limits, trailing=_wants_trailer(request))
         gen = walker.chunks()
         try:
             resp = web.StreamResponse(status=200, headers={

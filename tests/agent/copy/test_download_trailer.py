@@ -4,6 +4,7 @@ its whole sha256 follows its data as 32 raw bytes, which Content-Length counts; 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from pathlib import Path
@@ -15,6 +16,10 @@ from hypothesis import strategies as hs
 
 from aggapi import wire
 from aggapi.agent.copy import digests
+from aggapi.client.extract import extract_dir
+from aggapi.tar.entrydigest import TRAILING_ANNOUNCEMENT
+from aggapi.tar.stream import TarReader
+from tests.filetrees import read_tree, write_tree
 
 MiB = 1 << 20
 TRAILER = {wire.PARAM_DIGEST: wire.DIGEST_TRAILER}
@@ -108,3 +113,20 @@ async def test_an_unknown_digest_form_is_400(cc: Any, plain: tuple[Path, Path]) 
     _file(plain[0], 10)
     r = await cc.get("/f", query={wire.PARAM_DIGEST: "header"})
     assert r.status == 400 and "digest must be trailer" in (await r.json())["message"]
+
+
+async def test_a_directory_asked_with_digest_trailer_trails_each_files_sha256(
+        cc: Any, plain: tuple[Path, Path], tmp_path: Path) -> None:
+    """Through the real handler: the tar announces trailing digests, and the client's
+    real extraction checks every file of it."""
+    tree = {"big": os.urandom(2 * MiB + 3), "d/small": b"abc", "d/e/empty": b""}
+    write_tree(plain[0] / "t", tree)
+    r = await cc.get("/t", query=TRAILER)
+    raw = await r.read()
+    assert r.status == 200 and TRAILING_ANNOUNCEMENT in raw
+    assert b"AGGAPI.sha256=" not in raw and raw.count(b"AGGAPI.previousSha256=") == 3
+    sr = asyncio.StreamReader()
+    sr.feed_data(raw)
+    sr.feed_eof()
+    res = await extract_dir(TarReader(sr), tmp_path / "dst")
+    assert res.verified and read_tree(tmp_path / "dst") == tree
