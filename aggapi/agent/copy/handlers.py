@@ -303,11 +303,11 @@ async def _hash_prefix(request: web.Request, state: CopyState, root: FsRoot, fd:
     call, so a client that leaves frees the worker within a chunk."""
     off = 0
     while off < end:
-        n = await call(state.workers, _read_hashed, fd, min(CHUNK, end - off), off,
-                       trailer)
-        if not n:
+        data = await call(state.workers, _read_hashed, fd, min(CHUNK, end - off), off,
+                          trailer)
+        if not data:
             raise StatusError(409, "the file shrank while being read; ask again")
-        off += len(n)
+        off += len(data)
         if not root.alive():
             raise StatusError(409, "container exited during the download")
 
