@@ -296,9 +296,9 @@ def _check_origin(resp: aiohttp.ClientResponse, rp: RemotePath, partial: Partial
         raise TransferError.from_message("the server sent no sha256 for the file; refusing "
                                          "an unverifiable download")
     length = resp.content_length
-    if length is None:
+    if length is None and (trailer or resp.status != 206):
         raise TransferError.from_message("the server sent no Content-Length for the file")
-    data = length - wire.SHA256_TRAILER_SIZE if trailer else length
+    data = (length or 0) - (wire.SHA256_TRAILER_SIZE if trailer else 0)
     etag = resp.headers.get("ETag", "")
     if resp.status == 206:
         cr = _content_range(resp.headers.get("Content-Range"))
