@@ -64,6 +64,14 @@ SHA256_HEADERS_PREFIX = "headers:"
 SHA256_HEADERS_TRAILER = "headers-trailer"
 # What every agent answers a sha256 value it does not know, before it writes anything.
 SHA256_REFUSED = "sha256 must be 64 hex digits"
+# Download: digest=trailer asks for a file's body as data + the raw sha256 of the WHOLE
+# file (SHA256_TRAILER_SIZE bytes, counted in Content-Length; on a 206 too, so a resume
+# is verified end to end). The agent says it did with X-Aggapi-Sha256: trailer; one
+# that predates it ignores the parameter and answers with the digest up front.
+PARAM_DIGEST = "digest"
+DIGEST_TRAILER = "trailer"
+# Download parameters the apiserver passes to the agent as they are (not in the token).
+DOWNLOAD_CHOICES = (PARAM_SYMLINK, PARAM_DIGEST)
 
 # --- copy headers ------------------------------------------------------------------
 HEADER_STAT = "X-Aggapi-Stat"      # base64 JSON {name, size, mode, mtime, uid, gid, ...}

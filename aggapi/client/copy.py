@@ -4,13 +4,15 @@ Every request goes to the ``/watch/`` form of the path, which kube-apiserver
 treats as long-running, so a large copy is not cut at 60 s (RBAC there checks
 verb ``watch``; aggapi itself checks get/create on pods/copy).
 
-Downloads verify the whole file's sha256 (``X-Aggapi-Sha256``) and resume with
-``Range``/``If-Range`` after a cut connection, and across runs through the
-partial file kept beside the destination. Directories arrive as a PAX tar and
-are extracted by :mod:`aggapi.client.extract`. Uploads carry the sha256 (a file's
-after its bytes, hashed as they are sent; a tar's, each file's data in its own entry
-and the rest as the headers digest of :mod:`aggapi.tar.entrydigest`) so the server
-refuses to commit anything else, and compare the server's reply.
+Downloads verify the whole file's sha256 and resume with ``Range``/``If-Range``
+after a cut connection, and across runs through the partial file kept beside the
+destination. They ask for the digest after the data (``digest=trailer``: the agent
+reads the file once); an agent that predates it sends ``X-Aggapi-Sha256`` up front.
+Directories arrive as a PAX tar and are extracted by :mod:`aggapi.client.extract`.
+Uploads carry the sha256 (a file's after its bytes, hashed as they are sent; a tar's,
+each file's data in its own entry and the rest as the headers digest of
+:mod:`aggapi.tar.entrydigest`) so the server refuses to commit anything else, and
+compare the server's reply.
 """
 
 from __future__ import annotations
@@ -193,7 +195,10 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
             if origin is not None and partial.size:
                 headers = {"Range": f"bytes={partial.size}-", "If-Range": origin.etag}
             try:
-                query = rp.params(**({wire.PARAM_SYMLINK: wire.SYMLINK_KEEP}
+                # digest=trailer: a file's sha256 after its data (one read on the agent);
+                # an agent that predates it sends the digest up front, as before.
+                query = rp.params(**{wire.PARAM_DIGEST: wire.DIGEST_TRAILER},
+                                  **({wire.PARAM_SYMLINK: wire.SYMLINK_KEEP}
                                      if keep_symlink else {}))
                 async with conn.request("GET", rp.url(), params=query,
                                         headers=headers) as resp:
@@ -209,17 +214,19 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
                                 f"{rp.path} is a symbolic link to "
                                 f"{st.get('linkTarget')!r}; not copied (-P copies the link)")
                         return _make_symlink(dest, st)
-                    origin = _check_origin(resp, rp, partial, origin)
+                    origin, want = _check_origin(resp, rp, partial, origin, st)
                     progress.start(origin.size, partial.size)
-                    await _receive_file(resp, partial, progress, backoff, limit)
+                    tail = await _receive_file(resp, partial, progress, backoff, limit,
+                                               trailer=want is None)
                     if partial.size != origin.size:
                         raise TransferError.from_message(
                             f"download ended at {partial.size} of {origin.size} bytes")
+                want = want or tail.hex()  # the trailer: the whole file's sha256
                 got = partial.hash.hexdigest()
-                if got != origin.sha256:
+                if got != want:
                     partial.discard()
                     raise IntegrityError.from_message(
-                        f"sha256 mismatch for {rp.path}: got {got}, server says {origin.sha256}"
+                        f"sha256 mismatch for {rp.path}: got {got}, server says {want}"
                         "; nothing was written")
                 mode = st.get("mode") if isinstance(st.get("mode"), int) else None
                 # Not preserved: what a newly created file gets (0666 minus the umask).
@@ -241,13 +248,29 @@ async def download(conn: Connection, rp: RemotePath, dest: Path, *,
 
 
 async def _receive_file(resp: aiohttp.ClientResponse, partial: PartialFile,
-                        progress: Progress, backoff: Backoff, limit: RateLimit) -> None:
+                        progress: Progress, backoff: Backoff, limit: RateLimit, *,
+                        trailer: bool = False) -> bytes:
+    """Receive the body into ``partial``; with ``trailer``, its last 32 bytes are the
+    sha256 and are returned, not written (the checked Content-Length holds them)."""
     # Decrypted straight into buffers of our own (a file has a Content-Length), which
     # the writer thread writes and hashes as they are.
     body = ResponseBody(resp)
+    left = (resp.content_length or 0) - wire.SHA256_TRAILER_SIZE if trailer else -1
+    tail = bytearray()  # never more than the trailer: split off by length
 
     async def read(n: int) -> bytes | memoryview:
-        data = await body.next_piece()
+        nonlocal left
+        while True:
+            piece = await body.next_piece()
+            data = piece if left < 0 or len(piece) <= left else piece[:left]
+            if len(data) < len(piece):
+                tail.extend(piece[len(data):])
+                if len(tail) > wire.SHA256_TRAILER_SIZE:  # the body's length forbids it
+                    raise TransferError.from_message("the download ran past its trailer")
+            if left >= 0:
+                left -= len(data)
+            if data or not piece:  # data, or the body's end; else trailer only: read on
+                break
         if data:
             progress.advance(len(data))
             backoff.progressed()
@@ -261,28 +284,40 @@ async def _receive_file(resp: aiohttp.ClientResponse, partial: PartialFile,
     finally:
         if body.receiver is not None:
             resp.close()  # its connection is ours now: not reusable
+    return bytes(tail)
 
 
 def _check_origin(resp: aiohttp.ClientResponse, rp: RemotePath, partial: PartialFile,
-                  origin: Origin | None) -> Origin:
+                  origin: Origin | None, st: dict[str, Any]) -> tuple[Origin, str | None]:
+    """The file's origin, and its sha256 from the head (None: it comes after the data,
+    digest=trailer, and the Content-Length counts it)."""
     sha = response_sha256(resp.headers)
-    if sha is None:
+    trailer = resp.headers.get(wire.HEADER_SHA256) == wire.DIGEST_TRAILER
+    if sha is None and not trailer:
         raise TransferError.from_message("the server sent no sha256 for the file; refusing "
                                          "an unverifiable download")
+    length = resp.content_length
+    if length is None and (trailer or resp.status != 206):
+        raise TransferError.from_message("the server sent no Content-Length for the file")
+    data = (length or 0) - (wire.SHA256_TRAILER_SIZE if trailer else 0)
     etag = resp.headers.get("ETag", "")
     if resp.status == 206:
         cr = _content_range(resp.headers.get("Content-Range"))
         if (origin is None or cr is None or cr[0] != partial.size or cr[2] != origin.size
-                or sha != origin.sha256):
+                or (sha is not None and origin.sha256 and sha != origin.sha256)):
             raise TransferError.from_message("the server's partial reply does not continue "
                                              "the bytes already here")
-        return origin
-    size = resp.content_length
-    if size is None:
-        raise TransferError.from_message("the server sent no Content-Length for the file")
-    fresh = Origin(rp.source(), etag, size, sha)
+        if trailer and (cr[1] != cr[2] - 1 or data != cr[1] - cr[0] + 1):
+            raise TransferError.from_message("the server's partial reply is not framed as "
+                                             "its range and a sha256 trailer")
+        return origin, sha
+    size = st.get("size")
+    if data < 0 or (trailer and isinstance(size, int) and size != data):
+        raise TransferError.from_message(f"the server's reply of {length} bytes is not "
+                                         f"framed as a file of {size} and a sha256 trailer")
+    fresh = Origin(rp.source(), etag, data, sha or "")
     partial.start(fresh)
-    return fresh
+    return fresh, sha
 
 
 async def _receive_dir(resp: aiohttp.ClientResponse, dest: Path, st: dict[str, Any],

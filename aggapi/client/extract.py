@@ -16,7 +16,8 @@ goes on, like tar's "member name contains '..'"), never created:
 - devices, FIFOs, unknown types, and directories over a non-directory.
 
 Every regular file's data is checked against its entry's sha256 (the PAX record
-``AGGAPI.sha256``, :mod:`aggapi.tar.entrydigest`) before the tree is placed: a
+``AGGAPI.sha256``, :mod:`aggapi.tar.entrydigest`; where the stream says digests
+trail, the next entry's ``AGGAPI.previousSha256``) before the tree is placed: a
 mismatch fails the whole copy, naming the file. A stream that announces the records
 (every current agent's) must carry one for every regular file; one from an older agent
 (no announcement) is accepted without them, and the result says so.
@@ -140,8 +141,11 @@ class Extractor:
         self.complete = False
         self.result = ExtractResult(str(tmp))
         self.sync_each = not syncfs.available()  # else one syncfs in finish_dirs
-        self.digests = EntryDigests()
+        self.digests = EntryDigests(trailing_ok=True)  # ncp asks for digest=trailer
         self._out: _Open | None = None  # the file being written, if any
+        # Where digests trail: the last regular file written, and the sha256 it had,
+        # checked against the next entry's record before anything is placed.
+        self.written: tuple[str, str] | None = None
         self._last: tuple[tuple[str, ...], int] | None = None  # the last parent, its fd
 
     def close(self) -> None:
@@ -177,6 +181,12 @@ class Extractor:
 
     def _begin(self, ent: TarEntry) -> None:
         want = self.digests.expected(ent)  # a TarError fails the copy
+        trailed = self.digests.trailed(ent)
+        written, self.written = self.written, None
+        if trailed is not None and written is not None and written[1] != trailed:
+            raise IntegrityError.from_message(
+                f"sha256 mismatch for {written[0]!r}: got {written[1]}, the server sent "
+                f"{trailed}; nothing was placed")
         if ent.pax.get("AGGAPI.complete") == "true":
             self.complete = True
             with contextlib.suppress(ValueError, TypeError):
@@ -289,6 +299,8 @@ class Extractor:
                 raise IntegrityError.from_message(
                     f"sha256 mismatch for {out.name!r}: got {got}, the server sent "
                     f"{out.want}; nothing was placed")
+            if self.digests.trailing:  # its digest comes with the next entry
+                self.written = (out.name, got)
             if self.sync_each:
                 os.fsync(out.fd)
             os.utime(out.fd, ns=(out.mtime_ns, out.mtime_ns))
@@ -392,6 +404,9 @@ async def extract_dir(reader: TarReader, dest: Path,
             if not ex.complete:
                 raise TransferError.from_message(
                     "directory stream ended without its completion record (cut short)")
+            if (owed := ex.digests.owed()) is not None:
+                raise TransferError.from_message(
+                    f"directory stream ended before the sha256 of {owed!r}")
             ex.result.verified = bool(ex.digests.required)
             # Walks of the whole tree: off the event loop.
             await _in_worker(ex.recheck_links)

@@ -18,6 +18,15 @@ upgrade (an older ncp uploading to a new agent, or a new ncp downloading from an
 agent): its files carry no records and are accepted unchecked, as before, while any
 record present is still checked. The record of a file is its entry's own (an ``x``
 header): in a global header, or twice for one entry, the parser refuses it.
+
+Digests may trail their files instead (a download asked with ``digest=trailer``, so the
+agent reads each file once, hashing as it sends): the announcement is then
+``AGGAPI.entryDigests=sha256-next``, a regular file's entry carries no record, and the
+entry right after it (the next entry, or the closing "./" one that every such stream
+ends with) carries ``AGGAPI.previousSha256``, in its own ``x`` header on the same terms.
+The reader hashes a file as it writes it and checks the digest when the next entry's
+header arrives, before anything is placed; memory stays one header's. An older reader
+refuses the announcement as an unknown algorithm, but never asks for it.
 """
 
 from __future__ import annotations
@@ -25,13 +34,16 @@ from __future__ import annotations
 import hashlib
 import re
 
-from aggapi.tar.parse import CONT, REG, SHA256_RECORD, TarEntry, TarError
+from aggapi.tar.parse import CONT, PREVIOUS_SHA256_RECORD, REG, SHA256_RECORD, TarEntry, TarError
 from aggapi.tar.stream import GPAX, pax_header
 
 ANNOUNCE_RECORD = "AGGAPI.entryDigests"
 ALGORITHM = "sha256"
 # The global header every new writer starts its tar with.
 ANNOUNCEMENT = pax_header("pax_global_header", {ANNOUNCE_RECORD: ALGORITHM}, typeflag=GPAX)
+TRAILING = ALGORITHM + "-next"  # each file's digest on the entry after it
+TRAILING_ANNOUNCEMENT = pax_header("pax_global_header", {ANNOUNCE_RECORD: TRAILING},
+                                   typeflag=GPAX)
 # A placeholder of the record's length: a header's size depends only on it.
 PLACEHOLDER = {SHA256_RECORD: "0" * 64}
 
@@ -44,27 +56,40 @@ def record(digest: str) -> dict[str, str]:
     return {SHA256_RECORD: digest}
 
 
+def previous(digest: str | None) -> dict[str, str]:
+    """The PAX records of the entry after a regular file whose digest trails it."""
+    return {} if digest is None else {PREVIOUS_SHA256_RECORD: digest}
+
+
 class EntryDigests:
     """One stream's check of its entries' records, fed every entry in order.
 
     :meth:`expected` returns the sha256 a regular file's data must have (None when an
     unannounced stream's entry has no record), or raises :class:`TarError`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, trailing_ok: bool = False) -> None:
         self.required: bool | None = None  # decided by the first entry
+        self.trailing_ok = trailing_ok  # this reader asked for digests after their files
+        self.trailing = False  # the stream announced them so
+        self.after: str | None = None  # the regular file whose digest the next entry has
 
     def expected(self, entry: TarEntry) -> str | None:
         announced = entry.pax.get(ANNOUNCE_RECORD)
-        if announced is not None and announced != ALGORITHM:
+        known = (ALGORITHM, TRAILING) if self.trailing_ok else (ALGORITHM,)
+        if announced is not None and announced not in known:
             raise TarError(f"unsupported {ANNOUNCE_RECORD} {announced[:40]!r} (this side "
-                           f"checks {ALGORITHM})")
+                           f"checks {' or '.join(known)})")
         if self.required is None:
             self.required = announced is not None
+            self.trailing = announced == TRAILING
         elif announced is not None and not self.required:
             raise TarError(f"{ANNOUNCE_RECORD} came after the first entry; it must precede "
                            "every entry")
         digest = entry.pax.get(SHA256_RECORD)
-        if entry.typeflag not in _DATA:
+        if entry.typeflag not in _DATA or self.trailing:
+            if digest is not None and self.trailing:
+                raise TarError(f"tar entry {entry.name!r} carries a {SHA256_RECORD} record "
+                               "in a stream whose digests trail their files")
             if digest is not None:
                 raise TarError(f"tar entry {entry.name!r} is not a regular file but carries "
                                f"a {SHA256_RECORD} record")
@@ -74,10 +99,36 @@ class EntryDigests:
                 raise TarError(f"tar entry {entry.name!r} carries no {SHA256_RECORD} record "
                                "(the stream announced one for every regular file)")
             return None
-        if _HEX64.fullmatch(digest) is None:
-            raise TarError(f"tar entry {entry.name!r} has a malformed {SHA256_RECORD} record "
-                           f"{digest[:80]!r} (64 lowercase hex digits expected)")
-        return digest
+        return _valid(entry, SHA256_RECORD, digest)
+
+    def trailed(self, entry: TarEntry) -> str | None:
+        """The sha256 the regular file before ``entry`` must have, from ``entry``'s record
+        (None: none is owed); call after :meth:`expected`, for every entry in order."""
+        digest = entry.pax.get(PREVIOUS_SHA256_RECORD)
+        after, self.after = self.after, None
+        if self.trailing and entry.typeflag in _DATA:
+            self.after = entry.name
+        if after is None:
+            if digest is not None:
+                raise TarError(f"tar entry {entry.name!r} carries a {PREVIOUS_SHA256_RECORD} "
+                               "record but follows no regular file of a stream whose "
+                               "digests trail")
+            return None
+        if digest is None:
+            raise TarError(f"the sha256 of {after!r} did not follow it (tar entry "
+                           f"{entry.name!r} carries no {PREVIOUS_SHA256_RECORD} record)")
+        return _valid(entry, PREVIOUS_SHA256_RECORD, digest)
+
+    def owed(self) -> str | None:
+        """At the end of the stream: the regular file whose digest never came."""
+        return self.after
+
+
+def _valid(entry: TarEntry, name: str, digest: str) -> str:
+    if _HEX64.fullmatch(digest) is None:
+        raise TarError(f"tar entry {entry.name!r} has a malformed {name} record "
+                       f"{digest[:80]!r} (64 lowercase hex digits expected)")
+    return digest
 
 
 class HeadersHash:

@@ -38,6 +38,10 @@ SPARSE_REFUSED = "sparse tar entries are not supported"
 # aggapi's record of a regular file's sha256 (aggapi.tar.entrydigest): one entry's own,
 # so never in a global header, and never given twice (which value would be checked?).
 SHA256_RECORD = "AGGAPI.sha256"
+# The same for the regular file before an entry, where digests trail their files
+# (digest=trailer downloads): on the entry after that file, on the same terms.
+PREVIOUS_SHA256_RECORD = "AGGAPI.previousSha256"
+ENTRY_RECORDS = frozenset({SHA256_RECORD, PREVIOUS_SHA256_RECORD})
 MAX_SIZE = (1 << 63) - 1  # off_t
 MAX_ID = (1 << 32) - 2  # uid_t/gid_t; 2**32-1 is (uid_t)-1, "no change"
 MAX_MODE = 0o7777777  # what the ustar octal field holds
@@ -166,8 +170,8 @@ def parse_pax(data: bytes, max_records: int) -> dict[str, str]:
             raise TarError(f"more than {max_records} PAX records for one tar entry")
         key, _, val = rec[:-1].partition(b"=")
         name = key.decode("utf-8", "surrogateescape")
-        if name == SHA256_RECORD and name in out:
-            raise TarError(f"duplicate PAX record {SHA256_RECORD}")
+        if name in ENTRY_RECORDS and name in out:
+            raise TarError(f"duplicate PAX record {name}")
         # Values may hold any byte (a NUL in a path is the caller's to refuse).
         out[name] = val.decode("utf-8", "surrogateescape")
         pos += n
@@ -286,8 +290,8 @@ class TarParser:
         recs = parse_pax(data, lim.max_pax_records)
         _check_not_sparse(recs)
         if t == PAX:
-            if SHA256_RECORD in recs and SHA256_RECORD in self._pax:
-                raise TarError(f"duplicate PAX record {SHA256_RECORD}")
+            for dup in ENTRY_RECORDS.intersection(recs).intersection(self._pax):
+                raise TarError(f"duplicate PAX record {dup}")
             self._pax.update(recs)
             if len(self._pax) > lim.max_pax_records:
                 raise TarError(f"more than {lim.max_pax_records} PAX records for one tar "
@@ -295,9 +299,8 @@ class TarParser:
             return
         if not recs:
             return
-        if SHA256_RECORD in recs:
-            raise TarError(f"PAX record {SHA256_RECORD} in a global header (it belongs to "
-                           "one entry)")
+        for own in ENTRY_RECORDS.intersection(recs):
+            raise TarError(f"PAX record {own} in a global header (it belongs to one entry)")
         merged = {**self._global, **recs}  # at most max_global_records: a bounded copy
         nbytes = self._global_bytes
         for k, v in recs.items():

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from aggapi import wire
 from aggapi.status import StatusError, status_middleware
-from aggapi.tar.entrydigest import ANNOUNCEMENT, record
+from aggapi.tar.entrydigest import ANNOUNCEMENT, TRAILING_ANNOUNCEMENT, previous, record
 from aggapi.tar.stream import DIR, PAX, REG, SYM, TarReader, header, pad, pax_header
 from aggapi.tls import pki
 from tests.tarcraft import headers_digest
@@ -72,6 +72,14 @@ class FakeCluster:
     no_sha256_trailer: bool = False
     # As agents before the headers digest (sha256=headers...): refused as above.
     no_headers_digest: bool = False
+    # As agents before digest=trailer: a file's sha256 always goes up front.
+    no_download_trailer: bool = False
+    # A digest=trailer reply framed badly: "short" (Content-Length below the trailer's
+    # 32 bytes), "extra" (5 bytes more than the file and trailer), "cut" (the body ends
+    # inside the trailer).
+    trailer_framing: str = ""
+    # Flip this byte of a digest=trailer body (an offset into it, data then trailer).
+    flip_byte: int | None = None
     # As 622964a's agent: a symlink download is answered with the link whatever the query.
     symlinks_regardless: bool = False
     dir_tar: bytes | None = None  # served instead of a real directory tar
@@ -282,7 +290,10 @@ class FakeCluster:
         if request.method != "GET":
             raise StatusError(405, "method not allowed")
         if stat.S_ISDIR(st.st_mode):
-            body = self.dir_tar if self.dir_tar is not None else tar_of(target)
+            trailing = (request.query.get(wire.PARAM_DIGEST) == wire.DIGEST_TRAILER
+                        and not self.no_download_trailer)
+            body = self.dir_tar if self.dir_tar is not None else tar_of(target,
+                                                                        trailing=trailing)
             return web.Response(body=body, headers={**hdrs, "Content-Type": "application/x-tar"})
         if stat.S_ISLNK(st.st_mode):
             if request.query.get("symlink") != "keep" and not self.symlinks_regardless:
@@ -298,14 +309,31 @@ class FakeCluster:
             if start >= len(data):
                 raise StatusError(416, "range not satisfiable")
             code = 206
-        headers = {**hdrs, "ETag": etag, "Accept-Ranges": "bytes", "X-Aggapi-Sha256": sha,
+        trailer = (request.query.get(wire.PARAM_DIGEST) == wire.DIGEST_TRAILER
+                   and not self.no_download_trailer)
+        headers = {**hdrs, "ETag": etag, "Accept-Ranges": "bytes",
+                   "X-Aggapi-Sha256": wire.DIGEST_TRAILER if trailer else sha,
                    "Content-Type": "application/octet-stream"}
         if code == 206:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         resp = web.StreamResponse(status=code, headers=headers)
+        size, cut_trailer = len(data), False
+        if trailer:  # the agent's framing: data, then the whole file's raw sha256
+            framed = bytearray(data + bytes.fromhex(sha))
+            if self.flip_byte is not None:
+                framed[start + self.flip_byte] ^= 1
+            framing, self.trailer_framing = self.trailer_framing, ""
+            if framing == "short":
+                framed = framed[:start + 20]
+            elif framing == "extra":
+                framed += b"\0" * 5
+            data = bytes(framed)
+            cut_trailer = framing == "cut"
         resp.content_length = len(data) - start
         await resp.prepare(request)
         cut, self.cut_download_after = self.cut_download_after, None
+        if cut_trailer:
+            cut = size - start + 10
         off = start
         while off < len(data):
             if cut is not None and off - start >= cut:
@@ -417,28 +445,38 @@ async def untar_into(reader: TarReader, dest: Path) -> int:
     return n
 
 
-def tar_of(d: Path, *, complete: bool = True) -> bytes:
+def tar_of(d: Path, *, complete: bool = True, trailing: bool = False) -> bytes:
     """A directory as the agent sends it: the announcement of per-file digests, entries
-    (each regular file with its AGGAPI.sha256), then the "./" record with AGGAPI.*."""
-    out = bytearray(ANNOUNCEMENT)
+    (each regular file with its AGGAPI.sha256, or with ``trailing`` the entry after it
+    with AGGAPI.previousSha256), then the "./" record with AGGAPI.*."""
+    out = bytearray(TRAILING_ANNOUNCEMENT if trailing else ANNOUNCEMENT)
+    owed: str | None = None
+
+    def hdr(name: str, kind: bytes, **kw: Any) -> bytes:
+        nonlocal owed
+        recs, owed = {**previous(owed), **kw.pop("records", {})}, None
+        return header(name, kind, records=recs, **kw)
+
     for cur, dirs, files in os.walk(d):
         dirs.sort()
         rel = os.path.relpath(cur, d)
         pre = "" if rel == "." else rel + "/"
         if pre:
-            out += header(pre, DIR, mode=0o755)
+            out += hdr(pre, DIR, mode=0o755)
         for name in sorted(files) + sorted(x for x in dirs if os.path.islink(Path(cur, x))):
             p = Path(cur, name)
             if p.is_symlink():
-                out += header(pre + name, SYM, linkname=os.readlink(p))
+                out += hdr(pre + name, SYM, linkname=os.readlink(p))
             else:
                 data = p.read_bytes()
-                out += header(pre + name, REG, size=len(data), mode=p.stat().st_mode,
-                              records=record(hashlib.sha256(data).hexdigest()))
+                sha = hashlib.sha256(data).hexdigest()
+                out += hdr(pre + name, REG, size=len(data), mode=p.stat().st_mode,
+                           records={} if trailing else record(sha))
                 out += data + pad(len(data))
+                owed = sha if trailing else None
     if complete:
-        out += pax_header("./", {"AGGAPI.complete": "true", "AGGAPI.skipped": "[]"},
-                          typeflag=PAX)
+        out += pax_header("./", {"AGGAPI.complete": "true", "AGGAPI.skipped": "[]",
+                                 **previous(owed)}, typeflag=PAX)
         out += header("./", DIR, mode=0o755)
     out += b"\0" * 1024
     return bytes(out)

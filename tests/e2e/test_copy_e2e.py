@@ -75,6 +75,37 @@ async def test_head_carries_the_digests_get_carries(
     assert got["GET"][wire.HEADER_SHA256] == sha256(data)
 
 
+async def test_a_trailer_download_comes_through_the_aggregator_framed_and_verified(
+        control_plane: ControlPlane, workload_pod: E2EPod, tmp_path: Path) -> None:
+    """digest=trailer through kube-apiserver's aggregation proxy and the aggapi relay:
+    the whole file's raw sha256 after the data, in Content-Length (no HTTP trailer to
+    lose), also on a resumed 206; ncp's download verifies it."""
+    from aggapi import wire
+    from aggapi.client.connection import Connection
+    from aggapi.client.copy import RemotePath, download
+
+    data = os.urandom(3 * MiB + 11)
+    src = tmp_path / "trailer.bin"
+    src.write_bytes(data)
+    q = {"container": workload_pod.container, "path": "/tmp/e2e-trailer.bin"}
+    r = await kubectl(control_plane, "create", "--raw", workload_pod.path("copy", q),
+                      "-f", str(src))
+    assert r.rc == 0, r.err
+    tq = {**q, wire.PARAM_DIGEST: wire.DIGEST_TRAILER}
+    async with await Connection.from_kubeconfig(str(control_plane.admin_kubeconfig)) as c:
+        for at in (0, MiB + 5):
+            async with c.request("GET", workload_pod.path("copy", tq),
+                                 headers={"Range": f"bytes={at}-"} if at else {}) as resp:
+                assert resp.status == (206 if at else 200)
+                assert resp.headers[wire.HEADER_SHA256] == wire.DIGEST_TRAILER
+                assert int(resp.headers["Content-Length"]) == len(data) - at + 32
+                assert await resp.read() == data[at:] + hashlib.sha256(data).digest()
+        res = await download(c, RemotePath(workload_pod.namespace, workload_pod.name,
+                                           "/tmp/e2e-trailer.bin", workload_pod.container),
+                             tmp_path / "back.bin")
+    assert (tmp_path / "back.bin").read_bytes() == data and res.sha256 == sha256(data)
+
+
 async def test_wrong_sha256_is_refused_and_target_kept(
         control_plane: ControlPlane, workload_pod: E2EPod, tmp_path: Path) -> None:
     q = {"container": workload_pod.container, "path": "/tmp/e2e-keep"}

@@ -1,7 +1,8 @@
-"""sha256 of whole files, computed before a download starts and cached.
+"""sha256 of whole files, computed before a download starts (or while it is sent,
+:class:`Pending`, for digest=trailer) and cached.
 
-The digest goes in a response header, so it must be known before the first
-byte; a resumed download (Range) must not pay a second full read, so digests
+In today's form the digest goes in a response header, so it must be known before the
+first byte; a resumed download (Range) must not pay a second full read, so digests
 are kept in a small LRU keyed by (dev, ino, size, mtime_ns, ctime_ns).
 
 A key only identifies a version of the file if every later change gives a new
@@ -26,6 +27,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
 
 CHUNK = 1 << 20
 # The coarsest timestamp granularity of a Linux file system that matters (FAT: 2 s;
@@ -51,6 +54,25 @@ def settled(st: os.stat_result, now_ns: int) -> bool:
     return st.st_ctime_ns + SETTLE_NS < now_ns
 
 
+@dataclass
+class Pending:
+    """A digest taken while the file is sent (digest=trailer downloads): cached at the
+    end on the same terms as :meth:`DigestCache.digest`."""
+
+    key: Key
+    now_ns: int  # when hashing began: see settled()
+    st: os.stat_result
+    hash: Any = field(default_factory=hashlib.sha256)
+    hashed: int = 0
+
+    def update(self, data: bytes) -> None:
+        self.hash.update(data)
+        self.hashed += len(data)
+
+    def digest(self) -> bytes:
+        return bytes(self.hash.digest())
+
+
 class DigestCache:
     def __init__(self, size: int = 256) -> None:
         self.size = size
@@ -74,6 +96,17 @@ class DigestCache:
     def cached(self, fd: int) -> str | None:
         """Blocking (one fstat): the cached digest of the file behind ``fd``, if any."""
         return self.get(key_of(os.fstat(fd)))
+
+    def start(self, fd: int) -> Pending:
+        """Blocking (one fstat): a digest of the file behind ``fd`` to be fed in order."""
+        st = os.fstat(fd)
+        return Pending(key_of(st), time.clock_gettime_ns(CLOCK_REALTIME_COARSE), st)
+
+    def finish(self, fd: int, pending: Pending) -> None:
+        """Blocking (one fstat): cache a whole file's digest taken while it was sent."""
+        if (pending.hashed == pending.st.st_size and key_of(os.fstat(fd)) == pending.key
+                and settled(pending.st, pending.now_ns)):
+            self.put(pending.key, pending.hash.hexdigest())
 
     def digest(self, fd: int, cancel: threading.Event | None = None) -> str:
         """Blocking: sha256 hex of the file behind ``fd`` (read with pread), never read

@@ -14,6 +14,8 @@ are reported without a target. Every regular file's entry carries its data's
 sha256 (``AGGAPI.sha256``, :mod:`aggapi.tar.entrydigest`), computed from the bytes sent:
 a file of up to a chunk is read once and sent from memory, a bigger one is hashed
 first (in steps of a chunk, so a walk step stays bounded) and read again to be sent.
+Asked with digest=trailer (``trailing``), every file is read once, hashed as it is
+sent, and its sha256 goes on the entry after it (``AGGAPI.previousSha256``).
 
 Skipped entries are reported at the end of the stream: the last entry is
 "./" (the directory itself, a no-op for extractors) whose PAX extended header
@@ -43,7 +45,7 @@ from aggapi.agent.copy.pseudofs import is_magic_link, pseudo_fs
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.status import StatusError
 from aggapi.tar import stream as ts
-from aggapi.tar.entrydigest import ANNOUNCEMENT, record
+from aggapi.tar.entrydigest import ANNOUNCEMENT, TRAILING_ANNOUNCEMENT, previous, record
 
 CHUNK = 1 << 20
 PSEUDO_REASON = "on a kernel pseudo file system (procfs, sysfs...); not copied"
@@ -208,6 +210,16 @@ class TarWalker:
     size: int = 0
     skipped: list[dict[str, str]] = field(default_factory=list)
     links: dict[tuple[int, int], str] = field(default_factory=dict)
+    # digest=trailer: each regular file's sha256 goes on the entry after it (read once,
+    # hashed as sent); ``owed`` holds it until that entry's header is built.
+    trailing: bool = False
+    owed: str | None = None
+
+    def _header(self, name: str, typeflag: bytes, *, records: dict[str, str] | None = None,
+                **kw: Any) -> bytes:
+        """An entry's header block(s), carrying the trailing digest of the file before."""
+        owed, self.owed = self.owed, None
+        return ts.header(name, typeflag, records={**previous(owed), **(records or {})}, **kw)
 
     def skip(self, rel: str, kind: str, reason: str) -> None:
         self.skipped.append({"path": rel, "type": kind, "reason": reason})
@@ -222,8 +234,9 @@ class TarWalker:
             raise StatusError(413, "directory grew past the copy limits while being sent")
 
     def chunks(self) -> Generator[bytes, None, None]:
-        buf: list[bytes] = [ANNOUNCEMENT]  # every regular file carries AGGAPI.sha256
-        held = len(ANNOUNCEMENT)
+        # Every regular file's sha256 is in its entry, or with trailing the next entry's.
+        buf: list[bytes] = [TRAILING_ANNOUNCEMENT if self.trailing else ANNOUNCEMENT]
+        held = len(buf[0])
         for piece in self._walk(self.dir_fd, "", 0):
             if piece is None:  # a step of a big file's hash: let the caller check in
                 yield b"".join(buf)
@@ -250,7 +263,9 @@ class TarWalker:
             "AGGAPI.bytes": str(self.size),
             "AGGAPI.skipped": json.dumps(self.skipped, separators=(",", ":")),
             "AGGAPI.complete": "true",
+            **previous(self.owed),  # the last file's, where digests trail
         }
+        self.owed = None
         return (ts.pax_header("./PaxHeader", records, typeflag=ts.PAX)
                 + ts.header("./", ts.DIR, mode=stat.S_IMODE(st.st_mode), uid=uid, gid=gid,
                             mtime_ns=st.st_mtime_ns - st.st_mtime_ns % 1_000_000_000))
@@ -283,7 +298,7 @@ class TarWalker:
                     continue
                 try:
                     self._count()
-                    yield ts.header(rel + "/", ts.DIR, **common)
+                    yield self._header(rel + "/", ts.DIR, **common)
                     yield from self._walk(cfd, rel + "/", depth + 1)
                 finally:
                     os.close(cfd)
@@ -294,7 +309,7 @@ class TarWalker:
                     self.skip(rel, "symlink", _why(exc))
                     continue
                 self._count()
-                yield ts.header(rel, ts.SYM, linkname=target, **common)
+                yield self._header(rel, ts.SYM, linkname=target, **common)
             elif stat.S_ISREG(st.st_mode):
                 yield from self._file(dfd, dev, name, rel, common)
             else:
@@ -322,7 +337,7 @@ class TarWalker:
                 first = self.links.get(key)
                 if first is not None:
                     self._count()
-                    yield ts.header(rel, ts.LNK, linkname=first, **common)
+                    yield self._header(rel, ts.LNK, linkname=first, **common)
                     return
             try:
                 fd = reopen(pfd, os.O_RDONLY, st)
@@ -336,12 +351,15 @@ class TarWalker:
         try:
             size = st.st_size
             self._count(size)
+            if self.trailing:
+                yield from self._file_trailing(fd, rel, size, common)
+                return
             if size <= CHUNK:  # read once: hashed, then sent from memory
                 data = os.pread(fd, size, 0) if size else b""
                 if len(data) < size:
                     data = self._shrank(rel, data, size)
-                yield ts.header(rel, ts.REG, size=size, **common,
-                                records=record(hashlib.sha256(data).hexdigest()))
+                yield self._header(rel, ts.REG, size=size, **common,
+                                   records=record(hashlib.sha256(data).hexdigest()))
                 yield data
                 yield ts.pad(size)
                 return
@@ -350,7 +368,7 @@ class TarWalker:
             # file's download is. A change in between fails the copy on the client.
             h = hashlib.sha256()
             yield from _hash_steps(fd, size, h)
-            yield ts.header(rel, ts.REG, size=size, **common, records=record(h.hexdigest()))
+            yield self._header(rel, ts.REG, size=size, **common, records=record(h.hexdigest()))
             off = 0
             while off < size:
                 data = os.pread(fd, min(CHUNK, size - off), off)
@@ -361,6 +379,23 @@ class TarWalker:
             yield ts.pad(size)
         finally:
             os.close(fd)
+
+    def _file_trailing(self, fd: int, rel: str, size: int, common: dict[str, Any]
+                       ) -> Iterator[bytes]:
+        """The entry of a regular file read once, a chunk at a time, hashed as it goes;
+        its digest is owed to the next entry."""
+        yield self._header(rel, ts.REG, size=size, **common)
+        h = hashlib.sha256()
+        off = 0
+        while off < size:
+            data = os.pread(fd, min(CHUNK, size - off), off)
+            if not data:  # shrank under us: keep the archive well-formed
+                data = self._shrank(rel, b"", min(CHUNK, size - off))
+            h.update(data)
+            off += len(data)
+            yield data
+        yield ts.pad(size)
+        self.owed = h.hexdigest()
 
     def _shrank(self, rel: str, data: bytes, size: int) -> bytes:
         self.skip(rel, "file", "shrank while being read; padded with zeros")

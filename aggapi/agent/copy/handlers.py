@@ -15,12 +15,17 @@ Wire conventions (the aggapi apiserver relays them unchanged):
   byte (a full read in a worker thread, abandoned within a chunk when the client
   leaves) and cached by (dev, inode, size, mtime, ctime) once the file cannot
   change without a new key (aggapi.agent.copy.digests), so a resume does not pay
-  for it again. HEAD sends it when cached or when the file is within the size
+  for it again. With ``digest=trailer`` (a range to the end, digest not cached) the
+  file is instead hashed as it is sent, read once, and the body ends with the whole
+  file's raw sha256 (32 bytes, in Content-Length; bytes before a range are hashed
+  first), announced by ``X-Aggapi-Sha256: trailer``; the digest is then cached on the
+  same terms. HEAD sends it when cached or when the file is within the size
   limit; every operation, HEAD included, holds a copy slot. ``Range: bytes=N-`` (or N-M,
   -K) gives 206 + Content-Range; ``If-Range`` with another ETag gives 200 and
   the whole file.
 - Directory (GET): ``Content-Type: application/x-tar``, a PAX tar of its
-  contents with names relative to it, each regular file's sha256 in its entry
+  contents with names relative to it, each regular file's sha256 in its entry, or
+  with ``digest=trailer`` in the entry after it, each file then read once
   (aggapi.tar.entrydigest); the closing "./" entry reports skipped entries (see
   aggapi.agent.copy.download).
 - Symlink (GET): with ``symlink=keep`` an empty body, the stat header carrying
@@ -62,7 +67,7 @@ from aggapi.agent.auth import CAPABILITY
 from aggapi.agent.copy import creds
 from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
-from aggapi.agent.copy.digests import Cancelled
+from aggapi.agent.copy.digests import Cancelled, Pending
 from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, request_path
 from aggapi.agent.copy.pace import PACE, MinRate, PacedBody, paced_write
@@ -260,27 +265,65 @@ def _abort(request: web.Request, why: str) -> ConnectionResetError:
     return ConnectionResetError(why)
 
 
+def _wants_trailer(request: web.Request) -> bool:
+    want = request.query.get(wire.PARAM_DIGEST)
+    if want is not None and want != wire.DIGEST_TRAILER:
+        raise StatusError(400, f"{wire.PARAM_DIGEST} must be {wire.DIGEST_TRAILER}")
+    return want is not None
+
+
 async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
                      t: dl.Target) -> web.StreamResponse:
     async with _opened(state, t, dl.open_regular) as fd:
         state.slots.check_size(t.st.st_size)
-        digest = await _digest(state, fd)
         size = t.st.st_size
         tag = etag(t.st)
         rng = parse_range(request.headers.get("Range"), size,
                           if_range=request.headers.get("If-Range"), current_etag=tag)
         first, last = rng if rng is not None else (0, size - 1)
+        # digest=trailer: the file is hashed as it is sent (one read, no wait before
+        # the head) unless its digest is cached, which then goes up front as always.
+        # Only for a range that runs to the end: the trailer is the whole file's.
+        trailer: Pending | None = None
+        if _wants_trailer(request) and last == size - 1:
+            cached = await state.workers.run(state.digests.cached, fd)
+            if cached is None:
+                trailer = await state.workers.run(state.digests.start, fd)
         headers = {**_stat_header(root, t), "Accept-Ranges": "bytes", "ETag": tag,
-                   **_digest_headers(digest), "Content-Type": "application/octet-stream"}
+                   "Content-Type": "application/octet-stream"}
+        if trailer is None:
+            headers.update(_digest_headers(await _digest(state, fd)))
+        else:
+            headers[wire.HEADER_SHA256] = wire.DIGEST_TRAILER
+            await _hash_prefix(request, state, root, fd, first, trailer)
         if rng is not None:
             headers["Content-Range"] = f"bytes {first}-{last}/{size}"
         resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
-        resp.content_length = last - first + 1
+        resp.content_length = last - first + 1 + (
+            wire.SHA256_TRAILER_SIZE if trailer is not None else 0)
         await resp.prepare(request)
         request[BODY_SIZE] = resp.content_length
-        await _stream_range(request, state, root, resp, fd, first, last + 1)
+        await _stream_range(request, state, root, resp, fd, first, last + 1, trailer)
+        if trailer is not None:
+            await state.workers.run(state.digests.finish, fd, trailer)
+            await _write(request, resp, trailer.digest())
         await resp.write_eof()
         return resp
+
+
+async def _hash_prefix(request: web.Request, state: CopyState, root: FsRoot, fd: int,
+                       end: int, trailer: Pending) -> None:
+    """Hash the bytes before a resumed range (the client has them): a chunk per worker
+    call, so a client that leaves frees the worker within a chunk."""
+    off = 0
+    while off < end:
+        data = await call(state.workers, _read_hashed, fd, min(CHUNK, end - off), off,
+                          trailer)
+        if not data:
+            raise StatusError(409, "the file shrank while being read; ask again")
+        off += len(data)
+        if not root.alive():
+            raise StatusError(409, "container exited during the download")
 
 
 def _close_fd(fd: int) -> None:
@@ -302,24 +345,40 @@ async def _opened(state: CopyState, t: dl.Target,
         await settle(state.workers.run(_close_fd, fd))
 
 
+def _read_hashed(fd: int, n: int, off: int, pending: Pending) -> bytes:
+    data = os.pread(fd, n, off)
+    pending.update(data)  # in the reading worker, while the chunk is in cache
+    return data
+
+
 async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
-                        resp: web.StreamResponse, fd: int, start: int, end: int) -> None:
-    """Send [start, end) reading one chunk ahead in a worker: two chunks in memory.
-    On the way out (the client left) the read in flight is waited for: ``fd`` is
-    closed after this returns and must not be closed under a worker's pread."""
+                        resp: web.StreamResponse, fd: int, start: int, end: int,
+                        trailer: Pending | None = None) -> None:
+    """Send [start, end) reading one chunk ahead in a worker: two chunks in memory;
+    with ``trailer``, each chunk is hashed by the worker that read it (one read in
+    flight at a time, so in order). On the way out (the client left) the read in
+    flight is waited for: ``fd`` is closed after this returns and must not be closed
+    under a worker's pread."""
     off = start
     nxt: asyncio.Future[bytes] | None = None
+
+    def read(at: int) -> asyncio.Future[bytes]:
+        n = min(CHUNK, end - at)
+        if trailer is None:
+            return state.workers.submit(os.pread, fd, n, at)
+        return state.workers.submit(_read_hashed, fd, n, at, trailer)
+
     try:
         while off < end:
             if nxt is None:
-                nxt = state.workers.submit(os.pread, fd, min(CHUNK, end - off), off)
+                nxt = read(off)
             cur = await asyncio.shield(nxt)
             nxt = None
             if not cur:
                 raise _abort(request, "file shrank while being sent")
             off += len(cur)
             if off < end:
-                nxt = state.workers.submit(os.pread, fd, min(CHUNK, end - off), off)
+                nxt = read(off)
             if not root.alive():
                 raise _abort(request, "container exited during the download")
             await _write(request, resp, cur)
@@ -332,7 +391,7 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
                     t: dl.Target) -> web.StreamResponse:
     async with _opened(state, t, dl.open_dir) as dfd:
         await call(state.workers, dl.measure, dfd, state.limits)
-        walker = dl.TarWalker(root, dfd, state.limits)
+        walker = dl.TarWalker(root, dfd, state.limits, trailing=_wants_trailer(request))
         gen = walker.chunks()
         try:
             resp = web.StreamResponse(status=200, headers={

@@ -24,10 +24,10 @@ from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.status import StatusError
 from aggapi.wire import (
     AGENT_COPY_PATH,
+    DOWNLOAD_CHOICES,
     FORWARDED_HEADERS,
     PARAM_CONTAINER,
     PARAM_PATH,
-    PARAM_SYMLINK,
     RELAYED_HEADERS,
     UPLOAD_PARAMS,
     copy_operation,
@@ -81,9 +81,10 @@ class CopyHandler:
         container = _container(target, request.query.get(PARAM_CONTAINER, ""))
         params = {k: request.query[k] for k in UPLOAD_PARAMS if k in request.query} \
             if upload else {}
-        # Not vouched for in the token: it only chooses how a symlink is answered.
-        extra = {PARAM_SYMLINK: request.query[PARAM_SYMLINK]} \
-            if request.method == "GET" and PARAM_SYMLINK in request.query else {}
+        # Not vouched for in the token: they only choose how a symlink is answered and
+        # where a file's digest goes (before its data or after).
+        extra = {k: request.query[k] for k in DOWNLOAD_CHOICES if k in request.query} \
+            if request.method == "GET" else {}
 
         fwd = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
         if upload and request.content_length is not None:

@@ -11,6 +11,7 @@ containerd, see test_copy.py); everything else is the real apiserver and AgentCl
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -37,16 +38,28 @@ class Agent:
 
     mode: str = "length"  # length, chunked, error, die, short, stall
     heads: list[dict[str, str]] = field(default_factory=list)
+    queries: list[dict[str, str]] = field(default_factory=list)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 async def _agent(pki_dir: Path, agent: Agent) -> tuple[web.AppRunner, int]:
     async def copy(request: web.Request) -> web.StreamResponse:
         agent.heads.append(dict(request.headers))
+        agent.queries.append(dict(request.query))
         if agent.mode == "error":
             raise web.HTTPNotFound(text='{"kind":"Status","apiVersion":"v1","code":404,'
                                         '"reason":"NotFound","message":"no such file"}',
                                    content_type="application/json")
+        if agent.mode == "trailer":  # a resumed digest=trailer reply, as the agent's
+            at = int(request.headers["Range"][6:-1])
+            resp = web.StreamResponse(status=206, headers={
+                "X-Aggapi-Sha256": "trailer",
+                "Content-Range": f"bytes {at}-{len(BODY) - 1}/{len(BODY)}"})
+            resp.content_length = len(BODY) - at + 32
+            await resp.prepare(request)
+            await resp.write(BODY[at:] + hashlib.sha256(BODY).digest())
+            await resp.write_eof()
+            return resp
         resp = web.StreamResponse(headers={"X-Aggapi-Sha256": "ab" * 32})
         if agent.mode == "chunked":
             resp.enable_chunked_encoding()
@@ -109,6 +122,24 @@ async def test_the_body_comes_through_unchanged(relay: Any, mode: str) -> None:
         assert ("Content-Length" in resp.headers) == (mode == "length")
     assert got == BODY
     assert agent.heads[0]["Range"] == "bytes=0-"
+
+
+async def test_a_trailer_download_passes_through_with_its_range(relay: Any) -> None:
+    """digest=trailer reaches the agent (not vouched for: it only frames the reply), and
+    its 206 comes back byte for byte: Content-Range of the data, a Content-Length
+    that counts the 32 digest bytes after it."""
+    agent = Agent("trailer")
+    _, s = await relay(agent)
+    at = MiB + 5
+    async with s.get(URL, params={**Q, "digest": "trailer", "symlink": "keep"},
+                     headers={"Range": f"bytes={at}-"}) as resp:
+        got = await resp.read()
+        assert resp.status == 206 and resp.headers["X-Aggapi-Sha256"] == "trailer"
+        assert resp.headers["Content-Range"] == f"bytes {at}-{len(BODY) - 1}/{len(BODY)}"
+        assert int(resp.headers["Content-Length"]) == len(BODY) - at + 32
+    assert got == BODY[at:] + hashlib.sha256(BODY).digest()
+    assert agent.queries[0]["digest"] == "trailer" and agent.queries[0]["symlink"] == "keep"
+    assert agent.heads[0]["Range"] == f"bytes={at}-"
 
 
 async def test_an_agent_error_is_relayed_as_its_status(relay: Any) -> None:
