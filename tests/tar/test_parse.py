@@ -281,3 +281,11 @@ def test_negative_base256_mtime_is_a_time_before_1970() -> None:
     raw = tc.block(fields={"mtime": (-86400).to_bytes(12, "big", signed=True)})
     [e] = [ev for ev in tp.TarParser().feed(raw) if isinstance(ev, tp.TarEntry)]
     assert e.mtime_ns == -86400 * 10**9
+
+
+@settings(max_examples=300, derandomize=True)
+@given(st.binary(min_size=512, max_size=512) | st.sampled_from([b"\xff" * 512, b"\0" * 512]))
+def test_the_header_checksum_sum_is_exact_for_every_block(blk: bytes) -> None:
+    """The Adler-32 shortcut of the checksum's byte sum equals sum() on any 512 bytes
+    (all 0xff included: the largest sum a half can have)."""
+    assert tp._byte_sum(blk) == sum(blk)
