@@ -123,6 +123,21 @@ async def test_a_refused_entry_leaves_no_target_and_no_private_tree(
     assert os.listdir(limits.state_dir) == []
 
 
+async def test_a_refused_new_target_leaves_no_record(
+        cc: Any, plain: tuple[Path, Path], limits: CopyLimits,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The private directory's name is recorded before it is made: a refused mkdir (a
+    user's read-only directory, a read-only mount) must close that record too."""
+    def refused(*a: Any, **kw: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "mkdir", refused)
+    r = await cc.post("/dst", tree_tar(3), format="tar")
+    assert r.status == 403, await r.text()
+    assert os.listdir(plain[0]) == []
+    assert os.listdir(limits.state_dir) == []
+
+
 async def test_a_target_made_meanwhile_is_not_replaced(
         cc: Any, plain: tuple[Path, Path]) -> None:
     root = plain[0]
