@@ -316,13 +316,13 @@ class Bench:
               file=sys.stderr, flush=True)
         src = make_payload(sc, self.workdir)
         digest = local_digest(src)
-        # Each tool downloads into a directory of its own, and a round's trees are removed
-        # only after both tools ran: on ext4 without a journal (this VM's root) a file
-        # created within minutes of a mass deletion nearby pays a scan past every
-        # recently deleted inode (find_inode_bit -> recently_deleted, ~10x the kernel time
-        # of a create), so removing one tool's 10,000 files right before the other's
-        # download handicapped whichever went second (kubectl cp's first round never was).
-        backs = {t: self.workdir / f"back-{sc.name}-{t.split()[-1]}" for t in TOOLS}
+        # Each tool downloads into a directory of its own each round, all removed after
+        # the last round: on ext4 without a journal (this VM's root) a file created within
+        # minutes of a mass deletion nearby pays a scan past every recently deleted inode
+        # (find_inode_bit -> recently_deleted, ~10x the kernel time of a create), so
+        # removing one tool's 10,000 files right before the other's download handicapped
+        # whichever went second (kubectl cp's first round never was).
+        backs: list[Path] = []
 
         def drop(path: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
@@ -362,33 +362,40 @@ class Bench:
                         self.kubectl("exec", POD, "--", BUSYBOX, "rm", "-rf",
                                      argv[-1].rpartition(":")[2])
                     else:
-                        drop(backs[tool])
+                        drop(Path(argv[-1]))
                     continue
                 secs.setdefault(key, []).append(took)
                 break
 
+        # Each round uploads to targets of its own, all removed after the last round: a
+        # tree removed just before a round would make its first uploader pay for it (on
+        # an ext4 without a journal, as here, every new inode skips the ones freed in the
+        # last 30 s: ext4's recently_deleted, most of both tools' CPU after a removal).
+        made: list[str] = []
         try:
             for r in range(rounds):
                 order = TOOLS if r % 2 == 0 else TOOLS[::-1]
                 for tool in order:
-                    dst = f"{remote[tool]}-{sc.name}"
+                    dst = f"{remote[tool]}-{sc.name}-r{r}"
+                    made.append(dst)
+                    if sc.is_dir and UPLOAD_SETTLE_S:
+                        time.sleep(UPLOAD_SETTLE_S)  # (--settle) see UPLOAD_SETTLE_S
                     one(tool, "upload", [*tool_argv[tool], str(src), f"default/{POD}:{dst}"])
                     got = self.remote_digest(dst, sc.is_dir)
                     if got != digest:
                         raise SystemExit(f"{sc.name} {tool} upload: sha256 mismatch")
                 # Both download what kubectl cp wrote: the agent has never hashed it.
-                cold = f"{remote['kubectl cp']}-{sc.name}"
+                cold = f"{remote['kubectl cp']}-{sc.name}-r{r}"
                 for tool in order:
+                    back = self.workdir / f"back-{sc.name}-{tool.split()[-1]}-r{r}"
+                    backs.append(back)
                     one(tool, "download", [*tool_argv[tool], f"default/{POD}:{cold}",
-                                           str(backs[tool])])
-                    if local_digest(backs[tool]) != digest:
+                                           str(back)])
+                    if local_digest(back) != digest:
                         raise SystemExit(f"{sc.name} {tool} download: sha256 mismatch")
-                for back in backs.values():
-                    drop(back)
-                self.kubectl("exec", POD, "--", BUSYBOX, "rm", "-rf",
-                             *(f"{p}-{sc.name}" for p in remote.values()))
+            self.kubectl("exec", POD, "--", BUSYBOX, "rm", "-rf", *made)
         finally:
-            for back in backs.values():
+            for back in backs:
                 drop(back)
             if src.is_dir():
                 shutil.rmtree(src)
@@ -473,6 +480,13 @@ def installed(instance: str, up: bool) -> Iterator[tuple[Cluster, Addon]]:
             cluster.down()
         elif installed_here:
             addon.uninstall()
+
+
+# Seconds to wait before each directory upload (--settle): on an ext4 without a journal
+# (this machine's root) every new inode skips those freed in the last 30 s (ext4's
+# recently_deleted, which reads each one's inode block), so an upload right after a
+# cluster's teardown or another run's clean-up pays for them, whichever tool it is.
+UPLOAD_SETTLE_S = 0.0
 
 
 @dataclass(frozen=True)

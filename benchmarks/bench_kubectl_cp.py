@@ -346,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("--perf-only", action="store_true",
                       help="with --py-spy DIR: perf record on the pods and the client "
                       "instead of py-spy (which pauses what it samples)")
+    inst.add_argument("--settle", type=float, default=0.0, metavar="S",
+                      help="wait S seconds before each directory upload (35 lets ext4 "
+                      "without a journal forget inodes freed just before; see "
+                      "benchmarks._installed.UPLOAD_SETTLE_S)")
     inst.add_argument("--json", type=Path, metavar="FILE",
                       help="write the ratios per scenario and goal_met")
     a = p.parse_args(argv)
@@ -373,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
 def installed_main(a: argparse.Namespace) -> int:
     from benchmarks import _installed
 
+    _installed.UPLOAD_SETTLE_S = a.settle
     scs = _installed.scenarios(a.size_mib, a.small_files, a.medium_files,
                                [s for s in a.scenario.split(",") if s])
     results = _installed.run_installed(a.instance, a.up, a.node, scs, a.rounds, a.variant,

@@ -21,6 +21,7 @@ which would otherwise be extracted as their sparse map instead of their data.
 from __future__ import annotations
 
 import re
+import zlib
 from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -187,6 +188,14 @@ def _str(field_: bytes) -> str:
     return field_.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
+def _byte_sum(blk: bytes) -> int:
+    """sum(blk) of a 512-byte header, 4x faster: Adler-32's low half is 1 + the byte sum
+    mod 65521, and a 256-byte half sums to at most 65280, so it is exact (sum() alone
+    was a tenth of a small-file upload's parsing)."""
+    mv = memoryview(blk)
+    return (zlib.adler32(mv[:256]) & 0xFFFF) + (zlib.adler32(mv[256:]) & 0xFFFF) - 2
+
+
 class TarParser:
     """Feed bytes with :meth:`feed`, iterate the events; :meth:`close` at the end."""
 
@@ -256,7 +265,7 @@ class TarParser:
         # is mostly headers).
         std = _STD_FIELDS.match(blk, 100, 156)
         stored = int(std[6], 8) if std else _num(blk[148:156], "checksum", 1 << 24)
-        unsigned = sum(blk) - sum(blk[148:156]) + 256
+        unsigned = _byte_sum(blk) - sum(blk[148:156]) + 256
         if stored != unsigned and stored != unsigned - 256 * sum(blk.translate(_HIGH)):
             raise TarError("tar header checksum mismatch")  # (old writers summed signed)
         typeflag = blk[156:157]

@@ -335,3 +335,11 @@ def test_standard_fields_read_alike_in_every_form(mode: int, uid: int, gid: int,
     bad[0] ^= 1  # the name changed under an unchanged checksum
     with pytest.raises(tp.TarError, match="checksum"):
         first(bytes(bad))
+
+
+@settings(max_examples=300, derandomize=True)
+@given(st.binary(min_size=512, max_size=512) | st.sampled_from([b"\xff" * 512, b"\0" * 512]))
+def test_the_header_checksum_sum_is_exact_for_every_block(blk: bytes) -> None:
+    """The Adler-32 shortcut of the checksum's byte sum equals sum() on any 512 bytes
+    (all 0xff included: the largest sum a half can have)."""
+    assert tp._byte_sum(blk) == sum(blk)

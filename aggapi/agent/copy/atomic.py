@@ -64,12 +64,14 @@ def check_replaceable(dir_fd: int, name: str, path: str, overwrite: bool) -> os.
 
 class AtomicFile:
     def __init__(self, root: FsRoot, record: InflightRecord, dir_fd: int, dir_path: str,
-                 name: str, *, direct: bool = False) -> None:
+                 name: str, *, direct: bool = False, temp: bool = True) -> None:
         self.root = root
         self.dir_fd = dir_fd
         self.name = name
         self.path = dir_path.rstrip("/") + "/" + name
-        self.tmp = record.temp_name(dir_path)
+        # temp=False: created under its own name, in a directory nobody sees until the
+        # whole tree is published by one rename (tarextract's private tree).
+        self.tmp = record.temp_name(dir_path) if temp else name
         self.fd: int | None = os.open(
             self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
             0o600, dir_fd=dir_fd)

@@ -16,6 +16,9 @@ and container name, as after a restart or a recreated sandbox) is cleaned instea
 temp file may be in a volume that outlived the old container. Records with neither are
 dropped, and so is a record whose temp files the container's user may not remove (the
 container made the directory read-only): the failure is logged and the pass goes on.
+A temp name may also be a directory: the private tree a tar upload into a new target
+builds before publishing it by one rename (:mod:`aggapi.agent.copy.tarextract`); it is
+removed with all it holds.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 from aggapi.agent.copy import creds
+from aggapi.agent.copy import openat2 as o2
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.workers import Workers
 from aggapi.status import StatusError
@@ -38,6 +42,7 @@ from aggapi.status import StatusError
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".aggapi-tmp-"
+RDIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 class InflightRecord:
@@ -151,8 +156,9 @@ def _remove_temp_files(root: FsRoot, dirs: list[str], token: str) -> int:
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                     if stat.S_ISDIR(st.st_mode):
-                        continue
-                    os.unlink(name, dir_fd=dfd)
+                        remove_tree(dfd, name)
+                    else:
+                        os.unlink(name, dir_fd=dfd)
                     removed += 1
                 except FileNotFoundError:
                     pass
@@ -164,6 +170,50 @@ def _remove_temp_files(root: FsRoot, dirs: list[str], token: str) -> int:
         finally:
             os.close(dfd)
     return removed
+
+
+def remove_tree(parent_fd: int, name: str) -> None:
+    """Remove directory ``name`` in ``parent_fd`` and everything in it (gone already: a
+    no-op). Each level is opened beneath the one above without following symlinks, so a
+    link swapped in leads nowhere, and made writable first (a tar may have made it
+    read-only). Iterative: a tree nested deeper than the interpreter's recursion limit
+    is removed too. Raises the first OSError but ENOENT."""
+    opened: list[tuple[int, str]] = []  # (fd, its name in the level above)
+    try:
+        try:
+            opened.append((o2.openat2(parent_fd, name, RDIR_NOFOLLOW, o2.UNDER_TARGET), name))
+        except FileNotFoundError:
+            return
+        while opened:
+            fd = opened[-1][0]
+            try:
+                os.fchmod(fd, 0o700)
+            except PermissionError:
+                pass  # not ours to change: the unlinks below say whether it matters
+            sub = None
+            for entry in os.listdir(fd):
+                try:
+                    os.unlink(entry, dir_fd=fd)
+                except IsADirectoryError:
+                    sub = entry
+                    break
+                except FileNotFoundError:
+                    pass
+            if sub is not None:
+                try:
+                    opened.append((o2.openat2(fd, sub, RDIR_NOFOLLOW, o2.UNDER_TARGET), sub))
+                except FileNotFoundError:
+                    pass
+                continue
+            _, done = opened.pop()
+            os.close(fd)
+            try:
+                os.rmdir(done, dir_fd=opened[-1][0] if opened else parent_fd)
+            except FileNotFoundError:
+                pass
+    finally:
+        for fd, _ in opened:
+            os.close(fd)
 
 
 def _unlink(path: str) -> None:

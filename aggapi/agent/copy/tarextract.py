@@ -15,10 +15,21 @@ rename; the temp names keep a crash before that invisible. syncfs also waits for
 whatever else is dirty on that file system (other pods' writes on a busy node): the
 price of one journal commit instead of one per file. Consecutive entries of one
 directory share one openat2 of it.
+
+A target that does not exist yet is built whole in a private directory beside it
+(:func:`open_target_dir`: a recorded temp name, mode 0700), its files created under
+their own names (no temp name, no check for what they replace, no rename each: nothing
+else is in there), and published by :meth:`TarExtractor.commit` with one syncfs and ONE
+renameat2(RENAME_NOREPLACE) of the directory: the tree appears at once, complete and
+durable, or not at all. A failure, or a crash (:mod:`aggapi.agent.copy.cleanup`),
+removes the private tree.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
+import logging
 import os
 import stat
 from dataclasses import dataclass
@@ -33,14 +44,30 @@ from aggapi.agent.copy.atomic import (
     rmdir_quiet,
     unlink_quiet,
 )
-from aggapi.agent.copy.cleanup import InflightRecord
+from aggapi.agent.copy.cleanup import InflightRecord, remove_tree
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.fs import syncfs
 from aggapi.fs.dirfd import descend
 from aggapi.status import StatusError
 
+log = logging.getLogger(__name__)
+
 RDIR = os.O_RDONLY | os.O_DIRECTORY
+
+
+@functools.cache
+def target_mode() -> int:
+    """The mode a target directory the upload creates gets: 0755 less the agent's umask,
+    as a plain mkdir gives (read from procfs: os.umask would change it for all threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o755 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o755 & ~0o022
 
 
 def close_file(af: AtomicFile) -> None:
@@ -74,8 +101,12 @@ class TarExtractor:
     """Blocking per-entry operations, relative to an open target directory fd."""
 
     def __init__(self, root: FsRoot, record: InflightRecord, target_fd: int, target: str,
-                 params: UploadParams) -> None:
+                 params: UploadParams, *, fresh: str | None = None) -> None:
         self.root = root
+        # The private tree's temp name beside the target (open_target_dir made it; target_fd
+        # is on it), published by commit; None: extracting into an existing directory.
+        self.fresh = fresh
+        self.published = False
         self.record = record
         self.target_fd = target_fd
         self.target = target.rstrip("/")
@@ -124,6 +155,11 @@ class TarExtractor:
             return o2.openat2(self.target_fd, rel or ".", RDIR, o2.UNDER_TARGET)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            # In a private tree a file or symlink entry is already under its name: the
+            # walk below refuses it as the temp-named one would be (_mkdir).
+            if self.fresh is None or exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
         comps = rel.split("/")
 
         def step(fd: int, i: int) -> int:
@@ -158,7 +194,8 @@ class TarExtractor:
         parent, _, name = rel.rpartition("/")
         pfd = self.open_parent(parent)
         try:
-            check_replaceable(pfd, name, self._full(rel), self.params.overwrite)
+            if self.fresh is None:  # a private tree holds only this tar's entries
+                check_replaceable(pfd, name, self._full(rel), self.params.overwrite)
             old = self.pending.pop(rel, None)  # a later entry of the same name wins
             if old is not None:
                 unlink_quiet(pfd, old.tmp)
@@ -167,6 +204,16 @@ class TarExtractor:
             os.close(pfd)
             raise
         return pfd, parent, name
+
+    def _new_name(self, parent: str) -> str | None:
+        """A temp name for a new entry in ``parent``; None in a private tree (its own)."""
+        return self.record.temp_name(self._full(parent)) if self.fresh is None else None
+
+    def _taken(self, pfd: int, rel: str) -> None:
+        """A new entry's name exists in a private tree: only a directory entry of this
+        tar can be there, refused as in an existing target; anything else is re-raised."""
+        name = rel.rpartition("/")[2]
+        check_replaceable(pfd, name, self._full(rel), self.params.overwrite)
 
     def mkdir(self, rel: str, mode: int) -> None:
         parent, _, name = rel.rpartition("/")
@@ -179,7 +226,15 @@ class TarExtractor:
     def begin_file(self, rel: str) -> AtomicFile:
         pfd, parent, name = self._slot(rel)
         try:
-            af = AtomicFile(self.root, self.record, pfd, self._full(parent), name)
+            af = AtomicFile(self.root, self.record, pfd, self._full(parent), name,
+                            temp=self.fresh is None)
+        except FileExistsError:
+            try:
+                if self.fresh is not None:
+                    self._taken(pfd, rel)
+            finally:
+                os.close(pfd)
+            raise
         except BaseException:
             os.close(pfd)
             raise
@@ -209,8 +264,12 @@ class TarExtractor:
             raise StatusError(400, f"tar entry {rel!r}: invalid symlink target")
         pfd, parent, name = self._slot(rel)
         try:
-            tmp = self.record.temp_name(self._full(parent))
-            os.symlink(target, tmp, dir_fd=pfd)
+            tmp = self._new_name(parent) or name
+            try:
+                os.symlink(target, tmp, dir_fd=pfd)
+            except FileExistsError:
+                self._taken(pfd, rel)
+                raise
             self.pending[rel] = _Pending(parent, tmp, name, False)
             os.chown(tmp, *self._ids(None, None), dir_fd=pfd, follow_symlinks=False)
         finally:
@@ -234,8 +293,12 @@ class TarExtractor:
                 raise StatusError(409, f"tar entry {rel!r}: link source changed under us")
             pfd, parent, name = self._slot(rel)
             try:
-                tmp = self.record.temp_name(self._full(parent))
-                o2.link_fd(fd, pfd, tmp)
+                tmp = self._new_name(parent) or name
+                try:
+                    o2.link_fd(fd, pfd, tmp)
+                except FileExistsError:
+                    self._taken(pfd, rel)
+                    raise
                 self.pending[rel] = _Pending(parent, tmp, name, True)
                 self.files[rel] = want
             finally:
@@ -245,8 +308,12 @@ class TarExtractor:
 
     def commit(self) -> None:
         """Make the unsynced files durable, then rename every temp into place, in tar
-        order. A failing syncfs (a writeback error) fails the copy before any rename."""
+        order. A failing syncfs (a writeback error) fails the copy before any rename.
+        A private tree is published instead, by one rename (:meth:`_publish`)."""
         self.root.ensure_alive()
+        if self.fresh is not None:
+            self._publish(self.fresh)
+            return
         for fd in self.sync_fds.values():
             syncfs.syncfs(fd)
         while self.pending:
@@ -264,6 +331,33 @@ class TarExtractor:
                 os.close(pfd)
             del self.pending[rel]
 
+    def _publish(self, tmp: str) -> None:
+        """The private tree's final mode, then one syncfs per file system (its files,
+        directories and names durable), then one no-replace rename to the target name."""
+        os.fchmod(self.target_fd, target_mode())
+        st = os.fstat(self.target_fd)
+        if st.st_dev not in self.sync_fds:
+            self.sync_fds[st.st_dev] = os.dup(self.target_fd)
+        for fd in self.sync_fds.values():
+            syncfs.syncfs(fd)
+        parent, name = split_parent(self.target)
+        pfd = self.root.open(parent, RDIR)
+        try:
+            now = os.stat(tmp, dir_fd=pfd, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise StatusError(409, f"{self.target}: the upload's private directory was "
+                                  "moved during the upload; nothing published")
+            try:
+                o2.renameat2(pfd, tmp, pfd, name, o2.RENAME_NOREPLACE)
+            except FileExistsError:
+                raise StatusError(409, f"{self.target}: created by someone else during the "
+                                  "upload; left as it is, nothing published") from None
+        finally:
+            os.close(pfd)
+        self.published = True
+        self.pending.clear()
+        self.created.clear()
+
     def close(self) -> None:
         """Close the fds held between entries (after commit or rollback)."""
         held = list(self.sync_fds.values())
@@ -274,6 +368,12 @@ class TarExtractor:
             os.close(fd)
 
     def rollback(self) -> None:
+        if self.fresh is not None:  # the private tree goes whole (never once published)
+            self.pending.clear()
+            self.created.clear()
+            if not self.published:
+                _remove_created_target(self.root, self.target, self.fresh)
+            return
         for p in self.pending.values():
             try:
                 pfd = self.open_parent(p.parent)
@@ -293,29 +393,49 @@ class TarExtractor:
             rmdir_quiet(pfd, name)
 
 
-def open_target_dir(root: FsRoot, path: str) -> tuple[int, str | None]:
-    """(fd, name we created or None) of the tar's target directory; creates one level."""
+def open_target_dir(root: FsRoot, path: str, record: InflightRecord
+                    ) -> tuple[int, str | None]:
+    """(fd, None) of the tar's target directory; if it does not exist (its parent must),
+    (fd, temp name) of a private directory made beside it (recorded first, mode 0700,
+    owned as the target will be) for TarExtractor(fresh=) to build the tree in."""
     try:
         return root.open(path, RDIR), None
     except FileNotFoundError:
         pass
     parent, name = split_parent(path)
+    check_name(name)
     pfd = root.open(parent, RDIR)
     try:
-        os.mkdir(name, 0o755, dir_fd=pfd)
-        fd = o2.openat2(pfd, name, RDIR | os.O_NOFOLLOW, o2.UNDER_TARGET)
-        os.fchown(fd, *root.default_ids())
-        return fd, name
+        tmp = record.temp_name(parent)
+        os.mkdir(tmp, 0o700, dir_fd=pfd)
+        try:
+            fd = o2.openat2(pfd, tmp, RDIR | os.O_NOFOLLOW, o2.UNDER_TARGET)
+            try:
+                os.fchown(fd, *root.default_ids())
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            rmdir_quiet(os.dup(pfd), tmp)
+            raise
+        return fd, tmp
     finally:
         os.close(pfd)
 
 
-def _remove_created_target(root: FsRoot, path: str, name: str | None) -> None:
-    if name is None:
+def _remove_created_target(root: FsRoot, path: str, tmp: str | None) -> None:
+    """Remove the private tree ``tmp`` beside ``path`` (open_target_dir's), if still there."""
+    if tmp is None:
         return
     parent, _ = split_parent(path)
     try:
         pfd = root.open(parent, RDIR)
     except OSError:
         return
-    rmdir_quiet(pfd, name)
+    try:
+        remove_tree(pfd, tmp)
+    except OSError as exc:  # the crash clean-up (the record) comes back for it
+        log.warning("upload's private tree %s/%s in %s not removed: %s", parent.rstrip("/"),
+                    tmp, root.container_id, exc)
+    finally:
+        os.close(pfd)

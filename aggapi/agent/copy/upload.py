@@ -194,11 +194,14 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
     limits = state.limits
     record = InflightRecord(limits.state_dir, root)
     try:
-        target_fd, made = await call(state.workers, open_target_dir, root, path,
+        target_fd, made = await call(state.workers, open_target_dir, root, path, record,
                                      undo=functools.partial(_undo_target, root, path))
-    except OSError as exc:
-        raise fs_status(exc, path) from exc
-    ex = TarExtractor(root, record, target_fd, path, params)
+    except BaseException as exc:  # a new target's record may exist already: close it
+        await settle(run(record.done))
+        if isinstance(exc, OSError):
+            raise fs_status(exc, path) from exc
+        raise
+    ex = TarExtractor(root, record, target_fd, path, params, fresh=made)
     # The loop only receives and counts; parsing and extraction happen in workers
     # (untar.TarSink), a batch of about a MiB at a time.
     sink = TarSink(ex, root, limits, headers_only=params.sha256_headers)
@@ -227,8 +230,21 @@ async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream
                               "(tar entries are resolved without following symlinks)") from exc
         raise fs_status(exc, path) from exc
     finally:
+        # One call: settle re-raises a cancellation once its step is done, which would
+        # skip the steps after it (the fd and the record stayed open).
+        await settle(run(_end_tar, ex, root, path, made, target_fd, record, ok))
+
+
+def _end_tar(ex: TarExtractor, root: FsRoot, path: str, made: str | None, target_fd: int,
+             record: InflightRecord, ok: bool) -> None:
+    try:
         if not ok:
-            await settle(run(ex.rollback))
-            await settle(run(_remove_created_target, root, path, made))
-        await settle(run(ex.close))
-        await settle(run(_close_record, target_fd, record))
+            try:
+                ex.rollback()
+            finally:
+                _remove_created_target(root, path, made)
+    finally:
+        try:
+            ex.close()
+        finally:
+            _close_record(target_fd, record)

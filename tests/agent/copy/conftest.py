@@ -27,7 +27,7 @@ from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.handlers import CopyHandlers
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.state import CopyState
-from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
+from aggapi.agent.copy.tarextract import TarExtractor, _remove_created_target, open_target_dir
 from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.agent.copy.workers import Workers
@@ -288,14 +288,14 @@ def snapshot(path: Path) -> dict[str, bytes | str]:
 
 def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 1 << 20
                 ) -> None:
-    """Extract ``raw`` into ``root_dir``/dst (which must not exist yet) as upload_tar
-    does, fed ``chunk`` bytes at a time, in this thread; raises its refusal."""
+    """Extract ``raw`` into ``root_dir``/dst (built privately and published if missing)
+    as upload_tar does, fed ``chunk`` bytes at a time, in this thread; raises its
+    refusal."""
     root = FsRoot(os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
                   container_id="extract")
     record = InflightRecord(limits.state_dir, root)
-    target_fd, made = open_target_dir(root, "/dst")
-    assert made is None
-    ex = TarExtractor(root, record, target_fd, "/dst", UploadParams())
+    target_fd, made = open_target_dir(root, "/dst", record)
+    ex = TarExtractor(root, record, target_fd, "/dst", UploadParams(), fresh=made)
     sink = TarSink(ex, root, limits)
     ok = False
     try:
@@ -308,6 +308,7 @@ def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 
         sink.abort()
         if not ok:
             ex.rollback()
+            _remove_created_target(root, "/dst", made)
         ex.close()
         os.close(target_fd)
         record.done()

@@ -42,8 +42,8 @@ class Setup:
         self.root = FsRoot(os.open(tmp / "root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
                            container_id="dur")
         self.limits = CopyLimits(state_dir=str(tmp / "state"))
-        self.fd, _ = open_target_dir(self.root, "/dst")
         self.record = InflightRecord(self.limits.state_dir, self.root)
+        self.fd, _ = open_target_dir(self.root, "/dst", self.record)
         self.ex = TarExtractor(self.root, self.record, self.fd, "/dst", UploadParams())
         self.sink = TarSink(self.ex, self.root, self.limits, pause=lambda: None)
 

@@ -38,10 +38,10 @@ def make_sink(tmp_path: Path) -> Iterator[Callable[..., TarSink]]:
     fds: list[int] = [root.root_fd]
 
     def make(**kw: Any) -> TarSink:
-        fd, _ = open_target_dir(root, "/dst")
+        record = InflightRecord(limits.state_dir, root)
+        fd, _ = open_target_dir(root, "/dst", record)
         fds.append(fd)
-        ex = TarExtractor(root, InflightRecord(limits.state_dir, root), fd, "/dst",
-                          UploadParams())
+        ex = TarExtractor(root, record, fd, "/dst", UploadParams())
         return TarSink(ex, root, limits, **kw)
 
     yield make
