@@ -286,22 +286,25 @@ def snapshot(path: Path) -> dict[str, bytes | str]:
     return out
 
 
-def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 1 << 20
-                ) -> None:
+def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 1 << 20,
+                headers_digest: str | None = None) -> None:
     """Extract ``raw`` into ``root_dir``/dst (built privately and published if missing)
     as upload_tar does, fed ``chunk`` bytes at a time, in this thread; raises its
-    refusal."""
+    refusal. With ``headers_digest``, as under sha256=headers:<it>: the stream's headers
+    digest is compared before the commit."""
     root = FsRoot(os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
                   container_id="extract")
     record = InflightRecord(limits.state_dir, root)
     target_fd, made = open_target_dir(root, "/dst", record)
     ex = TarExtractor(root, record, target_fd, "/dst", UploadParams(), fresh=made)
-    sink = TarSink(ex, root, limits)
+    sink = TarSink(ex, root, limits, headers_only=headers_digest is not None)
     ok = False
     try:
         for i in range(0, len(raw), chunk):
             sink.feed_many([raw[i:i + chunk]])
         sink.finish()
+        if headers_digest is not None and sink.hash.hexdigest() != headers_digest:
+            raise StatusError(400, "sha256 mismatch")
         ex.commit()
         ok = True
     finally:

@@ -23,18 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggapi import wire
-from aggapi.agent.copy.cleanup import InflightRecord
-from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
-from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
-from aggapi.agent.copy.untar import TarSink
-from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.client import packtar
 from aggapi.status import StatusError
 from aggapi.tar import stream as ts
 from aggapi.tar.entrydigest import ANNOUNCEMENT, record
 from aggapi.tar.parse import TarError
-from tests.agent.copy.conftest import snapshot, temp_leftovers
+from tests.agent.copy.conftest import extract_tar, snapshot, temp_leftovers
 from tests.filetrees import read_tree, trees, write_tree
 from tests.tarcraft import headers_digest, pax_tar
 
@@ -53,36 +48,6 @@ async def apack(src: Path) -> tuple[bytes, str]:
 
 def pack(src: Path) -> tuple[bytes, str]:
     return asyncio.run(apack(src))
-
-
-def upload_check(root_dir: Path, raw: bytes, claim: str, chunk: int) -> None:
-    """``raw`` into ``root_dir``/dst as upload_tar runs it under sha256=headers:<claim>:
-    fed ``chunk`` bytes at a time, the headers digest compared before the commit;
-    raises its refusal (and rolls back)."""
-    limits = CopyLimits(state_dir=str(root_dir.parent / "state"))
-    root = FsRoot(os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
-                  container_id="headers")
-    record_ = InflightRecord(limits.state_dir, root)
-    target_fd, _ = open_target_dir(root, "/dst")
-    ex = TarExtractor(root, record_, target_fd, "/dst", UploadParams())
-    sink = TarSink(ex, root, limits, headers_only=True)
-    ok = False
-    try:
-        for i in range(0, len(raw), chunk):
-            sink.feed_many([raw[i:i + chunk]])
-        sink.finish()
-        if sink.hash.hexdigest() != claim:
-            raise StatusError(400, "sha256 mismatch")
-        ex.commit()
-        ok = True
-    finally:
-        sink.abort()
-        if not ok:
-            ex.rollback()
-        ex.close()
-        os.close(target_fd)
-        record_.done()
-        os.close(root.root_fd)
 
 
 @PROPS
@@ -105,7 +70,8 @@ def test_the_headers_digest_accepts_exactly_the_unmodified_stream(
             body[flip[0] % len(body)] ^= flip[1]
         before = snapshot(tmp / "root" / "dst")
         try:
-            upload_check(tmp / "root", bytes(body), claim, chunk)
+            extract_tar(tmp / "root", bytes(body), CopyLimits(state_dir=str(tmp / "state")),
+                        chunk=chunk, headers_digest=claim)
             accepted = True
         except (StatusError, TarError):
             accepted = False
