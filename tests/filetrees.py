@@ -1,6 +1,6 @@
 """Arbitrary small file trees for the directory-copy property tests (both directions):
 a hypothesis strategy, writing one to disk, reading one back, and where each regular
-file's data sits in a tar."""
+file's data sits in a tar, and how many bytes of it were read."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import tarfile
 from pathlib import Path
 
+import pytest
 from hypothesis import strategies as st
 
 NAMES = st.sampled_from(["a", "b", "c", "dé", "x" * 120, "sp ace"])
@@ -60,3 +61,18 @@ def pax_records(raw: bytes) -> dict[str, dict[str, str]]:
     """Each member's PAX records (global ones included, as tarfile merges them)."""
     with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
         return {m.name: dict(m.pax_headers) for m in tf.getmembers()}
+
+
+class PreadCounter:
+    """The bytes ``os.pread`` returns while installed: how often a file was read."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bytes = 0
+        real = os.pread
+
+        def counted(fd: int, n: int, off: int) -> bytes:
+            got = real(fd, n, off)
+            self.bytes += len(got)
+            return got
+
+        monkeypatch.setattr(os, "pread", counted)

@@ -30,13 +30,16 @@ PROPS = settings(max_examples=40, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def walk(src: Path, chunk: int = download.CHUNK) -> bytes:
-    """The agent's download tar of ``src``; files above ``chunk`` bytes are read twice."""
+def walk(src: Path, chunk: int = download.CHUNK, *, trailing: bool = False) -> bytes:
+    """The agent's download tar of ``src``: each file's digest in its own entry (files
+    above ``chunk`` bytes read twice), or with ``trailing`` on the entry after it
+    (digest=trailer, each file read once)."""
     saved, download.CHUNK = download.CHUNK, chunk
     root = FsRoot(os.open(src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), container_id="t")
     dfd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        walker = download.TarWalker(root, dfd, CopyLimits(state_dir="/nonexistent"))
+        walker = download.TarWalker(root, dfd, CopyLimits(state_dir="/nonexistent"),
+                                    trailing=trailing)
         return b"".join(walker.chunks())
     finally:
         download.CHUNK = saved
@@ -78,13 +81,14 @@ def test_any_tree_round_trips_with_a_digest_per_file(tree: dict[str, bytes],
 
 
 @PROPS
-@given(trees(min_files=1).filter(lambda t: any(t.values())), st.data())
-def test_any_flipped_data_byte_is_caught_and_nothing_placed(tree: dict[str, bytes],
-                                                           data: st.DataObject) -> None:
+@given(trees(min_files=1).filter(lambda t: any(t.values())), st.booleans(), st.data())
+def test_any_flipped_data_byte_is_caught_and_nothing_placed(
+        tree: dict[str, bytes], trailing: bool, data: st.DataObject) -> None:
+    """Whether each digest comes before its file or after it (digest=trailer)."""
     tmp = Path(tempfile.mkdtemp(prefix="dl-digests-"))
     try:
         write_tree(tmp / "src", tree)
-        raw = bytearray(walk(tmp / "src"))
+        raw = bytearray(walk(tmp / "src", trailing=trailing))
         name, off, size = data.draw(st.sampled_from(data_spans(bytes(raw))))
         raw[off + data.draw(st.integers(0, size - 1))] ^= data.draw(st.integers(1, 255))
         with pytest.raises(IntegrityError, match=re.escape(f"sha256 mismatch for '{name}'")):

@@ -19,7 +19,7 @@ from aggapi.agent.copy import digests
 from aggapi.client.extract import extract_dir
 from aggapi.tar.entrydigest import TRAILING_ANNOUNCEMENT
 from aggapi.tar.stream import TarReader
-from tests.filetrees import read_tree, write_tree
+from tests.filetrees import PreadCounter, read_tree, write_tree
 
 MiB = 1 << 20
 TRAILER = {wire.PARAM_DIGEST: wire.DIGEST_TRAILER}
@@ -80,19 +80,10 @@ async def test_each_byte_is_read_once(cc: Any, plain: tuple[Path, Path],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Hashed as it is sent: the file is read once (today's form reads it twice)."""
     data = _file(plain[0], 5 * MiB + 7)
-    read = 0
-    pread = os.pread
-
-    def counted(fd: int, n: int, off: int) -> bytes:
-        nonlocal read
-        got = pread(fd, n, off)
-        read += len(got)
-        return got
-
-    monkeypatch.setattr(os, "pread", counted)
+    read = PreadCounter(monkeypatch)
     r = await cc.get("/f", query=TRAILER)
     assert await r.read() == data + hashlib.sha256(data).digest()
-    assert read == len(data)
+    assert read.bytes == len(data)
 
 
 async def test_a_digest_taken_while_sending_is_cached_for_the_next_download(
