@@ -30,7 +30,8 @@ async def test_in_flight_pull_lists_the_pods_waiting_for_it(
             async with stack.session().get(f"{GV}/nodes/{NODE}/imagepulls") as resp:
                 assert resp.status == 200, await resp.text()
                 view = await resp.json()
-            if view.get("pulls") and view["pulls"][0]["progress"] > 0:
+            # progress is null until the agent has seen the pull's first bytes
+            if view.get("pulls") and (view["pulls"][0]["progress"] or 0) > 0:
                 break
             await asyncio.sleep(0.1)
         assert view["kind"] == "NodeImagePulls" and view["node"] == NODE
