@@ -369,14 +369,7 @@ class TarWalker:
             h = hashlib.sha256()
             yield from _hash_steps(fd, size, h)
             yield self._header(rel, ts.REG, size=size, **common, records=record(h.hexdigest()))
-            off = 0
-            while off < size:
-                data = os.pread(fd, min(CHUNK, size - off), off)
-                if not data:  # shrank under us: keep the archive well-formed
-                    data = self._shrank(rel, b"", min(CHUNK, size - off))
-                off += len(data)
-                yield data
-            yield ts.pad(size)
+            yield from self._data(fd, rel, size)
         finally:
             os.close(fd)
 
@@ -386,16 +379,23 @@ class TarWalker:
         its digest is owed to the next entry."""
         yield self._header(rel, ts.REG, size=size, **common)
         h = hashlib.sha256()
+        yield from self._data(fd, rel, size, h)
+        self.owed = h.hexdigest()
+
+    def _data(self, fd: int, rel: str, size: int, h: hashlib._Hash | None = None
+              ) -> Iterator[bytes]:
+        """A regular file's data, a chunk at a time, then its padding; hashed into ``h``
+        as it is read, if given."""
         off = 0
         while off < size:
             data = os.pread(fd, min(CHUNK, size - off), off)
             if not data:  # shrank under us: keep the archive well-formed
                 data = self._shrank(rel, b"", min(CHUNK, size - off))
-            h.update(data)
+            if h is not None:
+                h.update(data)
             off += len(data)
             yield data
         yield ts.pad(size)
-        self.owed = h.hexdigest()
 
     def _shrank(self, rel: str, data: bytes, size: int) -> bytes:
         self.skip(rel, "file", "shrank while being read; padded with zeros")
