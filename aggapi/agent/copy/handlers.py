@@ -285,14 +285,15 @@ async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
         # the head) unless its digest is cached, which then goes up front as always.
         # Only for a range that runs to the end: the trailer is the whole file's.
         trailer: Pending | None = None
+        cached: str | None = None
         if _wants_trailer(request) and last == size - 1:
             cached = await state.workers.run(state.digests.cached, fd)
             if cached is None:
                 trailer = await state.workers.run(state.digests.start, fd)
         headers = {**_stat_header(root, t), "Accept-Ranges": "bytes", "ETag": tag,
                    "Content-Type": "application/octet-stream"}
-        if trailer is None:
-            headers.update(_digest_headers(await _digest(state, fd)))
+        if trailer is None:  # (the cache was just asked: no second lookup)
+            headers.update(_digest_headers(cached or await _digest(state, fd)))
         else:
             headers[wire.HEADER_SHA256] = wire.DIGEST_TRAILER
             await _hash_prefix(request, state, root, fd, first, trailer)
