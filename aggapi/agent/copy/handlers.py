@@ -59,6 +59,7 @@ import stat as st_
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -166,6 +167,26 @@ def _sha256_claim(value: str | None, tar: bool) -> tuple[str | None, bool, bool]
     return hex_, trailer, headers
 
 
+@dataclass(frozen=True)
+class DownloadParams:
+    # digest=trailer: each file's sha256 follows its data (wire.DIGEST_TRAILER).
+    trailer: bool = False
+    # symlink=keep: a symlink at the path is sent as the link itself.
+    keep_symlink: bool = False
+
+
+def download_params(request: web.Request) -> DownloadParams:
+    """The download's options, parsed before the container is looked at: a bad value
+    is a 400 whatever the path holds."""
+    digest = request.query.get(wire.PARAM_DIGEST)
+    if digest is not None and digest != wire.DIGEST_TRAILER:
+        raise StatusError(400, f"{wire.PARAM_DIGEST} must be {wire.DIGEST_TRAILER}")
+    link = request.query.get(wire.PARAM_SYMLINK)
+    if link is not None and link != wire.SYMLINK_KEEP:
+        raise StatusError(400, f"{wire.PARAM_SYMLINK} must be {wire.SYMLINK_KEEP}")
+    return DownloadParams(trailer=digest is not None, keep_symlink=link is not None)
+
+
 @asynccontextmanager
 async def _container(state: CopyState, cap: Capability, name: str) -> AsyncIterator[FsRoot]:
     root = await state.resolver.resolve(cap.pod_uid, name)
@@ -265,15 +286,8 @@ def _abort(request: web.Request, why: str) -> ConnectionResetError:
     return ConnectionResetError(why)
 
 
-def _wants_trailer(request: web.Request) -> bool:
-    want = request.query.get(wire.PARAM_DIGEST)
-    if want is not None and want != wire.DIGEST_TRAILER:
-        raise StatusError(400, f"{wire.PARAM_DIGEST} must be {wire.DIGEST_TRAILER}")
-    return want is not None
-
-
 async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
-                     t: dl.Target) -> web.StreamResponse:
+                     t: dl.Target, want_trailer: bool) -> web.StreamResponse:
     async with _opened(state, t, dl.open_regular) as fd:
         state.slots.check_size(t.st.st_size)
         size = t.st.st_size
@@ -286,7 +300,7 @@ async def _send_file(request: web.Request, state: CopyState, root: FsRoot,
         # Only for a range that runs to the end: the trailer is the whole file's.
         trailer: Pending | None = None
         cached: str | None = None
-        if _wants_trailer(request) and last == size - 1:
+        if want_trailer and last == size - 1:
             cached = await state.workers.run(state.digests.cached, fd)
             if cached is None:
                 trailer = await state.workers.run(state.digests.start, fd)
@@ -389,10 +403,10 @@ async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
 
 
 async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
-                    t: dl.Target) -> web.StreamResponse:
+                    t: dl.Target, trailing: bool) -> web.StreamResponse:
     async with _opened(state, t, dl.open_dir) as dfd:
         await call(state.workers, dl.measure, dfd, state.limits)
-        walker = dl.TarWalker(root, dfd, state.limits, trailing=_wants_trailer(request))
+        walker = dl.TarWalker(root, dfd, state.limits, trailing=trailing)
         gen = walker.chunks()
         try:
             resp = web.StreamResponse(status=200, headers={
@@ -418,13 +432,10 @@ async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
             await settle(state.workers.run(gen.close))
 
 
-def _symlink_wanted(request: web.Request, path: str, link: str | None) -> None:
+def _symlink_wanted(params: DownloadParams, path: str, link: str | None) -> None:
     """A download of a symlink sends the link only when asked to (symlink=keep)."""
-    want = request.query.get(wire.PARAM_SYMLINK)
-    if want == wire.SYMLINK_KEEP:
+    if params.keep_symlink:
         return
-    if want is not None:
-        raise StatusError(400, f"{wire.PARAM_SYMLINK} must be {wire.SYMLINK_KEEP}")
     to = f" to {link!r}" if link else ""
     raise StatusError(409, f"{path}: is a symbolic link{to}; not followed. Ask for the link "
                       f"itself with {wire.PARAM_SYMLINK}={wire.SYMLINK_KEEP} (kubectl ncp -P)")
@@ -452,17 +463,18 @@ class CopyHandlers:
         cap = _capability(request, wire.OP_COPY_DOWNLOAD)
         state = self.state
         container, path = _target(request, cap)
+        params = download_params(request)
         request[PACE] = MinRate(state.limits.min_rate, state.limits.rate_window)
         with state.slots.slot(cap.pod_uid, cap.pod_namespace):
             async with _container(state, cap, container) as root:
                 path = await state.workers.run(root.absolute, path)
                 async with _lookup(state, root, path) as t:
                     if st_.S_ISDIR(t.st.st_mode):
-                        return await _send_dir(request, state, root, t)
+                        return await _send_dir(request, state, root, t, params.trailer)
                     if st_.S_ISLNK(t.st.st_mode):
-                        _symlink_wanted(request, path, t.link)
+                        _symlink_wanted(params, path, t.link)
                         return web.Response(status=200, headers=_stat_header(root, t))
-                    return await _send_file(request, state, root, t)
+                    return await _send_file(request, state, root, t, params.trailer)
 
     async def upload(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_UPLOAD)

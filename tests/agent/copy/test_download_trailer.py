@@ -100,10 +100,20 @@ async def test_a_digest_taken_while_sending_is_cached_for_the_next_download(
     assert await again.read() == data
 
 
-async def test_an_unknown_digest_form_is_400(cc: Any, plain: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("path", ["/f", "/d", "/missing"])
+@pytest.mark.parametrize(("key", "value", "message"), [
+    (wire.PARAM_DIGEST, "header", "digest must be trailer"),
+    (wire.PARAM_SYMLINK, "follow", "symlink must be keep"),
+])
+async def test_an_unknown_option_is_400_whatever_the_path_holds(
+        cc: Any, plain: tuple[Path, Path], path: str, key: str, value: str,
+        message: str) -> None:
+    """Parsed with the request's other parameters, before the container is looked at:
+    a file, a directory, or nothing at all."""
     _file(plain[0], 10)
-    r = await cc.get("/f", query={wire.PARAM_DIGEST: "header"})
-    assert r.status == 400 and "digest must be trailer" in (await r.json())["message"]
+    (plain[0] / "d").mkdir()
+    r = await cc.get(path, query={key: value})
+    assert r.status == 400 and message in (await r.json())["message"]
 
 
 async def test_a_directory_asked_with_digest_trailer_trails_each_files_sha256(
