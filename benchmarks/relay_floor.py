@@ -10,15 +10,22 @@ the relay's CPU-seconds per GiB, two ways:
               writes the sockets itself (no BIO copies), what issue 27's design change
               "bulk bytes on blocking SSLSockets in worker threads" would do
 
-Run: ``python3 -m benchmarks.relay_floor [--size-mib 1024] [--chunk-kib 1024]``. No
-cluster, no lock; prints the figures, asserts nothing.
+And a bare agent, the same two ways: a process that reads a file (``pread`` into a
+fresh buffer, in a worker thread on uvloop as the agent does), hashes it (sha256) and
+sends it over TLS to the blocking receiver.
+
+Run: ``python3 -m benchmarks.relay_floor [--size-mib 1024] [--chunk-kib 1024] [--dir
+/dev/shm]`` (the agent's file is made in ``--dir``). No cluster, no lock; prints the
+figures, asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -115,10 +122,63 @@ def _blocking_relay(d: Path, port_file: Path, up_port: int, size: int,
     return {"cpu": _cpu() - cpu0}
 
 
+def _read_hashed(fd: int, off: int, n: int, h: Any) -> memoryview:
+    buf = bytearray(n)  # fresh: the transport may still hold the previous one
+    got = os.preadv(fd, [buf], off)
+    view = memoryview(buf)[:got]
+    h.update(view)
+    return view
+
+
+async def _uvloop_agent(d: Path, path: Path, up_port: int, size: int,
+                        chunk: int) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    r, w = await asyncio.open_connection("127.0.0.1", up_port, ssl=_client_ctx(d),
+                                         server_hostname="localhost")
+    fd = os.open(path, os.O_RDONLY)
+    h = hashlib.sha256()
+    cpu0 = _cpu()
+    off = 0
+    while off < size:
+        view = await loop.run_in_executor(None, _read_hashed, fd, off,
+                                          min(chunk, size - off), h)
+        w.write(view)
+        off += len(view)
+        await w.drain()
+    await r.readexactly(1)
+    os.close(fd)
+    return {"cpu": _cpu() - cpu0, "sha256": h.hexdigest()}
+
+
+def _blocking_agent(d: Path, path: Path, up_port: int, size: int,
+                    chunk: int) -> dict[str, Any]:
+    raw = socket.create_connection(("127.0.0.1", up_port))
+    fd = os.open(path, os.O_RDONLY)
+    h = hashlib.sha256()
+    cpu0 = _cpu()
+    with _client_ctx(d).wrap_socket(raw, server_hostname="localhost") as s:
+        buf = memoryview(bytearray(chunk))
+        off = 0
+        while off < size and (got := os.preadv(fd, [buf[:min(chunk, size - off)]], off)):
+            h.update(buf[:got])
+            s.sendall(buf[:got])
+            off += got
+        s.recv(1)
+    os.close(fd)
+    return {"cpu": _cpu() - cpu0, "sha256": h.hexdigest()}
+
+
 def _relay_side(argv: list[str]) -> None:
     mode, d, port_file, up_port, size, chunk = argv
     args = (Path(d), Path(port_file), int(up_port), int(size), int(chunk))
-    if mode == "uvloop":
+    if mode.startswith("agent"):  # port_file is the file to send
+        if mode == "agent-uvloop":
+            import uvloop
+
+            out = uvloop.run(_uvloop_agent(*args))
+        else:
+            out = _blocking_agent(*args)
+    elif mode == "uvloop":
         import uvloop
 
         out = uvloop.run(_uvloop_relay(*args))
@@ -163,6 +223,38 @@ def relay(mode: str, size: int, chunk: int) -> dict[str, float]:
                 "MiB_per_s": round(size / MiB / took, 1)}
 
 
+def agent(mode: str, size: int, chunk: int, where: Path) -> dict[str, float]:
+    """The bare agent ``mode`` (uvloop, blocking) sending a file of ``size`` random bytes
+    made in ``where``; its sha256 is checked against the file's."""
+    with tempfile.TemporaryDirectory(prefix="relay-floor-") as td, \
+            tempfile.NamedTemporaryFile(dir=where, prefix="relay-floor-") as f:
+        d = Path(td)
+        _certs(d)
+        want = hashlib.sha256()
+        for off in range(0, size, MiB):
+            block = os.urandom(min(MiB, size - off))
+            f.write(block)
+            want.update(block)
+        f.flush()
+        recv = subprocess.Popen([sys.executable, "-m", "benchmarks.tls_floor", "--side",
+                                 "blocking", "recv", str(d), str(d / "recv"), str(size),
+                                 str(chunk)], stdout=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        snd = subprocess.run([sys.executable, "-m", "benchmarks.relay_floor", "--side",
+                              f"agent-{mode}", str(d), f.name, _port(d / "recv", recv),
+                              str(size), str(chunk)], capture_output=True, text=True,
+                             check=True)
+        out_recv, _ = recv.communicate(timeout=60)
+        took = time.monotonic() - t0
+        r, a = json.loads(out_recv), json.loads(snd.stdout)
+        if r["bytes"] != size or a["sha256"] != want.hexdigest():
+            raise SystemExit(f"relay_floor: agent {mode}: {r['bytes']} of {size} bytes, "
+                             f"sha256 {'ok' if a['sha256'] == want.hexdigest() else 'wrong'}")
+        gib = size / GiB
+        return {"agent": round(a["cpu"] / gib, 3), "receiver": round(r["cpu"] / gib, 3),
+                "MiB_per_s": round(size / MiB / took, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--side"]:
@@ -172,17 +264,25 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--chunk-kib", type=int, default=1024)
+    ap.add_argument("--dir", type=Path, default=Path("/dev/shm"),
+                    help="where the bare agent's file is made")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    out = {m: relay(m, a.size_mib * MiB, a.chunk_kib * 1024) for m in ("uvloop", "blocking")}
+    size, chunk = a.size_mib * MiB, a.chunk_kib * 1024
+    out = {m: relay(m, size, chunk) for m in ("uvloop", "blocking")}
+    agents = {m: agent(m, size, chunk, a.dir) for m in ("uvloop", "blocking")}
     if a.json:
-        print(json.dumps(out))
+        print(json.dumps({"relay": out, "agent": agents}))
         return 0
     print(f"TLS relay (Python {sys.version.split()[0]}), CPU-s/GiB, relay between a "
           "blocking sender and receiver:")
     for m, r in out.items():
         print(f"  {m:9s} relay {r['relay']:.2f}  (receiver {r['receiver']:.2f}, sender "
               f"{r['sender']:.2f}, {r['MiB_per_s']:.0f} MiB/s)")
+    print("bare agent (pread + sha256 + TLS send to a blocking receiver), CPU-s/GiB:")
+    for m, r in agents.items():
+        print(f"  {m:9s} agent {r['agent']:.2f}  (receiver {r['receiver']:.2f}, "
+              f"{r['MiB_per_s']:.0f} MiB/s)")
     return 0
 
 
