@@ -10,6 +10,8 @@ APT_PKGS=(containerd runc docker-registry etcd-server busybox-static skopeo
 APT_PKGS+=(mmdebstrap buildah)
 # The harness's release registry: a bcrypt htpasswd file (htpasswd -B).
 APT_PKGS+=(apache2-utils)
+# benchmarks/perf_floors.py and its tests: perf samples, binutils to classify stripped code.
+APT_PKGS+=(linux-perf binutils)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
