@@ -16,6 +16,7 @@ Only argparse and :mod:`aggapi.plugins.common` are imported up front, so
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import stat
@@ -216,6 +217,10 @@ async def run(args: argparse.Namespace) -> int:
     )
     from aggapi.client.retry import Backoff
 
+    # What is loaded now (the modules, ~100k objects) lives until exit: out of the
+    # collector's sight, a collection during the copy does not walk it, nor does the one
+    # at exit (35 ms of a small copy's CPU otherwise).
+    gc.freeze()
     src_r, dst_r = parse_remote(args.src), parse_remote(args.dst)
     if (src_r is None) == (dst_r is None):
         raise UsageError("exactly one of SRC and DST must be [namespace/]pod:path")

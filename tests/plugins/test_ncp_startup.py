@@ -2,9 +2,11 @@
 time (issue 27, item 3; figures from benchmarks/bench_client_start.py).
 
 Run in a fresh interpreter against the fake cluster, as the plugin runs: rich (the
-progress bar) is not imported with -q, yaml not for a JSON kubeconfig, and aiohttp's
+progress bar) is not imported with -q, yaml not for a JSON kubeconfig, aiohttp's
 import-time default TLS contexts trust nothing, so the system's CA bundle is not read
-for them; the copy itself still verifies the server with the kubeconfig's CA.
+for them (the copy itself still verifies the server with the kubeconfig's CA), and the
+loaded modules are frozen out of the collector's walks (gc.freeze), the one at exit
+too.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from tests.client.fakeserver import FakeCluster
 REPO = Path(__file__).resolve().parents[2]
 
 DRIVER = """
-import json, os, sys
+import gc, json, os, sys
 from aggapi.plugins import ncp
 rc = ncp.main(sys.argv[1:])
 import aiohttp.connector as c  # (loaded by the copy already)
 print(json.dumps({
-    "rc": rc, "loaded": sorted(m for m in ("rich", "yaml") if m in sys.modules),
+    "rc": rc, "frozen": gc.get_freeze_count(),
+    "loaded": sorted(m for m in ("rich", "yaml") if m in sys.modules),
     "aiohttp_default_cas": c._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"],
     "env": [os.environ.get(k) for k in ("SSL_CERT_FILE", "SSL_CERT_DIR")]}))
 """
@@ -59,6 +62,7 @@ async def test_download_with_json_kubeconfig_loads_neither_rich_nor_yaml(
     res = await run_driver(cluster, cluster.kubeconfig(), tmp_path / "f.txt")
     assert res["rc"] == 0 and (tmp_path / "f.txt").read_text() == "hello\n"
     assert res["loaded"] == []
+    assert res["frozen"] > 10_000  # main: 0 (the imports alone are ~100k objects)
     assert res["aiohttp_default_cas"] == 0  # main: 1, the fake's CA read from the store
     assert res["env"] == res["expected_env"]  # the user's trust store settings, back
 
