@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.kube.kubeconfig import parse_document
+from aggapi.kube.kubeconfig import parse_document, ssl_context
 from tests.client.fakeserver import FakeCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,3 +96,12 @@ def test_parse_document_refuses_what_is_neither() -> None:
     for bad in ("{a: [", "{\"a\": 1", "key: value: other\n"):
         with pytest.raises(ValueError):
             parse_document(bad)
+
+
+def test_only_a_verifying_context_reads_the_trust_store(cluster: FakeCluster,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(cluster.ca_file))  # the "system" store
+    assert ssl_context().cert_store_stats()["x509_ca"] == 1
+    insecure = ssl_context(verify=False)  # --insecure-skip-tls-verify: checks nothing
+    assert insecure.cert_store_stats()["x509_ca"] == 0  # main: 1, read for nothing
+    assert insecure.verify_mode == ssl.CERT_NONE and not insecure.check_hostname
