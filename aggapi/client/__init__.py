@@ -1,5 +1,6 @@
 """Async Python client for aggapi's pod subresources (imagepullprogress, copy)."""
 
+import aggapi.client.aiohttp_import  # noqa: F401  (first: it imports aiohttp; see why there)
 from aggapi.client.connection import Connection, subresource_path
 from aggapi.client.copy import RemotePath, Result, download, stat_remote, upload_dir, upload_file
 from aggapi.client.errors import (

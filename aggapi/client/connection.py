@@ -41,6 +41,7 @@ from aggapi.kube.kubeconfig import (
     load_chain_from_memory,
     load_incluster,
     load_kubeconfig,
+    parse_document,
     ssl_context,
 )
 from aggapi.wire import GROUP_VERSION_PATH
@@ -83,8 +84,6 @@ def pick_kubeconfig(context: str | None) -> tuple[str | None, str | None]:
     them: the first current-context set wins, and the first file naming that context
     is used (each file is expected to hold its context's cluster and user); missing
     or unreadable files are skipped. (None, context): leave it to the default."""
-    import yaml  # PyYAML, as aggapi.kube.kubeconfig uses it
-
     paths = [p.strip() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep)
              if p.strip()]
     if len(paths) < 2:
@@ -93,8 +92,8 @@ def pick_kubeconfig(context: str | None) -> tuple[str | None, str | None]:
     for p in paths:
         try:
             with open(os.path.expanduser(p), encoding="utf-8") as f:
-                doc = yaml.safe_load(f)
-        except (OSError, yaml.YAMLError):
+                doc = parse_document(f.read())
+        except (OSError, ValueError):
             continue
         if isinstance(doc, dict):
             docs.append((p, doc))

@@ -138,6 +138,7 @@ class Extractor:
         self.files: dict[tuple[str, ...], tuple[int, int]] = {}
         self.dirs: dict[tuple[str, ...], tuple[int, int | None]] = {}  # applied last
         self.root_mode = 0o777
+        self.links = 0  # symlinks made: none (a source tree, usually), nothing to recheck
         self.complete = False
         self.result = ExtractResult(str(tmp))
         self.sync_each = not syncfs.available()  # else one syncfs in finish_dirs
@@ -259,6 +260,7 @@ class Extractor:
                               "the destination")
             self._clear(pfd, parts)
             os.symlink(ent.linkname, parts[-1], dir_fd=pfd)
+            self.links += 1
         elif ent.typeflag == LNK:
             self._hardlink(pfd, parts, ent)
         else:
@@ -338,7 +340,10 @@ class Extractor:
         put a link into its path (``l -> s/x/../..`` with ``s -> .`` after it), and a
         removal can change what another link's path runs through: check again. A
         hostile chain could make that quadratic, so after a few rounds every link
-        whose path runs through another link goes too; the rest cannot change."""
+        whose path runs through another link goes too; the rest cannot change.
+        Without a symlink in the tree there is nothing to walk for."""
+        if not self.links:
+            return
         for rounds in range(RECHECK_ROUNDS + 1):
             if not self._sweep(strict=rounds == RECHECK_ROUNDS):
                 return
@@ -408,8 +413,9 @@ async def extract_dir(reader: TarReader, dest: Path,
                 raise TransferError.from_message(
                     f"directory stream ended before the sha256 of {owed!r}")
             ex.result.verified = bool(ex.digests.required)
-            # Walks of the whole tree: off the event loop.
-            await _in_worker(ex.recheck_links)
+            # Walks of the whole tree: off the event loop (no hop without a link).
+            if ex.links:
+                await _in_worker(ex.recheck_links)
             try:
                 await _in_worker(ex.finish_dirs)
             except OSError as exc:  # e.g. EIO from syncfs: the tree may not be on disk

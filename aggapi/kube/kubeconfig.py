@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import json
 import os
 import ssl
 import tempfile
@@ -52,8 +53,13 @@ def ssl_context(*, ca_file: str | None = None, ca_data: str | None = None,
                 cert_file: str | None = None, key_file: str | None = None,
                 cert_data: bytes | None = None, key_data: bytes | None = None,
                 verify: bool = True) -> ssl.SSLContext:
-    """A client TLS context; without a CA the system trust store is used."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file, cadata=ca_data)
+    """A client TLS context; without a CA the system trust store is used, unless
+    nothing is verified (then no store is read: 25 ms of a plugin's start-up)."""
+    if verify or ca_file or ca_data:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file,
+                                         cadata=ca_data)
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     if not verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -120,6 +126,25 @@ def _b64(value: Any, what: str) -> bytes:
         raise KubeConfigError(f"kubeconfig: {what} is not valid base64") from exc
 
 
+def parse_document(text: str) -> Any:
+    """A kubeconfig's content; ValueError when it is neither JSON nor YAML.
+
+    JSON (what many tools write, hack/local-up.sh too) is YAML, but json parses it
+    without importing yaml: 10 to 15 ms less of a kubectl plugin's start-up. YAML goes
+    to libyaml's loader when PyYAML has it (ten times the pure-Python one's speed)."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass  # a YAML flow mapping, or broken: YAML's parser says which
+    import yaml  # only YAML kubeconfigs pay for it; in-cluster never does
+
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def load_kubeconfig(path: str | None = None, context: str | None = None, *,
                     allow_exec: bool = False, cluster_name: str | None = None,
                     user_name: str | None = None,
@@ -131,14 +156,12 @@ def load_kubeconfig(path: str | None = None, context: str | None = None, *,
     ``cluster_name``/``user_name`` replace the context's (kubectl's --cluster and
     --user); the overrides are kubeconfig fields laid over the chosen entries
     (kubectl's --server, --token, ...); file paths in them should be absolute."""
-    import yaml  # only kubeconfig users pay for it; in-cluster never does
-
     path = path or default_kubeconfig_path()
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        doc = parse_document(Path(path).read_text())
     except OSError as exc:
         raise KubeConfigError(f"cannot read kubeconfig {path}: {exc}") from exc
-    except yaml.YAMLError as exc:
+    except ValueError as exc:
         raise KubeConfigError(f"cannot parse kubeconfig {path}: {exc}") from exc
     if not isinstance(doc, Mapping):
         raise KubeConfigError(f"kubeconfig {path} is not a mapping")

@@ -16,6 +16,7 @@ Only argparse and :mod:`aggapi.plugins.common` are imported up front, so
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import stat
@@ -216,6 +217,10 @@ async def run(args: argparse.Namespace) -> int:
     )
     from aggapi.client.retry import Backoff
 
+    # What is loaded now (the modules, ~100k objects) lives until exit: out of the
+    # collector's sight, a collection during the copy does not walk it, nor does the one
+    # at exit (35 ms of a small copy's CPU otherwise).
+    gc.freeze()
     src_r, dst_r = parse_remote(args.src), parse_remote(args.dst)
     if (src_r is None) == (dst_r is None):
         raise UsageError("exactly one of SRC and DST must be [namespace/]pod:path")
@@ -284,9 +289,10 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def summarize(args: argparse.Namespace, res: Result) -> int:
-    from aggapi.plugins.render import human_bytes
-
     if not args.quiet:
+        # Only here: render imports rich, 50 ms of a -q copy's start-up otherwise.
+        from aggapi.plugins.render import human_bytes
+
         what = {"file": f"{human_bytes(res.size)}, sha256 {res.sha256[:16]}…",
                 "dir": f"{res.entries} entries, {human_bytes(res.size)}",
                 "symlink": "symlink"}.get(res.kind, res.kind)
