@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks._freshfs import FreshFs, fresh_fs, image_bytes
-from benchmarks._installed import DATA, bench_pod
+from benchmarks._installed import DATA, bench_pod, container_ext4
 
 NODE_NS = ["nsenter", "-t", "42", "--mount", "--"]
 
@@ -32,6 +32,18 @@ def test_bench_pod_sees_fresh_mounts_through_a_host_to_container_volume(tmp_path
                                   "mountPropagation": "HostToContainer"}]
     plain = bench_pod("img", "aggapi-worker-2", None)["spec"]  # --target-fs rootfs
     assert "volumes" not in plain and "volumeMounts" not in plain["containers"][0]
+
+
+def test_only_a_mount_of_its_own_counts_as_the_fresh_file_system() -> None:
+    """The hostPath at /data is itself on the host's root ext4: an upload directory below
+    it that the mount never reached must not pass for a fresh file system."""
+    mounts = ("overlay / overlay rw,relatime,lowerdir=/a,upperdir=/b,workdir=/c 0 0\n"
+              "/dev/vda /data ext4 rw,relatime 0 0\n"
+              "/dev/loop3 /data/up-small-ncp-r0 ext4 rw,relatime,noinit_itable 0 0\n"
+              "proc /proc proc rw 0 0\n")
+    got = container_ext4(mounts)
+    assert "/data/up-small-ncp-r0" in got
+    assert "/data/up-small-cp-r0" not in got and "/" not in got
 
 
 class Kernel:
