@@ -432,6 +432,7 @@ class Bench:
             shutil.rmtree(path, ignore_errors=True)
             path.unlink(missing_ok=True)
         secs: dict[str, list[float]] = {}
+        unmeasured: dict[str, list[float]] = {}
         cpu: dict[str, dict[str, float]] = {}
         thr: dict[str, dict[str, list[float]]] = {}
 
@@ -450,6 +451,7 @@ class Bench:
                 # window) would otherwise pay for them; this is the order effect of earlier
                 # runs, where whichever tool came second was slower on small files.
                 os.sync()
+                mine0, busy0 = sum(cpu.get(key, {}).values()), machine_busy_s()
                 try:  # a failed attempt adds no CPU: window() measures only on success
                     with profiled(spy, f"{sc.name}-{key}", spied, native=False, perf=True,
                                   pyspy=not self.perf_only), \
@@ -469,6 +471,11 @@ class Bench:
                         drop(Path(argv[-1]))
                     continue
                 secs.setdefault(key, []).append(took)
+                # The machine's CPU outside the processes measured over the transfer:
+                # others' work on these shared cores (and etcd, kernel threads) that
+                # slowed it; shown beside each round's seconds.
+                unmeasured.setdefault(key, []).append(round(
+                    machine_busy_s() - busy0 - (sum(cpu[key].values()) - mine0), 2))
                 break
 
         # Each round uploads to targets of its own, all removed after the last round: a
@@ -517,7 +524,8 @@ class Bench:
         totals = {k: sum(v.values()) for k, v in per_gib.items()}
         res: dict[str, Any] = {
             "files": sc.files, "file_bytes": sc.file_bytes, "rounds": rounds,
-            "seconds": secs, "MiB_per_s": {k: round(v, 1) for k, v in mibs.items()},
+            "seconds": secs, "unmeasured_cpu_s": unmeasured,
+            "MiB_per_s": {k: round(v, 1) for k, v in mibs.items()},
             "cpu_s_per_gib": per_gib,
             "throttled": {k: {p: {"periods": int(n), "seconds": round(s, 3)}
                               for p, (n, s) in v.items()} for k, v in thr.items()}}
@@ -627,6 +635,15 @@ def parse_variant(text: str) -> Variant:
                    Path(own["src"]).resolve() if "src" in own else REPO)
 
 
+def machine_busy_s(stat: str | None = None) -> float:
+    """CPU seconds every core of the machine has been busy (``cpu`` line of /proc/stat:
+    all but idle and iowait; guest time is already in user)."""
+    text = stat if stat is not None else Path("/proc/stat").read_text()
+    f = [int(x) for x in text.split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = f
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def container_ext4(mounts: str) -> set[str]:
     """The ext4 mount points in a /proc/mounts text (octal escapes as the kernel
     writes them: the bench's own paths have none)."""
@@ -700,7 +717,9 @@ def report(label: str, r: dict[str, Any]) -> None:
         print(f"{name}: {sc['files']} x {sc['file_bytes'] / MiB:g} MiB, best of {sc['rounds']}")
         for k, v in sc["MiB_per_s"].items():
             rounds = " ".join(f"{t:.2f}" for t in sc["seconds"][k])
-            print(f"  {k:22s} {v:8.1f} MiB/s  ({min(sc['seconds'][k]):.2f} s; rounds {rounds})")
+            others = " ".join(f"{t:.1f}" for t in sc.get("unmeasured_cpu_s", {}).get(k, []))
+            print(f"  {k:22s} {v:8.1f} MiB/s  ({min(sc['seconds'][k]):.2f} s; rounds {rounds}; "
+                  f"unmeasured CPU-s {others})")
         procs: list[str] = []
         for used in sc["cpu_s_per_gib"].values():
             procs += [p for p in used if p not in procs]

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks._freshfs import FreshFs, fresh_fs, image_bytes
-from benchmarks._installed import DATA, bench_pod, container_ext4
+from benchmarks._installed import DATA, bench_pod, container_ext4, machine_busy_s
 
 NODE_NS = ["nsenter", "-t", "42", "--mount", "--"]
 
@@ -188,3 +188,12 @@ def test_a_real_fresh_fs_is_a_journaled_ext4_and_goes_entirely(tmp_path: Path) -
     out = subprocess.run(["losetup", "-j", str(tmp_path / "images" / "real.img")],
                          capture_output=True, text=True).stdout
     assert out == ""
+
+
+def test_machine_busy_counts_all_but_idle_and_iowait() -> None:
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = (f"cpu  {3 * hz} {hz} {2 * hz} {100 * hz} {7 * hz} {hz} {hz} {hz} {5 * hz} 0\n"
+            "cpu0 1 2 3 4 5 6 7 8 9 0\n")
+    assert machine_busy_s(stat) == 9.0  # user, nice, system, irq, softirq, steal
+    now = machine_busy_s()
+    assert 0 < now <= machine_busy_s()
