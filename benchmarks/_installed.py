@@ -41,6 +41,10 @@ Where the files live (``--target-fs``, printed in each variant's header and in t
   system. That is where users often copy too, but its figures depend on the disk's
   recent history; ``--settle S`` waits S seconds before each directory upload to let
   the kernel forget recently freed inodes (35 s covers it; default 0).
+
+Each tool first makes one untimed tiny copy each way (cold binaries, a checkout's .pyc
+files). Beside each round's seconds the report prints the machine's CPU-seconds outside
+the processes measured: on shared cores, the other work that slowed that round.
 """
 
 from __future__ import annotations
