@@ -21,6 +21,30 @@ Throttling (periods and seconds) per pod from the cgroup's cpu.stat, beside its 
 Debian suite (``hack/build-image.sh --suite``), with the TLS floor measured inside it;
 with ``src=DIR`` too, the image of the checkout at DIR instead (``ncp=DIR`` runs its
 client as well): a change's before and after, side by side in one run.
+
+Where the files live (``--target-fs``, printed in each variant's header and in the JSON):
+
+- ``fresh`` (the default): every transfer's files, on both sides, on a journaled ext4
+  made just before it (:mod:`benchmarks._freshfs`: a sparse image on a loop device).
+  The pod gets a hostPath volume at ``/data`` on a directory under
+  /var/lib/aggapi-bench/ made a shared mount in its node's mount namespace, with
+  ``mountPropagation: HostToContainer``; each upload (each tool, each round) goes to
+  ``/data/<fs>/`` on a file system of its own, mounted there in the node's namespace.
+  Here, the upload source is made once per scenario on one fresh file system, and each
+  download lands on one of its own. No tool then creates files near earlier deletions,
+  which on this VM's journal-less root ext4 cost whichever tool came after them up to
+  60% more (``recently_deleted`` in ext4's inode allocator) and made small-file figures
+  swing by half between runs of the same code. Production nodes run a journaled ext4
+  or xfs. Everything is unmounted, detached and removed at the end, failure or not.
+- ``rootfs``: the earlier behaviour: uploads into the container's overlay root file
+  system (/tmp), downloads into the work directory, both on this host's root file
+  system. That is where users often copy too, but its figures depend on the disk's
+  recent history; ``--settle S`` waits S seconds before each directory upload to let
+  the kernel forget recently freed inodes (35 s covers it; default 0).
+
+Each tool first makes one untimed tiny copy each way (cold binaries, a checkout's .pyc
+files). Beside each round's seconds the report prints the machine's CPU-seconds outside
+the processes measured: on shared cores, the other work that slowed that round.
 """
 
 from __future__ import annotations
@@ -34,12 +58,14 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks._cgroupstats import PodCgroup
+from benchmarks._freshfs import FreshFs, fresh_fs, image_bytes
 from benchmarks._procstats import cpu_seconds, profiled
 from benchmarks.bench_kubectl_cp import file_sha
 from tests.framework.addon import IMAGE_ARCHIVE, IMAGE_REPOSITORY, Addon, addon_of
@@ -223,6 +249,25 @@ def python_pids(cg: PodCgroup) -> list[int]:
 # --- one run -------------------------------------------------------------------------
 
 POD = "bench-kubectl-cp"
+TARGET_FS = ("fresh", "rootfs")  # --target-fs: see the module's docstring
+DATA = "/data"  # the pod's volume of fresh file systems (--target-fs fresh)
+SHARED_ROOT = Path("/var/lib/aggapi-bench")  # its host directories, one per run
+TARGET_FS_TEXT = {
+    "fresh": "a fresh journaled ext4 per transfer, both sides (loop images)",
+    "rootfs": "the container's overlay rootfs and this host's root fs"}
+
+
+def bench_pod(image: str, node: str, data: Path | None) -> dict[str, Any]:
+    """The bench's pod; with ``data``, that host directory at /data, seeing the file
+    systems mounted below it after the pod started (HostToContainer: the container's
+    mount is a slave of the node's, which :meth:`FreshFs.share` made shared)."""
+    container: dict[str, Any] = {"name": "c", "image": image}
+    volumes: list[dict[str, Any]] = []
+    if data is not None:
+        volumes.append({"name": "data", "hostPath": {"path": str(data), "type": "Directory"}})
+        container["volumeMounts"] = [{"name": "data", "mountPath": DATA,
+                                      "mountPropagation": "HostToContainer"}]
+    return pod_manifest(POD, [container], node=node, volumes=volumes)
 
 
 def timed(argv: list[str], cwd: Path = REPO) -> float:
@@ -236,7 +281,8 @@ def timed(argv: list[str], cwd: Path = REPO) -> float:
 
 class Bench:
     def __init__(self, cluster: Cluster, addon: Addon, node: ClusterNode, workdir: Path,
-                 spy: Path | None, ncp_root: Path = REPO, perf_only: bool = False) -> None:
+                 spy: Path | None, ncp_root: Path = REPO, perf_only: bool = False,
+                 target_fs: str = "fresh") -> None:
         # Where ``python3 -m aggapi.plugins.ncp`` runs (its aggapi): another checkout's
         # client side by side with this one's.
         self.ncp_root = ncp_root
@@ -247,6 +293,12 @@ class Bench:
         self.workdir = workdir
         self.spy = spy
         self.perf_only = perf_only  # with spy: perf on the pods and the client, no py-spy
+        self.target_fs = target_fs
+        self.data: Path | None = None  # with "fresh": the pod's /data on the host
+
+    @property
+    def fresh(self) -> bool:
+        return self.target_fs == "fresh"
 
     def kubectl(self, *args: str) -> str:
         return self.cp.kubectl(*args).stdout
@@ -257,11 +309,32 @@ class Bench:
         image = push_tar_image(self.cluster.registry)
         self.cp.kubectl("delete", "pod", POD, "--grace-period=0", "--force",
                         "--ignore-not-found", check=False)
-        self.cp.kubectl("create", "-f", "-", input=json.dumps(pod_manifest(
-            POD, [{"name": "c", "image": image}], node=self.node.name)))
+        self.cp.kubectl("create", "-f", "-", input=json.dumps(
+            bench_pod(image, self.node.name, self.data)))
         self.kubectl("wait", "--for=condition=Ready", f"pod/{POD}", "--timeout=120s")
         pod: dict[str, Any] = json.loads(self.kubectl("get", "pod", POD, "-o", "json"))
         return pod
+
+    def check_mounted(self, path: str) -> None:
+        """``path`` is a file system of its own in the container (and so for the agent,
+        which resolves paths in the container's mount namespace), not the directory
+        beneath it on the host's root: the mount propagated."""
+        if path not in container_ext4(self.kubectl("exec", POD, "--", BUSYBOX, "cat",
+                                                   "/proc/self/mounts")):
+            raise SystemExit(f"{path}: the fresh file system mounted on the node did not "
+                             "reach the container (HostToContainer propagation)")
+
+    def warm_up(self, tool_argv: dict[str, list[str]]) -> None:
+        """One untimed tiny copy each way per tool: the first run of a client pays for
+        cold binaries and, for a checkout's ncp, writing its .pyc files (3.96 s against
+        1.66 s for kubectl cp's first small upload in one run)."""
+        one = self.workdir / "warm-up"
+        one.write_bytes(b"x")
+        for tool, argv in tool_argv.items():
+            root = self.ncp_root if tool == "kubectl ncp" else REPO
+            there = f"default/{POD}:/tmp/warm-up-{tool.split()[-1]}"
+            timed([*argv, str(one), there], root)
+            timed([*argv, there, f"{one}-{tool.split()[-1]}"], root)
 
     def remote_digest(self, path: str, is_dir: bool) -> str:
         if not is_dir:
@@ -285,6 +358,16 @@ class Bench:
         return pods
 
     def run(self, scs: list[Scenario], rounds: int) -> dict[str, Any]:
+        print(f"bench: files on {TARGET_FS_TEXT[self.target_fs]}, settle "
+              f"{UPLOAD_SETTLE_S:g} s", file=sys.stderr, flush=True)
+        with fresh_fs(self.workdir / "images", warn=warn) as shared:
+            if self.fresh:
+                SHARED_ROOT.mkdir(parents=True, exist_ok=True)
+                self.data = shared.share(SHARED_ROOT / f"run-{uuid.uuid4().hex[:12]}",
+                                         self.node.ns.exec_prefix())
+            return self._run(scs, rounds)
+
+    def _run(self, scs: list[Scenario], rounds: int) -> dict[str, Any]:
         self.start_pod()
         pods = self.pods()
         meter = Meter(self.cp, self.node, pods)
@@ -299,23 +382,48 @@ class Bench:
                  for pid in python_pids(cg)}
         out: dict[str, Any] = {"pods": {k: {"pod": n, "node": node, "cpu_limit": limits[k]}
                                         for k, (n, node, _) in pods.groups.items()}}
+        self.warm_up(tool_argv)
+        out["target_fs"] = self.target_fs
+        out["settle_s"] = UPLOAD_SETTLE_S
         try:
             for sc in scs:
-                out[sc.name] = self.scenario(sc, rounds, meter, tool_argv, remote, spied)
+                with fresh_fs(self.workdir / "images", warn=warn) as fs:
+                    out[sc.name] = self.scenario(sc, rounds, meter, tool_argv, remote, spied,
+                                                 fs)
         finally:
+            # Waited for with fresh file systems: the container's copies of their mounts
+            # go with it, before they are unmounted.
             self.cp.kubectl("delete", "pod", POD, "--grace-period=0", "--force",
-                            "--wait=false", check=False)
+                            f"--wait={str(self.fresh).lower()}", "--timeout=60s", check=False)
         out["peak_rss_mib"] = {k: round(cg.peak_rss_mib(), 1)
                                for k, (_, _, cg) in pods.groups.items()}
         return out
 
     def scenario(self, sc: Scenario, rounds: int, meter: Meter,
                  tool_argv: dict[str, list[str]], remote: dict[str, str],
-                 spied: dict[str, int]) -> dict[str, Any]:
+                 spied: dict[str, int], fs: FreshFs) -> dict[str, Any]:
         print(f"bench: {sc.name}: {sc.files} x {sc.file_bytes} bytes, {rounds} round(s)",
               file=sys.stderr, flush=True)
-        src = make_payload(sc, self.workdir)
+        size = image_bytes(sc.total)
+        # The source once per scenario: only read by the transfers.
+        src = make_payload(sc, fs.make(f"src-{sc.name}", self.workdir, size)
+                           if self.fresh else self.workdir)
         digest = local_digest(src)
+
+        def upload_target(tool: str, r: int) -> str:
+            if not self.fresh:
+                return f"{remote[tool]}-{sc.name}-r{r}"
+            assert self.data is not None
+            name = f"up-{sc.name}-{tool.split()[-1]}-r{r}"
+            fs.make(name, self.data, size, self.node.ns.exec_prefix())
+            self.check_mounted(f"{DATA}/{name}")
+            return f"{DATA}/{name}/{sc.name}"  # a new target, as in rootfs
+
+        def download_target(tool: str, r: int) -> Path:
+            name = f"back-{sc.name}-{tool.split()[-1]}-r{r}"
+            if not self.fresh:
+                return self.workdir / name
+            return fs.make(name, self.workdir, size) / sc.name
         # Each tool downloads into a directory of its own each round, all removed after
         # the last round: on ext4 without a journal (this VM's root) a file created within
         # minutes of a mass deletion nearby pays a scan past every recently deleted inode
@@ -328,6 +436,7 @@ class Bench:
             shutil.rmtree(path, ignore_errors=True)
             path.unlink(missing_ok=True)
         secs: dict[str, list[float]] = {}
+        unmeasured: dict[str, list[float]] = {}
         cpu: dict[str, dict[str, float]] = {}
         thr: dict[str, dict[str, list[float]]] = {}
 
@@ -346,6 +455,7 @@ class Bench:
                 # window) would otherwise pay for them; this is the order effect of earlier
                 # runs, where whichever tool came second was slower on small files.
                 os.sync()
+                mine0, busy0 = sum(cpu.get(key, {}).values()), machine_busy_s()
                 try:  # a failed attempt adds no CPU: window() measures only on success
                     with profiled(spy, f"{sc.name}-{key}", spied, native=False, perf=True,
                                   pyspy=not self.perf_only), \
@@ -365,18 +475,26 @@ class Bench:
                         drop(Path(argv[-1]))
                     continue
                 secs.setdefault(key, []).append(took)
+                # The machine's CPU outside the processes measured over the transfer:
+                # others' work on these shared cores (and etcd, kernel threads) that
+                # slowed it; shown beside each round's seconds.
+                unmeasured.setdefault(key, []).append(round(
+                    machine_busy_s() - busy0 - (sum(cpu[key].values()) - mine0), 2))
                 break
 
         # Each round uploads to targets of its own, all removed after the last round: a
         # tree removed just before a round would make its first uploader pay for it (on
         # an ext4 without a journal, as here, every new inode skips the ones freed in the
         # last 30 s: ext4's recently_deleted, most of both tools' CPU after a removal).
+        # With fresh file systems each is its own (a kubectl cp retry after a failed
+        # attempt's removal is the one exception).
         made: list[str] = []
         try:
             for r in range(rounds):
                 order = TOOLS if r % 2 == 0 else TOOLS[::-1]
+                ups: dict[str, str] = {}
                 for tool in order:
-                    dst = f"{remote[tool]}-{sc.name}-r{r}"
+                    dst = ups[tool] = upload_target(tool, r)
                     made.append(dst)
                     if sc.is_dir and UPLOAD_SETTLE_S:
                         time.sleep(UPLOAD_SETTLE_S)  # (--settle) see UPLOAD_SETTLE_S
@@ -385,22 +503,24 @@ class Bench:
                     if got != digest:
                         raise SystemExit(f"{sc.name} {tool} upload: sha256 mismatch")
                 # Both download what kubectl cp wrote: the agent has never hashed it.
-                cold = f"{remote['kubectl cp']}-{sc.name}-r{r}"
+                cold = ups["kubectl cp"]
                 for tool in order:
-                    back = self.workdir / f"back-{sc.name}-{tool.split()[-1]}-r{r}"
+                    back = download_target(tool, r)
                     backs.append(back)
                     one(tool, "download", [*tool_argv[tool], f"default/{POD}:{cold}",
                                            str(back)])
                     if local_digest(back) != digest:
                         raise SystemExit(f"{sc.name} {tool} download: sha256 mismatch")
-            self.kubectl("exec", POD, "--", BUSYBOX, "rm", "-rf", *made)
+            if not self.fresh:  # fresh ones go whole, unmounted
+                self.kubectl("exec", POD, "--", BUSYBOX, "rm", "-rf", *made)
         finally:
-            for back in backs:
-                drop(back)
-            if src.is_dir():
-                shutil.rmtree(src)
-            else:
-                src.unlink()
+            if not self.fresh:
+                for back in backs:
+                    drop(back)
+                if src.is_dir():
+                    shutil.rmtree(src)
+                else:
+                    src.unlink()
         gib = sc.total * rounds / GiB
         best = {k: min(v) for k, v in secs.items()}
         mibs = {k: sc.total / MiB / t for k, t in best.items()}
@@ -408,7 +528,8 @@ class Bench:
         totals = {k: sum(v.values()) for k, v in per_gib.items()}
         res: dict[str, Any] = {
             "files": sc.files, "file_bytes": sc.file_bytes, "rounds": rounds,
-            "seconds": secs, "MiB_per_s": {k: round(v, 1) for k, v in mibs.items()},
+            "seconds": secs, "unmeasured_cpu_s": unmeasured,
+            "MiB_per_s": {k: round(v, 1) for k, v in mibs.items()},
             "cpu_s_per_gib": per_gib,
             "throttled": {k: {p: {"periods": int(n), "seconds": round(s, 3)}
                               for p, (n, s) in v.items()} for k, v in thr.items()}}
@@ -518,9 +639,29 @@ def parse_variant(text: str) -> Variant:
                    Path(own["src"]).resolve() if "src" in own else REPO)
 
 
+def machine_busy_s(stat: str | None = None) -> float:
+    """CPU seconds every core of the machine has been busy (``cpu`` line of /proc/stat:
+    all but idle and iowait; guest time is already in user)."""
+    text = stat if stat is not None else Path("/proc/stat").read_text()
+    f = [int(x) for x in text.split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = f
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def container_ext4(mounts: str) -> set[str]:
+    """The ext4 mount points in a /proc/mounts text (octal escapes as the kernel
+    writes them: the bench's own paths have none)."""
+    return {f[1] for f in (line.split() for line in mounts.splitlines())
+            if len(f) > 2 and f[2] == "ext4"}
+
+
+def warn(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario], rounds: int,
-                  variants: list[str], spy: Path | None, perf_only: bool = False
-                  ) -> dict[str, Any]:
+                  variants: list[str], spy: Path | None, perf_only: bool = False,
+                  target_fs: str = "fresh") -> dict[str, Any]:
     from benchmarks.tls_floor import floor, floor_in_image, print_floor
 
     results: dict[str, Any] = {}
@@ -548,7 +689,7 @@ def run_installed(instance: str, up: bool, node_index: int, scs: list[Scenario],
                 vspy.mkdir(parents=True, exist_ok=True)
             with tempfile_dir() as workdir:
                 r = Bench(cluster, addon, node, workdir, vspy, v.ncp_root,
-                          perf_only).run(scs, rounds)
+                          perf_only, target_fs).run(scs, rounds)
             r["sets"] = sets
             r["ncp_from"] = str(v.ncp_root)
             r["tls_floor"] = vtls
@@ -568,6 +709,8 @@ def tempfile_dir() -> Iterator[Path]:
 
 def report(label: str, r: dict[str, Any]) -> None:
     print(f"== {label} ({os.cpu_count()} CPUs, shared; load {os.getloadavg()[0]:.2f})")
+    print(f"  files on {TARGET_FS_TEXT[r['target_fs']]} (--target-fs {r['target_fs']}), "
+          f"settle {r['settle_s']:g} s before each directory upload")
     for k, p in r["pods"].items():
         lim = "no limit" if p["cpu_limit"] is None else f"limit {p['cpu_limit']:g} CPU"
         print(f"  {k:26s} {p['pod']} on {p['node']}, {lim}, "
@@ -577,7 +720,10 @@ def report(label: str, r: dict[str, Any]) -> None:
             continue
         print(f"{name}: {sc['files']} x {sc['file_bytes'] / MiB:g} MiB, best of {sc['rounds']}")
         for k, v in sc["MiB_per_s"].items():
-            print(f"  {k:22s} {v:8.1f} MiB/s  ({min(sc['seconds'][k]):.2f} s)")
+            rounds = " ".join(f"{t:.2f}" for t in sc["seconds"][k])
+            others = " ".join(f"{t:.1f}" for t in sc.get("unmeasured_cpu_s", {}).get(k, []))
+            print(f"  {k:22s} {v:8.1f} MiB/s  ({min(sc['seconds'][k]):.2f} s; rounds {rounds}; "
+                  f"unmeasured CPU-s {others})")
         procs: list[str] = []
         for used in sc["cpu_s_per_gib"].values():
             procs += [p for p in used if p not in procs]

@@ -6,8 +6,11 @@ after a download).
 
 ``--installed`` runs it on the path users run instead: the helm-installed add-on on the
 two-node cluster of hack/local-up.sh, with a big file, many small files and medium ones,
-CPU per pod from the cgroups and CFS throttling (:mod:`benchmarks._installed`). What
-follows is the single-node harness with aggapi as host processes.
+CPU per pod from the cgroups and CFS throttling (:mod:`benchmarks._installed`). There,
+by default (``--target-fs fresh``), every transfer's files on both sides live on a
+journaled ext4 made just before it, so that small-file figures do not move with this
+disk's recent deletions; ``--target-fs rootfs`` copies into the container's overlay
+rootfs as before. What follows is the single-node harness with aggapi as host processes.
 
 Beside MiB/s it prints the CPU-seconds per GiB of every process on either path, measured
 over each transfer: kube-apiserver, kubelet, containerd, the pod's containerd-shims, the
@@ -346,10 +349,16 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("--perf-only", action="store_true",
                       help="with --py-spy DIR: perf record on the pods and the client "
                       "instead of py-spy (which pauses what it samples)")
+    inst.add_argument("--target-fs", choices=("fresh", "rootfs"), default="fresh",
+                      help="where each transfer's files live: fresh (a new journaled ext4 "
+                      "per transfer on both sides, loop-mounted; the pod's under /data) or "
+                      "rootfs (the container's overlay rootfs and this host's root fs, "
+                      "whose recent deletions move small-file figures)")
     inst.add_argument("--settle", type=float, default=0.0, metavar="S",
                       help="wait S seconds before each directory upload (35 lets ext4 "
                       "without a journal forget inodes freed just before; see "
-                      "benchmarks._installed.UPLOAD_SETTLE_S)")
+                      "benchmarks._installed.UPLOAD_SETTLE_S); 0 by default: a fresh "
+                      "file system has no deletions to forget")
     inst.add_argument("--json", type=Path, metavar="FILE",
                       help="write the ratios per scenario and goal_met")
     a = p.parse_args(argv)
@@ -381,14 +390,15 @@ def installed_main(a: argparse.Namespace) -> int:
     scs = _installed.scenarios(a.size_mib, a.small_files, a.medium_files,
                                [s for s in a.scenario.split(",") if s])
     results = _installed.run_installed(a.instance, a.up, a.node, scs, a.rounds, a.variant,
-                                       a.py_spy, a.perf_only)
+                                       a.py_spy, a.perf_only, a.target_fs)
     summary = {label: _installed.goals(r) for label, r in results.items()}
     last = summary[list(summary)[-1]]
     for label, s in summary.items():
         print(f"{label}: goals (big >= 2.0x, small >= 1.0x, both ways) "
               f"{'met' if s['goal_met'] else 'NOT met'}")
     if a.json:
-        a.json.write_text(json.dumps({**last, "variants": summary, "runs": results},
+        a.json.write_text(json.dumps({**last, "target_fs": a.target_fs, "settle_s": a.settle,
+                                      "variants": summary, "runs": results},
                                      indent=2) + "\n")
     return 0
 
