@@ -389,3 +389,75 @@ async def test_a_tree_is_read_once_for_hash_and_send(
     if agent != "new":  # the headers digest was refused first (before any file was placed)
         assert sent[0].startswith("headers:" if read_once_max > 1024 else "headers-trailer")
         assert len(sent) == {"trailer": 2, "old": 2 if read_once_max > 1024 else 3}[agent]
+
+
+async def test_a_streamed_tree_is_sent_while_it_is_packed(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree above READ_ONCE_MAX is not built before its request: the upload is on the
+    wire while its last file is still unread (that open waits for the server to have
+    the request), so the agent's extraction overlaps the packing."""
+    import time
+
+    from aggapi.client import copy as copy_mod
+    from aggapi.client import packtar
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(packtar.CHUNK + 4096))  # the first MiB goes
+    (src / "z.txt").write_bytes(b"last")
+    seen: list[bool] = []
+    real_open = os.open
+
+    def waiting_open(path: str | os.PathLike[str], flags: int, *a: object,
+                     **kw: object) -> int:
+        if os.fspath(path) == str(src / "z.txt"):  # in the packing worker thread
+            deadline = time.monotonic() + 5
+            while not any(r["method"] == "POST" for r in cluster.requests) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(any(r["method"] == "POST" for r in cluster.requests))
+        return real_open(path, flags, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(copy_mod, "READ_ONCE_MAX", 0)
+    monkeypatch.setattr(packtar.os, "open", waiting_open)
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        up = await upload_dir(c, src, rp("/data/streamed"))
+    assert seen == [True]
+    assert tree(app_root(cluster) / "data/streamed") == tree(src)
+    sent = [dict(r["query"])["sha256"] for r in cluster.requests if r["method"] == "POST"]
+    assert sent == ["headers-trailer"] and up.retries == 0
+
+
+@pytest.mark.parametrize("agent", ["new", "old"])
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_cut_directory_upload_is_sent_again_whole(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent: str,
+        kept: bool) -> None:
+    """A tree whose upload is cut mid-body is sent again from its start (the agent
+    committed nothing of the cut one) under the same claim: a kept tar (READ_ONCE_MAX)
+    replayed with its digest, a streamed one built again with a fresh digest trailer;
+    for an agent that wants the whole tar's digest first, that digest again."""
+    from aggapi.client import copy as copy_mod
+
+    cluster.no_headers_digest = cluster.no_sha256_trailer = agent == "old"
+    if not kept:
+        monkeypatch.setattr(copy_mod, "READ_ONCE_MAX", 0)
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    for i in range(40):
+        (src / f"d/f{i:02d}").write_bytes(os.urandom(50_000))
+    # Refusals come before the cut is armed: the first request that is read is cut.
+    cluster.cut_upload_after = 700_000
+    async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
+        up = await upload_dir(c, src, rp("/data/again"), backoff=Backoff(first=0.01))
+    assert tree(app_root(cluster) / "data/again") == tree(src)
+    assert up.retries == 1
+    sent = [dict(r["query"])["sha256"] for r in cluster.requests if r["method"] == "POST"]
+    if agent == "new":
+        first = "headers:" + up.sha256 if kept else "headers-trailer"
+        assert sent == [first, first]
+    else:  # the headers digest refused (and the trailer), then the tar's sha256 twice
+        refused = sent[:-2]
+        assert (refused[0].startswith("headers:") and len(refused) == 1 if kept
+                else refused == ["headers-trailer", "trailer"])
+        assert sent[-2:] == [up.sha256, up.sha256]
