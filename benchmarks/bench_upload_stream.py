@@ -5,8 +5,9 @@ The same tar of ``--files`` x ``--file-kib`` KiB files is POSTed (format=tar) to
 agent app (its own process, mTLS, as bench_copy starts it), straight and through the
 aggapi apiserver's relay, three ways:
 
-* ``whole``     the tar built before the request (as ``upload_dir`` does up to
-                READ_ONCE_MAX), its headers digest up front (``sha256=headers:<hex>``);
+* ``whole``     the tar built before the request (as ``upload_dir`` did up to
+                READ_ONCE_MAX before it streamed), its headers digest up front
+                (``sha256=headers:<hex>``);
 * ``trailer``   the same built tar, the digest after it (``sha256=headers-trailer``):
                 the trailer path alone;
 * ``streamed``  the tar built while it is sent (``packtar.tar_stream`` in a worker, as
@@ -47,10 +48,9 @@ import aiohttp
 
 from aggapi import eventloop, wire
 from aggapi.auth.capability import CapabilitySigner, ContainerRef
-from aggapi.client import copy as client_copy
 from aggapi.client import packtar
 from aggapi.client.connection import Connection
-from aggapi.client.copy import RemotePath, pack_dir, upload_dir
+from aggapi.client.copy import RemotePath, build_first, pack_dir, upload_dir
 from benchmarks._procstats import cpu_seconds
 from benchmarks.bench_copy import (
     GV,
@@ -184,14 +184,9 @@ async def run(files: int, kib: int, rounds: int, work: Path, ways: list[str],
                         before = {k: cpu_seconds(v) for k, v in pids.items()}
                         before["agent loop"] = cpu_seconds(f"{apid}/task/{apid}")
                         t = time.perf_counter()
-                        # A tree up to READ_ONCE_MAX is built before its request; 0:
-                        # every tree is built while it is sent (the experiment 49cbe32).
-                        keep = client_copy.READ_ONCE_MAX
-                        client_copy.READ_ONCE_MAX = keep if way == "built" else 0
-                        try:
-                            packed = await pack_dir(src)
-                        finally:
-                            client_copy.READ_ONCE_MAX = keep
+                        packed = await pack_dir(src)
+                        if way == "built":  # as before streaming: the tar kept first
+                            await build_first(packed)
                         res = await upload_dir(conn, src, RemotePath("default", "box", f"/t{n}",
                                                                      "app"), packed=packed)
                         wall = time.perf_counter() - t
