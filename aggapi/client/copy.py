@@ -57,8 +57,10 @@ from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.tar.stream import TarReader
 
 CHUNK = 1 << 20
-# A directory upload's tar up to this size is built once and held for sending (and
-# every retry); a bigger one is built again for sending, in bounded memory.
+# For an agent that wants a directory's digest before its tar, a tar up to this size
+# is built once and held for sending (and every retry); a bigger one is built again
+# for sending, in bounded memory. Agents that take a digest trailer get every tar
+# built as it is sent.
 READ_ONCE_MAX = 64 << 20
 
 
@@ -520,14 +522,15 @@ async def _replay(chunks: list[bytes]) -> AsyncIterator[bytes]:
 @dataclass
 class PackedDir:
     """What a directory upload needs before its request, which needs no connection, so
-    it can run while the connection is set up: the listing and the tar's size; for a
-    tar of up to READ_ONCE_MAX bytes the tar itself, built, with its headers digest."""
+    it can run while the connection is set up: the listing and the tar's size. The tar
+    itself is built as it is sent; only for an agent that wants the digest first is a
+    tar of up to READ_ONCE_MAX bytes built before (``kept``, sent again on a retry)."""
 
     src: Path
     listing: Listing
     size: int
     preserve: bool
-    headers_sha256: str | None = None  # of ``kept`` (aggapi.tar.entrydigest)
+    headers_sha256: str | None = None  # of ``kept``, when built first (entrydigest)
     kept: list[bytes] | None = None
     digests: dict[str, str] = field(default_factory=dict)  # each file's, once hashed
 
@@ -543,10 +546,13 @@ async def pack_dir(src: Path, *, preserve: bool = True, follow_links: bool = Fal
         size = await asyncio.to_thread(tar_size, src, listing)
     except OSError as exc:
         raise LocalError.from_message(f"{src}: {exc.strerror}") from exc
-    packed = PackedDir(src, listing, size, preserve)
-    if size <= READ_ONCE_MAX:
-        packed.headers_sha256 = await _hash_tar(packed, keep=True, headers_only=True)
-    return packed
+    return PackedDir(src, listing, size, preserve)
+
+
+async def build_first(p: PackedDir) -> None:
+    """Build ``p``'s tar now and keep it with its headers digest, for a send that
+    replays it (the path before streaming; benchmarks compare the two)."""
+    p.headers_sha256 = await _hash_tar(p, keep=True, headers_only=True)
 
 
 async def _hash_tar(p: PackedDir, *, keep: bool, headers_only: bool = False) -> str:
@@ -581,14 +587,17 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
 
     The server refuses to commit anything but the tar's exact bytes: every file's data
     against its own AGGAPI.sha256 record, the rest against the tar's headers digest
-    (aggapi.tar.entrydigest), so each file is hashed once. A tar of up to
-    READ_ONCE_MAX bytes was built before the request and is sent as it is, its headers
-    digest in the query: a tree of small files is read and framed once. A bigger one
-    is built as it is sent, the digest after it (sha256=headers-trailer). An agent
-    that predates the headers digest refuses it before writing anything; then the
-    whole tar's sha256 goes as before (the kept tar's up front; a bigger one's as a
-    trailer, or where the agent predates that too, from a first pass, the tar built
-    again for sending in bounded memory)."""
+    (aggapi.tar.entrydigest), so each file is hashed once. The tar is built in a worker
+    as it is sent, a MiB at a time, the digest after it (sha256=headers-trailer): the
+    agent extracts while the client still reads and frames files. A retry after a cut
+    builds it again from the listing (files already hashed are not hashed again; one
+    that changed meanwhile fails its record on the agent, which names it). An agent that
+    predates the headers digest refuses it before writing anything; then the whole
+    tar's sha256 goes as a trailer, or where the agent predates that too, up front: a
+    tar of up to READ_ONCE_MAX bytes is then built and kept (every retry replays it), a
+    bigger one is hashed in a first pass and built again for sending, in bounded memory.
+    ``packed`` with a kept tar (:func:`build_first`) is sent as kept, its headers digest
+    up front."""
     p = packed or await pack_dir(src, preserve=preserve, follow_links=follow_links)
 
     def chunks(h: Hasher | None, headers_only: bool = False) -> AsyncIterator[bytes]:
@@ -609,7 +618,7 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
             reply, retries, sha = await send(await asyncio.to_thread(_sha256_of, p.kept))
         else:
             reply, retries, sha = await _one_pass_or_two(
-                send, functools.partial(_hash_tar, p, keep=False))
+                send, functools.partial(_hash_tar, p, keep=p.size <= READ_ONCE_MAX))
     return Result(str(reply.get("path") or rp.path), "dir", int(reply.get("size") or 0),
                   sha, retries=retries, entries=len(p.listing.entries),
                   skipped=p.listing.skipped)

@@ -15,8 +15,9 @@ header, before the data: a file of up to :data:`READ_WHOLE` bytes is read once i
 memory, hashed and sent from there; a bigger one is hashed first and read again to be
 sent. The whole tar's sha256 may then leave that data out (the headers digest): each
 file is hashed once. Digests are kept by name in the caller's ``digests``, so a second pass over the
-same listing (a tree too big to keep in memory is built twice) hashes nothing again; a
-file that changed in between fails its check on the agent, which names it.
+same listing (a retry after a cut, or a tree too big to keep in memory hashed before it
+is sent) hashes nothing again; a file that changed in between fails its check on the
+agent, which names it.
 """
 
 from __future__ import annotations

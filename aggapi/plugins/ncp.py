@@ -228,8 +228,9 @@ async def run(args: argparse.Namespace) -> int:
     if src_r is None:
         st = _local_source(Path(args.src), args.dereference)
         if stat.S_ISDIR(st.st_mode):
-            # A tree's first pass (read, frame, hash) needs no server: it runs while the
-            # connection is made and the pod and target are looked up.
+            # A tree's listing and tar size need no server: they are made while the
+            # connection is made and the pod and target are looked up (the tar itself
+            # is built as it is sent).
             packing = asyncio.create_task(pack_dir(Path(args.src),
                                                    preserve=not args.no_preserve,
                                                    follow_links=args.dereference))

@@ -66,6 +66,7 @@ class FakeCluster:
     tokens: dict[str, str] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     cut_download_after: int | None = None  # the next file GET is cut after N bytes
+    cut_upload_after: int | None = None  # the next upload is cut after N body bytes
     download_delay: float = 0.0  # per 64 KiB chunk, to let a test interrupt a transfer
     corrupt_sha: bool = False
     # As agents before sha256=trailer: any sha256 but 64 hex digits is refused.
@@ -357,6 +358,14 @@ class FakeCluster:
         if ((want == wire.SHA256_TRAILER and self.no_sha256_trailer)
                 or (headers and (self.no_headers_digest or self.no_sha256_trailer))):
             raise StatusError(400, wire.SHA256_REFUSED)
+        cut, self.cut_upload_after = self.cut_upload_after, None
+        if cut is not None:
+            taken = 0
+            while taken < cut and (piece := await request.content.read(cut - taken)):
+                taken += len(piece)
+            assert request.transport is not None
+            request.transport.abort()
+            raise ConnectionResetError("cut by the test")
         data = await request.read()
         if want in (wire.SHA256_TRAILER, wire.SHA256_HEADERS_TRAILER):
             data, want = data[:-wire.SHA256_TRAILER_SIZE], \

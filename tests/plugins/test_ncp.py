@@ -190,8 +190,8 @@ async def test_progress_bar_on_a_terminal(cluster: FakeCluster, env: dict[str, s
 
 async def test_directory_upload_packs_before_the_first_request(
         cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tree's first pass (read, frame, hash) starts before any request, so it runs
-    while the connection is made and the pod and the target are looked up."""
+    """The tree's listing and tar size start before any request, so they are made while
+    the connection is made and the pod and the target are looked up."""
     from aggapi.client import copy
     from aggapi.plugins import ncp
 
