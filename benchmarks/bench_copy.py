@@ -139,6 +139,20 @@ class Pki:
                     "requestheader-extra-headers-prefix": json.dumps(["X-Remote-Extra-"])}}
 
 
+async def fake_pod(work: Path) -> tuple[Pki, Path, str, FakeKube, CapabilitySigner]:
+    """A PKI, the pod "box" in the fake kube-apiserver with its container root (an empty
+    directory), and the signer of its copy capabilities: (pki, root, pod uid, kube,
+    signer)."""
+    p = Pki.create(work / "pki")
+    root = work / "root"
+    root.mkdir()
+    pod_uid = "0b5e7a2c-bench"
+    kube = await start_fakekube(p)
+    kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")], pod_uid))
+    signer = CapabilitySigner((work / "pki" / "token-signing.key").read_bytes())
+    return p, root, pod_uid, kube, signer
+
+
 async def start_fakekube(p: Pki) -> FakeKube:
     from tests.framework.fakekube import FakeKube
 
@@ -453,15 +467,9 @@ def _children_cpu() -> float:
 
 async def run(size: int, work: Path, with_proxy: bool, rounds: int,
               with_ncp: bool = False) -> dict[str, Any]:
-    p = Pki.create(work / "pki")
-    root = work / "root"
-    root.mkdir()
-    pod_uid = "0b5e7a2c-bench"
-    kube = await start_fakekube(p)
-    kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")], pod_uid))
+    p, root, pod_uid, kube, signer = await fake_pod(work)
     # Baseline: same kind of TLS (a leaf of aggapi's CA for 127.0.0.1) and client.
     base_ctx = ssl.create_default_context(cafile=p.path("ca.crt"))
-    signer = CapabilitySigner((work / "pki" / "token-signing.key").read_bytes())
 
     def token(op: str, path: str) -> str:
         return signer.sign(node=NODE, subject=USER, operation=op, pod_namespace="default",

@@ -47,7 +47,7 @@ from pathlib import Path
 import aiohttp
 
 from aggapi import eventloop, wire
-from aggapi.auth.capability import CapabilitySigner, ContainerRef
+from aggapi.auth.capability import ContainerRef
 from aggapi.client import packtar
 from aggapi.client.connection import Connection
 from aggapi.client.copy import RemotePath, build_first, pack_dir, upload_dir
@@ -56,13 +56,11 @@ from benchmarks.bench_copy import (
     GV,
     NODE,
     USER,
-    Pki,
     apiserver_process,
     child,
     endpoint_slice,
+    fake_pod,
     ncp_kubeconfig,
-    pod_object,
-    start_fakekube,
 )
 
 GOAL = 1.1
@@ -146,13 +144,7 @@ async def run(files: int, kib: int, rounds: int, work: Path, ways: list[str],
     listing = packtar.list_tree(src)
     size = packtar.tar_size(src, listing)
     kept, headers_hex = await built(src, listing)
-    p = Pki.create(work / "pki")
-    root = work / "root"
-    root.mkdir()
-    pod_uid = "0b5e7a2c-bench"
-    kube = await start_fakekube(p)
-    kube.put("api/v1", "pods", pod_object("box", [("app", "busybox")], pod_uid))
-    signer = CapabilitySigner((work / "pki" / "token-signing.key").read_bytes())
+    p, root, pod_uid, kube, signer = await fake_pod(work)
     runs: dict[str, list[dict[str, float]]] = {}
     sessions: list[aiohttp.ClientSession] = []
     n = 0
