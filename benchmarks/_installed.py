@@ -67,6 +67,7 @@ from typing import Any
 from benchmarks._cgroupstats import PodCgroup
 from benchmarks._freshfs import FreshFs, fresh_fs, image_bytes
 from benchmarks._procstats import cpu_seconds, profiled
+from benchmarks._sourcetree import source_tree
 from benchmarks.bench_kubectl_cp import file_sha
 from tests.framework.addon import IMAGE_ARCHIVE, IMAGE_REPOSITORY, Addon, addon_of
 from tests.framework.cluster import Cluster, registry_of
@@ -133,12 +134,7 @@ def make_payload(sc: Scenario, workdir: Path) -> Path:
                 f.write(chunk)
                 left -= len(chunk)
         return path
-    root = workdir / sc.name
-    for i in range(sc.files):
-        d = root / f"d{i // 100:03d}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"f{i % 100:02d}.dat").write_bytes(os.urandom(sc.file_bytes))
-    return root
+    return source_tree(workdir / sc.name, sc.files, sc.file_bytes)
 
 
 # --- the processes on either path ----------------------------------------------------

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks._sourcetree import source_tree
 from tests.client.fakeserver import FakeCluster, Pod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,10 +81,8 @@ async def run(a: argparse.Namespace) -> None:
         rootfs = Path(tmp) / "rootfs"
         (rootfs / "data").mkdir(parents=True)
         (rootfs / "data" / "tiny").write_bytes(b"hello\n")
-        for i in range(a.files):
-            d = rootfs / "data" / "tree" / f"d{i // 100:03d}"
-            d.mkdir(parents=True, exist_ok=True)
-            (d / f"f{i % 100:02d}").write_bytes(os.urandom(4096))
+        if a.files:
+            source_tree(rootfs / "data" / "tree", a.files, 4096)
         fc = FakeCluster(Path(tmp) / "srv")
         fc.pods[("default", "web")] = Pod({"app": rootfs})
         await fc.start()

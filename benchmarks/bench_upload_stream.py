@@ -52,6 +52,7 @@ from aggapi.client import packtar
 from aggapi.client.connection import Connection
 from aggapi.client.copy import RemotePath, build_first, pack_dir, upload_dir
 from benchmarks._procstats import cpu_seconds
+from benchmarks._sourcetree import source_tree
 from benchmarks.bench_copy import (
     GV,
     NODE,
@@ -73,15 +74,6 @@ PACE = 0.05
 # ``trickled``: the built tar in 32 KiB pieces, a pause after each, so each arrives on
 # its own (as a proxy forwards a body that comes slower than it can send it on).
 TRICKLE, TRICKLE_PAUSE = 32 << 10, 0.001
-
-
-def make_tree(where: Path, files: int, size: int) -> None:
-    """``files`` random files of ``size`` bytes, 100 to a directory (a source tree)."""
-    for i in range(files):
-        d = where / f"d{i // 100:03d}"
-        if i % 100 == 0:
-            d.mkdir(parents=True)
-        (d / f"f{i:05d}.txt").write_bytes(os.urandom(size))
 
 
 async def built(src: Path, listing: packtar.Listing) -> tuple[list[bytes], str]:
@@ -140,7 +132,7 @@ async def _attach(pid: int, name: str) -> asyncio.subprocess.Process | None:
 async def run(files: int, kib: int, rounds: int, work: Path, ways: list[str],
               legs_wanted: list[str]) -> dict[str, dict[str, float]]:
     src = work / "src"
-    make_tree(src, files, kib << 10)
+    source_tree(src, files, kib << 10)
     listing = packtar.list_tree(src)
     size = packtar.tar_size(src, listing)
     kept, headers_hex = await built(src, listing)
