@@ -341,9 +341,8 @@ class Extractor:
         removal can change what another link's path runs through: check again. A
         hostile chain could make that quadratic, so after a few rounds every link
         whose path runs through another link goes too; the rest cannot change.
-        Without a symlink in the tree there is nothing to walk for."""
-        if not self.links:
-            return
+        Called only when the stream made a symlink (``links``): without one there is
+        nothing to walk for."""
         for rounds in range(RECHECK_ROUNDS + 1):
             if not self._sweep(strict=rounds == RECHECK_ROUNDS):
                 return
