@@ -65,7 +65,7 @@ from aiohttp import web
 
 from aggapi import wire
 from aggapi.agent.auth import CAPABILITY
-from aggapi.agent.copy import creds
+from aggapi.agent.copy import creds, tarwalk
 from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
 from aggapi.agent.copy.digests import Cancelled, Pending
@@ -405,8 +405,8 @@ async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
 async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
                     t: dl.Target, trailing: bool) -> web.StreamResponse:
     async with _opened(state, t, dl.open_dir) as dfd:
-        await call(state.workers, dl.measure, dfd, state.limits)
-        walker = dl.TarWalker(root, dfd, state.limits, trailing=trailing)
+        await call(state.workers, tarwalk.measure, dfd, state.limits)
+        walker = tarwalk.TarWalker(root, dfd, state.limits, trailing=trailing)
         gen = walker.chunks()
         try:
             resp = web.StreamResponse(status=200, headers={
