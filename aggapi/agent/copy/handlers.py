@@ -76,7 +76,7 @@ from aggapi.agent.copy.ranges import etag, parse_range
 from aggapi.agent.copy.settle import call, settle, wait_out
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.upload import upload_file, upload_tar
-from aggapi.agent.copy.uploadparams import UploadParams
+from aggapi.agent.copy.uploadparams import UploadParams, strict_query
 from aggapi.auth.capability import Capability
 from aggapi.status import StatusError
 
@@ -100,6 +100,7 @@ def _capability(request: web.Request, *ops: str) -> Capability:
 
 def _target(request: web.Request, cap: Capability) -> tuple[str, str]:
     """(container name, clean path), both as the capability names them."""
+    strict_query(request.method, request.query)
     names = [c.name for c in cap.containers]
     container = request.query.get(wire.PARAM_CONTAINER) or (names[0] if len(names) == 1 else "")
     if not container:
