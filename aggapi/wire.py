@@ -70,6 +70,10 @@ SHA256_REFUSED = "sha256 must be 64 hex digits"
 # that predates it ignores the parameter and answers with the digest up front.
 PARAM_DIGEST = "digest"
 DIGEST_TRAILER = "trailer"
+# digest=entry: a file's sha256 up front (X-Aggapi-Sha256, as without the parameter); a
+# directory's tar with each file's in its own entry (AGGAPI.sha256). A directory asked
+# without ``digest`` is a plain tar: no AGGAPI.* record, no closing "./" entry.
+DIGEST_ENTRY = "entry"
 # Download parameters the apiserver passes to the agent as they are (not in the token).
 DOWNLOAD_CHOICES = (PARAM_SYMLINK, PARAM_DIGEST)
 # Every query parameter a copy request may carry, by method (HEAD is GET without its

@@ -14,7 +14,11 @@ first (in steps of a chunk, so a walk step stays bounded) and read again to be s
 Asked with digest=trailer (``trailing``), every file is read once, hashed as it is
 sent, and its sha256 goes on the entry after it (``AGGAPI.previousSha256``).
 
-Skipped entries are reported at the end of the stream: the last entry is
+Asked without ``digest`` (``plain``), the tar is a plain one that any tar extracts
+silently into the user's directory: no vendor record, no closing "./" entry (which
+would change the mode, owner and time of the directory extracted into), nothing
+skipped reported. Otherwise (ncp asks with digest=trailer), skipped entries are
+reported at the end of the stream: the last entry is
 "./" (the directory itself, a no-op for extractors) whose PAX extended header
 carries the vendor keywords ``AGGAPI.skipped`` (JSON list of {path, type, reason}),
 ``AGGAPI.entries``, ``AGGAPI.bytes`` and ``AGGAPI.complete=true``. An HTTP
@@ -128,6 +132,10 @@ class TarWalker:
     # hashed as sent); ``owed`` holds it until that entry's header is built.
     trailing: bool = False
     owed: str | None = None
+    # A plain tar (a download asked without ``digest``: ``kubectl get --raw | tar x``):
+    # no AGGAPI.* record and no closing "./" entry, which would set the mode, owner and
+    # time of the directory the user extracts into; each file read once.
+    plain: bool = False
 
     def _header(self, name: str, typeflag: bytes, *, records: dict[str, str] | None = None,
                 **kw: Any) -> bytes:
@@ -149,8 +157,9 @@ class TarWalker:
 
     def chunks(self) -> Generator[bytes, None, None]:
         # Every regular file's sha256 is in its entry, or with trailing the next entry's.
-        buf: list[bytes] = [TRAILING_ANNOUNCEMENT if self.trailing else ANNOUNCEMENT]
-        held = len(buf[0])
+        buf: list[bytes] = [] if self.plain else [
+            TRAILING_ANNOUNCEMENT if self.trailing else ANNOUNCEMENT]
+        held = sum(map(len, buf))
         for piece in self._walk(self.dir_fd, "", 0):
             if piece is None:  # a step of a big file's hash: let the caller check in
                 yield b"".join(buf)
@@ -164,7 +173,8 @@ class TarWalker:
             if held >= CHUNK:
                 yield b"".join(buf)
                 buf, held = [], 0
-        buf.append(self.manifest())
+        if not self.plain:
+            buf.append(self.manifest())
         buf.append(ts.END)
         yield b"".join(buf)
 
@@ -265,6 +275,10 @@ class TarWalker:
         try:
             size = st.st_size
             self._count(size)
+            if self.plain:
+                yield self._header(rel, ts.REG, size=size, **common)
+                yield from self._data(fd, rel, size)
+                return
             if self.trailing:
                 yield from self._file_trailing(fd, rel, size, common)
                 return
