@@ -5,7 +5,8 @@ renamed into place only once the stream ended with its ``AGGAPI.complete``
 record; each entry is applied (or refused, on its own) by
 :class:`aggapi.client.extractor.Extractor`, and symlinks are checked again once the
 stream ended by :mod:`aggapi.client.linkcheck`. A broken or truncated stream fails
-the whole copy and removes the temp dir.
+the whole copy and removes the temp dir; one a killed run left is removed by the next
+download to the same destination (:mod:`aggapi.client.staletemp`).
 
 The tree is made durable before the rename that publishes it by one syncfs of the
 temp dir's file system (where the platform has it; else an fsync per file and
@@ -24,11 +25,11 @@ import asyncio
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from aggapi.client import staletemp
 from aggapi.client.confine import current_umask
 from aggapi.client.errors import LocalError, TransferError
 from aggapi.client.extractor import Extractor, ExtractResult
@@ -55,7 +56,8 @@ async def extract_dir(reader: TarReader, dest: Path,
     if _exists(dest):
         raise LocalError.from_message(f"{dest} already exists; refusing to merge a directory "
                                       "copy into it")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.ncp-", dir=dest.parent))
+    # Locked while this run lives; those of killed runs are removed first.
+    tmp, lock = await asyncio.to_thread(staletemp.claim, dest)
     ok = False
     try:
         ex = Extractor(tmp, current_umask(), reader.parser)
@@ -93,6 +95,7 @@ async def extract_dir(reader: TarReader, dest: Path,
     finally:
         if not ok:
             shutil.rmtree(tmp, ignore_errors=True)
+        os.close(lock)
 
 
 async def _feed_all(ex: Extractor, stream: ByteStream, on_bytes: Callable[[int], None]) -> None:
