@@ -21,11 +21,11 @@ from aggapi.client.retry import Backoff
 from aggapi.client.uploader import (
     Hasher,
     Sent,
-    _one_pass_or_two,
-    _raise_unless_refused,
-    _refuse_symlink,
-    _replay,
-    _send,
+    one_pass_or_two,
+    raise_unless_refused,
+    refuse_symlink,
+    replay,
+    send_body,
 )
 
 # For an agent that wants a directory's digest before its tar, a tar up to this size
@@ -56,7 +56,7 @@ async def pack_dir(src: Path, *, preserve: bool = True, follow_links: bool = Fal
     """The work on ``src`` before its upload (see :func:`upload_dir`); every
     file-system call in worker threads."""
     if not follow_links:
-        _refuse_symlink(src)
+        refuse_symlink(src)
     try:
         listing = await asyncio.to_thread(list_tree, src)
         size = await asyncio.to_thread(tar_size, src, listing)
@@ -117,23 +117,23 @@ async def upload_dir(conn: Connection, src: Path, rp: RemotePath, *,
     p = packed or await pack_dir(src, preserve=preserve, follow_links=follow_links)
 
     def chunks(h: Hasher | None, headers_only: bool = False) -> AsyncIterator[bytes]:
-        return _replay(p.kept) if p.kept is not None else tar_stream(
+        return replay(p.kept) if p.kept is not None else tar_stream(
             p.src, p.listing, preserve=p.preserve, digests=p.digests, hasher=h,
             headers_only=headers_only)
 
     def send(sha: str | None, *, headers: bool = False) -> Awaitable[Sent]:
-        return _send(conn, rp, rp.params(format="tar"), "application/x-tar", p.size,
+        return send_body(conn, rp, rp.params(format="tar"), "application/x-tar", p.size,
                      functools.partial(chunks, headers_only=headers), progress or NoProgress(),
                      backoff or Backoff(), rate_limit, sha, headers=headers)
 
     try:
         reply, retries, sha = await send(p.headers_sha256, headers=True)
     except BadRequest as exc:
-        _raise_unless_refused(exc)
+        raise_unless_refused(exc)
         if p.kept is not None:
             reply, retries, sha = await send(await asyncio.to_thread(_sha256_of, p.kept))
         else:
-            reply, retries, sha = await _one_pass_or_two(
+            reply, retries, sha = await one_pass_or_two(
                 send, functools.partial(_hash_tar, p, keep=p.size <= READ_ONCE_MAX))
     return Result(str(reply.get("path") or rp.path), "dir", int(reply.get("size") or 0),
                   sha, retries=retries, entries=len(p.listing.entries),

@@ -39,7 +39,7 @@ def _symlink_refused(src: Path) -> AggapiError:
         f"{src} is a symbolic link; not followed (-L uploads what it points to)")
 
 
-def _refuse_symlink(src: Path) -> None:
+def refuse_symlink(src: Path) -> None:
     if src.is_symlink():
         raise _symlink_refused(src)
 
@@ -108,8 +108,8 @@ async def upload_file(conn: Connection, src: Path, rp: RemotePath, *, overwrite:
     if mode is not None:
         params.append(("mode", f"{mode:o}"))
     try:
-        reply, retries, sha = await _one_pass_or_two(
-            functools.partial(_send, conn, rp, params, "application/octet-stream", size,
+        reply, retries, sha = await one_pass_or_two(
+            functools.partial(send_body, conn, rp, params, "application/octet-stream", size,
                               chunks, progress or NoProgress(), backoff or Backoff(),
                               rate_limit),
             lambda: asyncio.to_thread(_sha256_fd, fd, size))
@@ -126,7 +126,7 @@ Chunks = Callable[[Hasher | None], AsyncIterator[bytes]]
 Sent = tuple[dict[str, Any], int, str]  # the server's reply, retries, the sha256 sent
 
 
-async def _one_pass_or_two(send: Callable[[str | None], Awaitable[Sent]],
+async def one_pass_or_two(send: Callable[[str | None], Awaitable[Sent]],
                            digest: Callable[[], Awaitable[str]]) -> Sent:
     """One pass: hashed while sent, the digest after the bytes (sha256=trailer). An
     agent that predates the trailer refuses it up front; then a first pass hashes and
@@ -134,11 +134,11 @@ async def _one_pass_or_two(send: Callable[[str | None], Awaitable[Sent]],
     try:
         return await send(None)
     except BadRequest as exc:
-        _raise_unless_refused(exc)
+        raise_unless_refused(exc)
     return await send(await digest())
 
 
-def _raise_unless_refused(exc: BadRequest) -> None:
+def raise_unless_refused(exc: BadRequest) -> None:
     """Re-raise ``exc`` unless it is an agent refusing a sha256 form it predates (which
     it answers before it writes anything)."""
     if wire.SHA256_REFUSED not in str(exc):
@@ -152,7 +152,7 @@ def _read(fd: int, n: int, off: int, h: Hasher | None) -> bytes:
     return chunk
 
 
-async def _send(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
+async def send_body(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
                 content_type: str, size: int, chunks: Chunks, progress: Progress,
                 backoff: Backoff, rate_limit: float | None, sha: str | None, *,
                 headers: bool = False) -> Sent:
@@ -189,6 +189,6 @@ async def _send(conn: Connection, rp: RemotePath, params: list[tuple[str, str]],
     return reply, retries, str(sent)
 
 
-async def _replay(chunks: list[bytes]) -> AsyncIterator[bytes]:
+async def replay(chunks: list[bytes]) -> AsyncIterator[bytes]:
     for chunk in chunks:
         yield chunk
