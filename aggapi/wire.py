@@ -70,8 +70,43 @@ SHA256_REFUSED = "sha256 must be 64 hex digits"
 # that predates it ignores the parameter and answers with the digest up front.
 PARAM_DIGEST = "digest"
 DIGEST_TRAILER = "trailer"
+# digest=entry: a file's sha256 up front (X-Aggapi-Sha256, as without the parameter); a
+# directory's tar with each file's in its own entry (AGGAPI.sha256). A directory asked
+# without ``digest`` is a plain tar: no AGGAPI.* record, no closing "./" entry.
+DIGEST_ENTRY = "entry"
 # Download parameters the apiserver passes to the agent as they are (not in the token).
 DOWNLOAD_CHOICES = (PARAM_SYMLINK, PARAM_DIGEST)
+# Every query parameter a copy request may carry, by method (HEAD is GET without its
+# body, so it takes GET's). Any other is a 400 naming it, at the apiserver and again at
+# the agent, as kube-apiserver refuses an unknown field under strict validation: a
+# misspelled overwite=false must not overwrite.
+COPY_PARAMS: dict[str, tuple[str, ...]] = {
+    "GET": (PARAM_CONTAINER, PARAM_PATH, *DOWNLOAD_CHOICES),
+    "HEAD": (PARAM_CONTAINER, PARAM_PATH, *DOWNLOAD_CHOICES),
+    "POST": (PARAM_CONTAINER, PARAM_PATH, *UPLOAD_PARAMS),
+}
+# Parameters kube-apiserver's clients add for kube-apiserver itself, not for the copy:
+# client-go (kubectl --request-timeout, also with get/create --raw) sends timeout=<d>.
+# The apiserver accepts and ignores them; they never reach the agent.
+CLIENT_PARAMS = ("timeout",)
+
+
+def copy_query_problem(method: str, names: list[str], *,
+                       also: tuple[str, ...] = ()) -> str | None:
+    """Why a copy request's query parameter names (each as often as it came) are
+    refused, or None: one unknown to ``method`` (``also``: the caller's extra ones),
+    or one given more than once (which of them would be acted on?)."""
+    known = (*COPY_PARAMS.get(method, ()), *also)
+    unknown = sorted({n for n in names if n not in known})
+    if unknown:
+        return (f"unknown query parameter{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(repr(n) for n in unknown)} for {method} on pods/copy "
+                f"(known: {', '.join(known)})")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        return (f"query parameter{'s' if len(repeated) > 1 else ''} "
+                f"{', '.join(repr(n) for n in repeated)} given more than once")
+    return None
 
 # --- copy headers ------------------------------------------------------------------
 HEADER_STAT = "X-Aggapi-Stat"      # base64 JSON {name, size, mode, mtime, uid, gid, ...}

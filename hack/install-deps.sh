@@ -12,6 +12,8 @@ APT_PKGS+=(mmdebstrap buildah)
 APT_PKGS+=(apache2-utils)
 # benchmarks/perf_floors.py and its tests: perf samples, binutils to classify stripped code.
 APT_PKGS+=(linux-perf binutils)
+# tests/agent/copy/test_plain_tar.py: raw directory downloads extract silently with bsdtar too.
+APT_PKGS+=(libarchive-tools)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -84,6 +84,7 @@ class FakeCluster:
     # As 622964a's agent: a symlink download is answered with the link whatever the query.
     symlinks_regardless: bool = False
     dir_tar: bytes | None = None  # served instead of a real directory tar
+    dir_stall_after: int | None = None  # a directory GET stops after N bytes, forever
     workloads: dict[str, list[str]] = field(default_factory=dict)  # "deployments": names
     port: int = 0
 
@@ -295,6 +296,14 @@ class FakeCluster:
                         and not self.no_download_trailer)
             body = self.dir_tar if self.dir_tar is not None else tar_of(target,
                                                                         trailing=trailing)
+            if self.dir_stall_after is not None:
+                resp = web.StreamResponse(headers={**hdrs, "Content-Type": "application/x-tar"})
+                await resp.prepare(request)
+                await resp.write(body[:self.dir_stall_after])
+                # Until the client goes (polled: aiohttp has no event for it).
+                while request.transport is not None and not request.transport.is_closing():  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+                return resp
             return web.Response(body=body, headers={**hdrs, "Content-Type": "application/x-tar"})
         if stat.S_ISLNK(st.st_mode):
             if request.query.get("symlink") != "keep" and not self.symlinks_regardless:

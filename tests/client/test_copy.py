@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from aiohttp import ClientResponse
 
-from aggapi.client import copy as client_copy
+from aggapi.client import downloader as client_download
 from aggapi.client import errors
 from aggapi.client.connection import Connection
 from aggapi.client.copy import RemotePath, download, upload_dir, upload_file
@@ -78,7 +78,7 @@ async def test_a_big_download_cut_mid_body_resumes_through_our_own_buffers(
             super().__init__(resp)
             taken.append(self.receiver is not None)
 
-    monkeypatch.setattr(client_copy, "ResponseBody", Recorded)
+    monkeypatch.setattr(client_download, "ResponseBody", Recorded)
     cluster.cut_download_after = 3 << 20
     dest = tmp_path / "out.bin"
     async with await Connection.from_kubeconfig(str(cluster.kubeconfig())) as c:
@@ -164,7 +164,7 @@ async def test_upload_of_a_file_that_shrinks_while_sent_fails_and_commits_nothin
         cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never more, and never less, than the size announced: a file cut short while it is
     sent is an error, not a shorter copy."""
-    from aggapi.client import copy as cp
+    from aggapi.client import uploader as cp
 
     src = tmp_path / "in.bin"
     src.write_bytes(PAYLOAD)
@@ -355,8 +355,8 @@ async def test_a_tree_is_read_once_for_hash_and_send(
     trailer too gets it up front, from the tar built and kept (READ_ONCE_MAX) or from a
     first pass, the tar built again for sending (bounded memory). All arrive whole,
     under the claim sent."""
-    from aggapi.client import copy as copy_mod
     from aggapi.client import packtar
+    from aggapi.client import uploaddir as copy_mod
 
     cluster.no_headers_digest = agent != "new"
     cluster.no_sha256_trailer = agent == "old"
@@ -434,7 +434,7 @@ async def test_a_cut_directory_upload_is_sent_again_whole(
     committed nothing of the cut one) under the same claim: built again with a fresh
     digest trailer, whatever its size; for an agent that wants the whole tar's digest
     first, that digest again (a tar up to READ_ONCE_MAX kept and replayed)."""
-    from aggapi.client import copy as copy_mod
+    from aggapi.client import uploaddir as copy_mod
 
     cluster.no_headers_digest = cluster.no_sha256_trailer = agent == "old"
     if not kept:

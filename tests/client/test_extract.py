@@ -132,7 +132,7 @@ async def test_last_recheck_drops_links_through_links(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # Past the round limit (0 here), links whose path runs through another link go too,
     # so a hostile chain of removals cannot make the re-check quadratic.
-    from aggapi.client import extract as mod
+    from aggapi.client import linkcheck as mod
     monkeypatch.setattr(mod, "RECHECK_ROUNDS", 0)
     dest = tmp_path / "dest"
     res = await extract(stream(header("d/", DIR) + reg("d/f") + sym("m", "d")

@@ -1,6 +1,6 @@
 """Directory downloads checked file by file (issue 27 item 4): the agent's tar carries
 each regular file's sha256 as the PAX record AGGAPI.sha256, and ncp checks it before
-anything is placed. The tars come from the agent's real walker (download.TarWalker)
+anything is placed. The tars come from the agent's real walker (tarwalk.TarWalker)
 over a real directory, and go through the client's real extract_dir."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggapi.agent.copy import download
+from aggapi.agent.copy import tarwalk as download
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.client.errors import IntegrityError, TransferError

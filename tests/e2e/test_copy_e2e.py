@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.copy.test_plain_tar import nobody_dir  # noqa: F401  (fixture)
 from tests.framework.controlplane import ControlPlane
 from tests.framework.node import Node
 from tests.framework.procs import Proc
@@ -187,3 +188,47 @@ async def test_stopped_container_is_409(control_plane: ControlPlane, node: Node,
         assert r.rc == 1 and "Error from server (Conflict)" in r.err, r.err
     finally:
         await asyncio.to_thread(delete_pod, standin, pod.pod)
+
+
+async def test_strict_parameters_and_a_plain_directory_tar_through_kubectl(
+        control_plane: ControlPlane, workload_pod: E2EPod, tmp_path: Path,
+        nobody_dir: Path) -> None:  # noqa: F811
+    """Issue 35 through kube-apiserver and real kubectl: the timeout= kubectl adds for
+    --request-timeout passes; a misspelled overwite=false is a 400 naming it and the
+    target is kept; ``get --raw`` of a directory piped to GNU tar as nobody extracts
+    silently and leaves the directory extracted into as it was."""
+    import io
+    import tarfile
+
+    from tests.agent.copy.test_plain_tar import TOOLS, check_extraction
+
+    c = workload_pod.container
+    q = {"container": c, "path": "/tmp/e2e-strict"}
+    (tmp_path / "a").write_bytes(b"original")
+    (tmp_path / "b").write_bytes(b"replacement")
+    r = await kubectl(control_plane, "create", "--raw", workload_pod.path("copy", q),
+                      "-f", str(tmp_path / "a"), "--request-timeout=60s")
+    assert r.rc == 0, r.err
+    r = await kubectl(control_plane, "create", "--raw",
+                      workload_pod.path("copy", q, overwite="false"), "-f", str(tmp_path / "b"))
+    assert r.rc == 1 and "Error from server (BadRequest)" in r.err, r.err
+    assert "'overwite'" in r.err, r.err
+    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", q))
+    assert r.out == b"original"
+
+    files = {"a.txt": b"alpha\n", "sub/b.bin": os.urandom(MiB + 5)}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    (tmp_path / "tree.tar").write_bytes(buf.getvalue())
+    d = {"container": c, "path": "/tmp/e2e-plain-dir"}
+    r = await kubectl(control_plane, "create", "--raw",
+                      workload_pod.path("copy", d, format="tar"), "-f", str(tmp_path / "tree.tar"))
+    assert r.rc == 0, r.err
+    r = await kubectl(control_plane, "get", "--raw", workload_pod.path("copy", d),
+                      "--request-timeout=60s")
+    assert r.rc == 0, r.err
+    await asyncio.to_thread(check_extraction, TOOLS["gnu-tar"], r.out, nobody_dir, files)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aggapi.agent.copy import download
+from aggapi.agent.copy import tarwalk as download
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.client import packtar

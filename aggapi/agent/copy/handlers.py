@@ -65,7 +65,7 @@ from aiohttp import web
 
 from aggapi import wire
 from aggapi.agent.auth import CAPABILITY
-from aggapi.agent.copy import creds
+from aggapi.agent.copy import creds, tarwalk
 from aggapi.agent.copy import download as dl
 from aggapi.agent.copy.atomic import Owner
 from aggapi.agent.copy.digests import Cancelled, Pending
@@ -76,7 +76,7 @@ from aggapi.agent.copy.ranges import etag, parse_range
 from aggapi.agent.copy.settle import call, settle, wait_out
 from aggapi.agent.copy.state import CopyState
 from aggapi.agent.copy.upload import upload_file, upload_tar
-from aggapi.agent.copy.uploadparams import UploadParams
+from aggapi.agent.copy.uploadparams import UploadParams, strict_query
 from aggapi.auth.capability import Capability
 from aggapi.status import StatusError
 
@@ -100,6 +100,7 @@ def _capability(request: web.Request, *ops: str) -> Capability:
 
 def _target(request: web.Request, cap: Capability) -> tuple[str, str]:
     """(container name, clean path), both as the capability names them."""
+    strict_query(request.method, request.query)
     names = [c.name for c in cap.containers]
     container = request.query.get(wire.PARAM_CONTAINER) or (names[0] if len(names) == 1 else "")
     if not container:
@@ -171,6 +172,9 @@ def _sha256_claim(value: str | None, tar: bool) -> tuple[str | None, bool, bool]
 class DownloadParams:
     # digest=trailer: each file's sha256 follows its data (wire.DIGEST_TRAILER).
     trailer: bool = False
+    # digest given (trailer or entry): a directory's tar carries the AGGAPI.* records;
+    # without it, a plain tar (aggapi.agent.copy.tarwalk.TarWalker.plain).
+    records: bool = False
     # symlink=keep: a symlink at the path is sent as the link itself.
     keep_symlink: bool = False
 
@@ -179,12 +183,14 @@ def download_params(request: web.Request) -> DownloadParams:
     """The download's options, parsed before the container is looked at: a bad value
     is a 400 whatever the path holds."""
     digest = request.query.get(wire.PARAM_DIGEST)
-    if digest is not None and digest != wire.DIGEST_TRAILER:
-        raise StatusError(400, f"{wire.PARAM_DIGEST} must be {wire.DIGEST_TRAILER}")
+    if digest is not None and digest not in (wire.DIGEST_TRAILER, wire.DIGEST_ENTRY):
+        raise StatusError(400, f"{wire.PARAM_DIGEST} must be {wire.DIGEST_TRAILER} or "
+                          f"{wire.DIGEST_ENTRY}")
     link = request.query.get(wire.PARAM_SYMLINK)
     if link is not None and link != wire.SYMLINK_KEEP:
         raise StatusError(400, f"{wire.PARAM_SYMLINK} must be {wire.SYMLINK_KEEP}")
-    return DownloadParams(trailer=digest is not None, keep_symlink=link is not None)
+    return DownloadParams(trailer=digest == wire.DIGEST_TRAILER, keep_symlink=link is not None,
+                          records=digest is not None)
 
 
 @asynccontextmanager
@@ -403,10 +409,11 @@ async def _stream_range(request: web.Request, state: CopyState, root: FsRoot,
 
 
 async def _send_dir(request: web.Request, state: CopyState, root: FsRoot,
-                    t: dl.Target, trailing: bool) -> web.StreamResponse:
+                    t: dl.Target, trailing: bool, *, plain: bool = False
+                    ) -> web.StreamResponse:
     async with _opened(state, t, dl.open_dir) as dfd:
-        await call(state.workers, dl.measure, dfd, state.limits)
-        walker = dl.TarWalker(root, dfd, state.limits, trailing=trailing)
+        await call(state.workers, tarwalk.measure, dfd, state.limits)
+        walker = tarwalk.TarWalker(root, dfd, state.limits, trailing=trailing, plain=plain)
         gen = walker.chunks()
         try:
             resp = web.StreamResponse(status=200, headers={
@@ -470,7 +477,8 @@ class CopyHandlers:
                 path = await state.workers.run(root.absolute, path)
                 async with _lookup(state, root, path) as t:
                     if st_.S_ISDIR(t.st.st_mode):
-                        return await _send_dir(request, state, root, t, params.trailer)
+                        return await _send_dir(request, state, root, t, params.trailer,
+                                               plain=not params.records)
                     if st_.S_ISLNK(t.st.st_mode):
                         _symlink_wanted(params, path, t.link)
                         return web.Response(status=200, headers=_stat_header(root, t))

@@ -24,6 +24,7 @@ from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.status import StatusError
 from aggapi.wire import (
     AGENT_COPY_PATH,
+    CLIENT_PARAMS,
     DOWNLOAD_CHOICES,
     FORWARDED_HEADERS,
     PARAM_CONTAINER,
@@ -31,6 +32,7 @@ from aggapi.wire import (
     RELAYED_HEADERS,
     UPLOAD_PARAMS,
     copy_operation,
+    copy_query_problem,
 )
 
 
@@ -47,6 +49,16 @@ def _container(target: PodTarget, name: str) -> ContainerRef:
     raise StatusError(400, "a container name must be specified for pod "
                            f"{target.name}, choose one of: "
                            f"{', '.join(c.name for c in runnable)}")
+
+
+def _strict_query(request: web.Request) -> None:
+    """Every parameter known, each once (before the pod is looked up): the agent is
+    told only the ones parsed here, so a misspelled one would otherwise be dropped
+    silently (``overwite=false`` overwriting)."""
+    problem = copy_query_problem(request.method, [k for k, _ in request.query.items()],
+                                 also=CLIENT_PARAMS)
+    if problem is not None:
+        raise StatusError(400, problem)
 
 
 def _path(request: web.Request) -> str:
@@ -74,6 +86,7 @@ class CopyHandler:
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         info = request[INFO]
         upload = request.method == "POST"  # the route table admits GET, HEAD and POST
+        _strict_query(request)
         path = _path(request)
         target = await lookup(self.kube_api, info.namespace, info.name)
         if not target.node:
@@ -82,9 +95,9 @@ class CopyHandler:
         params = {k: request.query[k] for k in UPLOAD_PARAMS if k in request.query} \
             if upload else {}
         # Not vouched for in the token: they only choose how a symlink is answered and
-        # where a file's digest goes (before its data or after).
+        # where a file's digest goes (before its data or after). HEAD takes them as GET.
         extra = {k: request.query[k] for k in DOWNLOAD_CHOICES if k in request.query} \
-            if request.method == "GET" else {}
+            if not upload else {}
 
         fwd = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
         if upload and request.content_length is not None:
