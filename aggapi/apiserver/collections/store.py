@@ -30,6 +30,9 @@ ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 # A watch from a version this long before its collection started gets the state as
 # events (Collection.started_after): a list, then at once a watch, in microseconds.
 STARTED_WITHIN_US = 10_000_000
+# Seconds a request with a version from the future waits for it, as kube-apiserver
+# waits for its watch cache before answering "Too large resource version".
+TOO_LARGE_WAIT = 3.0
 
 
 class Clock:
@@ -43,6 +46,10 @@ class Clock:
         self.last = max(self.last + 1, int(self._now() * 1_000_000))
         return self.last
 
+    def peek(self) -> int:
+        """The latest version handed out or the time now, whichever is later."""
+        return max(self.last, int(self._now() * 1_000_000))
+
 
 @dataclass(frozen=True)
 class Event:
@@ -51,6 +58,8 @@ class Event:
     obj: Obj
     prev: Obj | None  # the object before (None for ADDED): did a watcher's selector
     #                   match it? (an object leaving a selection is DELETED for it)
+    #                   and what undoing the change restores (Collection.state_at)
+    key: Hashable = None
 
 
 def parse_rv(raw: str | None) -> int | None:
@@ -66,6 +75,17 @@ def parse_rv(raw: str | None) -> int | None:
 
 def expired(rv: int) -> StatusError:
     return StatusError(410, f"too old resource version: {rv}", reason="Expired")
+
+
+def too_large(rv: int, current: int) -> StatusError:
+    """kube-apiserver's answer to a version it has not reached after waiting for it
+    (k8s.io/apiserver storage.NewTooLargeResourceVersionError): client-go's reflector
+    recognises it by the cause and retries."""
+    return StatusError(
+        504, f"Timeout: Too large resource version: {rv}, current: {current}",
+        reason="Timeout", retry_after=1,
+        details={"causes": [{"reason": "ResourceVersionTooLarge",
+                             "message": "Too large resource version"}]})
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -94,7 +114,6 @@ class Collection:
                 return None
             del self.objects[key]
             rv, kind, obj = self._clock.next(), DELETED, dict(old)
-            old = None
         else:
             if old is not None and _same(old, obj):
                 return None
@@ -102,13 +121,40 @@ class Collection:
             self.objects[key] = obj
         obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
         self.rv = rv
-        ev = Event(rv, kind, obj, old)
+        ev = Event(rv, kind, obj, old, key)
         self._history.append(ev)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         for fn in self.listeners:
             fn(ev)
         return ev
+
+    def reached(self, rv: int) -> bool:
+        """Whether ``rv`` is not from the future: this server's clock has passed it."""
+        return rv <= self._clock.peek()
+
+    async def wait_reached(self, rv: int, timeout: float | None = None) -> None:
+        """Until the clock passes ``rv`` (another replica's clock a little ahead), at
+        most TOO_LARGE_WAIT s as kube-apiserver waits for its watch cache; then 504."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (TOO_LARGE_WAIT if timeout is None else timeout)
+        while not self.reached(rv):
+            left = deadline - loop.time()
+            if left <= 0:
+                raise too_large(rv, self.rv)
+            await asyncio.sleep(min(left, max(0.001, (rv - self._clock.peek()) / 1e6)))
+
+    def state_at(self, rv: int) -> dict[Hashable, Obj]:
+        """The objects as they were at ``rv``: the current ones with every later change
+        undone (each event keeps the object before it). 410 unless the history holds
+        every change after ``rv``."""
+        state = dict(self.objects)
+        for ev in reversed(self.since(rv)):
+            if ev.prev is None:
+                state.pop(ev.key, None)
+            else:
+                state[ev.key] = ev.prev
+        return state
 
     def now_rv(self) -> int:
         """The version of the state as it is now, for a list: the clock's reading, not
