@@ -70,9 +70,9 @@ class CollectionHandler:
         self.res, self.feeds, self.lifecycle = res, feeds, lifecycle
 
     @contextlib.asynccontextmanager
-    async def _feed(self, namespace: str) -> AsyncIterator[Feed]:
+    async def _feed(self, namespace: str, rv: int | None = None) -> AsyncIterator[Feed]:
         if self.res is PODS:
-            async with self.feeds.pods_of(namespace) as pods:
+            async with self.feeds.pods_of(namespace, rv) as pods:
                 yield pods
             return
         if self.feeds.nodes is None:
@@ -91,14 +91,15 @@ class CollectionHandler:
         if info.verb == "watch" or _flag(query, "watch"):
             return await self._watch(request, sel, rv, version, include)
         req = paging.page_request(query if info.verb != "get" else {}, rv)
-        async with self._feed(info.namespace if self.res.namespaced else "") as feed:
+        async with self._feed(info.namespace if self.res.namespaced else "",
+                              rv if req.rv is None else req.rv) as feed:
             await feed.ready()
             col = feed.collection
             if rv is not None:
                 await col.wait_reached(rv)  # a version from the future: 504 after ~3 s
             state, at = paging.state_of(col, req)
             page = paging.cut(state.values(), sel.matches, req,
-                              col.now_rv() if at is None else at,
+                              col.rv if at is None else at,
                               count_remaining=not (query.get("labelSelector")
                                                    or query.get("fieldSelector")))
             objs, current = page.items, str(page.rv)
@@ -145,17 +146,14 @@ class CollectionHandler:
         send_initial = _flag(query, "sendInitialEvents")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        async with self._feed(info.namespace if self.res.namespaced else "") as feed:
+        async with self._feed(info.namespace if self.res.namespaced else "", rv) as feed:
             await feed.ready()
             col = feed.collection
             if rv is not None:
                 await col.wait_reached(rv)  # a version from the future: 504 after ~3 s
             from_state = rv is None or send_initial
             if rv is not None and not send_initial:
-                if col.started_after(rv):
-                    from_state = True  # see Collection.started_after
-                else:
-                    col.check_rv(rv)  # 410 Expired before any byte: the client relists
+                col.check_rv(rv)  # 410 Expired before any byte: the client relists
             resp = web.StreamResponse(headers={"Content-Type": "application/json",
                                                "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
