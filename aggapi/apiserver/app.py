@@ -37,12 +37,16 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
             if agent.key_publisher is not None:
                 tasks.append(asyncio.create_task(agent.key_publisher.run(),
                                                  name="token-key"))
+        tasks.append(asyncio.create_task(parts.election.run(), name="leader-election"))
         yield
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await parts.election.release()  # another replica leads at once, not in 15 s
+        if parts.forwarder is not None:
+            await parts.forwarder.close()
         await parts.progress_streams.close()
         await parts.feeds.close()  # and the pod/event sources the streams shared
         if agent is not None:
