@@ -44,7 +44,6 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await parts.election.release()  # another replica leads at once, not in 15 s
         if parts.forwarder is not None:
             await parts.forwarder.close()
         await parts.progress_streams.close()
@@ -78,6 +77,9 @@ def new_app(parts: Parts, *, extra_routes: list[Route] | None = None) -> web.App
     app[LIFECYCLE] = parts.lifecycle
 
     async def on_shutdown(_app: web.Application) -> None:
+        # Another replica leads the collections at once (not when the Lease expires),
+        # so the watches this drain ends find the new term when they come back.
+        await parts.election.release()
         await parts.lifecycle.drain(parts.config.shutdown_grace)
 
     app.on_shutdown.append(on_shutdown)

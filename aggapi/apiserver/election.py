@@ -103,6 +103,7 @@ class LeaseElection(Election):
         self._wall, self._mono = wall, monotonic
         self._seen: tuple[str, float] = ("", 0.0)  # the Lease's version, when first seen
         self._renewed = 0.0
+        self._released = False  # shutting down: never lead again
 
     async def run(self) -> None:
         while True:
@@ -116,6 +117,8 @@ class LeaseElection(Election):
 
     async def tick(self) -> None:
         """One round: renew, take over an expired or released Lease, or follow."""
+        if self._released:
+            return
         try:
             lease: dict[str, Any] | None = await self.kube.get(self.path)
         except KubeError as err:
@@ -210,8 +213,9 @@ class LeaseElection(Election):
             await self._changed()
 
     async def release(self) -> None:
-        """On shutdown: give the Lease up so another replica leads at its next round,
-        not after the Lease expires."""
+        """On shutdown (before draining): give the Lease up so another replica leads at
+        its next round, not after the Lease expires; this one follows it meanwhile."""
+        self._released = True
         if not self.is_leader:
             return
         with contextlib.suppress(KubeError, OSError, TimeoutError):

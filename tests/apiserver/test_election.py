@@ -65,6 +65,8 @@ async def test_one_leader_a_new_epoch_per_term_and_release(kube: FakeKube) -> No
         assert a.election.leader.identity == "b"
         # b shuts down and releases: a leads at its next round, epoch above again
         await b.election.release()
+        await b.election.tick()  # shutting down: it never takes the Lease back
+        assert not b.election.is_leader
         await a.election.tick()
         assert a.election.is_leader and a.election.epoch == first + 2
         lease = kube.get(LEASES, "leases", "aggapi", "aggapi-collections")
