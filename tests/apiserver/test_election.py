@@ -5,6 +5,7 @@ higher epoch for every new term, and a released Lease taken over at once."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -92,3 +93,32 @@ async def test_a_lost_race_follows(kube: FakeKube) -> None:
     finally:
         await a.election.kube.close()
         await b.election.kube.close()
+
+
+async def test_a_follower_without_a_leader_or_a_forwarded_request_is_503() -> None:
+    """Never a loop: a request another replica forwarded, reaching one that does not
+    lead (the leader just changed), is 503 with Retry-After, not forwarded again."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from aggapi.apiserver.election import Election, Leader
+    from aggapi.apiserver.replicas import FORWARDED, LeaderRouted
+    from aggapi.status import StatusError
+
+    served: list[str] = []
+
+    async def local(_request: object) -> Any:
+        served.append("here")
+        return None
+
+    election = Election()
+    election.is_leader = False
+    routed = LeaderRouted(local, election, None)
+    for leader, headers in ((None, {}), (Leader("b", "https://b:1", "00", 2),
+                                         {FORWARDED: "a"})):
+        election.leader = leader
+        with pytest.raises(StatusError) as err:
+            await routed(make_mocked_request("GET", "/x", headers=headers))
+        assert err.value.code == 503 and err.value.retry_after == 1
+    election.is_leader = True
+    await routed(make_mocked_request("GET", "/x", headers={FORWARDED: "a"}))
+    assert served == ["here"]
