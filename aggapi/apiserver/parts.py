@@ -18,7 +18,7 @@ from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
 from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
-from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.election import Election, LeaseElection
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.election import LeaseElection
 from aggapi.apiserver.parts import Parts
 from aggapi.apiserver.podsources import Sources

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.election import Election, Leader
 from aggapi.apiserver.parts import Parts
 from aggapi.apiserver.podsources import Sources

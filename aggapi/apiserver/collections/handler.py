@@ -16,7 +16,8 @@ from aiohttp import web
 
 from aggapi import GROUP, GROUP_VERSION
 from aggapi.apiserver.collections import nodeimagepulls, paging, podimagepulls
-from aggapi.apiserver.collections.feeds import Feed, Feeds
+from aggapi.apiserver.collections.feeds import Feed
+from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.selectors import FieldTerm, Selector, selector
 from aggapi.apiserver.collections.store import Event, expired, parse_rv
 from aggapi.apiserver.collections.table import include_object, table, table_version
