@@ -23,7 +23,7 @@ import tracemalloc
 from typing import Any, cast
 
 from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.podsources import Sources
 from tests.apiserver.collections.fakes import FakeAgent, event, node_view, pod, pull
 from tests.framework.fakekube import FakeKube

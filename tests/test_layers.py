@@ -147,9 +147,9 @@ AP = "aggapi.apiserver."
 LAYERS: list[set[str]] = [
     {"user", "requestinfo", "config", "metrics", "shutdown", "pods", "agents",
      "agentclient", "authconfig", "discovery", "openapi", "health", "shared",
-     "podsources"},  # foundation
+     "podsources", "election"},  # foundation
     {"authn", "authz"},                      # the authentication and authorization layer
-    {"handlers", "imagepullprogress"},       # the subresources: never authorize
+    {"handlers", "imagepullprogress", "replicas"},  # the subresources: never authorize
     {"collections"},                         # the collections, on the merge policy
     {"parts"},                               # Complete(): builds every part
     {"routes"},                              # the route table and its authorization

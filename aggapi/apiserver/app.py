@@ -37,12 +37,15 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
             if agent.key_publisher is not None:
                 tasks.append(asyncio.create_task(agent.key_publisher.run(),
                                                  name="token-key"))
+        tasks.append(asyncio.create_task(parts.election.run(), name="leader-election"))
         yield
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if parts.forwarder is not None:
+            await parts.forwarder.close()
         await parts.progress_streams.close()
         await parts.feeds.close()  # and the pod/event sources the streams shared
         if agent is not None:
@@ -74,6 +77,9 @@ def new_app(parts: Parts, *, extra_routes: list[Route] | None = None) -> web.App
     app[LIFECYCLE] = parts.lifecycle
 
     async def on_shutdown(_app: web.Application) -> None:
+        # Another replica leads the collections at once (not when the Lease expires),
+        # so the watches this drain ends find the new term when they come back.
+        await parts.election.release()
         await parts.lifecycle.drain(parts.config.shutdown_grace)
 
     app.on_shutdown.append(on_shutdown)

@@ -71,11 +71,21 @@ class ApiServerConfig:
     # Seconds between reads of a node's pulls from its agent while a collection
     # follows a pod there.
     collection_poll_interval: float = 1.0
+    # More than one replica: one computes the collections (elected with this Lease in
+    # --pod-namespace), the others forward to it at the address it advertises.
+    leader_elect: bool = False
+    leader_elect_lease: str = "aggapi-collections"
+    advertise_address: str = ""
 
 
 # flag name -> (type, help); the env name is AGGAPI_<FLAG_WITH_UNDERSCORES>.
 _FLAGS: dict[str, tuple[type, str]] = {
     "bind-address": (str, "address to listen on"),
+    "leader-elect": (bool, "elect one replica (a coordination.k8s.io Lease in "
+                           "--pod-namespace) to compute podimagepulls/nodeimagepulls; "
+                           "the others forward to it"),
+    "leader-elect-lease": (str, "the Lease's name"),
+    "advertise-address": (str, "this replica's IP, for the others to forward to"),
     "secure-port": (int, "HTTPS port"),
     "tls-cert-file": (str, "serving certificate (PEM), reloaded when it changes"),
     "tls-private-key-file": (str, "serving key (PEM), reloaded when it changes"),
@@ -176,4 +186,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Api
         raise SystemExit("--tls-min-version must be 1.2 or 1.3")
     if cfg.read_header_timeout < 0:
         raise SystemExit("--read-header-timeout must not be negative")
+    if cfg.leader_elect and not (cfg.pod_namespace and cfg.pod_name
+                                 and cfg.advertise_address and cfg.tls_cert_file):
+        raise SystemExit("--leader-elect needs --pod-namespace, --pod-name, "
+                         "--advertise-address and --tls-cert-file")
     return cfg

@@ -9,6 +9,7 @@ at construction. Tests build their own ``Parts`` (fakes included) the same way.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,13 +18,15 @@ from aggapi.apiserver.agents import AgentDirectory
 from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_certs
 from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
-from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.config import ApiServerConfig
+from aggapi.apiserver.election import Election, LeaseElection
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import new_progress_streams
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.podsources import Sources
+from aggapi.apiserver.replicas import Forwarder, cert_sha256
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.auth.agentidentity import IdentityPins
 from aggapi.auth.capability import CapabilitySigner
@@ -49,6 +52,8 @@ class Parts:
     pod_watches: PodWatchHub  # progress streams' pods, read from feeds.sources
     progress_streams: SharedStreams  # progress producers shared by identical requests
     feeds: Feeds  # podimagepulls/nodeimagepulls: shared pod/event watches and node polls
+    election: Election  # which replica computes the collections (standalone: this one)
+    forwarder: Forwarder | None  # to the leader, while another replica leads
 
 
 def _signer(config: ApiServerConfig, kube_api: KubeClient
@@ -100,6 +105,25 @@ def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient 
                        pins=pins)
 
 
+def _election(config: ApiServerConfig, kube_api: KubeClient, feeds: Feeds,
+              lifecycle: Lifecycle) -> tuple[Election, Forwarder | None]:
+    """Standalone, or a Lease election whose changes start a new term of the feeds."""
+    if not config.leader_elect:
+        return Election(), None
+    identity = f"{config.pod_name}_{uuid.uuid4().hex[:8]}"
+    host = config.advertise_address
+    election = LeaseElection(
+        kube_api, namespace=config.pod_namespace, name=config.leader_elect_lease,
+        identity=identity,
+        endpoint=f"https://{f'[{host}]' if ':' in host else host}:{config.secure_port}",
+        cert_sha256=lambda: cert_sha256(config.tls_cert_file))
+
+    async def new_term() -> None:
+        await feeds.new_term(election.epoch if election.is_leader else None)
+    election.listeners.append(new_term)
+    return election, Forwarder(election, kube_api.bearer_token, identity, lifecycle)
+
+
 def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS | None = None,
              auth_source: AuthConfigSource | None = None) -> Parts:
     """Every part of the server, from its configuration."""
@@ -121,6 +145,8 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                   linger=config.collection_linger,
                   poll_interval=config.collection_poll_interval)
     metrics.collection_watches.set_function(feeds.watches)
+    lifecycle = Lifecycle(metrics)
+    election, forwarder = _election(config, kube_api, feeds, lifecycle)
     metrics.collection_node_polls.set_function(feeds.agent_polls)
     return Parts(
         config=config, kube_api=kube_api, metrics=metrics, auth_source=source,
@@ -133,6 +159,6 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
         authorizer=Authorizer(kube_api, metrics, allow_ttl=config.authz_allow_ttl,
                               deny_ttl=config.authz_deny_ttl, maxsize=config.authz_cache_size,
                               timeout=config.review_timeout),
-        lifecycle=Lifecycle(metrics), tls=tls, agent=agent,
+        lifecycle=lifecycle, tls=tls, agent=agent,
         pod_watches=PodWatchHub(feeds.sources), progress_streams=new_progress_streams(),
-        feeds=feeds)
+        feeds=feeds, election=election, forwarder=forwarder)

@@ -29,6 +29,7 @@ from aggapi.apiserver.imagepullprogress.handler import SEE_NODE_PULLS, PodProgre
 from aggapi.apiserver.imagepullprogress.nodeview import NodePullsHandler
 from aggapi.apiserver.metrics import metrics_handler
 from aggapi.apiserver.parts import Parts
+from aggapi.apiserver.replicas import LeaderRouted
 from aggapi.apiserver.requestinfo import INFO
 from aggapi.status import Handler
 from aggapi.wire import GROUP_VERSION_PATH as GV
@@ -86,8 +87,11 @@ def route_table(parts: Parts) -> list[Route]:
         Route(READ, f"{GV}/nodes/{{name}}/imagepulls", NodePullsHandler(parts.kube_api,
                                                                           parts.agent)),
     ]
-    pod_pulls = CollectionHandler(PODS, parts.feeds, parts.lifecycle)
-    node_pulls = CollectionHandler(NODES, parts.feeds, parts.lifecycle)
+    # Served by the replica that leads the collections, forwarded to it by the others.
+    pod_pulls = LeaderRouted(CollectionHandler(PODS, parts.feeds, parts.lifecycle),
+                             parts.election, parts.forwarder)
+    node_pulls = LeaderRouted(CollectionHandler(NODES, parts.feeds, parts.lifecycle),
+                              parts.election, parts.forwarder)
     for prefix in (GV, f"{GV}/watch"):
         # The collections: get/list/watch as the request's own attributes say
         # (a namespaced list authorizes that namespace, an all-namespaces one the

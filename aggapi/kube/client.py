@@ -151,9 +151,14 @@ class KubeClient:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
 
+    async def bearer_token(self) -> str | None:
+        """The token this client presents (its ServiceAccount's in a pod): the
+        apiserver replicas present it to each other (``apiserver/replicas.py``)."""
+        return await self._token_file.token() if self._token_file else self._token
+
     async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {}
-        token = await self._token_file.token() if self._token_file else self._token
+        token = await self.bearer_token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
         if content_type:

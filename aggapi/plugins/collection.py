@@ -4,14 +4,16 @@ A workload, ``-l``, ``--node`` and ``-A`` all become one request pair on the col
 (namespaced, or all namespaces; ``fieldSelector=spec.nodeName=NODE`` for a node), so the
 cost on the cluster does not grow with the pods: the server keeps one pod and one event
 watch per namespace whatever the plugin follows. A watch that ends or drops is resumed
-from the last resourceVersion seen (bookmarks included); a version the server no longer
-has (410 Expired, as an HTTP status or an ERROR event) means a fresh list.
+from the last resourceVersion seen (bookmarks included), for as long as it takes; a
+version the server no longer has (410 Expired, as an HTTP status or an ERROR event)
+means a fresh list.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,10 +76,14 @@ async def follow_collection(conn: Connection, target: Target, namespace: str, *,
                             backoff: Backoff | None = None,
                             on_retry: OnRetry | None = None) -> AsyncIterator[Change]:
     """The selected pods' PodImagePulls: a LIST, then the watch's changes, for ever
-    (the caller stops). Typed errors once the server refuses or retries run out."""
+    (the caller stops). Transient failures are retried without end, as client-go's
+    reflector does: a replica going away (a reset, 503 from the aggregator, a watch
+    ending empty, 504 "Too large resource version" from a replica not there yet) must
+    not end the follow; ``on_retry`` tells the user. Typed errors once the server
+    refuses (401, 403, 404, 400...)."""
     path = collection_path(target, namespace)
     params = selector_params(target)
-    backoff = backoff or Backoff()
+    backoff = backoff or Backoff(attempts=sys.maxsize)
     rv = ""
     while True:
         try:

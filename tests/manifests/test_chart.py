@@ -70,16 +70,20 @@ def test_values_schema_rejects_unknown_and_bad_values(helm: str) -> None:
 def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
     docs = render()
     role = find(docs, "ClusterRole", "aggapi-apiserver")
+    # podimagepulls/nodeimagepulls: a replica forwards them to the leader as itself.
     assert _rules(role) == {(g, r, v) for g, r in [
-        ("", "pods"), ("", "events"), ("certificates.k8s.io", "certificatesigningrequests")]
+        ("", "pods"), ("", "events"), ("certificates.k8s.io", "certificatesigningrequests"),
+        ("subresources.aggapi.io", "podimagepulls"),
+        ("subresources.aggapi.io", "nodeimagepulls")]
         for v in ("get", "list", "watch")}
-    # EndpointSlices (the agents') and ConfigMaps (its public token key) only in its own
-    # namespace: a Role, not a ClusterRole.
+    # EndpointSlices (the agents'), ConfigMaps (its public token key) and the
+    # collections' Lease only in its own namespace: a Role, not a ClusterRole.
     ns_role = find(docs, "Role", "aggapi-apiserver")
     assert ns_role["metadata"]["namespace"] == "aggapi"
     assert _rules(ns_role) == {("discovery.k8s.io", "endpointslices", v)
                                for v in ("get", "list", "watch")} | {
-        ("", "configmaps", v) for v in ("get", "create", "update")}
+        ("", "configmaps", v) for v in ("get", "create", "update")} | {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
     sa = {"kind": "ServiceAccount", "name": "aggapi-apiserver", "namespace": "aggapi"}
     crbs = {d["roleRef"]["name"]: d for d in docs if d["kind"] == "ClusterRoleBinding"
             and d["metadata"]["name"].startswith("aggapi-apiserver")}
@@ -118,7 +122,8 @@ def test_apiserver_rbac_is_exactly_the_documented_set(render: Render) -> None:
     # With a key file, nobody needs ConfigMaps.
     files = render(["tokenSigning.mode=existingSecret"])
     assert _rules(find(files, "Role", "aggapi-apiserver")) == {
-        ("discovery.k8s.io", "endpointslices", v) for v in ("get", "list", "watch")}
+        ("discovery.k8s.io", "endpointslices", v) for v in ("get", "list", "watch")} | {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
     assert not [d for d in files if d["metadata"]["name"] == "aggapi-agent"
                 and d["kind"] in ("Role", "RoleBinding")]
 
@@ -191,7 +196,10 @@ def test_no_signing_key_at_rest_by_default(render: Render, mode: str) -> None:
             "--pod-name=$(POD_NAME)", "--pod-uid=$(POD_UID)"} <= set(c["args"])
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]} == {
         "POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name",
-        "POD_UID": "metadata.uid"}
+        "POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
+    # one replica computes the collections, elected on a Lease; the others forward
+    assert {"--leader-elect=true", "--leader-elect-lease=aggapi-collections",
+            "--advertise-address=$(POD_IP)"} <= set(c["args"])
     agent = _pod_spec(docs, "DaemonSet")
     assert "token-public" not in json.dumps(agent)
     args = agent["containers"][0]["args"]

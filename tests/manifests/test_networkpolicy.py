@@ -60,7 +60,9 @@ def test_apiserver_policy_admits_only_the_listed_peers(render: Render) -> None:
     assert not _selects(spec["podSelector"], _pod_labels(docs, "DaemonSet"))
     assert spec["ingress"] == [{
         "from": [{"ipBlock": {"cidr": CIDR}},
-                 {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}],
+                 {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}},
+                 # the other replicas, forwarding the collections to the leader
+                 {"podSelector": {"matchLabels": _pod_labels(docs, "Deployment")}}],
         "ports": [{"port": 9443, "protocol": "TCP"}]}]
     ports = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert [p["containerPort"] for p in ports] == [9443]

@@ -81,6 +81,12 @@ class FakeCollection:
     cut_watch_after: int | None = None  # the next watch is cut after N events
     compact_on_cut: bool = False  # ... and the history is dropped meanwhile
     error_event_next_watch: bool = False  # the next watch sends ERROR 410 first
+    # The next requests to the collection, one failure each (a replica going away
+    # behind the aggregator): an HTTP code answered as a Status ("504" is kube's
+    # "Too large resource version"), "reset" (the connection closed, no answer) or
+    # "empty" (a watch that ends at once with no event).
+    failures: list[str] = field(default_factory=list)
+    retry_after: int = 1  # the failures' Status details.retryAfterSeconds
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -162,8 +168,29 @@ class FakeCollection:
             and _labels_match(q.get("labelSelector", ""), obj["metadata"]["labels"]) \
             and _fields_match(q.get("fieldSelector", ""), obj)
 
+    async def _fail(self, request: web.Request, how: str) -> web.StreamResponse:
+        if how == "reset":
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+        if how == "empty":
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            return resp
+        code = int(how)
+        body: Obj = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                     "reason": {503: "ServiceUnavailable", 504: "Timeout"}.get(code, ""),
+                     "message": "Too large resource version" if code == 504 else "no endpoints",
+                     "details": {"retryAfterSeconds": self.retry_after}}
+        if code == 504:
+            body["details"]["causes"] = [{"reason": "ResourceVersionTooLarge",
+                                          "message": "Too large resource version"}]
+        return web.json_response(body, status=code)
+
     async def collection(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(("GET", request.path, dict(request.query)))
+        if self.failures:
+            return await self._fail(request, self.failures.pop(0))
         if request.query.get("watch") not in ("1", "true"):
             items = [o for o in self.objects.values() if self._selected(request, o)]
             body = json.dumps({"apiVersion": GV, "kind": "PodImagePullList",

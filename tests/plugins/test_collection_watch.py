@@ -5,6 +5,7 @@ resourceVersion, a relist on 410 Expired, and -o json through real kubectl."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from aggapi.client.connection import Connection, ConnectionFlags
+from aggapi.client.retry import Backoff
+from aggapi.plugins import collection
 from aggapi.plugins.pullset import Runner
 from aggapi.plugins.targets import Target
 from tests.plugins.fakecollection import FakeCollection, pod_image_pull
@@ -161,6 +164,33 @@ async def test_410_error_event_relists(fake: FakeCollection, tmp_path: Path) -> 
     finally:
         await conn.close()
     assert fake.verbs()[:4] == ["list", "watch", "list", "watch"]
+
+
+async def test_keeps_following_through_a_replicas_loss(
+        fake: FakeCollection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica deleted under the watch: the connection resets, the aggregator says 503
+    while its endpoints change, empty watches, a replica that has not reached the
+    version yet (504 Too large) — more failures in a row than a one-shot retry allows,
+    and the plugin keeps following from its last version, never relisting."""
+    monkeypatch.setattr(collection, "Backoff", functools.partial(Backoff, first=0.01, cap=0.02))
+    for n in ("a", "b"):
+        fake.put(pod_image_pull("ns", n))
+    fake.cut_watch_after = 1
+    fake.retry_after = 0
+    r, task, conn = await runner(fake, tmp_path, Target(label_selector="app=web"))
+    try:
+        await wait_verbs(fake, 2)
+        fake.failures = ["reset", "503", "empty", "504", "reset"] * 3
+        fake.put(pod_image_pull("ns", "a", phase="Done"))  # through, then the cut
+        await wait_verbs(fake, 2 + 1 + 15)
+        fake.put(pod_image_pull("ns", "b", phase="Done"))
+        failures = await asyncio.wait_for(task, 20)
+    finally:
+        await conn.close()
+    assert failures == [] and all(p.done for p in r.set.pods.values())
+    assert set(fake.verbs()) == {"list", "watch"} and fake.verbs().count("list") == 1
+    watches = [q for _, p, q in fake.requests if q.get("watch")]
+    assert {w["resourceVersion"] for w in watches[1:]} == {watches[-1]["resourceVersion"]}
 
 
 async def test_json_streams_the_events_for_a_deployment(

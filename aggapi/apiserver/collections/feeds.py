@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from aggapi.apiserver.agentclient import AgentClient
@@ -339,50 +339,3 @@ class NodeFeed(_Batcher):
                     if k in feed.collection.objects]
             self.collection.set(("", node), node_image_pull(
                 node, poll.view if poll else None, poll.error if poll else "", pods))
-
-
-class Feeds:
-    """The shared feeds, built once (parts.py) and handed to the collection handlers."""
-
-    def __init__(self, sources: Sources, agent: AgentClient | None, *, linger: float,
-                 poll_interval: float) -> None:
-        self.clock = Clock()
-        self.sources = sources
-        self.agent = agent
-        self.polls: Shared[str, NodePoll] | None = None
-        if agent is not None:
-            polls: Shared[str, NodePoll] = Shared(
-                lambda node: NodePoll(agent, node, interval=poll_interval), linger=0)
-            self.polls = polls
-        self.pods: Shared[str, PodFeed] = Shared(
-            lambda ns: PodFeed(sources, ns, self.polls, self.clock), linger=linger)
-        self.nodes: Shared[str, NodeFeed] | None = None
-        if agent is not None and self.polls is not None:
-            node_polls = self.polls
-            self.nodes = Shared(lambda _k: NodeFeed(agent, self.pods, node_polls, self.clock),
-                                linger=linger)
-
-    @contextlib.asynccontextmanager
-    async def pods_of(self, namespace: str) -> AsyncIterator[PodFeed]:
-        """The feed that serves ``namespace`` ("" for all): the cluster-wide one while it
-        runs and is synced, else the namespace's own. Selectors scope it: the handler
-        adds metadata.namespace to every namespaced request."""
-        async with self.pods.use_covering(namespace, "",
-                                          lambda f: f.synced.is_set()) as feed:
-            yield feed
-
-    def watches(self) -> int:
-        """Watches held on kube-apiserver for pods and events now (the collections'
-        and the per-pod streams', shared)."""
-        return self.sources.watches()
-
-    def agent_polls(self) -> int:
-        return len(self.polls.parts()) if self.polls is not None else 0
-
-    async def close(self) -> None:
-        if self.nodes is not None:
-            await self.nodes.close()
-        await self.pods.close()
-        if self.polls is not None:
-            await self.polls.close()
-        await self.sources.close()

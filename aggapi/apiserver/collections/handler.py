@@ -15,8 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from aggapi import GROUP, GROUP_VERSION
-from aggapi.apiserver.collections import nodeimagepulls, podimagepulls
-from aggapi.apiserver.collections.feeds import Feed, Feeds
+from aggapi.apiserver.collections import nodeimagepulls, paging, podimagepulls
+from aggapi.apiserver.collections.feeds import Feed
+from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.selectors import FieldTerm, Selector, selector
 from aggapi.apiserver.collections.store import Event, expired, parse_rv
 from aggapi.apiserver.collections.table import include_object, table, table_version
@@ -70,9 +71,9 @@ class CollectionHandler:
         self.res, self.feeds, self.lifecycle = res, feeds, lifecycle
 
     @contextlib.asynccontextmanager
-    async def _feed(self, namespace: str) -> AsyncIterator[Feed]:
+    async def _feed(self, namespace: str, rv: int | None = None) -> AsyncIterator[Feed]:
         if self.res is PODS:
-            async with self.feeds.pods_of(namespace) as pods:
+            async with self.feeds.pods_of(namespace, rv) as pods:
                 yield pods
             return
         if self.feeds.nodes is None:
@@ -90,13 +91,19 @@ class CollectionHandler:
         rv = parse_rv(query.get("resourceVersion"))
         if info.verb == "watch" or _flag(query, "watch"):
             return await self._watch(request, sel, rv, version, include)
-        async with self._feed(info.namespace if self.res.namespaced else "") as feed:
+        req = paging.page_request(query if info.verb != "get" else {}, rv)
+        async with self._feed(info.namespace if self.res.namespaced else "",
+                              rv if req.rv is None else req.rv) as feed:
             await feed.ready()
             col = feed.collection
-            objs = sorted((o for o in col.objects.values() if sel.matches(o)),
-                          key=lambda o: (o["metadata"].get("namespace", ""),
-                                         o["metadata"]["name"]))
-            current = str(col.now_rv())
+            if rv is not None:
+                await col.wait_reached(rv)  # a version from the future: 504 after ~3 s
+            state, at = paging.state_of(col, req)
+            page = paging.cut(state.values(), sel.matches, req,
+                              col.rv if at is None else at,
+                              count_remaining=not (query.get("labelSelector")
+                                                   or query.get("fieldSelector")))
+            objs, current = page.items, str(page.rv)
         if info.verb == "get":  # the object's own path (a list by name stays a list)
             if not objs:
                 raise not_found(self.res.name, info.name, group=GROUP)
@@ -105,8 +112,8 @@ class CollectionHandler:
             return web.json_response(objs[0])
         body: dict[str, Any] = self._table(objs, version, include, current) \
             if version is not None else {
-                "apiVersion": GROUP_VERSION, "kind": self.res.list_kind,
-                "metadata": {"resourceVersion": current}, "items": objs}
+                "apiVersion": GROUP_VERSION, "kind": self.res.list_kind, "items": objs}
+        body["metadata"] = {**(body.get("metadata") or {}), **paging.list_meta(page)}
         # Thousands of objects take a while to encode: off the event loop (stored
         # objects are replaced, never changed, so another thread may read them).
         text = await asyncio.to_thread(json.dumps, body) if len(objs) > ENCODE_INLINE \
@@ -140,15 +147,14 @@ class CollectionHandler:
         send_initial = _flag(query, "sendInitialEvents")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        async with self._feed(info.namespace if self.res.namespaced else "") as feed:
+        async with self._feed(info.namespace if self.res.namespaced else "", rv) as feed:
             await feed.ready()
             col = feed.collection
+            if rv is not None:
+                await col.wait_reached(rv)  # a version from the future: 504 after ~3 s
             from_state = rv is None or send_initial
             if rv is not None and not send_initial:
-                if col.started_after(rv):
-                    from_state = True  # see Collection.started_after
-                else:
-                    col.check_rv(rv)  # 410 Expired before any byte: the client relists
+                col.check_rv(rv)  # 410 Expired before any byte: the client relists
             resp = web.StreamResponse(headers={"Content-Type": "application/json",
                                                "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})

@@ -1,11 +1,14 @@
 """A collection's objects, their resourceVersions and a bounded history for watches.
 
 The objects are derived (pods, events, agents' node views), so the resourceVersions
-are this server's own: microseconds of wall time, strictly increasing. A watch from
-a version the history still covers replays what changed after it; one older than
-the history (or than the collection itself, started later) gets 410 Expired, and
-clients relist, as they do with kube-apiserver. Being wall time, a version another
-replica handed out means "changes since then" here too.
+are this server's own. One replica computes the collections at a time (the leader,
+``election.py``; the others forward to it, ``replicas.py``), so there is one history.
+A version is ``epoch << 32 | sequence``: the epoch is the leader's term (a new
+leader's is higher), the sequence counts the term's changes. A version names exactly
+one point of one collection's history: a watch or a page from it replays what changed
+after it; one this collection did not hand out (another term's, a collection stopped
+since, one older than the history) gets 410 Expired and clients relist, as they do
+with kube-apiserver; one from the future waits, then 504 "Too large resource version".
 
 Readers never queue: each keeps its position in the shared history and is woken on
 change; one that falls out of it gets 410 and relists. Memory is the objects plus
@@ -27,20 +30,27 @@ from aggapi.status import StatusError
 
 Obj = dict[str, Any]
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
-# A watch from a version this long before its collection started gets the state as
-# events (Collection.started_after): a list, then at once a watch, in microseconds.
-STARTED_WITHIN_US = 10_000_000
+EPOCH_SHIFT = 32  # 4 billion changes per term
+# Seconds a request with a version from the future waits for it, as kube-apiserver
+# waits for its watch cache before answering "Too large resource version".
+TOO_LARGE_WAIT = 3.0
 
 
 class Clock:
-    """resourceVersions: wall-clock microseconds, never repeating, never going back."""
+    """The resourceVersions of one term: ``epoch << EPOCH_SHIFT | sequence``."""
 
-    def __init__(self, now: Callable[[], float] = time.time) -> None:
-        self._now = now
-        self.last = 0
+    def __init__(self, epoch: int | None = None) -> None:
+        # Without an election (one replica): the start time in seconds, above every
+        # version a previous run of this replica handed out.
+        self.epoch = int(time.time()) if epoch is None else epoch
+        self.last = self.epoch << EPOCH_SHIFT
 
     def next(self) -> int:
-        self.last = max(self.last + 1, int(self._now() * 1_000_000))
+        self.last += 1
+        return self.last
+
+    def peek(self) -> int:
+        """The latest version handed out."""
         return self.last
 
 
@@ -51,6 +61,8 @@ class Event:
     obj: Obj
     prev: Obj | None  # the object before (None for ADDED): did a watcher's selector
     #                   match it? (an object leaving a selection is DELETED for it)
+    #                   and what undoing the change restores (Collection.state_at)
+    key: Hashable = None
 
 
 def parse_rv(raw: str | None) -> int | None:
@@ -68,6 +80,17 @@ def expired(rv: int) -> StatusError:
     return StatusError(410, f"too old resource version: {rv}", reason="Expired")
 
 
+def too_large(rv: int, current: int) -> StatusError:
+    """kube-apiserver's answer to a version it has not reached after waiting for it
+    (k8s.io/apiserver storage.NewTooLargeResourceVersionError): client-go's reflector
+    recognises it by the cause and retries."""
+    return StatusError(
+        504, f"Timeout: Too large resource version: {rv}, current: {current}",
+        reason="Timeout", retry_after=1,
+        details={"causes": [{"reason": "ResourceVersionTooLarge",
+                             "message": "Too large resource version"}]})
+
+
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Equal but for metadata.resourceVersion."""
     def bare(o: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,6 +106,8 @@ class Collection:
         self.start_rv = clock.next()
         self.rv = self.start_rv
         self._history: deque[Event] = deque(maxlen=history)
+        self._rvs: set[int] = {self.start_rv}  # the versions it can serve from
+        self.closed = False
         self._changed = asyncio.Event()
         self.listeners: list[Callable[[Event], None]] = []
 
@@ -94,7 +119,6 @@ class Collection:
                 return None
             del self.objects[key]
             rv, kind, obj = self._clock.next(), DELETED, dict(old)
-            old = None
         else:
             if old is not None and _same(old, obj):
                 return None
@@ -102,38 +126,61 @@ class Collection:
             self.objects[key] = obj
         obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
         self.rv = rv
-        ev = Event(rv, kind, obj, old)
+        ev = Event(rv, kind, obj, old, key)
+        if len(self._history) == self._history.maxlen:
+            self._rvs.discard(self._history[0].rv)
+            self._rvs.discard(self.start_rv)
         self._history.append(ev)
+        self._rvs.add(rv)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         for fn in self.listeners:
             fn(ev)
         return ev
 
-    def now_rv(self) -> int:
-        """The version of the state as it is now, for a list: the clock's reading, not
-        the last change's. Another replica's collection that started after that change
-        (an idle one stops and starts again) still takes a watch from it; the last
-        change's version would be older than that collection and get 410."""
-        return self._clock.next()
+    def reached(self, rv: int) -> bool:
+        """Whether ``rv`` is not from the future: not above this term's last version
+        (nor from a later term: this replica may be a leader that has not yet learnt
+        it was replaced)."""
+        return rv <= self._clock.peek()
 
-    def started_after(self, rv: int) -> bool:
-        """Whether ``rv`` is from at most STARTED_WITHIN before this collection started
-        and nothing since has left the history: a list another replica (or this one's
-        previous collection) answered a moment before this one's feed started for the
-        watch that follows it. Versions are wall time, so "a moment" is measurable.
-        Such a watch gets the current state as events instead of 410: kubectl get -w
-        would otherwise fail whenever its watch reaches the other replica of an idle
-        pair. What it cannot get is a deletion inside that moment (the object
-        stays in the client's cache until it lists again)."""
-        return (self.start_rv - STARTED_WITHIN_US <= rv < self.start_rv
-                and len(self._history) < (self._history.maxlen or 0))
+    async def wait_reached(self, rv: int, timeout: float | None = None) -> None:
+        """Until this term's versions reach ``rv``, at most TOO_LARGE_WAIT s as
+        kube-apiserver waits for its watch cache; then 504 Too large."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (TOO_LARGE_WAIT if timeout is None else timeout)
+        while not self.reached(rv):
+            left = deadline - loop.time()
+            if left <= 0:
+                raise too_large(rv, self.rv)
+            await asyncio.sleep(min(left, 0.05))
+
+    def state_at(self, rv: int) -> dict[Hashable, Obj]:
+        """The objects as they were at ``rv``: the current ones with every later change
+        undone (each event keeps the object before it). 410 unless the history holds
+        every change after ``rv``."""
+        state = dict(self.objects)
+        for ev in reversed(self.since(rv)):
+            if ev.prev is None:
+                state.pop(ev.key, None)
+            else:
+                state[ev.key] = ev.prev
+        return state
+
+    def close(self) -> None:
+        """This term is over (leadership lost): every watcher gets 410 and relists."""
+        self.closed = True
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def owns(self, rv: int) -> bool:
+        return not self.closed and rv in self._rvs
 
     def check_rv(self, rv: int) -> None:
-        """410 unless the history holds every change after ``rv``."""
-        oldest = self._history[0].rv - 1 if len(self._history) == self._history.maxlen \
-            else self.start_rv
-        if rv < oldest:
+        """410 unless ``rv`` is a version this collection handed out (its start, or a
+        change the history still holds): only then is "every change after it" known
+        here. Another term's version, or a stopped collection's, is never served."""
+        if not self.owns(rv):
             raise expired(rv)
 
     def since(self, rv: int) -> list[Event]:

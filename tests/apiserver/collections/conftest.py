@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.collections.feeds import Feeds
+from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.parts import Parts
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.routes import Route

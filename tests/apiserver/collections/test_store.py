@@ -3,11 +3,13 @@ replays to exactly the current state; versions older than its history are 410.""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.apiserver.collections.store import STARTED_WITHIN_US, Clock, Collection, parse_rv
+from aggapi.apiserver.collections.store import EPOCH_SHIFT, Clock, Collection, parse_rv
 from aggapi.status import StatusError
 
 # (key, value): value None deletes
@@ -52,11 +54,11 @@ def test_replay_from_any_version_reaches_the_current_state(
     assert all(int(o["metadata"]["resourceVersion"]) <= col.rv for o in col.objects.values())
 
 
-def test_versions_never_repeat_or_go_back() -> None:
-    times = iter([5.0, 5.0, 4.0, 6.0])
-    clock = Clock(lambda: next(times))
-    got = [clock.next() for _ in range(4)]
-    assert got == [5_000_000, 5_000_001, 5_000_002, 6_000_000]
+def test_a_later_terms_versions_are_above_the_earlier_ones() -> None:
+    old = Clock(7)
+    got = [old.next() for _ in range(1000)]
+    assert got == sorted(set(got)) and got[0] == (7 << EPOCH_SHIFT) + 1
+    assert Clock(8).next() > got[-1]
 
 
 def test_older_than_the_collection_or_its_history_is_410() -> None:
@@ -86,40 +88,34 @@ def test_unparsable_version_is_400(raw: str) -> None:
     assert parse_rv("") is None and parse_rv("0") is None and parse_rv("17") == 17
 
 
-def test_a_lists_version_is_taken_by_a_collection_started_after_the_last_change() -> None:
-    """Two replicas, one clock each in real life (wall time): the list comes from one
-    whose last change is old, the watch goes to one whose collection started since.
-    The list's version is the state as it is now, so the watch is served, not 410."""
-    t = [100.0]
-    clock = Clock(now=lambda: t[0])
-    idle = Collection(clock)
-    idle.set("a", {"metadata": {"name": "a"}})
-    last_change = idle.rv
-    t[0] += 30  # idle for a while; the other replica's feed starts afresh
-    young = Collection(clock)
-    t[0] += 1
-    listed = idle.now_rv()
-    assert listed > young.start_rv > last_change
-    young.check_rv(listed)  # served
-    assert young.since(listed) == []
+def test_only_versions_this_collection_handed_out_are_served() -> None:
+    """A version names one point of one history: another collection's on the same
+    clock (the namespace's feed and the cluster-wide one stamp the same change
+    differently), an earlier term's, or one this collection has not reached are not
+    "everything after V" here."""
+    clock = Clock(5)
+    ns, everything = Collection(clock), Collection(clock)
+    ns.set("a", {"metadata": {"name": "a"}})
+    everything.set("a", {"metadata": {"name": "a"}})
+    assert ns.owns(ns.rv) and not everything.owns(ns.rv)
     with pytest.raises(StatusError) as err:
-        young.check_rv(last_change)  # what a list handed out before
+        everything.since(ns.rv)
     assert err.value.code == 410
-    # the list's version is the state's: a change after it is after it
-    ev = idle.set("a", {"metadata": {"name": "a"}, "x": 1})
-    assert ev is not None and ev.rv > listed and idle.since(listed) == [ev]
+    later = Collection(Clock(6))
+    assert not later.owns(ns.rv) and later.reached(ns.rv)  # the past: 410
+    assert not ns.reached(later.rv)  # a later term's: from the future here
+    ns.close()
+    with pytest.raises(StatusError):
+        ns.since(ns.rv)  # a closed term: every watcher relists
 
 
-def test_a_version_from_just_before_the_collection_started_is_served_from_its_state() -> None:
-    """kubectl get -w lists on one replica and watches on the other, whose feed starts
-    for that watch: a version from moments before it started is served (the state as
-    events); an older one, or one the history no longer covers, is still 410."""
-    t = [100.0]
-    col = Collection(Clock(now=lambda: t[0]), history=3)
-    assert col.started_after(col.start_rv - 1)
-    assert col.started_after(col.start_rv - STARTED_WITHIN_US)
-    assert not col.started_after(col.start_rv - STARTED_WITHIN_US - 1)
-    assert not col.started_after(col.start_rv)  # not before it: the history serves it
-    for v in range(3):
-        col.set("a", {"metadata": {"name": "a"}, "v": v})
-    assert not col.started_after(col.start_rv - 1)  # changes may be lost: 410
+async def test_a_version_from_the_future_waits_then_is_504() -> None:
+    col = Collection(Clock(5))
+    ahead = col.rv + 1
+    waiting = asyncio.ensure_future(col.wait_reached(ahead, 5.0))
+    await asyncio.sleep(0)
+    col.set("a", {"metadata": {"name": "a"}})
+    await waiting  # reached by the next change
+    with pytest.raises(StatusError) as err:
+        await col.wait_reached(col.rv + 1, 0.01)
+    assert err.value.code == 504 and err.value.reason == "Timeout"

@@ -192,11 +192,14 @@ async def test_a_patched_event_and_a_pod_update_are_seen(env: Env) -> None:
     await _until_phase(it, "Done")
 
 
-async def test_a_watch_from_just_before_its_feed_started_gets_the_state(env: Env) -> None:
-    """The list came from the other replica a moment before this one's feed started
-    for the watch: the current state as ADDED, not 410 (kubectl get -w would exit)."""
+async def test_a_watch_from_another_terms_version_is_410(env: Env) -> None:
+    """A version of an earlier term (another leader's, this replica's previous run) is
+    not in this history: 410 Expired before any byte, and clients relist; never the
+    state replayed as ADDED, which would keep objects deleted meanwhile."""
     env.kube.put("api/v1", "pods", pod("a"))
-    listed_elsewhere = Clock().next()  # wall time: any replica's version now
-    [ev] = await _take(_events(env, f"/namespaces/ns1/podimagepulls?watch=true"
-                                    f"&resourceVersion={listed_elsewhere}"), 1)
-    assert ev["type"] == "ADDED" and ev["object"]["metadata"]["name"] == "a"
+    code, listed = await env.get("/namespaces/ns1/podimagepulls")
+    assert code == 200 and listed["items"]
+    earlier = Clock(env.feeds.clock.epoch - 1).next()
+    code, body = await env.get(f"/namespaces/ns1/podimagepulls?watch=true"
+                               f"&resourceVersion={earlier}")
+    assert code == 410 and body["reason"] == "Expired"

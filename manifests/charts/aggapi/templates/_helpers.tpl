@@ -262,10 +262,13 @@ container port it targets. */}}
 - --agent-ca-file=/etc/aggapi/agent-client/ca.crt
 - --agent-client-cert-file=/etc/aggapi/agent-client/tls.crt
 - --agent-client-key-file=/etc/aggapi/agent-client/tls.key
-{{- if eq .Values.tokenSigning.mode "ephemeral" }}
-- --token-key-set={{ include "aggapi.fullname" . }}
 - --pod-namespace=$(POD_NAMESPACE)
 - --pod-name=$(POD_NAME)
+- --leader-elect=true
+- --leader-elect-lease={{ include "aggapi.fullname" . }}-collections
+- --advertise-address=$(POD_IP)
+{{- if eq .Values.tokenSigning.mode "ephemeral" }}
+- --token-key-set={{ include "aggapi.fullname" . }}
 - --pod-uid=$(POD_UID)
 {{- else }}
 - --token-signing-key-file=/etc/aggapi/token-signing/tls.key

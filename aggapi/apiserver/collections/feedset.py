@@ -1,0 +1,94 @@
+"""The collections' shared feeds as one part (built once, ``parts.py``): one PodFeed
+per namespace in use ("" for all) and one NodeFeed, over the shared pod and event
+sources and node polls; and the leader's terms (``new_term``), each with its own
+resourceVersion clock and feeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections.feeds import NodeFeed, PodFeed
+from aggapi.apiserver.collections.nodepolls import NodePoll
+from aggapi.apiserver.collections.store import Clock
+from aggapi.apiserver.podsources import Sources
+from aggapi.apiserver.shared import Shared
+
+
+class Feeds:
+    """The shared feeds, built once (parts.py) and handed to the collection handlers."""
+
+    def __init__(self, sources: Sources, agent: AgentClient | None, *, linger: float,
+                 poll_interval: float) -> None:
+        self.clock = Clock()
+        self.sources = sources
+        self.agent = agent
+        self.linger = linger
+        self.polls: Shared[str, NodePoll] | None = None
+        if agent is not None:
+            polls: Shared[str, NodePoll] = Shared(
+                lambda node: NodePoll(agent, node, interval=poll_interval), linger=0)
+            self.polls = polls
+        self.pods, self.nodes = self._new_feeds()
+
+    def _new_feeds(self) -> tuple[Shared[str, PodFeed], Shared[str, NodeFeed] | None]:
+        clock, agent, node_polls = self.clock, self.agent, self.polls
+        pods: Shared[str, PodFeed] = Shared(
+            lambda ns: PodFeed(self.sources, ns, self.polls, clock), linger=self.linger)
+        nodes: Shared[str, NodeFeed] | None = None
+        if agent is not None and node_polls is not None:
+            nodes = Shared(lambda _k: NodeFeed(agent, pods, node_polls, clock),
+                           linger=self.linger)
+        return pods, nodes
+
+    async def new_term(self, epoch: int | None) -> None:
+        """Leadership changed: this replica leads from ``epoch`` on (None: it no longer
+        leads). The old term's collections close (their watchers get 410 and relist:
+        no version of theirs means anything in the new history) and the next request
+        starts the new term's feeds."""
+        old_pods, old_nodes = self.pods, self.nodes
+        self.clock = Clock(epoch)
+        self.pods, self.nodes = self._new_feeds()
+        old = [*old_pods.parts().values(), *(old_nodes.parts().values() if old_nodes else ())]
+        for feed in old:
+            feed.collection.close()
+        if old_nodes is not None:
+            await old_nodes.close()
+        await old_pods.close()
+
+    @contextlib.asynccontextmanager
+    async def pods_of(self, namespace: str, rv: int | None = None
+                      ) -> AsyncIterator[PodFeed]:
+        """The feed that serves ``namespace`` ("" for all): the one whose history holds
+        ``rv`` (a version names one collection's history: the namespace's own and the
+        cluster-wide one stamp the same change differently); else the cluster-wide one
+        while it runs and is synced, else the namespace's own. Selectors scope it: the
+        handler adds metadata.namespace to every namespaced request."""
+        if rv is not None and namespace:
+            for key in (namespace, ""):
+                owner = self.pods.get(key)
+                if owner is not None and owner.collection.owns(rv):
+                    async with self.pods.use(key) as feed:
+                        yield feed
+                    return
+        async with self.pods.use_covering(namespace, "",
+                                          lambda f: f.synced.is_set()) as feed:
+            yield feed
+
+    def watches(self) -> int:
+        """Watches held on kube-apiserver for pods and events now (the collections'
+        and the per-pod streams', shared)."""
+        return self.sources.watches()
+
+    def agent_polls(self) -> int:
+        return len(self.polls.parts()) if self.polls is not None else 0
+
+    async def close(self) -> None:
+        if self.nodes is not None:
+            await self.nodes.close()
+        await self.pods.close()
+        if self.polls is not None:
+            await self.polls.close()
+        await self.sources.close()

@@ -1,0 +1,227 @@
+"""Which replica computes podimagepulls and nodeimagepulls: one leader, elected with a
+``coordination.k8s.io/v1`` Lease as client-go's leaderelection does (optimistic
+updates on the Lease's resourceVersion, expiry judged by when this replica last saw
+the Lease change, not by anyone's clock).
+
+The leader writes beside its hold, in the Lease's annotations, what the others need
+to forward to it: its address, the sha256 of its serving certificate (they pin it:
+the Lease is writable by the replicas' ServiceAccount only) and its term's epoch, the
+high bits of every resourceVersion it hands out (``store.Clock``). A new leader's
+epoch is above its predecessor's, so no version of an old term is ever taken for one
+of the new: the new history answers it 410 and clients relist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aggapi.kube.client import KubeClient, KubeError, path_segment
+
+log = logging.getLogger(__name__)
+
+LEASE_SECONDS = 15  # client-go's defaults: lease 15 s, renew deadline 10 s, retry 2 s
+RENEW_DEADLINE = 10.0
+RETRY_PERIOD = 2.0
+ENDPOINT = "aggapi.io/endpoint"
+CERT_SHA256 = "aggapi.io/serving-cert-sha256"
+EPOCH = "aggapi.io/epoch"
+
+OnChange = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Leader:
+    identity: str
+    endpoint: str  # https://IP:PORT
+    cert_sha256: str  # hex digest of its serving certificate (DER)
+    epoch: int
+
+
+class Election:
+    """Standalone (no election, one replica): this replica always leads."""
+
+    def __init__(self) -> None:
+        self.is_leader = True
+        self.leader: Leader | None = None
+        self.epoch: int | None = None  # this replica's term while it leads
+        self.listeners: list[OnChange] = []
+
+    async def run(self) -> None:
+        return
+
+    async def release(self) -> None:
+        return
+
+    async def _changed(self) -> None:
+        for fn in self.listeners:
+            try:
+                await fn()
+            except Exception:  # one listener's failure must not stop the election
+                log.exception("leadership change listener failed")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _leader_of(lease: dict[str, Any]) -> Leader | None:
+    spec = lease.get("spec") or {}
+    ann = (lease.get("metadata") or {}).get("annotations") or {}
+    holder = str(spec.get("holderIdentity") or "")
+    try:
+        epoch = int(ann.get(EPOCH) or 0)
+    except ValueError:
+        epoch = 0
+    if not holder or not ann.get(ENDPOINT) or not ann.get(CERT_SHA256):
+        return None
+    return Leader(holder, str(ann[ENDPOINT]), str(ann[CERT_SHA256]), epoch)
+
+
+class LeaseElection(Election):
+    def __init__(self, kube: KubeClient, *, namespace: str, name: str, identity: str,
+                 endpoint: str, cert_sha256: Callable[[], str],
+                 lease_seconds: int = LEASE_SECONDS, renew_deadline: float = RENEW_DEADLINE,
+                 retry_period: float = RETRY_PERIOD,
+                 wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.is_leader = False
+        self.kube, self.identity, self.endpoint = kube, identity, endpoint
+        self._cert = cert_sha256
+        self.path = (f"/apis/coordination.k8s.io/v1/namespaces/{path_segment(namespace)}"
+                     f"/leases/{path_segment(name)}")
+        self.namespace, self.name = namespace, name
+        self.lease_seconds, self.renew_deadline = lease_seconds, renew_deadline
+        self.retry_period = retry_period
+        self._wall, self._mono = wall, monotonic
+        self._seen: tuple[str, float] = ("", 0.0)  # the Lease's version, when first seen
+        self._renewed = 0.0
+        self._released = False  # shutting down: never lead again
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except (KubeError, OSError, TimeoutError, ValueError) as exc:
+                log.warning("leader election: %s", exc)
+                if self.is_leader and self._mono() - self._renewed > self.renew_deadline:
+                    await self._set(False, None)  # cannot renew: step down before expiry
+            await asyncio.sleep(self.retry_period)
+
+    async def tick(self) -> None:
+        """One round: renew, take over an expired or released Lease, or follow."""
+        if self._released:
+            return
+        try:
+            lease: dict[str, Any] | None = await self.kube.get(self.path)
+        except KubeError as err:
+            if err.status != 404:
+                raise
+            lease = None
+        if lease is None:
+            await self._acquire(None)
+            return
+        now = self._mono()
+        version = str((lease.get("metadata") or {}).get("resourceVersion") or "")
+        if version != self._seen[0]:
+            self._seen = (version, now)
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        if holder == self.identity:
+            await (self._renew(lease) if self.is_leader else self._acquire(lease))
+            return
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
+        if not holder or now - self._seen[1] > duration:
+            await self._acquire(lease)
+            return
+        await self._set(False, _leader_of(lease))
+
+    def _body(self, lease: dict[str, Any] | None, epoch: int) -> dict[str, Any]:
+        body = dict(lease or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                              "metadata": {"name": self.name, "namespace": self.namespace}})
+        meta = dict(body.get("metadata") or {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), ENDPOINT: self.endpoint,
+                               CERT_SHA256: self._cert(), EPOCH: str(epoch)}
+        body["metadata"] = meta
+        return body
+
+    async def _acquire(self, lease: dict[str, Any] | None) -> None:
+        old = _leader_of(lease) if lease is not None else None
+        ann = ((lease or {}).get("metadata") or {}).get("annotations") or {}
+        try:
+            before = int(ann.get(EPOCH) or 0)
+        except ValueError:
+            before = 0
+        # Above the last term's, and above any earlier Lease's (one deleted since):
+        # epochs are seconds of wall time unless the last term's is higher.
+        epoch = max(int(self._wall()), before + 1, (old.epoch + 1) if old else 0)
+        body = self._body(lease, epoch)
+        spec = dict(body.get("spec") or {})
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if spec.get("holderIdentity") != self.identity:
+            transitions += 1 if lease is not None else 0
+        now = _now()
+        spec.update({"holderIdentity": self.identity, "leaseDurationSeconds":
+                     self.lease_seconds, "acquireTime": now, "renewTime": now,
+                     "leaseTransitions": transitions})
+        body["spec"] = spec
+        try:
+            if lease is None:
+                stored = await self.kube.post(self.path.rsplit("/", 1)[0], body)
+            else:
+                stored = await self.kube.request("PUT", self.path, body=body)
+        except KubeError as err:
+            if err.status in (409, 422):  # another replica was first
+                return
+            raise
+        self._renewed = self._mono()
+        self._seen = (str((stored.get("metadata") or {}).get("resourceVersion") or ""),
+                      self._renewed)
+        log.info("leading podimagepulls/nodeimagepulls from epoch %d", epoch)
+        self.epoch = epoch
+        await self._set(True, _leader_of(stored))
+
+    async def _renew(self, lease: dict[str, Any]) -> None:
+        body = self._body(lease, self.epoch or 0)
+        body["spec"] = {**(body.get("spec") or {}), "renewTime": _now()}
+        try:
+            stored = await self.kube.request("PUT", self.path, body=body)
+        except KubeError as err:
+            if err.status == 409:  # changed under us: the next round reads it again
+                return
+            raise
+        self._renewed = self._mono()
+        self._seen = (str((stored.get("metadata") or {}).get("resourceVersion") or ""),
+                      self._renewed)
+        self.leader = _leader_of(stored)
+
+    async def _set(self, leading: bool, leader: Leader | None) -> None:
+        changed = leading != self.is_leader or (
+            (leader.identity, leader.epoch) if leader else None) != (
+            (self.leader.identity, self.leader.epoch) if self.leader else None)
+        self.is_leader, self.leader = leading, leader
+        if not leading:
+            self.epoch = None
+        if changed:
+            await self._changed()
+
+    async def release(self) -> None:
+        """On shutdown (before draining): give the Lease up so another replica leads at
+        its next round, not after the Lease expires; this one follows it meanwhile."""
+        self._released = True
+        if not self.is_leader:
+            return
+        with contextlib.suppress(KubeError, OSError, TimeoutError):
+            lease = await self.kube.get(self.path)
+            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                lease["spec"] = {**lease["spec"], "holderIdentity": "",
+                                 "leaseDurationSeconds": 1}
+                await self.kube.request("PUT", self.path, body=lease)
+        await self._set(False, None)
