@@ -241,5 +241,6 @@ def build_metrics_app(parts: AgentParts) -> web.Application:
     app.router.add_get("/metrics", parts.metrics.handler, allow_head=False)
     # Served metrics include the node's pulls: follow them while the port is up.
     tracker = PullTracker(parts.metrics, stall_after=parts.config.pull_stall_seconds)
-    app.cleanup_ctx.append(pullmetrics.following(parts.poller, tracker))
+    app.cleanup_ctx.append(pullmetrics.following(parts.poller, tracker,
+                                                 parts.pull_limits.limits))
     return app

@@ -91,6 +91,10 @@ class AgentMetrics:
             f"{_NS}_image_pull_bytes_per_second",
             "Current download rate of the node's pulls, by registry host.",
             ["registry"], registry=r)
+        self.pull_slots = Gauge(
+            f"{_NS}_image_pull_slots",
+            "Pulls kubelet runs at once on the node (+Inf: unlimited; NaN: not known).",
+            registry=r)
         self.pull_seconds = Histogram(f"{_NS}_image_pull_duration_seconds",
                                       "Time an image pull took, by registry host.",
                                       ["registry"], registry=r, buckets=_PULL_BUCKETS)

@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
+from aggapi.agent.kubeletconfig import PullLimits
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.model import NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 MAX_REGISTRIES = 32
 OTHER = "other"
 UNKNOWN_REGISTRY = "unknown"  # a pull still resolving its tag names no repository yet
+LIMITS_EVERY = 30.0  # seconds between reads of kubelet's pull limits (its config file)
+Limits = Callable[[], Awaitable[PullLimits]]
 
 
 def registry_of(pull: PullState) -> str:
@@ -114,6 +118,15 @@ class PullTracker:
             m.pull_link_rate.labels(reg).set(rate.get(reg, 0.0))
         self._shown = set(in_flight)
 
+    def now(self) -> float:
+        return self._mono()
+
+    def slots(self, limits: PullLimits) -> None:
+        slots = limits.parallel_slots
+        unlimited = limits.known and slots is None
+        self.metrics.pull_slots.set(
+            math.inf if unlimited else math.nan if slots is None else slots)
+
     def _ended(self, seen: _Seen) -> None:
         m = self.metrics
         m.pull_seconds.labels(seen.registry).observe(
@@ -122,11 +135,11 @@ class PullTracker:
             m.pull_size.labels(seen.registry).observe(seen.total)
 
 
-def following(poller: ProgressPoller, tracker: PullTracker
+def following(poller: ProgressPoller, tracker: PullTracker, limits: Limits | None = None
               ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp cleanup context: :func:`run` while the metrics app is up."""
     async def ctx(_app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(run(poller, tracker), name="pull-metrics")
+        task = asyncio.create_task(run(poller, tracker, limits), name="pull-metrics")
         yield
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -134,16 +147,22 @@ def following(poller: ProgressPoller, tracker: PullTracker
     return ctx
 
 
-async def run(poller: ProgressPoller, tracker: PullTracker) -> None:
-    """Keep the poller polling and feed every state it publishes to ``tracker``."""
+async def run(poller: ProgressPoller, tracker: PullTracker, limits: Limits | None = None
+              ) -> None:
+    """Keep the poller polling and feed every state it publishes to ``tracker``; read
+    kubelet's pull slots (``limits``) at most every LIMITS_EVERY seconds."""
     sub = poller.subscribe((), internal=True)
+    read_at = -LIMITS_EVERY
     try:
         while True:
             state = await sub.next()
-            if state is not None:
-                try:
+            try:
+                if state is not None:
                     tracker.observe(state)
-                except Exception:  # metrics must never take the agent down
-                    log.exception("pull metrics: a state could not be counted")
+                if limits is not None and tracker.now() - read_at >= LIMITS_EVERY:
+                    read_at = tracker.now()
+                    tracker.slots(await limits())
+            except Exception:  # metrics must never take the agent down
+                log.exception("pull metrics: a state could not be counted")
     finally:
         sub.close()

@@ -42,6 +42,7 @@ AGENT_FAMILIES = {
     "aggapi_agent_image_pulls_stalled": "gauge",
     "aggapi_agent_image_pull_bytes": "counter",
     "aggapi_agent_image_pull_bytes_per_second": "gauge",
+    "aggapi_agent_image_pull_slots": "gauge",
     "aggapi_agent_image_pull_duration_seconds": "histogram",
     "aggapi_agent_image_pull_size_bytes": "histogram",
     "aggapi_agent_tokenreviews": "counter",

@@ -7,11 +7,13 @@ tests/agent/test_agent_integration.py."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aggapi.agent.kubeletconfig import PullLimits
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.model import DOWNLOADING, NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
@@ -154,3 +156,31 @@ async def test_run_keeps_the_poller_polling_without_counting_a_stream() -> None:
         await asyncio.gather(task, return_exceptions=True)
         await poller.close()
     assert not poller.running
+
+
+async def test_kubelets_slots_are_read_beside_the_pulls() -> None:
+    m, t, _ = tracker()
+    reads: list[PullLimits] = [PullLimits(serialize_image_pulls=False,
+                                          max_parallel_image_pulls=3)]
+
+    async def limits() -> PullLimits:
+        return reads[-1]
+
+    poller = ProgressPoller(Backend(), interval=0.01)
+    task = asyncio.create_task(run(poller, t, limits))
+    try:
+        for _ in range(1000):
+            if m.value("aggapi_agent_image_pull_slots") == 3:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await poller.close()
+    assert m.value("aggapi_agent_image_pull_slots") == 3
+    t.slots(PullLimits(serialize_image_pulls=True))
+    assert m.value("aggapi_agent_image_pull_slots") == 1
+    t.slots(PullLimits(serialize_image_pulls=False))
+    assert m.value("aggapi_agent_image_pull_slots") == math.inf
+    t.slots(PullLimits(serialize_image_pulls=None, error="unreadable"))
+    assert math.isnan(m.value("aggapi_agent_image_pull_slots"))
