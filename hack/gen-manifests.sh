@@ -2,7 +2,8 @@
 # Render the plain manifests (manifests/base/*.yaml) from the helm chart, so the two cannot
 # drift: the chart is the one source. Values: chart defaults + manifests/plain-values.yaml
 # (TLS material from Secrets that manifests/install/ generates with kustomize).
-# Also renders the chart README (manifests/charts/aggapi/README.md) with helm-docs from
+# Also writes the chart's dashboard (dashboards/image-pulls.json) from hack/dashboard.py, and
+# renders the chart README (manifests/charts/aggapi/README.md) with helm-docs from
 # README.md.gotmpl and the `# --` comments in values.yaml.
 #
 # Usage: hack/gen-manifests.sh                 rewrite manifests/base/*.yaml and the README
@@ -87,6 +88,7 @@ if [[ ${1:-} == --check ]]; then
   exit $status
 fi
 
+python3 hack/dashboard.py >"$CHART/dashboards/image-pulls.json"
 render "$OUT"
 readme "$CHART"
 echo "gen-manifests: wrote $CHART/README.md with $("$(find_tool helm-docs "${AGGAPI_HELM_DOCS_BIN:-}")" --version)" >&2

@@ -24,6 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from aggapi import wire
+from aggapi.agent import pullmetrics
 from aggapi.agent.auth import SandboxLister, auth_middleware
 from aggapi.agent.config import AgentConfig
 from aggapi.agent.copy import engine as copy_engine
@@ -37,6 +38,7 @@ from aggapi.agent.progress.cri_backend import CRIBackend
 from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import Backend, ProgressPoller
+from aggapi.agent.pullmetrics import PullTracker
 from aggapi.auth.agentidentity import Identity, IdentityPublisher
 from aggapi.auth.capability import CapabilityVerifier
 from aggapi.auth.delegated import AccessReviewer, TokenReviewer, nonresource_guard
@@ -237,4 +239,8 @@ def build_metrics_app(parts: AgentParts) -> web.Application:
                                              AccessReviewer(parts.kube, parts.metrics)))
     app = web.Application(middlewares=middlewares)
     app.router.add_get("/metrics", parts.metrics.handler, allow_head=False)
+    # Served metrics include the node's pulls: follow them while the port is up.
+    tracker = PullTracker(parts.metrics, stall_after=parts.config.pull_stall_seconds)
+    app.cleanup_ctx.append(pullmetrics.following(parts.poller, tracker,
+                                                 parts.pull_limits.limits))
     return app

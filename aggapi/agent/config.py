@@ -46,6 +46,9 @@ class AgentConfig:
     # HTTPS /metrics (the serving cert, no client cert) for Prometheus; 0 = off.
     metrics_port: int = 0
     metrics_auth: str = "delegated"  # "delegated" (TokenReview + SAR) | "none"
+    # While the metrics port serves, the node's pulls are followed for the pull
+    # metrics (aggapi.agent.pullmetrics); one whose bytes do not move this long stalls.
+    pull_stall_seconds: float = 60.0
     kubeconfig: str = ""  # for delegated metrics auth; "" = in-cluster ServiceAccount
     copy: CopyLimits = field(default_factory=CopyLimits)  # KEP-4582 quotas: --copy-* flags
     copy_as_root: bool = False  # copies act as root (docker cp), not the container's user
@@ -133,6 +136,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--containerd-namespace", default="k8s.io")
     p.add_argument("--snapshotter", default="overlayfs")
     p.add_argument("--poll-interval", type=float, default=0.25, help="seconds between polls")
+    p.add_argument("--pull-stall-seconds", type=float, default=60.0,
+                   help="a pull whose bytes have not moved this long counts as stalled in "
+                        "aggapi_agent_image_pulls_stalled (with --metrics-port)")
     p.add_argument("--platform", default="", help="os/arch[/variant] (default: this host's)")
     p.add_argument("--kubelet-config", default=KUBELET_CONFIG,
                    help="kubelet config file (YAML or JSON) for its image-pull limits")
@@ -244,7 +250,8 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         containerd_namespace=a.containerd_namespace, snapshotter=a.snapshotter,
         poll_interval=a.poll_interval, platform=a.platform, kubelet_config=a.kubelet_config,
         health_port=a.health_port, metrics_port=a.metrics_port,
-        metrics_auth=a.metrics_auth, kubeconfig=a.kubeconfig, copy_as_root=a.copy_as_root,
+        metrics_auth=a.metrics_auth, pull_stall_seconds=a.pull_stall_seconds,
+        kubeconfig=a.kubeconfig, copy_as_root=a.copy_as_root,
         log_level=a.log_level,
         read_header_timeout=a.read_header_timeout,
         copy=CopyLimits(size_limit=a.copy_size_limit, copies_per_pod=a.copies_per_pod,

@@ -33,6 +33,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _NS = "aggapi_agent"
 _COPY_METHODS = {"GET": "download", "POST": "upload"}  # HEAD (stat) moves no bytes
 _COPY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+# Image pulls: seconds from a few to an hour, sizes from 1 MiB to 16 GiB.
+_PULL_BUCKETS = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 3600)
+_PULL_SIZE_BUCKETS = tuple(float(1 << s) for s in range(20, 35, 2))
 _POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
@@ -73,6 +76,31 @@ class AgentMetrics:
                                       "Time a copy took, by direction and result.",
                                       ["direction", "result"], registry=r,
                                       buckets=_COPY_BUCKETS)
+        # The node's image pulls (aggapi.agent.pullmetrics), by registry host.
+        self.pulls_in_flight = Gauge(f"{_NS}_image_pulls_in_flight",
+                                     "Image pulls in flight on the node, by registry host.",
+                                     ["registry"], registry=r)
+        self.pulls_stalled = Gauge(
+            f"{_NS}_image_pulls_stalled",
+            "Image pulls in flight whose bytes have not moved for --pull-stall-seconds.",
+            ["registry"], registry=r)
+        self.pull_bytes = Counter(f"{_NS}_image_pull_bytes",
+                                  "Layer bytes the node's pulls received, by registry host.",
+                                  ["registry"], registry=r)
+        self.pull_link_rate = Gauge(
+            f"{_NS}_image_pull_bytes_per_second",
+            "Current download rate of the node's pulls, by registry host.",
+            ["registry"], registry=r)
+        self.pull_slots = Gauge(
+            f"{_NS}_image_pull_slots",
+            "Pulls kubelet runs at once on the node (+Inf: unlimited; NaN: not known).",
+            registry=r)
+        self.pull_seconds = Histogram(f"{_NS}_image_pull_duration_seconds",
+                                      "Time an image pull took, by registry host.",
+                                      ["registry"], registry=r, buckets=_PULL_BUCKETS)
+        self.pull_size = Histogram(f"{_NS}_image_pull_size_bytes",
+                                   "Bytes an image pull had to download, by registry host.",
+                                   ["registry"], registry=r, buckets=_PULL_SIZE_BUCKETS)
         # The metrics port's delegated authentication and authorization (aggapi.auth.delegated).
         self.tokenreview = Counter(f"{_NS}_tokenreviews", "TokenReviews sent, by result.",
                                    ["result"], registry=r)

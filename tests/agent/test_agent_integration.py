@@ -11,17 +11,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from aggapi.agent.progress.model import PHASE_ORDER
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.runtime.errors import RuntimeCallError
-from tests.agent.agentserver import Agent, pki, run_agent
+from tests.agent.agentserver import Agent, client_ssl, pki, run_agent
 from tests.framework.containerd import Containerd
 from tests.framework.throttle import ThrottleProxy
 
 RATE = 10 * 1024 * 1024  # bytes/s through the proxy: ~150 MB take ~15 s
+STEP = 1 << 20  # containerd 2.x moves an ingest's offset in 1 MiB steps
 
 
 @pytest.fixture
@@ -320,3 +323,64 @@ async def test_a_re_pull_of_a_moved_tag_is_followed(
     phases = [o["phase"] for o in objs if o["kind"] == "Progress"]
     assert "Downloading" in phases and "AlreadyPresent" not in phases, phases
     assert objs[-1]["kind"] == "Summary" and objs[-1]["phase"] == "Done", objs[-1]
+
+
+async def test_pull_metrics_agree_with_the_stream(
+        tmp_path: Path, cri: CRIClient, ctd: ContainerdClient, throttle: ThrottleProxy,
+        big_image: Any, containerd: Containerd) -> None:
+    """A throttled pull through real containerd, scraped as Prometheus does, beside its
+    progress stream: the bytes counter within one containerd step (1 MiB) of the
+    stream's progress, exactly one pull in flight for the registry, then its duration
+    and size once it ends."""
+    async with run_agent(pki(tmp_path / "pki"), cri=cri, containerd=ctd, metrics_auth="none",
+                         snapshotter=containerd.snapshotter) as agent:
+        throttle.set_rate(RATE)
+        ref = big_image.ref(throttle.host)
+        # containerd's distribution-source labels name the host without its port.
+        registry = throttle.host.rpartition(":")[0]
+        compared, total = 0, 0
+        task: asyncio.Task[Any] | None = None
+        async for obj in agent.stream(agent.token(images=[ref]), granularity="image"):
+            if task is None:
+                task = asyncio.create_task(cri.pull_image(ref))
+            if obj["kind"] != "Progress":
+                continue
+            total = obj["total"] or total
+            if obj["phase"] != "Downloading" or not obj["progress"]:
+                continue
+            text = await scrape_metrics(agent)
+            got = sample(text, "aggapi_agent_image_pull_bytes_total", registry)
+            assert sample(text, "aggapi_agent_image_pulls_in_flight", registry) == 1
+            # The stream and the scrape read polls apart: at most a few steps between.
+            assert abs(got - obj["progress"]) <= 3 * STEP, (got, obj["progress"])
+            compared += 1
+        assert task is not None
+        await task
+        assert compared >= 3
+        text = await scrape_metrics(agent)
+        for _ in range(40):  # the lease ends just after the image record lands
+            if sample(text, "aggapi_agent_image_pull_duration_seconds_count", registry):
+                break
+            await asyncio.sleep(0.25)
+            text = await scrape_metrics(agent)
+    assert sample(text, "aggapi_agent_image_pull_duration_seconds_count", registry) == 1
+    assert sample(text, "aggapi_agent_image_pulls_in_flight", registry) == 0
+    assert total > 100 * STEP
+    assert sample(text, "aggapi_agent_image_pull_bytes_total", registry) == total
+    assert sample(text, "aggapi_agent_image_pull_size_bytes_sum", registry) == total
+
+
+async def scrape_metrics(agent: Agent) -> str:
+    async with aiohttp.ClientSession() as s, s.get(
+            agent.metrics_url + "/metrics",
+            ssl=client_ssl(agent.pki, cert=False)) as resp:
+        assert resp.status == 200
+        return await resp.text()
+
+
+def sample(text: str, name: str, registry: str) -> float:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.labels.get("registry") == registry:
+                return float(s.value)
+    return 0.0

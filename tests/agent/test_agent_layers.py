@@ -2,7 +2,8 @@
 
 main -> app (the composition root) -> the HTTP handlers of each engine -> the
 engines (progress, copy), which never import each other; config, auth, metrics
-and kubeletconfig sit below the handlers. No agent module imports the apiserver,
+and kubeletconfig sit below the handlers. pullmetrics, beside the handlers, turns the
+progress engine's node states into metrics. No agent module imports the apiserver,
 the client or the plugins, and the agent's import graph has no loop.
 """
 
@@ -24,13 +25,15 @@ LEAVES = ("aggapi.agent.auth", "aggapi.agent.metrics", "aggapi.agent.kubeletconf
 RULES: dict[str, tuple[str, ...]] = {
     "aggapi.agent.main": ("aggapi.agent.app", "aggapi.agent.auth", "aggapi.agent.config"),
     "aggapi.agent.app": ("aggapi.agent.auth", "aggapi.agent.config", "aggapi.agent.metrics",
-                         "aggapi.agent.health",
+                         "aggapi.agent.health", "aggapi.agent.pullmetrics",
                          "aggapi.agent.kubeletconfig", "aggapi.agent.progress.",
                          "aggapi.agent.copy."),
     "aggapi.agent.config": ("aggapi.agent.copy.quotas", "aggapi.agent.kubeletconfig"),
     "aggapi.agent.progress.handlers": ("aggapi.agent.progress.", "aggapi.agent.auth",
                                        "aggapi.agent.kubeletconfig"),
     "aggapi.agent.copy.handlers": ("aggapi.agent.copy.", "aggapi.agent.auth"),
+    "aggapi.agent.pullmetrics": ("aggapi.agent.metrics", "aggapi.agent.kubeletconfig",
+                                 "aggapi.agent.progress."),
     "aggapi.agent.progress.": ("aggapi.agent.progress.",),
     "aggapi.agent.copy.": ("aggapi.agent.copy.",),
     **{leaf: () for leaf in LEAVES},

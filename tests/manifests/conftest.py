@@ -68,6 +68,18 @@ def helm() -> str:
     return h
 
 
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    p = tool_binary("promtool", "AGGAPI_PROMTOOL_BIN")
+    if p is None:
+        pytest.skip("no promtool: hack/build-binaries.sh prometheus could not build one")
+    return p
+
+
+# Render the chart as for a cluster that serves prometheus-operator's PrometheusRule.
+PROMETHEUS_RULE_API = ["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
+
+
 def run_helm(helm: str, *args: str) -> str:
     r = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"helm {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"

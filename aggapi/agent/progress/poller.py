@@ -32,9 +32,11 @@ class Backend(Protocol):
 
 
 class Subscription:
-    def __init__(self, poller: ProgressPoller, images: frozenset[str]) -> None:
+    def __init__(self, poller: ProgressPoller, images: frozenset[str],
+                 internal: bool = False) -> None:
         self.poller = poller
         self.images = images
+        self.internal = internal
         self._seen = 0
         self.closed = False
 
@@ -85,12 +87,14 @@ class ProgressPoller:
         self._changed = asyncio.Event()
         self._interest: Counter[str] = Counter()
         self._subscribers = 0
+        self._internal = 0  # subscriptions of the agent itself (pull metrics), not streams
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # the backend keeps memory: one observe at a time
 
     @property
     def subscribers(self) -> int:
-        return self._subscribers
+        """Open streams (the agent's own subscriptions are not counted)."""
+        return self._subscribers - self._internal
 
     @property
     def running(self) -> bool:
@@ -99,10 +103,12 @@ class ProgressPoller:
     def watched(self) -> frozenset[str]:
         return frozenset(self._interest)
 
-    def subscribe(self, images: Iterable[str]) -> Subscription:
-        sub = Subscription(self, frozenset(images))
+    def subscribe(self, images: Iterable[str], *, internal: bool = False) -> Subscription:
+        """``internal``: the agent's own (it keeps the poller running; not a stream)."""
+        sub = Subscription(self, frozenset(images), internal)
         self._interest.update(sub.images)
         self._subscribers += 1
+        self._internal += internal
         if not self.running:
             self._task = asyncio.create_task(self._run(), name="progress-poller")
         return sub
@@ -111,6 +117,7 @@ class ProgressPoller:
         self._interest.subtract(sub.images)
         self._interest = +self._interest  # drop zero counts
         self._subscribers -= 1
+        self._internal -= sub.internal
         if self._subscribers == 0 and self._task is not None:
             self._task.cancel()
             self._task = None

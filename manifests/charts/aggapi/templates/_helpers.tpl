@@ -333,6 +333,7 @@ agent. Empty: no flag; the image holds no kubelet config, so kubelet defaults. *
 - --health-port={{ .Values.agent.healthPort }}
 - --metrics-port={{ .Values.agent.metrics.port }}
 - --metrics-auth=delegated
+- --pull-stall-seconds={{ .Values.agent.metrics.pullStallSeconds }}
 - --log-level={{ .Values.agent.logLevel }}
 {{- range .Values.agent.extraArgs }}
 - {{ . | quote }}
