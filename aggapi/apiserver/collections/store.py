@@ -9,7 +9,7 @@ replica handed out means "changes since then" here too.
 
 Readers never queue: each keeps its position in the shared history and is woken on
 change; one that falls out of it gets 410 and relists. Memory is the objects plus
-``history`` events.
+the history, bounded in events and in estimated bytes (``histbound.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aggapi.apiserver.collections.histbound import HISTORY_BYTES, BoundedHistory, estimate
 from aggapi.status import StatusError
 
 Obj = dict[str, Any]
@@ -77,12 +77,14 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 class Collection:
-    def __init__(self, clock: Clock, *, history: int = 4096) -> None:
+    def __init__(self, clock: Clock, *, history: int = 4096,
+                 history_bytes: int = HISTORY_BYTES) -> None:
         self._clock = clock
         self.objects: dict[Hashable, Obj] = {}
         self.start_rv = clock.next()
         self.rv = self.start_rv
-        self._history: deque[Event] = deque(maxlen=history)
+        self._history = BoundedHistory[Event](lambda ev: estimate(ev.obj),
+                                              max_events=history, max_bytes=history_bytes)
         self._changed = asyncio.Event()
         self.listeners: list[Callable[[Event], None]] = []
 
@@ -127,12 +129,11 @@ class Collection:
         pair. What it cannot get is a deletion inside that moment (the object
         stays in the client's cache until it lists again)."""
         return (self.start_rv - STARTED_WITHIN_US <= rv < self.start_rv
-                and len(self._history) < (self._history.maxlen or 0))
+                and not self._history.full)
 
     def check_rv(self, rv: int) -> None:
         """410 unless the history holds every change after ``rv``."""
-        oldest = self._history[0].rv - 1 if len(self._history) == self._history.maxlen \
-            else self.start_rv
+        oldest = self._history[0].rv - 1 if self._history.full else self.start_rv
         if rv < oldest:
             raise expired(rv)
 
