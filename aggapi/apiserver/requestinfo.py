@@ -12,6 +12,10 @@ parse of the decoded path; the parse therefore splits the raw path and refuses,
 with 400 before any authentication, every segment that could mean different
 things to different readers: an encoded ``/``, a NUL, a dot segment, or an
 empty one (``//``, which some normalizers collapse).
+
+The field selector is parsed here too, once (``fieldselector.py``): a list or watch
+of one ``metadata.name`` is authorized for that name, as kube-apiserver does, and
+the collections filter with the very same terms.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from aggapi.apiserver import fieldselector
+from aggapi.apiserver.fieldselector import FieldTerm
 from aggapi.status import Handler, StatusError
 
 _METHOD_VERBS = {
@@ -42,10 +48,14 @@ class RequestInfo:
     name: str = ""
     is_resource_request: bool = False
     path: str = ""
+    # The parsed fieldSelector of a read (get, list, watch) of a resource itself.
+    fields: tuple[FieldTerm, ...] = ()
 
 
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.lower() in ("1", "true")
+def flag(value: str | None) -> bool:
+    """A boolean query parameter as kube-apiserver converts it: absent, "0" and
+    "false" (any case) are false; anything else, "" included, is true."""
+    return value is not None and value != "0" and value.lower() != "false"
 
 
 def _segment(raw: str) -> str:
@@ -56,11 +66,11 @@ def _segment(raw: str) -> str:
     return seg
 
 
-def _exact_name(field_selector: str) -> str:
-    names = {v.strip() for term in field_selector.split(",")
-             for k, sep, v in [term.partition("==") if "==" in term else term.partition("=")]
-             if sep and not k.endswith("!") and k.strip() == "metadata.name"}
-    return names.pop() if len(names) == 1 else ""
+def _exact_name(fields: tuple[FieldTerm, ...]) -> str:
+    """The name a selector requires, when it is one a path could name (kube-apiserver's
+    IsValidPathSegmentName); otherwise "" (authorized for every name)."""
+    name = fieldselector.exact_match(fields, "metadata.name") or ""
+    return "" if name in (".", "..") or "/" in name or "%" in name else name
 
 
 def split_path(raw_path: str) -> list[str]:
@@ -110,17 +120,24 @@ def parse(method: str, raw_path: str, query: Mapping[str, str] | None = None) ->
     name = parts[1] if len(parts) > 1 else ""
     subresource = parts[2] if len(parts) > 2 else ""
 
+    fields: tuple[FieldTerm, ...] = ()
+    if verb in ("get", "watch") and not subresource:
+        fields = fieldselector.parse(query.get("fieldSelector") or "")
     if not name and verb in ("get", "watch"):
         if verb == "get":
-            verb = "watch" if _truthy(query.get("watch")) else "list"
+            verb = "watch" if flag(query.get("watch")) else "list"
         # As kube-apiserver: a list or watch of one name (metadata.name=N) is
         # authorized for that name (RBAC resourceNames apply).
-        name = _exact_name(query.get("fieldSelector") or "")
+        name = _exact_name(fields)
     elif not name and verb == "delete":
         verb = "deletecollection"
+    elif verb == "get" and not subresource and flag(query.get("watch")):
+        # A named object's ?watch=true is served as a watch (the collections do), so
+        # it is authorized as one. (kube-apiserver serves it as a get.)
+        verb = "watch"
     return RequestInfo(verb=verb, api_group=group, api_version=version, namespace=namespace,
                        resource=resource, subresource=subresource, name=name,
-                       is_resource_request=True, path=path)
+                       is_resource_request=True, path=path, fields=fields)
 
 
 # Set by the request-info middleware; what authorization checks and handlers act on.

@@ -23,6 +23,15 @@ G = "/apis/subresources.aggapi.io/v1alpha1"
     ("GET", f"{G}/namespaces/n/pods/p/imagepullprogress", {"watch": "true"}, "get"),
     ("GET", f"{G}/namespaces/n/pods", {}, "list"),
     ("GET", f"{G}/namespaces/n/pods", {"watch": "1"}, "watch"),
+    # kube's boolean parameters: only "0" and "false" (any case) are false
+    ("GET", f"{G}/namespaces/n/pods", {"watch": ""}, "watch"),
+    ("GET", f"{G}/namespaces/n/pods", {"watch": "yes"}, "watch"),
+    ("GET", f"{G}/namespaces/n/pods", {"watch": "False"}, "list"),
+    ("GET", f"{G}/namespaces/n/pods", {"watch": "0"}, "list"),
+    # A named object of a resource itself, served as a watch, is authorized as one.
+    ("GET", f"{G}/namespaces/n/podimagepulls/p", {"watch": "1"}, "watch"),
+    ("GET", f"{G}/namespaces/n/podimagepulls/p", {"watch": "false"}, "get"),
+    ("GET", f"{G}/watch/namespaces/n/podimagepulls/p", {}, "watch"),
     ("DELETE", f"{G}/namespaces/n/pods", {}, "deletecollection"),
 ])
 def test_verbs(method: str, path: str, query: dict[str, str], verb: str) -> None:
@@ -33,8 +42,13 @@ def test_verbs(method: str, path: str, query: dict[str, str], verb: str) -> None
     ({"fieldSelector": "metadata.name=web-0"}, "web-0"),
     ({"fieldSelector": "spec.nodeName=n1,metadata.name==web-0", "watch": "true"}, "web-0"),
     ({"fieldSelector": "metadata.name!=web-0"}, ""),
-    ({"fieldSelector": "metadata.name=a,metadata.name=b"}, ""),
+    # kube's RequiresExactMatch: the first term (sorted); the two together match
+    # nothing, so authorizing "a" allows nothing more than "a".
+    ({"fieldSelector": "metadata.name=b,metadata.name=a"}, "a"),
     ({"fieldSelector": "spec.nodeName=n1"}, ""),
+    ({"fieldSelector": r"metadata.name=a\,b"}, "a,b"),  # unescaped
+    ({"fieldSelector": "metadata.name=a/b"}, ""),  # no path could name it
+    ({"fieldSelector": "metadata.name=.."}, ""),
 ])
 def test_list_of_one_name_is_authorized_for_it(query: dict[str, str], name: str) -> None:
     # As kube-apiserver's RequestInfoFactory: RBAC resourceNames then apply to it.
@@ -80,3 +94,4 @@ def test_segments_are_decoded_one_by_one() -> None:
     info = parse("GET", f"{G}/namespaces/n%2Dx/pods/caf%C3%A9/imagepullprogress?x=%2F")
     assert (info.namespace, info.name, info.subresource) == ("n-x", "café",
                                                              "imagepullprogress")
+

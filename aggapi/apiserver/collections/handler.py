@@ -1,6 +1,8 @@
 """The HTTP side of podimagepulls and nodeimagepulls: get, list and watch, with
 selectors, resourceVersions and Table output. Authorization happened before
-(routes.py declares it); this only reads the shared feeds.
+(routes.py declares it) on the same parse of the request (``RequestInfo``: verb,
+name, field selector); this only reads the shared feeds. The list options are read
+in ``params.py``, a watch is served by ``watch.py``.
 """
 
 from __future__ import annotations
@@ -18,18 +20,18 @@ from aggapi import GROUP, GROUP_VERSION
 from aggapi.apiserver.collections import nodeimagepulls, paging, podimagepulls
 from aggapi.apiserver.collections.feeds import Feed
 from aggapi.apiserver.collections.feedset import Feeds
+from aggapi.apiserver.collections.params import EXACT, list_options
 from aggapi.apiserver.collections.selectors import FieldTerm, Selector, selector
-from aggapi.apiserver.collections.store import Event, expired, parse_rv
 from aggapi.apiserver.collections.table import include_object, table, table_version
+from aggapi.apiserver.collections.watch import Encoder, WatchSettings, serve_watch
+from aggapi.apiserver.fieldselector import exact_match
 from aggapi.apiserver.requestinfo import INFO, RequestInfo
 from aggapi.apiserver.shutdown import Lifecycle
-from aggapi.status import StatusError, not_found, status_body
+from aggapi.status import StatusError, not_found
 
-# kube-apiserver's default watch length is 30-60 min (--min-request-timeout).
-DEFAULT_WATCH_SECONDS = 1800
-BOOKMARK_EVERY = 15.0
 ENCODE_INLINE = 200  # objects a list encodes on the event loop; more go to a thread
-INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+# kube-apiserver's words for a version its storage no longer has (etcd3's compaction).
+LIST_TOO_OLD = "The resourceVersion for the provided list is too old."
 Obj = Mapping[str, Any]
 
 
@@ -50,12 +52,13 @@ NODES = Resource(nodeimagepulls.RESOURCE, nodeimagepulls.KIND, nodeimagepulls.LI
                  False, nodeimagepulls.FIELDS, nodeimagepulls.COLUMNS, nodeimagepulls.cells)
 
 
-def _flag(query: Mapping[str, str], name: str) -> bool:
-    return (query.get(name) or "").lower() in ("1", "true")
-
-
 def _selector(res: Resource, info: RequestInfo, query: Mapping[str, str]) -> Selector:
-    sel = selector(query, res.fields)
+    """The labelSelector, the request's one parse of the fieldSelector (the one
+    authorization read), and the path's scope."""
+    if info.verb == "watch" and info.name and info.fields \
+            and exact_match(info.fields, "metadata.name") != info.name:
+        raise StatusError(400, "fieldSelector metadata.name doesn't match requested name")
+    sel = selector(query.get("labelSelector") or "", info.fields, res.fields)
     scope = []
     if info.name:  # GET or watch of one object: kube watches it as metadata.name=name
         scope.append(FieldTerm("metadata.name", info.name, True))
@@ -67,8 +70,10 @@ def _selector(res: Resource, info: RequestInfo, query: Mapping[str, str]) -> Sel
 class CollectionHandler:
     """get/list/watch of one collection resource over the shared feeds."""
 
-    def __init__(self, res: Resource, feeds: Feeds, lifecycle: Lifecycle) -> None:
+    def __init__(self, res: Resource, feeds: Feeds, lifecycle: Lifecycle,
+                 settings: WatchSettings | None = None) -> None:
         self.res, self.feeds, self.lifecycle = res, feeds, lifecycle
+        self.settings = settings or WatchSettings()
 
     @contextlib.asynccontextmanager
     async def _feed(self, namespace: str, rv: int | None = None) -> AsyncIterator[Feed]:
@@ -88,17 +93,35 @@ class CollectionHandler:
         version = table_version(request.headers.get("Accept", ""))
         include = include_object(query)
         sel = _selector(self.res, info, query)
-        rv = parse_rv(query.get("resourceVersion"))
-        if info.verb == "watch" or _flag(query, "watch"):
-            return await self._watch(request, sel, rv, version, include)
+        # A get reads no list options (kube-apiserver's GetOptions: nothing that matters
+        # for a derived object).
+        opts = list_options(query if info.verb != "get" else {}, watch=info.verb == "watch")
+        rv = opts.rv
+        namespace = info.namespace if self.res.namespaced else ""
+        if opts.watch:
+            enc = Encoder(self.res.kind, self.res.columns, self.res.cells, version, include)
+            async with self._feed(namespace, rv) as feed:
+                await feed.ready()
+                if rv is not None:  # a version from the future: 504 after ~3 s
+                    await feed.collection.wait_reached(rv)
+                return await serve_watch(request, feed.collection, sel, opts, enc,
+                                         self.lifecycle, self.res.name, self.settings)
         req = paging.page_request(query if info.verb != "get" else {}, rv)
-        async with self._feed(info.namespace if self.res.namespaced else "",
-                              rv if req.rv is None else req.rv) as feed:
+        if opts.match == EXACT and rv is not None and req.rv is None:
+            # The state at exactly rv, rebuilt from the history (410 once it no longer
+            # covers rv, with kube-apiserver's words for a list).
+            req = paging.PageRequest(req.limit, rv, None)
+        async with self._feed(namespace, rv if req.rv is None else req.rv) as feed:
             await feed.ready()
             col = feed.collection
             if rv is not None:
                 await col.wait_reached(rv)  # a version from the future: 504 after ~3 s
-            state, at = paging.state_of(col, req)
+            try:
+                state, at = paging.state_of(col, req)
+            except StatusError as err:
+                if err.code == 410 and req.after is None:
+                    raise StatusError(410, LIST_TOO_OLD, reason="Expired") from None
+                raise
             page = paging.cut(state.values(), sel.matches, req,
                               col.rv if at is None else at,
                               count_remaining=not (query.get("labelSelector")
@@ -123,101 +146,3 @@ class CollectionHandler:
     def _table(self, objs: Sequence[Obj], version: str, include: str, rv: str) -> dict[str, Any]:
         return table(objs, self.res.columns, self.res.cells, version=version,
                      include=include, resource_version=rv)
-
-    def _encode(self, kind: str, obj: Obj, version: str | None, include: str) -> bytes:
-        if version is not None and kind != "BOOKMARK" and kind != "ERROR":
-            obj = self._table([obj], version, include,
-                              str((obj.get("metadata") or {}).get("resourceVersion") or ""))
-        return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
-
-    def _bookmark(self, rv: int, *, initial_end: bool = False) -> Obj:
-        meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        if initial_end:
-            meta["annotations"] = {INITIAL_EVENTS_END: "true"}
-        return {"kind": self.res.kind, "apiVersion": GROUP_VERSION, "metadata": meta}
-
-    async def _watch(self, request: web.Request, sel: Selector, rv: int | None,
-                     version: str | None, include: str) -> web.StreamResponse:
-        info, query = request[INFO], request.query
-        try:
-            seconds = float(query.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
-        except ValueError:
-            raise StatusError(400, "timeoutSeconds must be a number") from None
-        bookmarks = _flag(query, "allowWatchBookmarks") and version is None
-        send_initial = _flag(query, "sendInitialEvents")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        async with self._feed(info.namespace if self.res.namespaced else "", rv) as feed:
-            await feed.ready()
-            col = feed.collection
-            if rv is not None:
-                await col.wait_reached(rv)  # a version from the future: 504 after ~3 s
-            from_state = rv is None or send_initial
-            if rv is not None and not send_initial:
-                col.check_rv(rv)  # 410 Expired before any byte: the client relists
-            resp = web.StreamResponse(headers={"Content-Type": "application/json",
-                                               "Cache-Control": "no-cache",
-                                               "X-Accel-Buffering": "no"})
-            await resp.prepare(request)
-            out: list[bytes] = []
-            if from_state:
-                # "Start at the most recent": the current state as ADDED first.
-                for obj in col.objects.values():
-                    if sel.matches(obj):
-                        out.append(self._encode("ADDED", obj, version, include))
-                pos = col.rv
-                if send_initial and bookmarks:
-                    out.append(self._encode("BOOKMARK", self._bookmark(pos, initial_end=True),
-                                            None, include))
-            else:
-                assert rv is not None
-                pos = rv
-            if out:
-                await resp.write(b"".join(out))
-            bookmark_at = loop.time() + BOOKMARK_EVERY
-            async with self.lifecycle.track(self.res.name) as shutdown:
-                while not (shutdown.is_set() or self.lifecycle.draining.is_set()):
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    try:
-                        events = col.since(pos)
-                    except StatusError:
-                        await resp.write(self._encode(
-                            "ERROR", status_body(410, expired(pos).message, reason="Expired"),
-                            None, include))
-                        break
-                    if events:
-                        chunk = self._events(events, sel, version, include)
-                        pos = events[-1].rv
-                        if chunk:
-                            await resp.write(chunk)
-                        continue
-                    if bookmarks and loop.time() >= bookmark_at:
-                        await resp.write(self._encode("BOOKMARK", self._bookmark(pos), None,
-                                                      include))
-                        bookmark_at = loop.time() + BOOKMARK_EVERY
-                    await col.wait(pos, min(left, 1.0))
-        await resp.write_eof()
-        return resp
-
-    def _events(self, events: list[Event], sel: Selector, version: str | None,
-                include: str) -> bytes:
-        """The events this watcher sees, judged on the object before and after as
-        kube-apiserver's watch cache does: one leaving the selection is DELETED for
-        it, one entering it ADDED."""
-        out = []
-        for ev in events:
-            if ev.type == "DELETED":
-                was, now = sel.matches(ev.obj), False
-            else:
-                was = ev.prev is not None and sel.matches(ev.prev)
-                now = sel.matches(ev.obj)
-            if now:
-                kind = "MODIFIED" if was else "ADDED"
-            elif was:
-                kind = "DELETED"
-            else:
-                continue
-            out.append(self._encode(kind, ev.obj, version, include))
-        return b"".join(out)

@@ -1,4 +1,6 @@
-"""Label and field selectors, parsed as kube-apiserver reads them; a bad one is a 400."""
+"""Label selectors, parsed as kube-apiserver reads them, and the request's parsed
+field selector checked against the resource's fields; a bad one is a 400. The field
+selector itself is parsed once, with the request (``apiserver/fieldselector.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aggapi.apiserver.fieldselector import FieldTerm
 from aggapi.status import StatusError
 
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*"
@@ -34,7 +37,7 @@ class Requirement:
 
 
 def _terms(raw: str) -> list[str]:
-    """Split on commas outside parentheses."""
+    """Split on commas outside parentheses (a label selector's sets hold commas)."""
     out, depth, cur = [], 0, ""
     for ch in raw:
         depth += ch == "("
@@ -85,30 +88,16 @@ def parse_labels(raw: str) -> tuple[Requirement, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class FieldTerm:
-    field: str
-    value: str
-    equal: bool
-
-
-def parse_fields(raw: str, supported: Mapping[str, Callable[[Mapping[str, Any]], str]]
+def check_fields(terms: tuple[FieldTerm, ...],
+                 supported: Mapping[str, Callable[[Mapping[str, Any]], str]]
                  ) -> tuple[FieldTerm, ...]:
-    out = []
-    for term in _terms(raw):
-        if "!=" in term:
-            (f, v), equal = term.split("!=", 1), False
-        elif "=" in term:
-            (f, v), equal = (term.split("==", 1) if "==" in term else term.split("=", 1)), True
-        else:
-            raise StatusError(400, f"invalid field selector {raw!r}: {term!r} is not "
-                                   "field=value or field!=value")
-        f = f.strip()
-        if f not in supported:
-            raise StatusError(400, f'field label not supported: {f} (supported: '
+    """``terms`` (the request's one parse, ``RequestInfo.fields``) if this resource
+    has each field; 400 ``field label not supported`` otherwise."""
+    for t in terms:
+        if t.field not in supported:
+            raise StatusError(400, f'field label not supported: {t.field} (supported: '
                                    f'{", ".join(sorted(supported))})')
-        out.append(FieldTerm(f, v.strip(), equal))
-    return tuple(out)
+    return terms
 
 
 @dataclass(frozen=True)
@@ -126,8 +115,8 @@ class Selector:
         return all((getters[t.field](obj) == t.value) == t.equal for t in self.fields)
 
 
-def selector(query: Mapping[str, str],
+def selector(label_selector: str, fields: tuple[FieldTerm, ...],
              getters: Mapping[str, Callable[[Mapping[str, Any]], str]]) -> Selector:
-    """The request's ``labelSelector`` and ``fieldSelector``; 400 when either is bad."""
-    return Selector(parse_labels(query.get("labelSelector", "")),
-                    parse_fields(query.get("fieldSelector", ""), getters), getters)
+    """The request's ``labelSelector`` and its parsed ``fieldSelector``; 400 when
+    either is bad."""
+    return Selector(parse_labels(label_selector), check_fields(fields, getters), getters)

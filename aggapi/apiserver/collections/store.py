@@ -12,7 +12,7 @@ with kube-apiserver; one from the future waits, then 504 "Too large resource ver
 
 Readers never queue: each keeps its position in the shared history and is woken on
 change; one that falls out of it gets 410 and relists. Memory is the objects plus
-``history`` events.
+the history, bounded in events and in estimated bytes (``histbound.py``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,16 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aggapi.apiserver.collections.histbound import (
+    HISTORY_BYTES,
+    HISTORY_EVENTS,
+    BoundedHistory,
+    estimate,
+)
 from aggapi.status import StatusError
 
 Obj = dict[str, Any]
@@ -100,12 +105,14 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 class Collection:
-    def __init__(self, clock: Clock, *, history: int = 4096) -> None:
+    def __init__(self, clock: Clock, *, history: int = HISTORY_EVENTS,
+                 history_bytes: int = HISTORY_BYTES) -> None:
         self._clock = clock
         self.objects: dict[Hashable, Obj] = {}
         self.start_rv = clock.next()
         self.rv = self.start_rv
-        self._history: deque[Event] = deque(maxlen=history)
+        self._history = BoundedHistory[Event](lambda ev: estimate(ev.obj),
+                                              max_events=history, max_bytes=history_bytes)
         self._rvs: set[int] = {self.start_rv}  # the versions it can serve from
         self.closed = False
         self._changed = asyncio.Event()
@@ -127,10 +134,11 @@ class Collection:
         obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
         self.rv = rv
         ev = Event(rv, kind, obj, old, key)
-        if len(self._history) == self._history.maxlen:
-            self._rvs.discard(self._history[0].rv)
+        # An evicted change's version no longer names a point whose later changes
+        # are all known here (nor does the start's, once any change left).
+        for gone in self._history.append(ev):
+            self._rvs.discard(gone.rv)
             self._rvs.discard(self.start_rv)
-        self._history.append(ev)
         self._rvs.add(rv)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

@@ -130,7 +130,7 @@ async def test_authorized_as_served(env: Env) -> None:
 
     env.kube.sar_policy = policy
     await env.get("/namespaces/ns1/podimagepulls")
-    await env.get("/podimagepulls?watch=true&timeoutSeconds=0.1")
+    await env.get("/podimagepulls?watch=true&timeoutSeconds=1")
     await env.get("/nodeimagepulls/node-a")
     attrs = [c["spec"]["resourceAttributes"] for c in env.kube.sar_calls]
     assert [(a["verb"], a["resource"], a["namespace"], a["name"]) for a in attrs] == [

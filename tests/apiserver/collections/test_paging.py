@@ -89,7 +89,7 @@ async def test_continue_older_than_the_history_is_410(env: Env) -> None:
     _, first = await env.get(f"{LIST}?limit=1")
     token = first["metadata"]["continue"]
     col = next(iter(env.feeds.pods.parts().values())).collection
-    for i in range(col._history.maxlen or 0):  # the history rolls past the first page
+    for i in range(col._history.max_events):  # the history rolls past the first page
         col.set(("ns1", f"filler-{i}"), {"metadata": {"name": f"filler-{i}",
                                                       "namespace": "ns1"}})
     code, body = await env.get(f"{LIST}?limit=1&continue={quote(token)}")

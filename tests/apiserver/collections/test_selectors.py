@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from aggapi.apiserver import fieldselector
 from aggapi.apiserver.collections.podimagepulls import FIELDS
 from aggapi.apiserver.collections.selectors import selector
 from aggapi.status import StatusError
@@ -26,21 +27,20 @@ def _obj(labels: dict[str, str], node: str = "n1") -> dict[str, object]:
     ("", {}, True),
 ])
 def test_labels(raw: str, labels: dict[str, str], want: bool) -> None:
-    assert selector({"labelSelector": raw}, FIELDS).matches(_obj(labels)) is want
+    assert selector(raw, (), FIELDS).matches(_obj(labels)) is want
 
 
 def test_fields() -> None:
-    sel = selector({"fieldSelector": "spec.nodeName=n1,metadata.namespace!=kube-system"},
+    sel = selector("", fieldselector.parse("spec.nodeName=n1,metadata.namespace!=kube-system"),
                    FIELDS)
     assert sel.matches(_obj({})) and not sel.matches(_obj({}, node="n2"))
 
 
-@pytest.mark.parametrize("query", [
-    {"labelSelector": "app in (web"}, {"labelSelector": "a=b=c d"},
-    {"labelSelector": "_x=y"}, {"fieldSelector": "spec.schedulerName=x"},
-    {"fieldSelector": "metadata.name"},
+@pytest.mark.parametrize(("labels", "fields"), [
+    ("app in (web", ""), ("a=b=c d", ""), ("_x=y", ""), ("", "spec.schedulerName=x"),
+    ("", "metadata.name"),
 ])
-def test_bad_is_400(query: dict[str, str]) -> None:
+def test_bad_is_400(labels: str, fields: str) -> None:
     with pytest.raises(StatusError) as err:
-        selector(query, FIELDS)
+        selector(labels, fieldselector.parse(fields), FIELDS)
     assert err.value.code == 400

@@ -119,3 +119,25 @@ async def test_a_version_from_the_future_waits_then_is_504() -> None:
     with pytest.raises(StatusError) as err:
         await col.wait_reached(col.rv + 1, 0.01)
     assert err.value.code == 504 and err.value.reason == "Timeout"
+
+
+def test_the_history_is_bounded_in_bytes_not_only_in_events() -> None:
+    """Whoever may edit a pod can give it large labels, which its object copies: 64
+    changes of a pod with 1 MiB of labels must not all stay in the history (4,096
+    of them would be 4 GiB)."""
+    import json
+    labels = {f"k{i:05}": "v" * 56 for i in range(16_384)}  # 1 MiB as JSON
+    col = Collection(Clock())
+    first = col.rv
+    for v in range(64):
+        col.set("a", {"metadata": {"name": "a", "labels": labels}, "v": v})
+    held = sum(len(json.dumps(ev.obj)) for ev in col._history)
+    assert held < 48 * 2**20, f"{held / 2**20:.0f} MiB of events held"
+    with pytest.raises(StatusError) as err:
+        col.since(first)  # the oldest changes are gone: 410, the watcher relists
+    assert err.value.code == 410
+    assert [ev.obj["v"] for ev in col.since(col.rv - 1)] == [63]  # the newest stays
+    small = Collection(Clock(), history=8)
+    for v in range(20):
+        small.set("a", {"metadata": {"name": "a"}, "v": v})
+    assert len(small._history) == 8  # and in events, as before
