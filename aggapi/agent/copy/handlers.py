@@ -60,7 +60,7 @@ from aggapi.agent.auth import CAPABILITY
 from aggapi.agent.copy import creds
 from aggapi.agent.copy.fds import lookup
 from aggapi.agent.copy.fsroot import FsRoot
-from aggapi.agent.copy.heads import file_digest_headers, stat_header
+from aggapi.agent.copy.heads import stat_header
 from aggapi.agent.copy.pace import PACE, MinRate, PacedBody
 from aggapi.agent.copy.query import DownloadParams, download_params, target, upload_params
 from aggapi.agent.copy.send import send_dir, send_file
@@ -109,33 +109,34 @@ class CopyHandlers:
         self.state = state
 
     async def stat(self, request: web.Request) -> web.StreamResponse:
+        """HEAD: exactly what GET would answer (status, headers), without the body."""
         cap = _capability(request, wire.OP_COPY_STAT, wire.OP_COPY_DOWNLOAD)
-        container, path = target(request, cap)
-        # A slot like any copy: HEAD may hash a file (up to the size limit).
-        with self.state.slots.slot(cap.pod_uid):
-            async with _container(self.state, cap, container) as root:
-                path = await self.state.workers.run(root.absolute, path)
-                async with lookup(self.state, root, path) as t:
-                    return web.Response(status=200, headers={
-                        **stat_header(root, t),
-                        **await file_digest_headers(self.state, t)})
+        return await self._read(request, cap, body=False)
 
     async def download(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_DOWNLOAD)
+        request[PACE] = MinRate(self.state.limits.min_rate, self.state.limits.rate_window)
+        return await self._read(request, cap, body=True)
+
+    async def _read(self, request: web.Request, cap: Capability, body: bool
+                    ) -> web.StreamResponse:
         state = self.state
         container, path = target(request, cap)
         params = download_params(request)
-        request[PACE] = MinRate(state.limits.min_rate, state.limits.rate_window)
+        # HEAD holds a slot like any copy, in its namespace's bucket: it may hash a
+        # file as big as the size limit.
         with state.slots.slot(cap.pod_uid, cap.pod_namespace):
             async with _container(state, cap, container) as root:
                 path = await state.workers.run(root.absolute, path)
                 async with lookup(state, root, path) as t:
                     if st_.S_ISDIR(t.st.st_mode):
-                        return await send_dir(request, state, root, t, params.trailer)
+                        return await send_dir(request, state, root, t, params.trailer, body)
                     if st_.S_ISLNK(t.st.st_mode):
                         _symlink_wanted(params, path, t.link)
-                        return web.Response(status=200, headers=stat_header(root, t))
-                    return await send_file(request, state, root, t, params.trailer)
+                        # (Content-Length said outright: HEAD's reply would omit it)
+                        return web.Response(status=200, headers={
+                            **stat_header(root, t), "Content-Length": "0"})
+                    return await send_file(request, state, root, t, params.trailer, body)
 
     async def upload(self, request: web.Request) -> web.StreamResponse:
         cap = _capability(request, wire.OP_COPY_UPLOAD)

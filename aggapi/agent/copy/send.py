@@ -56,37 +56,49 @@ def abort(request: web.Request, why: str) -> ConnectionResetError:
 
 
 async def send_file(request: web.Request, state: CopyState, root: FsRoot,
-                     t: dl.Target, want_trailer: bool) -> web.StreamResponse:
+                    t: dl.Target, want_trailer: bool, body: bool = True) -> web.StreamResponse:
+    """A regular file's download; without ``body`` (HEAD) the same status and headers
+    with nothing sent, and nothing hashed for a digest that would trail."""
     async with opened(state, t, dl.open_regular) as fd:
         state.slots.check_size(t.st.st_size)
+        # The size seen at lookup is the download's: its Content-Length, the bytes
+        # sent and hashed, whatever the file does after (digests.DigestCache.digest).
         size = t.st.st_size
         tag = etag(t.st)
+        # HEAD ignores Range: GET is the only method range handling is defined for
+        # (RFC 9110 section 14.2).
         rng = parse_range(request.headers.get("Range"), size,
-                          if_range=request.headers.get("If-Range"), current_etag=tag)
+                          if_range=request.headers.get("If-Range"),
+                          current_etag=tag) if body else None
         first, last = rng if rng is not None else (0, size - 1)
         # digest=trailer: the file is hashed as it is sent (one read, no wait before
         # the head) unless its digest is cached, which then goes up front as always.
         # Only for a range that runs to the end: the trailer is the whole file's.
-        trailer: Pending | None = None
+        trailing = False
         cached: str | None = None
         if want_trailer and last == size - 1:
-            cached = await state.workers.run(state.digests.cached, fd)
-            if cached is None:
-                trailer = await state.workers.run(state.digests.start, fd)
+            cached = await state.workers.run(state.digests.cached, fd, size)
+            trailing = cached is None
         headers = {**stat_header(root, t), "Accept-Ranges": "bytes", "ETag": tag,
                    "Content-Type": "application/octet-stream"}
-        if trailer is None:  # (the cache was just asked: no second lookup)
-            headers.update(digest_headers(cached or await digest(state, fd)))
+        if not trailing:  # (the cache was just asked: no second lookup)
+            headers.update(digest_headers(cached or await digest(state, fd, size)))
         else:
             headers[wire.HEADER_SHA256] = wire.DIGEST_TRAILER
-            await hash_prefix(request, state, root, fd, first, trailer)
         if rng is not None:
             headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        length = last - first + 1 + (wire.SHA256_TRAILER_SIZE if trailing else 0)
+        if not body:
+            return web.Response(status=200, headers={**headers,
+                                                     "Content-Length": str(length)})
+        trailer: Pending | None = None
+        if trailing:
+            trailer = await state.workers.run(state.digests.start, fd)
+            await hash_prefix(request, state, root, fd, first, trailer)
         resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
-        resp.content_length = last - first + 1 + (
-            wire.SHA256_TRAILER_SIZE if trailer is not None else 0)
+        resp.content_length = length
         await resp.prepare(request)
-        request[BODY_SIZE] = resp.content_length
+        request[BODY_SIZE] = length
         await stream_range(request, state, root, resp, fd, first, last + 1, trailer)
         if trailer is not None:
             await state.workers.run(state.digests.finish, fd, trailer)
@@ -153,9 +165,13 @@ async def stream_range(request: web.Request, state: CopyState, root: FsRoot,
 
 
 async def send_dir(request: web.Request, state: CopyState, root: FsRoot,
-                    t: dl.Target, trailing: bool) -> web.StreamResponse:
+                   t: dl.Target, trailing: bool, body: bool = True) -> web.StreamResponse:
+    """A directory's tar; without ``body`` (HEAD) its head, after the same checks."""
     async with opened(state, t, dl.open_dir) as dfd:
         await call(state.workers, dl.measure, dfd, state.limits)
+        if not body:
+            return web.Response(status=200, headers={
+                **stat_header(root, t), "Content-Type": "application/x-tar"})
         walker = dl.TarWalker(root, dfd, state.limits, trailing=trailing)
         gen = walker.chunks()
         try:

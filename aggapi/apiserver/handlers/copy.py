@@ -82,9 +82,9 @@ class CopyHandler:
         params = {k: request.query[k] for k in UPLOAD_PARAMS if k in request.query} \
             if upload else {}
         # Not vouched for in the token: they only choose how a symlink is answered and
-        # where a file's digest goes (before its data or after).
+        # where a file's digest goes (before its data or after); HEAD answers as GET.
         extra = {k: request.query[k] for k in DOWNLOAD_CHOICES if k in request.query} \
-            if request.method == "GET" else {}
+            if not upload else {}
 
         fwd = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
         if upload and request.content_length is not None:
