@@ -176,12 +176,12 @@ class FsRoot:
     def walk(self, start: str, rel: str) -> str:
         """Blocking: the clean path the kernel reaches from directory ``start`` by
         ``rel``, its last component named but not followed (as every copy opens its
-        path) unless a '/' follows it. Every other component is looked up in-root, as the copy's user: a
-        symlink is followed (at most :data:`MAX_LINKS`; an absolute one from the
-        root; a /proc magic link refused, ELOOP, as openat2 refuses it), '..' climbs
-        from where the walk is, never above the root, and a component that is not
-        a directory is ENOTDIR. A later change of the tree is no escape: the result
-        is opened in-root again."""
+        path) unless a '/' follows it. Every other component is looked up in-root,
+        as the copy's user: a symlink is followed (at most :data:`MAX_LINKS`; an
+        absolute one from the root; a /proc magic link refused, ELOOP, as openat2
+        refuses it), '..' climbs from where the walk is, never above the root, and a
+        component that is not a directory is ENOTDIR. A later change of the tree is
+        no escape: the result is opened in-root again."""
         done = [p for p in start.split("/") if p]
         todo = [p for p in reversed(rel.split("/")) if p]  # the next one last
         if rel.endswith("/"):  # "link/" is the directory the link leads to, as in open(2)
