@@ -7,7 +7,8 @@ Wire conventions (the aggapi apiserver relays them unchanged):
   component), on every successful HEAD and GET. ``mode`` is st_mode; ``type``
   one of file, dir, symlink, char, block, fifo, socket; ids as the container
   sees them.
-- Regular file (GET): raw bytes, ``Content-Length``, ``Accept-Ranges: bytes``,
+- Regular file (GET): raw bytes, ``Content-Length`` (the size seen at lookup: a file
+  grown since is not sent or hashed further), ``Accept-Ranges: bytes``,
   ``ETag`` from (inode, size, mtime), and the sha256 of the *whole* file as
   ``X-Aggapi-Sha256: <hex>``, ``Digest: sha-256=<base64>`` (RFC 3230) and
   ``Repr-Digest: sha-256=:<base64>:`` (RFC 9530), also on 206 replies so a
@@ -19,10 +20,12 @@ Wire conventions (the aggapi apiserver relays them unchanged):
   file is instead hashed as it is sent, read once, and the body ends with the whole
   file's raw sha256 (32 bytes, in Content-Length; bytes before a range are hashed
   first), announced by ``X-Aggapi-Sha256: trailer``; the digest is then cached on the
-  same terms. HEAD sends it when cached or when the file is within the size
-  limit; every operation, HEAD included, holds a copy slot. ``Range: bytes=N-`` (or N-M,
-  -K) gives 206 + Content-Range; ``If-Range`` with another ETag gives 200 and
-  the whole file.
+  same terms. ``Range: bytes=N-`` (or N-M, -K) gives 206 + Content-Range (a 416
+  carries ``Content-Range: bytes */SIZE``); ``If-Range`` with another ETag gives 200
+  and the whole file.
+- HEAD: exactly GET's status and headers, without the body (Range ignored, as RFC
+  9110 section 14.2 says); every operation, HEAD included, holds a copy slot in its
+  namespace's bucket.
 - Directory (GET): ``Content-Type: application/x-tar``, a PAX tar of its
   contents with names relative to it, each regular file's sha256 in its entry, or
   with ``digest=trailer`` in the entry after it, each file then read once
