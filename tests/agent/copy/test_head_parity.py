@@ -171,3 +171,15 @@ async def test_heads_of_other_tenants_do_not_share_one_bucket(
     with cc.state.slots.slot("pod-a1", "a"), cc.state.slots.slot("pod-a2", "a"):
         assert (await cc.head("/f", namespace="b", pod_uid="pod-b")).status == 200
         assert (await cc.head("/f", namespace="a", pod_uid="pod-a3")).status == 429
+
+
+def _my_nice() -> int:
+    import threading
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+async def test_big_hashes_run_on_the_lowest_priority_threads(cc: Any) -> None:
+    """The hash threads run at nice 19 (the kernel gives other threads the CPU first);
+    the copy workers keep the default."""
+    assert await cc.state.hashers.run(_my_nice) == 19
+    assert await cc.state.workers.run(_my_nice) == _my_nice()
