@@ -117,6 +117,9 @@ HEADER_REPR_DIGEST = "Repr-Digest"  # RFC 9530: sha-256=:<base64>:
 RELAYED_HEADERS = ("Content-Length", "Content-Type", "Content-Range", "Accept-Ranges",
                    "ETag", "Last-Modified", HEADER_DIGEST, HEADER_REPR_DIGEST, HEADER_STAT,
                    HEADER_SHA256, "Retry-After")
+# Agent headers an error Status keeps through the relay (Retry-After has its own field):
+# a 416 says the file's size in Content-Range (bytes */SIZE, RFC 9110 section 15.5.17).
+RELAYED_ERROR_HEADERS = ("Content-Range",)
 # Request headers the apiserver forwards to the agent on a copy.
 FORWARDED_HEADERS = ("Range", "If-Range")
 

@@ -28,7 +28,8 @@ from aggapi.agent import pullmetrics
 from aggapi.agent.auth import SandboxLister, auth_middleware
 from aggapi.agent.config import AgentConfig
 from aggapi.agent.copy import engine as copy_engine
-from aggapi.agent.copy.handlers import CopyHandlers, bytes_sent
+from aggapi.agent.copy.handlers import CopyHandlers
+from aggapi.agent.copy.send import bytes_sent
 from aggapi.agent.copy.state import CopyState, Resolver
 from aggapi.agent.health import Check, ReadinessChecks, livez, readyz
 from aggapi.agent.kubeletconfig import KubeletConfigReader

@@ -22,6 +22,7 @@ from aggapi.auth.capability import CapabilitySigner, ContainerRef
 from aggapi.auth.tokenkeys import KeyPublisher
 from aggapi.serve.site import READ_BUFSIZE
 from aggapi.status import StatusError
+from aggapi.wire import RELAYED_ERROR_HEADERS
 
 AGENT_SERVER_NAME = "aggapi-agent"
 
@@ -171,6 +172,7 @@ async def error_from_response(resp: aiohttp.ClientResponse, node: str) -> Status
             int(status.get("code") or resp.status), str(status.get("message") or ""),
             reason=status.get("reason"), details=status.get("details"),
             retry_after=int(retry) if retry and retry.isdigit() else None,
+            headers={h: resp.headers[h] for h in RELAYED_ERROR_HEADERS if h in resp.headers},
         )
     # Auth failures between our own components are our fault, not the user's.
     code = 502 if resp.status in (401, 403) else resp.status

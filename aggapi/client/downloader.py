@@ -71,17 +71,22 @@ def _content_range(value: str | None) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
+# A stat is of the path itself (a symlink as the link), and asks for no digest up front:
+# HEAD answers as GET would, so without these it would refuse a symlink and hash a file.
+STAT_CHOICES = {wire.PARAM_SYMLINK: wire.SYMLINK_KEEP, wire.PARAM_DIGEST: wire.DIGEST_TRAILER}
+
+
 async def stat_remote(conn: Connection, rp: RemotePath) -> dict[str, Any]:
     """The X-Aggapi-Stat object of the path (NotFound if it does not exist)."""
     try:
-        async with conn.request("HEAD", rp.url(), params=rp.params()) as resp:
+        async with conn.request("HEAD", rp.url(), params=rp.params(**STAT_CHOICES)) as resp:
             return decode_stat(resp.headers.get(wire.HEADER_STAT))
     except AggapiError as exc:
         if not exc.bodiless:
             raise
     # A HEAD reply carries no Status: ask with GET for the server's message (on the
     # unlikely success the body is dropped unread, the headers are the same).
-    async with conn.request("GET", rp.url(), params=rp.params()) as resp:
+    async with conn.request("GET", rp.url(), params=rp.params(**STAT_CHOICES)) as resp:
         return decode_stat(resp.headers.get(wire.HEADER_STAT))
 
 

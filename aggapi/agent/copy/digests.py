@@ -15,20 +15,29 @@ committed file's ctime is the rename's, "now", and a container process that
 owns the file can rewrite it within that tick (or, by its temp name, during the
 upload), so the digest of the bytes received need not be the file's.
 
-Hashing is bounded and cancellable: HEAD hashes only files under the size
-limit, and :meth:`DigestCache.digest` checks a cancel flag between 1 MiB
-chunks, so a client that leaves frees its worker thread within one chunk.
+Hashing is bounded and cancellable: a hash covers exactly the size the request saw
+at lookup (the size it sends, in Content-Length), so a file a container process grows
+after the open cannot hold a thread for more than was checked against the size limit,
+and one that shrank is a 409; :meth:`DigestCache.digest` checks a cancel flag between
+1 MiB chunks, so a client that leaves frees its worker thread within one chunk. Files
+bigger than a chunk are hashed on threads of the lowest CPU priority
+(:func:`lower_priority`), so a long hash yields the CPU to other tenants' copies.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+from aggapi.status import StatusError
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 # The coarsest timestamp granularity of a Linux file system that matters (FAT: 2 s;
@@ -93,9 +102,11 @@ class DigestCache:
             while len(self._lru) > self.size:
                 self._lru.popitem(last=False)
 
-    def cached(self, fd: int) -> str | None:
-        """Blocking (one fstat): the cached digest of the file behind ``fd``, if any."""
-        return self.get(key_of(os.fstat(fd)))
+    def cached(self, fd: int, size: int) -> str | None:
+        """Blocking (one fstat): the cached digest of the file behind ``fd``, if any and
+        if the file still has ``size`` bytes (the digest is of those)."""
+        key = key_of(os.fstat(fd))
+        return self.get(key) if key[2] == size else None
 
     def start(self, fd: int) -> Pending:
         """Blocking (one fstat): a digest of the file behind ``fd`` to be fed in order."""
@@ -108,30 +119,50 @@ class DigestCache:
                 and settled(pending.st, pending.now_ns)):
             self.put(pending.key, pending.hash.hexdigest())
 
-    def digest(self, fd: int, cancel: threading.Event | None = None) -> str:
-        """Blocking: sha256 hex of the file behind ``fd`` (read with pread), never read
-        past the size fstat gives now: a file that reports less than it yields (procfs
-        pagemap: size 0, 256 GiB of data) cannot hold a worker. Raises
-        :class:`Cancelled` once ``cancel`` is set (checked between chunks)."""
+    def digest(self, fd: int, size: int, cancel: threading.Event | None = None) -> str:
+        """Blocking: sha256 hex of the first ``size`` bytes of the file behind ``fd``
+        (read with pread): the size the request saw at lookup, never what the file has
+        grown to since, so a hash never reads more than the size limit allowed (nor
+        more than a procfs file's made-up size). A 409 if the file no longer has
+        ``size`` bytes. Raises :class:`Cancelled` once ``cancel`` is set (checked
+        between chunks)."""
         st = os.fstat(fd)
         key = key_of(st)
-        cached = self.get(key)
+        whole = st.st_size == size  # only a whole file's digest is cached
+        cached = self.get(key) if whole else None
         if cached is not None:
             return cached
         # Read after the fstat: a change from here on is stamped at least this late.
         now = time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
         h = hashlib.sha256()
         off = 0
-        while off < st.st_size:
+        while off < size:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
-            data = os.pread(fd, min(CHUNK, st.st_size - off), off)
+            data = os.pread(fd, min(CHUNK, size - off), off)
             if not data:
-                break
+                raise StatusError(409, f"the file shrank below the {size} bytes it had when "
+                                  f"looked up, while being hashed; ask again")
             h.update(data)
             off += len(data)
         # Only cache if the file did not change while being hashed and cannot change
         # later without a new key.
-        if key_of(os.fstat(fd)) == key and off == st.st_size and settled(st, now):
+        if whole and key_of(os.fstat(fd)) == key and settled(st, now):
             self.put(key, h.hexdigest())
         return h.hexdigest()
+
+
+NICEST = 19  # the lowest CPU priority a nice value gives
+
+
+def lower_priority() -> None:
+    """Run the calling thread at nice 19, the lowest priority short of SCHED_IDLE (which
+    a busy node could starve for good): the kernel then gives its CPU time to every
+    other thread of the agent first, and among the node's processes weighs it 15 to a
+    default thread's 1024. On Linux a nice value is per thread (setpriority on the
+    thread's id); raising it back would need CAP_SYS_NICE, so the thread keeps it:
+    only the hash pool's threads call this. Best effort: a refusal is logged."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICEST)
+    except OSError as exc:
+        log.warning("hash threads keep the default CPU priority: %s", exc)

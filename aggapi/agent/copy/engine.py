@@ -80,3 +80,4 @@ def shutdown(state: CopyState) -> None:
     if state.cleanup_task is not None:
         state.cleanup_task.cancel()
     state.workers.shutdown()
+    state.hashers.shutdown()

@@ -9,8 +9,10 @@ run them in worker threads.
 
 A relative path (``kubectl cp pod:dir/file``) is resolved by
 :meth:`FsRoot.absolute` against the process's working directory as the
-container sees it, then goes through :func:`clean_path` like any other: its
-'..' stop at the container root and openat2 still confines every lookup.
+container sees it, the way the kernel walks it (never textually: ``dir/link/..``
+is where ``link`` leads, then up), each component looked up in-root; the clean
+absolute path it gives goes through :func:`clean_path` like any other, and
+openat2 still confines every lookup.
 
 ``creds`` is the identity copies act as (see aggapi.agent.copy.creds): the
 container process's, or None to act as the agent (root; ``--copy-as-root``).
@@ -18,18 +20,22 @@ container process's, or None to act as the agent (root; ``--copy-as-root``).
 
 from __future__ import annotations
 
+import errno
 import os
-import posixpath
 import select
+import stat
 from dataclasses import dataclass, field
 
 from aggapi.agent.copy import openat2 as o2
 from aggapi.agent.copy.creds import Creds
+from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.idmap import IdMap
+from aggapi.agent.copy.pseudofs import is_magic_link
 from aggapi.status import StatusError
 
 MAX_PATH = 4096
 MAX_NAME = 255
+MAX_LINKS = 40  # the kernel's limit (MAXSYMLINKS) on symlinks followed in one lookup
 
 
 def clean_path(path: str | None) -> str:
@@ -159,10 +165,58 @@ class FsRoot:
 
     def absolute(self, path: str) -> str:
         """Blocking: the clean absolute container path of a requested one; a relative
-        path starts at the process's cwd and its '..' stop at the root."""
+        path starts at the process's cwd and is walked as the kernel walks it."""
         if path.startswith("/"):
             return clean_path(path)
-        return clean_path(posixpath.normpath(posixpath.join(self.cwd(), path)))
+        try:
+            return self.walk(self.cwd(), path)
+        except OSError as exc:
+            raise fs_status(exc, path) from exc
+
+    def walk(self, start: str, rel: str) -> str:
+        """Blocking: the clean path the kernel reaches from directory ``start`` by
+        ``rel``, its last component named but not followed (as every copy opens its
+        path) unless a '/' follows it. Every other component is looked up in-root,
+        as the copy's user: a symlink is followed (at most :data:`MAX_LINKS`; an
+        absolute one from the root; a /proc magic link refused, ELOOP, as openat2
+        refuses it), '..' climbs from where the walk is, never above the root, and a
+        component that is not a directory is ENOTDIR. A later change of the tree is
+        no escape: the result is opened in-root again."""
+        done = [p for p in start.split("/") if p]
+        todo = [p for p in reversed(rel.split("/")) if p]  # the next one last
+        if rel.endswith("/"):  # "link/" is the directory the link leads to, as in open(2)
+            todo.insert(0, ".")
+        links = 0
+        while todo:
+            name = todo.pop()
+            if name == ".":
+                continue
+            if name == "..":
+                if done:
+                    done.pop()
+                continue
+            if not todo:  # the last component: named, not followed
+                done.append(name)
+                break
+            here = clean_path("/" + "/".join([*done, name]))
+            fd = self.open(here, os.O_PATH | os.O_NOFOLLOW)
+            try:
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISLNK(mode):
+                    links += 1
+                    if links > MAX_LINKS or is_magic_link(self.root_fd, here, fd):
+                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), here)
+                    target = os.readlink("", dir_fd=fd)
+                    if target.startswith("/"):
+                        done = []
+                    todo.extend(p for p in reversed(target.split("/")) if p)
+                    continue
+                if not stat.S_ISDIR(mode):
+                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), here)
+            finally:
+                os.close(fd)
+            done.append(name)
+        return clean_path("/" + "/".join(done))
 
     def open(self, path: str, flags: int, mode: int = 0) -> int:
         """Open a clean container path; callers add O_NOFOLLOW for the last component."""

@@ -8,10 +8,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aggapi.agent.copy.digests import DigestCache
+from aggapi.agent.copy.digests import DigestCache, lower_priority
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits, CopySlots
 from aggapi.agent.copy.workers import Workers
+
+HASH_THREADS = 2
 
 
 class Resolver(Protocol):
@@ -28,6 +30,11 @@ class CopyState:
     resolver: Resolver
     workers: Workers = field(default_factory=Workers)
     digests: DigestCache = field(default_factory=DigestCache)
+    # Whole-file hashes of more than a chunk (a HEAD's, a GET's digest up front): their
+    # own threads at the lowest priority, one per namespace at a time, so a long hash
+    # leaves both the copy workers and the CPU to other tenants (digests.lower_priority).
+    hashers: Workers = field(default_factory=lambda: Workers(
+        HASH_THREADS, share=1 / HASH_THREADS, initializer=lower_priority))
     slots: CopySlots = field(init=False)
     # The engine's retry of start-up cleanup, while records remain (engine.startup).
     cleanup_task: asyncio.Task[None] | None = field(default=None, init=False)

@@ -50,8 +50,12 @@ def _back_on(loop: asyncio.AbstractEventLoop, finished: Callable[..., None], *ar
 
 
 class Workers:
-    def __init__(self, max_workers: int = 8, *, share: float = 1.0) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aggapi-copy")
+    def __init__(self, max_workers: int = 8, *, share: float = 1.0,
+                 initializer: Callable[[], None] | None = None) -> None:
+        # initializer: run once on each thread as it starts (the hash pool lowers its
+        # threads' priority).
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aggapi-copy",
+                                       initializer=initializer)
         self.max_workers = max_workers
         # Threads one namespace may occupy at once (at least one).
         self.tenant_cap = max(1, min(max_workers, int(max_workers * share)))

@@ -95,7 +95,7 @@ class CopyHandler:
         params = {k: request.query[k] for k in UPLOAD_PARAMS if k in request.query} \
             if upload else {}
         # Not vouched for in the token: they only choose how a symlink is answered and
-        # where a file's digest goes (before its data or after). HEAD takes them as GET.
+        # where a file's digest goes (before its data or after); HEAD answers as GET.
         extra = {k: request.query[k] for k in DOWNLOAD_CHOICES if k in request.query} \
             if not upload else {}
 

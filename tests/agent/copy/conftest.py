@@ -39,11 +39,14 @@ APPLETS = ("sh", "mv", "ln", "rm", "sleep", "cat", "mkdir", "ls", "echo", "true"
 POD_UID = "pod-uid-1"
 
 
-def make_capability(operation: str, path: str | None, params: dict[str, str]) -> Capability:
-    """What the auth middleware would have verified: pod POD_UID, one container "c"."""
+def make_capability(operation: str, path: str | None, params: dict[str, str],
+                    namespace: str = "", pod_uid: str = POD_UID) -> Capability:
+    """What the auth middleware would have verified: pod POD_UID (in no namespace unless
+    given), one container "c"."""
     return Capability(issuer="test", node="node-a", subject="alice", jti="test",
-                      issued_at=0, expires_at=0, operation=operation, pod_uid=POD_UID,
-                      containers=(ContainerRef("c", "busybox"),), path=path, params=params)
+                      issued_at=0, expires_at=0, operation=operation, pod_uid=pod_uid,
+                      pod_namespace=namespace, containers=(ContainerRef("c", "busybox"),),
+                      path=path, params=params)
 
 
 class DirResolver:
@@ -153,13 +156,18 @@ class CopyClient:
         self.state = state
 
     def _headers(self, op: str, path: str | None, params: dict[str, str],
-                 extra: dict[str, str] | None) -> dict[str, str]:
-        cap = {"operation": op, "path": path, "params": params}
+                 extra: dict[str, str] | None, namespace: str = "",
+                 pod_uid: str = POD_UID) -> dict[str, str]:
+        cap = {"operation": op, "path": path, "params": params, "namespace": namespace,
+               "pod_uid": pod_uid}
         return {"X-Test-Cap": json.dumps(cap), **(extra or {})}
 
-    async def head(self, path: str, **kw: Any) -> ClientResponse:
-        return await self.client.head("/v1/copy", params={"container": "c", "path": path},
-                                      headers=self._headers("copy.stat", path, {}, None), **kw)
+    async def head(self, path: str, headers: dict[str, str] | None = None,
+                   query: dict[str, str] | None = None, namespace: str = "",
+                   pod_uid: str = POD_UID, **kw: Any) -> ClientResponse:
+        return await self.client.head(
+            "/v1/copy", params={"container": "c", "path": path, **(query or {})},
+            headers=self._headers("copy.stat", path, {}, headers, namespace, pod_uid), **kw)
 
     async def get(self, path: str, headers: dict[str, str] | None = None,
                   query: dict[str, str] | None = None, **kw: Any) -> ClientResponse:
@@ -182,7 +190,9 @@ async def fake_capability(request: web.Request, handler: Any) -> web.StreamRespo
     raw = request.headers.get("X-Test-Cap")
     if raw:
         d = json.loads(raw)
-        request[CAPABILITY] = make_capability(d["operation"], d["path"], d["params"])
+        request[CAPABILITY] = make_capability(d["operation"], d["path"], d["params"],
+                                              d.get("namespace", ""),
+                                              d.get("pod_uid", POD_UID))
     resp: web.StreamResponse = await handler(request)
     return resp
 
@@ -223,6 +233,7 @@ async def serve() -> AsyncIterator[Any]:
     for client, state in opened:
         await client.close()
         state.workers.shutdown()
+        state.hashers.shutdown()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Issue 24 finding 2: hashing is bounded. HEAD holds a copy slot, hashes only files
-within the size limit (a larger one gets its digest only from the cache), and a hash
-whose client went away gives its worker thread back within a chunk."""
+within the size limit (a larger one is a 413, as its GET: issue 35), and a hash whose
+client went away gives its worker thread back within a chunk."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ async def _small_download_seconds(cc: Any, path: str, within: float) -> float:
     return time.monotonic() - t0
 
 
-async def test_head_of_a_huge_sparse_file_answers_at_once_without_a_digest(
+async def test_head_of_a_huge_sparse_file_is_refused_at_once_as_get_is(
         plain: tuple[Path, Path], serve: Any, limits: CopyLimits) -> None:
     root, _ = plain
     _sparse(root / "huge", 4 * TiB)
@@ -47,16 +47,15 @@ async def test_head_of_a_huge_sparse_file_answers_at_once_without_a_digest(
                      state_dir=limits.state_dir, namespace_share=1.0)
     cc = await serve(DirResolver(root), lim)
     t0 = time.monotonic()
+    # HEAD answers what GET would: a 413, before any hashing.
     r = await asyncio.wait_for(cc.head("/huge"), 5)
-    assert r.status == 200 and time.monotonic() - t0 < 1.0
-    assert "X-Aggapi-Stat" in r.headers
+    assert r.status == 413 and time.monotonic() - t0 < 1.0
     assert not {"X-Aggapi-Sha256", "Digest", "Repr-Digest"} & set(r.headers)
     # 8 HEADs at once (twice the worker pool) leave the workers free for others.
     heads = [asyncio.create_task(cc.head("/huge")) for _ in range(2 * WORKERS)]
     assert await _small_download_seconds(cc, "/small", 3) < 1.0
     done = await asyncio.wait_for(asyncio.gather(*heads), 5)
-    assert all(h.status == 200 and "Digest" not in h.headers for h in done)
-    # GET refuses it (413), as before: HEAD never hashes what GET would not send.
+    assert all(h.status == 413 for h in done)
     assert (await cc.get("/huge")).status == 413
 
 
@@ -124,7 +123,7 @@ def test_digest_stops_when_cancelled(tmp_path: Path) -> None:
 
         def run() -> None:
             try:
-                result["digest"] = cache.digest(fd, cancel)
+                result["digest"] = cache.digest(fd, 8 * GiB, cancel)
             except digests.Cancelled:
                 result["cancelled"] = time.monotonic()
 
@@ -135,7 +134,7 @@ def test_digest_stops_when_cancelled(tmp_path: Path) -> None:
         cancel.set()
         t.join(5)
         assert not t.is_alive() and result["cancelled"] - set_at < 0.5
-        assert cache.cached(fd) is None
+        assert cache.cached(fd, 8 * GiB) is None
     finally:
         os.close(fd)
 
@@ -147,7 +146,7 @@ def test_digest_without_cancel_is_the_sha256(tmp_path: Path, size: int) -> None:
     (tmp_path / "f").write_bytes(data)
     fd = os.open(tmp_path / "f", os.O_RDONLY)
     try:
-        digest = digests.DigestCache().digest(fd, threading.Event())
+        digest = digests.DigestCache().digest(fd, size, threading.Event())
         assert digest == hashlib.sha256(data).hexdigest()
     finally:
         os.close(fd)

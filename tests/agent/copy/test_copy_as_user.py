@@ -178,10 +178,11 @@ async def test_a_directory_download_skips_what_the_user_cannot_read(
 async def test_a_users_stat_of_another_process_magic_link_has_no_target(
         serve: Any, limits: CopyLimits) -> None:
     # The host's / as the container, uid 1000: the agent's own /proc/<pid>/exe is a magic
-    # link that user may not follow. Stat answers, without the target.
+    # link that user may not follow. Stat (of the link itself, as GET's symlink=keep)
+    # answers, without the target.
     cc = await serve(UserDirResolver(Path("/"), USER), limits)
     for path in (f"/proc/{os.getpid()}/exe", "/proc/1/cwd"):
-        r = await cc.head(path)
+        r = await cc.head(path, query={"symlink": "keep"})
         assert r.status == 200, (path, await r.text())
         st = json.loads(base64.b64decode(r.headers["X-Aggapi-Stat"]))
         assert st["type"] == "symlink" and st["linkTarget"] == "", (path, st)

@@ -136,8 +136,8 @@ def test_a_settled_file_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     fd = os.open(f, os.O_RDONLY)
     try:
         cache = DigestCache()
-        assert cache.digest(fd) == sha(b"x" * 100)
-        assert cache.cached(fd) == sha(b"x" * 100)
+        assert cache.digest(fd, 100) == sha(b"x" * 100)
+        assert cache.cached(fd, 100) == sha(b"x" * 100)
     finally:
         os.close(fd)
 
@@ -148,7 +148,7 @@ def test_a_fresh_file_is_not_cached(tmp_path: Path) -> None:
     fd = os.open(f, os.O_RDONLY)
     try:
         cache = DigestCache()
-        assert cache.digest(fd) == sha(b"x" * 100)
-        assert cache.cached(fd) is None
+        assert cache.digest(fd, 100) == sha(b"x" * 100)
+        assert cache.cached(fd, 100) is None
     finally:
         os.close(fd)

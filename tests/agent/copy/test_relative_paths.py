@@ -91,3 +91,98 @@ async def test_relative_paths_resolve_against_the_containers_cwd(
     assert r.status == 404
     r = await cc.head(".")
     assert r.status == 200
+
+
+# --- issue 35: a relative path resolves as the kernel resolves it ------------------------
+
+
+async def test_dotdot_after_a_symlink_is_the_kernels(cc: Any, plain: tuple[Path, Path]) -> None:
+    """``dir/link/../f``: the kernel follows ``link`` and then climbs from where it
+    leads; a textual normpath would drop ``link/..`` and read ``dir/f``."""
+    root, _ = plain
+    (root / "dir").mkdir()
+    (root / "other" / "sub").mkdir(parents=True)
+    os.symlink("../other/sub", root / "dir" / "link")
+    (root / "dir" / "f").write_bytes(b"the textual answer")
+    (root / "other" / "f").write_bytes(b"the kernel's answer")
+    kernel = (root / "dir" / "link" / ".." / "f").read_bytes()  # open(2) resolves it
+    assert kernel == b"the kernel's answer"
+    r = await cc.get("dir/link/../f")  # the DirResolver's cwd is "/"
+    assert r.status == 200 and await r.read() == kernel
+    r = await cc.post("dir/link/../new", b"uploaded")
+    assert r.status == 200, await r.text()
+    assert (await r.json())["path"] == "/other/new"
+    assert (root / "other" / "new").read_bytes() == b"uploaded"
+
+
+NAMES = ("a", "b", "c")
+LINK_TARGETS = ("a", "b", "../a", "../..", "/a", "/b/c", "a/b", ".", "/", "c/../a", "nowhere")
+
+
+def _build(where: Path, spec: list[tuple[str, str, str]]) -> None:
+    """``spec``: (parent as 'a/b' or '', name, kind) with kind 'dir', 'file' or a link
+    target; entries whose parent is not a directory are left out."""
+    for parent, name, kind in spec:
+        d = where / parent
+        if not d.is_dir() or d.is_symlink() or os.path.lexists(d / name):
+            continue
+        if kind == "dir":
+            (d / name).mkdir()
+        elif kind == "file":
+            (d / name).write_bytes(b"f")
+        else:
+            os.symlink(kind, d / name)
+
+
+def _kernel(root_fd: int, rel: str) -> tuple[int, int] | None:
+    """What openat2(RESOLVE_IN_ROOT) opens for ``rel`` from the root (the last
+    component not followed), or None if it refuses."""
+    from aggapi.agent.copy import openat2 as o2
+    try:
+        fd = o2.openat2(root_fd, rel, os.O_PATH | os.O_NOFOLLOW, o2.IN_CONTAINER)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    finally:
+        os.close(fd)
+
+
+def _ours(root: Any, rel: str) -> tuple[int, int] | None:
+    from aggapi.status import StatusError
+    try:
+        fd = root.open(root.absolute(rel), os.O_PATH | os.O_NOFOLLOW)
+    except (OSError, StatusError):
+        return None
+    try:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    finally:
+        os.close(fd)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=st.lists(st.tuples(st.sampled_from(["", "a", "b", "a/b", "b/c", "a/a"]),
+                               st.sampled_from(NAMES),
+                               st.sampled_from(("dir", "dir", "file", *LINK_TARGETS))),
+                     max_size=12),
+       rel=st.lists(st.sampled_from((*NAMES, "..", ".")), min_size=1, max_size=6),
+       slash=st.booleans())
+def test_relative_paths_open_what_the_kernel_opens(spec: list[tuple[str, str, str]],
+                                                   rel: list[str], slash: bool) -> None:
+    """Whatever the tree's symlinks, ``FsRoot.absolute`` names what the kernel's own
+    in-root walk of the relative path opens (the root as the cwd), and stays a clean
+    path inside the root."""
+    import tempfile
+
+    from aggapi.agent.copy.fsroot import FsRoot
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp)
+        _build(where, spec)
+        root = FsRoot(os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        try:
+            path = "/".join(rel) + ("/" if slash else "")
+            assert _ours(root, path) == _kernel(root.root_fd, path), path
+        finally:
+            root.close()

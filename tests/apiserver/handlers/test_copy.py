@@ -291,3 +291,75 @@ async def test_directory_copies_check_each_files_sha256(stack: Stack, box: Runni
     sr.feed_eof()
     res = await extract_dir(TarReader(sr), tmp_path / "back")
     assert res.verified and read_tree(tmp_path / "back") == {**tree, "keep": b"old"}
+
+
+# --- issue 35: HEAD as GET, 416's Content-Range, relative paths as the kernel walks them --
+
+
+def _tar(entries: list[tuple[str, bytes | str]]) -> bytes:
+    """A tar of files (bytes) and symlinks (str: the target), directories implied."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, what in entries:
+            info = tarfile.TarInfo(name)
+            if isinstance(what, str):
+                info.type, info.linkname = tarfile.SYMTYPE, what
+                tar.addfile(info)
+            else:
+                info.size = len(what)
+                tar.addfile(info, io.BytesIO(what))
+    return buf.getvalue()
+
+
+async def test_head_answers_what_get_answers_through_the_relay(stack: Stack, box: RunningPod
+                                                               ) -> None:
+    path = stack.pod_path("box", "copy")
+    s = stack.session()
+    async with s.post(path, params={"container": "app", "path": "/tmp/hg", "format": "tar"},
+                      data=_tar([("f", b"x" * 5000), ("ln", "f")])) as resp:
+        assert resp.status in (200, 201), await resp.text()
+    same = ("Content-Length", "ETag", "Accept-Ranges", "X-Aggapi-Stat", *DIGEST_HEADERS)
+    for p, extra, code in (("/tmp/hg/f", {}, 200), ("/tmp/hg/ln", {}, 409),
+                           ("/tmp/hg/ln", {"symlink": "keep"}, 200)):
+        q = {"container": "app", "path": p, **extra}
+        async with s.get(path, params=q) as get:
+            await get.read()
+        async with s.head(path, params=q) as head:
+            assert (head.status, get.status) == (code, code), p
+            if code == 200:
+                assert {h: head.headers.get(h) for h in same} == \
+                    {h: get.headers.get(h) for h in same}, p
+    assert head.headers["Content-Length"] == "0"
+
+
+async def test_416_keeps_its_content_range_through_the_relay(stack: Stack, box: RunningPod
+                                                             ) -> None:
+    path = stack.pod_path("box", "copy")
+    s = stack.session()
+    q = {"container": "app", "path": "/tmp/r416"}
+    async with s.post(path, params=q, data=b"y" * 1000) as resp:
+        assert resp.status in (200, 201)
+    async with s.get(path, params=q, headers={"Range": "bytes=5000-"}) as resp:
+        assert resp.status == 416
+        assert resp.headers["Content-Range"] == "bytes */1000"
+        assert (await resp.json())["kind"] == "Status"
+
+
+async def test_a_relative_path_through_a_symlink_is_the_kernels(
+        stack: Stack, box: RunningPod, tmp_path: Path) -> None:
+    tree = _tar([("dir/f", b"textual"), ("other/sub/x", b""), ("other/f", b"kernel"),
+                 ("dir/link", "../other/sub")])
+    path = stack.pod_path("box", "copy")
+    s = stack.session()
+    async with s.post(path, params={"container": "app", "path": "/tmp/rel", "format": "tar"},
+                      data=tree) as resp:
+        assert resp.status in (200, 201), await resp.text()
+    # What the kernel opens for the same path in the same tree, here.
+    with tarfile.open(fileobj=io.BytesIO(tree)) as t:
+        t.extractall(tmp_path / "tmp" / "rel", filter="tar")
+    want = (tmp_path / "tmp" / "rel" / "dir" / "link" / ".." / "f").read_bytes()
+    # The container's cwd is /: relative paths start there.
+    async with s.get(path, params={"container": "app",
+                                   "path": "tmp/rel/dir/link/../f"}) as resp:
+        assert resp.status == 200, await resp.text()
+        assert await resp.read() == want == b"kernel"
