@@ -342,7 +342,7 @@ def test_standard_fields_read_alike_in_every_form(mode: int, uid: int, gid: int,
 def test_the_header_checksum_sum_is_exact_for_every_block(blk: bytes) -> None:
     """The Adler-32 shortcut of the checksum's byte sum equals sum() on any 512 bytes
     (all 0xff included: the largest sum a half can have)."""
-    assert tp._byte_sum(blk) == sum(blk)
+    assert tp.byte_sum(blk) == sum(blk)
 
 
 def _time_by_regex(value: str) -> int | None:
