@@ -35,11 +35,13 @@ class EarlySync:
     """Call :meth:`wrote` on the event loop after each piece is applied, and
     :meth:`settle` before the final syncfs (and before the tree's fds close)."""
 
-    def __init__(self, path: str | os.PathLike[str], every: int | None = None) -> None:
+    def __init__(self, dir_fd: int, every: int | None = None) -> None:
+        """``dir_fd``: the tree's root; the syncs use a new open of it (their own
+        writeback-error cursor), never a dup."""
         self.every = EVERY if every is None else every
         self.since = 0
         self.started = 0
-        self._fd = os.open(path, _FLAGS) if syncfs.available() else -1
+        self._fd = os.open(".", _FLAGS, dir_fd=dir_fd) if syncfs.available() else -1
         self._running: asyncio.Future[None] | None = None
 
     def wrote(self, n: int) -> None:

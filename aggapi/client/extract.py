@@ -403,7 +403,7 @@ async def extract_dir(reader: TarReader, dest: Path,
     try:
         ex = Extractor(tmp, current_umask(), reader.parser)
         try:
-            early = EarlySync(tmp)
+            early = EarlySync(ex.root)
             try:
                 await _feed_all(ex, reader.stream, on_bytes, early)
             except TarError as exc:
