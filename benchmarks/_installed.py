@@ -64,11 +64,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks._busyboxtar import push_tar_image
 from benchmarks._cgroupstats import PodCgroup
 from benchmarks._freshfs import FreshFs, fresh_fs, image_bytes
 from benchmarks._procstats import cpu_seconds, profiled
-from benchmarks._sourcetree import source_tree
-from benchmarks.bench_kubectl_cp import file_sha
+from benchmarks._sourcetree import file_sha, source_tree
 from tests.framework.addon import IMAGE_ARCHIVE, IMAGE_REPOSITORY, Addon, addon_of
 from tests.framework.cluster import Cluster, registry_of
 from tests.framework.clusternode import ClusterNode
@@ -300,8 +300,6 @@ class Bench:
         return self.cp.kubectl(*args).stdout
 
     def start_pod(self) -> dict[str, Any]:
-        from benchmarks.bench_kubectl_cp import push_tar_image
-
         image = push_tar_image(self.cluster.registry)
         self.cp.kubectl("delete", "pod", POD, "--grace-period=0", "--force",
                         "--ignore-not-found", check=False)

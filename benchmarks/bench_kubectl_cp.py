@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import os
 import resource
@@ -50,49 +49,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks._busyboxtar import push_tar_image
 from benchmarks._procstats import cpu_seconds, profiled
-from tests.framework import nodestate, oci
+from benchmarks._sourcetree import file_sha, make_file
+from tests.framework import nodestate
 from tests.framework.controlplane import INSTANCES, ControlPlane, binary
 from tests.framework.kubelet import Kubelet, pod_manifest
-from tests.framework.node import OCI_CACHE, Node
+from tests.framework.node import Node
 from tests.framework.repo import REPO
 
 POD = "bench-kubectl-cp"
-IMAGE_REPO = "aggapi-test/busybox-tar"
 MiB = 1 << 20
 GOAL = 2.0
 TOOLS = ("kubectl cp", "kubectl ncp")
-
-
-def push_tar_image(node: Node) -> str:
-    cache = oci.BlobCache(OCI_CACHE)
-    links = [oci.TarEntry(f"bin/{a}", kind="symlink", target="busybox")
-             for a in ("tar", "sha256sum", "ls", "cat", "rm", "mkdir")]
-    img = oci.build_image([cache.busybox_layer(), cache.files_layer(links)],
-                          cmd=["/bin/busybox", "sleep", "3600"],
-                          labels={"io.aggapi.test": IMAGE_REPO})
-    oci.push_image(node.info.registry_host, IMAGE_REPO, img, "1")
-    return f"{node.info.registry_host}/{IMAGE_REPO}:1"
-
-
-def make_file(path: Path, size: int) -> str:
-    h = hashlib.sha256()
-    with path.open("wb") as f:
-        left = size
-        while left:
-            chunk = os.urandom(min(left, 8 * MiB))
-            h.update(chunk)
-            f.write(chunk)
-            left -= len(chunk)
-    return h.hexdigest()
-
-
-def file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(8 * MiB):
-            h.update(block)
-    return h.hexdigest()
 
 
 def remote_sha(cp: ControlPlane, path: str) -> str:

@@ -10,7 +10,8 @@ download to the same destination (:mod:`aggapi.client.staletemp`).
 
 The tree is made durable before the rename that publishes it by one syncfs of the
 temp dir's file system (where the platform has it; else an fsync per file and
-directory), not a journal commit per file.
+directory), not a journal commit per file; earlier syncfs calls during the transfer
+(:mod:`aggapi.client.earlysync`) leave it only the tail to wait for.
 
 The event loop only receives: each piece of the stream (what arrived, up to
 READ_SIZE) goes to one worker-thread call that parses it and applies every entry it
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 
 from aggapi.client import staletemp
 from aggapi.client.confine import current_umask
+from aggapi.client.earlysync import EarlySync
 from aggapi.client.errors import LocalError, TransferError
 from aggapi.client.extractor import Extractor, ExtractResult
 from aggapi.client.linkcheck import recheck_links
@@ -62,10 +64,13 @@ async def extract_dir(reader: TarReader, dest: Path,
     try:
         ex = Extractor(tmp, current_umask(), reader.parser)
         try:
+            early = EarlySync(ex.root)
             try:
-                await _feed_all(ex, reader.stream, on_bytes)
+                await _feed_all(ex, reader.stream, on_bytes, early)
             except TarError as exc:
                 raise TransferError.from_message(f"directory stream: {exc}") from exc
+            finally:
+                await early.settle()
             if not ex.complete:
                 raise TransferError.from_message(
                     "directory stream ended without its completion record (cut short)")
@@ -98,7 +103,8 @@ async def extract_dir(reader: TarReader, dest: Path,
         os.close(lock)
 
 
-async def _feed_all(ex: Extractor, stream: ByteStream, on_bytes: Callable[[int], None]) -> None:
+async def _feed_all(ex: Extractor, stream: ByteStream, on_bytes: Callable[[int], None],
+                    early: EarlySync) -> None:
     """Hand the stream to the extractor piece by piece, up to the end-of-archive block.
 
     A read takes whatever has arrived, up to READ_SIZE (bounded memory): while the
@@ -114,6 +120,7 @@ async def _feed_all(ex: Extractor, stream: ByteStream, on_bytes: Callable[[int],
             return
         if n := await _in_worker(ex.feed, data):
             on_bytes(n)
+            early.wrote(n)  # writeback starts during the transfer, not after it
 
 
 async def _in_worker(fn: Callable[..., T], *args: Any) -> T:

@@ -37,6 +37,7 @@ from aggapi.tar.parse import (
     TarError,
     TarLimits,
     TarParser,
+    byte_sum,
 )
 
 __all__ = ["ARCHIVE_END", "BLK", "BLOCK", "CHR", "CONT", "DIR", "END", "FIFO", "GNU_LONGLINK",
@@ -83,7 +84,7 @@ def _ustar(name: bytes, typeflag: bytes, size: int, mode: int, uid: int, gid: in
     hdr = b"".join((name[:100].ljust(100, b"\0"), nums, b" " * 8,
                     typeflag[:1].ljust(1, b"\0"), linkname[:100].ljust(100, b"\0"), _MAGIC,
                     _TAIL))
-    return b"%s%06o\0 %s" % (hdr[:148], sum(hdr), hdr[156:])
+    return b"%s%06o\0 %s" % (hdr[:148], byte_sum(hdr), hdr[156:])
 
 
 def pad(size: int) -> bytes:

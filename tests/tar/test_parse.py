@@ -342,4 +342,28 @@ def test_standard_fields_read_alike_in_every_form(mode: int, uid: int, gid: int,
 def test_the_header_checksum_sum_is_exact_for_every_block(blk: bytes) -> None:
     """The Adler-32 shortcut of the checksum's byte sum equals sum() on any 512 bytes
     (all 0xff included: the largest sum a half can have)."""
-    assert tp._byte_sum(blk) == sum(blk)
+    assert tp.byte_sum(blk) == sum(blk)
+
+
+def _time_by_regex(value: str) -> int | None:
+    """The PAX mtime grammar as the regex states it (the reference for the fast path)."""
+    m = tp._TIME.fullmatch(value)
+    if m is None:
+        return None
+    sign, sec, frac = m.groups()
+    ns = int(sec) * tp.NS + int(((frac or "") + "000000000")[:9])
+    ns = -ns if sign else ns
+    return ns if tp.MIN_TIME_NS <= ns <= tp.MAX_TIME_NS else None
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.one_of(
+    st.from_regex(r"-?[0-9]{0,22}(\.[0-9]{0,32})?(\.[0-9]*)?", fullmatch=True),
+    st.text(alphabet="0123456789.-\u0661 e+", max_size=30)))
+def test_pax_mtime_accepts_exactly_the_grammar(value: str) -> None:
+    want = _time_by_regex(value)
+    if want is None:
+        with pytest.raises(tp.TarError):
+            tp._pax_time_ns(value)
+    else:
+        assert tp._pax_time_ns(value) == want

@@ -305,6 +305,14 @@ class TarWalker:
                        ) -> Iterator[bytes]:
         """The entry of a regular file read once, a chunk at a time, hashed as it goes;
         its digest is owed to the next entry."""
+        if size <= CHUNK:  # one piece (header, data, padding): a small file is one
+            data = os.pread(fd, size, 0) if size else b""  # read and one yield up the
+            if len(data) < size:  # walk's generators, not three
+                data = self._shrank(rel, data, size)
+            head = self._header(rel, ts.REG, size=size, **common)  # takes the owed digest
+            self.owed = hashlib.sha256(data).hexdigest()
+            yield b"".join((head, data, ts.pad(size)))
+            return
         yield self._header(rel, ts.REG, size=size, **common)
         h = hashlib.sha256()
         yield from self._data(fd, rel, size, h)
