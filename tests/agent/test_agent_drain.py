@@ -92,9 +92,9 @@ async def test_sigterm_path_answers_the_upload_and_stops_the_agent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """aggapi.agent.main.serve itself, its stop event set as the SIGTERM handler sets it:
     the slow upload is answered 503 after a few more MiB, and serve returns (the agent
-    exits) instead of waiting on the copy. At 95095d5 the same client, sending 30 MiB/s,
-    had no answer 30 s after SIGTERM and had poured 900 MiB more into the agent, which
-    was still running (/tmp/drain-demo.py of branch drain, session 36)."""
+    exits) instead of waiting on the copy. At 95095d5 this test times out: measured once
+    with the same set-up, a client sending 30 MiB/s had no answer 30 s after SIGTERM and
+    had poured 900 MiB more into the agent, which was still running."""
     certs = pki(tmp_path / "pki")
     root = tmp_path / "root"
     (root / "tmp").mkdir(parents=True)
