@@ -102,13 +102,20 @@ def test_agent_deleted_during_copies(installed_addon: Addon, two_node_cluster: C
     a = installed_addon
     cp = a.cp
     node = two_node_cluster.node(2).name
-    pod = "addon-drain"
+    # The download from a pod of its own: the uploads take both of a pod's copy slots
+    # (agent.copiesPerPod).
+    pod, src_pod = "addon-drain", "addon-drain-src"
     t_start = time.monotonic()
-    run_pod(cp, pod, node)
+    for p in (pod, src_pod):
+        run_pod(cp, p, node, wait=False)
+    cp.kubectl("wait", "--for=condition=Ready", f"pod/{pod}", f"pod/{src_pod}",
+               "--timeout=120s")
     try:
         exec_in(cp, pod, "sh", "-c", "mkdir -p /tmp/d && echo original > /tmp/d/up && "
-                "echo original > /tmp/d/slow && head -c 1073741824 /dev/urandom > /tmp/d/src")
-        remote_src = exec_in(cp, pod, "sha256sum", "/tmp/d/src").split()[0]
+                "echo original > /tmp/d/slow")
+        exec_in(cp, src_pod, "sh", "-c",
+                "mkdir -p /tmp/d && head -c 1073741824 /dev/urandom > /tmp/d/src")
+        remote_src = exec_in(cp, src_pod, "sha256sum", "/tmp/d/src").split()[0]
         big, slow = tmp_path / "big", tmp_path / "slow"
         for f, n in ((big, GiB), (slow, SLOW_SIZE)):
             with f.open("wb") as out:
@@ -119,7 +126,7 @@ def test_agent_deleted_during_copies(installed_addon: Addon, two_node_cluster: C
         t_copies = time.monotonic()
         copies = {
             "up": _ncp(a, str(big), f"{pod}:/tmp/d/up"),
-            "down": _ncp(a, f"{pod}:/tmp/d/src", str(tmp_path / "back")),
+            "down": _ncp(a, f"{src_pod}:/tmp/d/src", str(tmp_path / "back")),
             "slow": _ncp(a, str(slow), f"{pod}:/tmp/d/slow", rate=f"{SLOW_RATE}"),
         }
         # Mid-copy: both uploads have a temp file in the container.
@@ -141,6 +148,8 @@ def test_agent_deleted_during_copies(installed_addon: Addon, two_node_cluster: C
             remote = {"up": "/tmp/d/up", "down": "/tmp/d/src", "slow": "/tmp/d/slow"}[k]
             ended = logs.first(f"copy ended by the drain.*{re.escape(remote)}")
             stop = min(x for x in (ended, t_exit) if x is not None)
+            assert failed is None or failed > t_del, \
+                f"{k} failed before the deletion\n{c.text()[-2000:]}"
             if failed is not None:
                 assert failed - stop <= 1.0, \
                     f"{k}: the client's error came {failed - stop:.2f}s after the agent " \
@@ -169,4 +178,4 @@ def test_agent_deleted_during_copies(installed_addon: Addon, two_node_cluster: C
               f"test {time.monotonic() - t_start:.1f}s")
         a.wait_ready(timeout=120)
     finally:
-        delete_pods(cp, pod)
+        delete_pods(cp, pod, src_pod)
