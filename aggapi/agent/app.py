@@ -17,7 +17,7 @@ TokenReview and SubjectAccessReview, see aggapi.auth.delegated).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -47,6 +47,7 @@ from aggapi.auth.tokenkeys import KeyWatch
 from aggapi.kube.client import KubeClient, load_client
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
+from aggapi.serve.drain import Drain, Handler
 from aggapi.status import status_middleware
 
 
@@ -73,6 +74,8 @@ class AgentParts:
     token_keys: KeyWatch | None = None
     # Publishes this agent's in-memory serving identity (--identity-key-set).
     identity: IdentityPublisher | None = None
+    # Copies in flight at SIGTERM, and the refusal of new ones (aggapi/agent/main.py).
+    drain: Drain = field(default_factory=Drain)
 
     async def close_clients(self) -> None:
         """Close the runtime and API connections (after the apps are cleaned up)."""
@@ -178,6 +181,7 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
         parts.metrics.middleware,
         auth_middleware(parts.verifier, config.allowed_client_cns, wire.AGENT_OPERATIONS,
                         cri=lister, tls_only=("/healthz", "/livez", "/readyz")),
+        drain_copies(parts.drain),
     ])
     app[PARTS] = parts
     progress = ProgressHandlers(parts.poller, parts.pull_limits, config.node_name)
@@ -216,10 +220,25 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
     return app
 
 
+def drain_copies(drain: Drain) -> Middleware:
+    """Copies go through the drain: refused once the agent stops, ended early when they
+    cannot finish before it does (aggapi/serve/drain.py)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path != wire.AGENT_COPY_PATH:
+            return await handler(request)
+        return await drain.run(request, handler)
+
+    return middleware
+
+
 def add_probes(app: web.Application, parts: AgentParts) -> None:
     app.router.add_get("/healthz", healthz, allow_head=False)
     app.router.add_get("/livez", livez, allow_head=False)
-    app.router.add_get("/readyz", readyz(parts.readiness), allow_head=False)
+    drain = parts.drain
+    app.router.add_get("/readyz", readyz(parts.readiness, draining=lambda: drain.draining),
+                       allow_head=False)
 
 
 def build_health_app(parts: AgentParts) -> web.Application:

@@ -55,6 +55,9 @@ class AgentConfig:
     log_level: str = "info"  # debug | info | warning | error
     # A request head (and the TLS handshake before it) must arrive within this time.
     read_header_timeout: float = DEFAULT_READ_HEADER_TIMEOUT
+    # After SIGTERM, copies in flight may go on this long (aggapi.serve.drain); keep it
+    # well inside the pod's grace period, less the preStop sleep.
+    drain_timeout: float = 15.0
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -161,6 +164,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--read-header-timeout", type=seconds, default=DEFAULT_READ_HEADER_TIMEOUT,
                    help="seconds a client has to complete the TLS handshake and then each "
                         f"request head; 0 = no limit (default {DEFAULT_READ_HEADER_TIMEOUT:g})")
+    p.add_argument("--drain-timeout", type=seconds, default=AgentConfig.drain_timeout,
+                   help="seconds copies in flight may go on after SIGTERM; one that cannot "
+                        "finish by then ends at once with a retryable 503 (default "
+                        f"{AgentConfig.drain_timeout:g})")
     p.add_argument("--body-idle-timeout", type=seconds, default=CopyLimits.body_idle_timeout,
                    help="seconds an upload may send no bytes before it is aborted (its slot "
                         "freed, its temp files removed); 0 = no limit "
@@ -253,7 +260,7 @@ def from_args(argv: Sequence[str]) -> AgentConfig:
         metrics_auth=a.metrics_auth, pull_stall_seconds=a.pull_stall_seconds,
         kubeconfig=a.kubeconfig, copy_as_root=a.copy_as_root,
         log_level=a.log_level,
-        read_header_timeout=a.read_header_timeout,
+        read_header_timeout=a.read_header_timeout, drain_timeout=a.drain_timeout,
         copy=CopyLimits(size_limit=a.copy_size_limit, copies_per_pod=a.copies_per_pod,
                         copies_per_node=a.copies_per_node, max_entries=a.copy_max_entries,
                         max_depth=a.copy_max_depth, state_dir=a.copy_state_dir,

@@ -79,9 +79,15 @@ async def livez(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def readyz(checks: ReadinessChecks) -> Callable[[web.Request], Awaitable[web.Response]]:
+def readyz(checks: ReadinessChecks, draining: Callable[[], bool] = lambda: False,
+           ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``draining``: the agent got SIGTERM; it fails readiness at once (the
+    EndpointSlices then send nothing new here) while its copies drain."""
+
     async def ready(request: web.Request) -> web.Response:
         results = await checks.results()
+        if draining():
+            results = [*results, Result("shutdown", "draining copies before stopping")]
         ok = all(r.ok for r in results)
         status = 200 if ok else 500
         # As kube-apiserver: the list only when asked, or when a check failed.

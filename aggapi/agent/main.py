@@ -21,6 +21,9 @@ from aggapi.serve import site as serving
 
 log = logging.getLogger(__name__)
 
+# Seconds the last requests (progress streams) get once the copies have drained.
+SHUTDOWN_FINAL = 2.0
+
 
 async def listen(app: web.Application, config: AgentConfig, port: int,
                  tls: ssl.SSLContext | None = None) -> web.AppRunner:
@@ -28,7 +31,10 @@ async def listen(app: web.Application, config: AgentConfig, port: int,
     # handler_cancellation: when the apiserver drops a stream (its client left),
     # the handler is cancelled at once, which ends the poller subscription or
     # aborts the copy (its temp file removed) instead of waiting for a write to fail.
-    runner = web.AppRunner(app, handler_cancellation=True,
+    # shutdown_timeout: by the time the runner is cleaned up the copies have drained
+    # (serve); what is left (progress streams) is cancelled soon, well inside the pod's
+    # grace period, so their clients resume elsewhere.
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_FINAL,
                            keepalive_timeout=serving.KEEPALIVE_TIMEOUT,
                            read_bufsize=serving.READ_BUFSIZE)
     await runner.setup()
@@ -71,10 +77,18 @@ async def serve(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
                                          "metrics_port": config.metrics_port,
                                          "runtime": config.runtime})
         await stop.wait()
+        # SIGTERM: readiness fails and new copies get a retryable 503 at once; copies in
+        # flight finish if they can before the drain deadline, else end now with a 503.
+        t0 = loop.time()
+        parts.drain.start(config.drain_timeout)
+        await parts.drain.idle()
+        log.info("copies drained", extra={"seconds": round(loop.time() - t0, 3),
+                                          "endedEarly": parts.drain.ended_early})
     finally:
         for r in reversed(runners):
             await r.cleanup()
         await parts.close_clients()
+        log.info("agent stopped")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -160,6 +160,11 @@ async def error_from_response(resp: aiohttp.ClientResponse, node: str) -> Status
     """Turn an agent's error reply into the StatusError it describes."""
     try:
         body = await resp.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        # The agent's answer was cut (it answered as it stopped, then was gone): the
+        # client may retry at once either way.
+        return StatusError(503, f'aggapi agent on node "{node}" answered {resp.status} and '
+                                f"closed: {exc}", retry_after=1)
     finally:
         resp.release()
     try:

@@ -67,7 +67,7 @@ def route_table(parts: Parts) -> list[Route]:
     cfg = parts.config
     progress = PodProgressHandler(parts.agent, parts.pod_watches, parts.progress_streams,
                                   parts.lifecycle, stream_deadline=cfg.stream_deadline)
-    copy = CopyHandler(parts.kube_api, parts.agent)
+    copy = CopyHandler(parts.kube_api, parts.agent, parts.lifecycle.copies)
     ready = health.readyz(parts.auth_source, parts.lifecycle, parts.agent)
     table = [
         Route(("GET",), "/healthz", health.healthz, OPEN),

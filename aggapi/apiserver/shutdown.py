@@ -5,6 +5,9 @@ Sequence on SIGTERM (aiohttp's runner.cleanup drives it): the listening sockets
 close and idle keep-alive connections are dropped; our on_shutdown hook marks the
 server draining (/readyz fails) and waits up to ``grace`` for open streams; then
 sets ``SHUTDOWN``; the runner waits ``final`` seconds more and cancels what is left.
+Copies in flight drain meanwhile as the agent's do (aggapi/serve/drain.py): one that
+cannot finish within ``grace`` at its rate ends at once with a retryable 503, so its
+client sends it again through another replica instead of into this one.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from collections.abc import AsyncIterator
 
 from aggapi.apiserver.metrics import Metrics
+from aggapi.serve.drain import Drain
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +30,7 @@ class Lifecycle:
         self.draining = asyncio.Event()
         self.shutdown = asyncio.Event()
         self.streams = 0
+        self.copies = Drain()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -41,10 +46,12 @@ class Lifecycle:
     async def drain(self, grace: float) -> None:
         self.draining.set()
         start = time.monotonic()
+        self.copies.start(grace)
         if self.streams:
             log.info("draining streams", extra={"streams": self.streams, "graceSeconds": grace})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace)
+        await self.copies.idle()
         left = self.streams
         self.shutdown.set()
         log.info("shutdown signalled", extra={"streamsLeft": left,

@@ -404,6 +404,20 @@ def test_copy_as_root_is_opt_in_and_parses(render: Render) -> None:
         assert ns.copy_as_root is want
 
 
+def test_agent_drain_fits_in_its_grace_period(render: Render) -> None:
+    """Issue 35: copies drain for drainSeconds after SIGTERM, which comes after the
+    preStop sleep; the kubelet kills the agent only once both (and 5 s) have passed."""
+    from aggapi.agent.config import parser
+
+    for sets, grace in (((), 25), (("agent.drainSeconds=40", "agent.preStopSleepSeconds=0"),
+                                   45)):
+        spec = _pod_spec(render(sets), "DaemonSet")
+        args = spec["containers"][0]["args"]
+        ns = parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in args[1:]])
+        assert spec["terminationGracePeriodSeconds"] == grace
+        assert ns.drain_timeout == grace - 5 - (5 if not sets else 0)
+
+
 def test_agent_metrics_port_and_its_credentials(render: Render) -> None:
     """The metrics port (always on): its flag, container port and the explicit
     ServiceAccount token mount go together."""

@@ -21,6 +21,7 @@ from aggapi.apiserver.user import USER
 from aggapi.auth.capability import ContainerRef
 from aggapi.kube.client import KubeClient
 from aggapi.serve.bodyreceiver import ResponseBody
+from aggapi.serve.drain import Drain
 from aggapi.status import StatusError
 from aggapi.wire import (
     AGENT_COPY_PATH,
@@ -79,11 +80,20 @@ def _path(request: web.Request) -> str:
 class CopyHandler:
     """Relays one copy between the client and the pod's node agent."""
 
-    def __init__(self, kube_api: KubeClient, agent: AgentClient | None) -> None:
+    def __init__(self, kube_api: KubeClient, agent: AgentClient | None,
+                 drain: Drain | None = None) -> None:
         self.kube_api = kube_api
         self.agent = agent
+        # This replica's shutdown: copies that cannot finish before it stops end early
+        # with a retryable 503 (aggapi/apiserver/shutdown.py).
+        self.drain = drain
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
+        if self.drain is None:
+            return await self.relay(request)
+        return await self.drain.run(request, self.relay)
+
+    async def relay(self, request: web.Request) -> web.StreamResponse:
         info = request[INFO]
         upload = request.method == "POST"  # the route table admits GET, HEAD and POST
         _strict_query(request)

@@ -52,7 +52,7 @@ async def serve_standin_agent(app: web.Application, pki_dir: Path) -> tuple[web.
 
 
 async def relay_to_standin(make_server: Any, kube: FakeKube, pki_dir: Path,
-                           port: int) -> Server:
+                           port: int, **config: Any) -> Server:
     """The apiserver relaying to the stand-in agent on ``port`` (serve_standin_agent),
     for a pod ``default/box``, every request allowed."""
     kube.put("apis/discovery.k8s.io/v1", "endpointslices", endpoint_slice(port))
@@ -64,7 +64,8 @@ async def relay_to_standin(make_server: Any, kube: FakeKube, pki_dir: Path,
         agent_client_cert_file=str(pki_dir / "agent-client.crt"),
         agent_client_key_file=str(pki_dir / "agent-client.key"),
         token_signing_key_file=str(pki_dir / "token-signing.key"),
-        agent_pod_check=False)  # the stand-in runs in this process, not in a pod
+        agent_pod_check=False,  # the stand-in runs in this process, not in a pod
+        **config)
     return server
 
 

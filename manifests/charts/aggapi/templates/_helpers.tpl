@@ -325,6 +325,7 @@ agent. Empty: no flag; the image holds no kubelet config, so kubelet defaults. *
 - --copy-rate-window={{ .Values.agent.copyRateWindow }}
 - --copy-state-dir={{ .Values.agent.copyStateDir }}
 - --copy-direct-io-min-size={{ .Values.agent.copyDirectIOMinSize }}
+- --drain-timeout={{ .Values.agent.drainSeconds }}
 {{- if .Values.agent.copyAsRoot }}
 - --copy-as-root
 {{- end }}
