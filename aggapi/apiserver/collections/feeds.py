@@ -228,7 +228,9 @@ class PodFeed(_Batcher):
             poll = self.polls.get(node) if self.polls is not None and node in self._polled \
                 else None
             view = poll.view if poll is not None else None
-            obj = pod_image_pull(pod, self.source.events_of(key), view)
+            # (the object before: a Done image keeps the bytes its pull brought)
+            obj = pod_image_pull(pod, self.source.events_of(key), view,
+                                 self.collection.objects.get(key))
             needs = needs_node_view(obj)
             if needs:
                 images = [str(i.get("image") or "") for i in obj["status"]["images"]]

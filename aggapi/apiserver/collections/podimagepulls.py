@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aggapi import GROUP_VERSION, imageref
-from aggapi.apiserver.imagepullprogress.merge import Merger
+from aggapi.apiserver.imagepullprogress.merge import Merger, present_phase
 from aggapi.apiserver.imagepullprogress.objects import overall_phase
 from aggapi.apiserver.imagepullprogress.pullstate import PULLED, kubelet_events
 from aggapi.apiserver.pods import target_from_pod
@@ -48,20 +48,43 @@ def _eta(progress: Any, total: Any, rate: Any) -> float | None:
     return round(max(total - progress, 0) / rate, 1)
 
 
+def _same_image(image: str) -> str:
+    """Containers naming one image (init, sidecar, app, image volume) share one pull."""
+    try:
+        return str(imageref.parse(image))
+    except imageref.InvalidReference:
+        return image
+
+
+def _kept_total(previous: Mapping[str, Any] | None, container: str,
+                image: str) -> int | None:
+    """The bytes this pod's pull of ``image`` brought, from the object built before
+    (the node view forgets a pull once it ends; the stream keeps its totals)."""
+    for i in ((previous or {}).get("status") or {}).get("images") or ():
+        if i.get("container") == container and i.get("image") == image:
+            total = i.get("total")
+            return total if isinstance(total, int) and not isinstance(total, bool) else None
+    return None
+
+
 def _image(merger: Merger, container: str, image: str, scheduled: bool,
-           view: Mapping[str, Any] | None) -> dict[str, Any]:
+           view: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
+           ) -> dict[str, Any]:
     k8s = merger.view_of(container)
     pull = _pull_of(image, view) if k8s.phase != PULLED else None
     if not scheduled:
         phase = "Unscheduled"
     elif k8s.phase == PULLED:
-        phase = "AlreadyPresent" if k8s.already_present else "Done"
+        phase = present_phase(k8s) or "Done"
     else:
         phase = str(pull.get("phase") or "Unknown") if pull else "Unknown"
     raw = {"kind": "Progress", "container": container, "image": image, "layer": "",
            "phase": phase, "progress": pull.get("progress") if pull else None,
            "total": pull.get("total") if pull else None, "error": ""}
     merged = merger.apply(raw) if scheduled else raw
+    if merged.get("phase") == "Done" and merged.get("total") is None:
+        kept = _kept_total(previous, container, image)
+        merged = {**merged, "progress": kept, "total": kept}
     rate = pull.get("bytesPerSecond") if pull else None
     out: dict[str, Any] = {
         "container": container, "image": image, "phase": merged.get("phase"),
@@ -82,20 +105,28 @@ def _image(merger: Merger, container: str, image: str, scheduled: bool,
 
 
 def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
-                   view: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The PodImagePull of ``pod``: its events (any order) and its node's view merged."""
+                   view: Mapping[str, Any] | None,
+                   previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The PodImagePull of ``pod``: its events (any order) and its node's view merged.
+    ``previous``: the object last built for this pod, whose totals a Done image keeps
+    (only when it is the same pod: same uid)."""
     target = target_from_pod(pod)
     meta = pod.get("metadata") or {}
+    if previous is not None and (previous.get("metadata") or {}).get("uid") != target.uid:
+        previous = None
     merger = Merger(target.containers)
     merger.update(pod, kubelet_events(pod, events))
     merger.node_view = dict(view) if view is not None else None
-    images = [_image(merger, c.name, c.image, bool(target.node), view)
+    images = [_image(merger, c.name, c.image, bool(target.node), view, previous)
               for c in target.containers]
-    known = [i for i in images if i["phase"] not in PRESENT]
-    sums = {k: sum(i[k] for i in known) if known and all(isinstance(i[k], int) for i in known)
+    # As the stream's pod granularity: each image once, however many containers (or
+    # image volumes) name it, and only the images that need downloading.
+    once = list({_same_image(str(i["image"])): i for i in reversed(images)}.values())
+    need = [i for i in once if i["phase"] != "AlreadyPresent"]
+    sums = {k: sum(i[k] for i in need) if all(isinstance(i[k], int) for i in need)
             else None for k in ("progress", "total")}
-    rates = [i["bytesPerSecond"] for i in known if i["bytesPerSecond"] is not None]
-    etas = [i["etaSeconds"] for i in known if i["etaSeconds"] is not None]
+    rates = [i["bytesPerSecond"] for i in need if i["bytesPerSecond"] is not None]
+    etas = [i["etaSeconds"] for i in need if i["etaSeconds"] is not None]
     return {
         "apiVersion": GROUP_VERSION, "kind": KIND,
         "metadata": {"name": target.name, "namespace": target.namespace,

@@ -207,9 +207,9 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     names: list[str] = []
     real = feeds.pod_image_pull
 
-    def counting(pod: Any, events: Any, view: Any) -> dict[str, Any]:
+    def counting(pod: Any, events: Any, view: Any, previous: Any = None) -> dict[str, Any]:
         names.append(pod["metadata"]["name"])
-        return real(pod, events, view)
+        return real(pod, events, view, previous)
 
     monkeypatch.setattr(feeds, "pod_image_pull", counting)
     return names

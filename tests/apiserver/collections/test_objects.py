@@ -1,0 +1,80 @@
+"""PodImagePull objects agree with the per-pod stream (issue 36 item 3): an image
+shared by several containers counts once, totals stay after Done, and the phases
+are those the stream shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aggapi.apiserver.collections.podimagepulls import pod_image_pull
+from tests import kubeobjects
+
+from .fakes import event, node_view, pull
+
+IMAGE = "registry.test/app:1"
+MIB24 = 25_173_728
+
+
+def _pod(**kw: Any) -> dict[str, Any]:
+    return kubeobjects.pod_object("web", [("app", IMAGE)], node="node-a", namespace="ns1",
+                                  uid="uid-web", **kw)
+
+
+def _pulling(p: dict[str, Any], container: str, kind: str = "containers") -> dict[str, Any]:
+    ev = event(p, "Pulling", f'Pulling image "{IMAGE}"')
+    ev["involvedObject"]["fieldPath"] = f"spec.{kind}{{{container}}}"
+    ev["metadata"]["name"] += container
+    return ev
+
+
+def _pulled(p: dict[str, Any], container: str, message: str,
+            kind: str = "containers") -> dict[str, Any]:
+    ev = event(p, "Pulled", message, when="2026-01-01T00:00:09Z")
+    ev["involvedObject"]["fieldPath"] = f"spec.{kind}{{{container}}}"
+    ev["metadata"]["name"] += container
+    return ev
+
+
+def test_an_image_shared_by_init_and_app_counts_once() -> None:
+    """At 95095d5 the total was 50,347,456 (the one 24 MiB pull counted per
+    container) and the rate doubled, where the stream's pod granularity says 25,173,728."""
+    p = _pod(init=[("init", IMAGE)])
+    evs = [_pulling(p, "init", "initContainers")]
+    view = node_view(pull("registry.test/app", progress=1000, total=MIB24, rate=100.0))
+    obj = pod_image_pull(p, evs, view)
+    st = obj["status"]
+    assert [i["container"] for i in st["images"]] == ["init", "app"]
+    assert (st["progress"], st["total"], st["bytesPerSecond"]) == (1000, MIB24, 100.0)
+
+
+def test_totals_stay_after_done() -> None:
+    """kubelet says Pulled and the pull leaves the node view: at 95095d5 progress and
+    total became null; the stream keeps them (progress == total)."""
+    p = _pod()
+    pulling = [_pulling(p, "app")]
+    before = pod_image_pull(p, pulling, node_view(
+        pull("registry.test/app", progress=MIB24 - 5, total=MIB24, rate=10.0)))
+    done_events = [*pulling, _pulled(p, "app", f'Successfully pulled image "{IMAGE}" in 2s')]
+    after = pod_image_pull(p, done_events, None, previous=before)
+    [image] = after["status"]["images"]
+    assert image["phase"] == "Done"
+    assert (image["progress"], image["total"]) == (MIB24, MIB24)
+    assert (after["status"]["progress"], after["status"]["total"]) == (MIB24, MIB24)
+    # and again (the object it rebuilds from already says Done)
+    again = pod_image_pull(p, done_events, None, previous=after)
+    assert again["status"]["total"] == MIB24
+    # an earlier pod of the same name tells nothing about this one's bytes
+    other = {**before, "metadata": {**before["metadata"], "uid": "uid-old"}}
+    fresh = pod_image_pull(p, done_events, None, previous=other)
+    assert fresh["status"]["images"][0]["total"] is None
+
+
+def test_already_present_images_add_no_bytes_as_in_the_stream() -> None:
+    """The stream's pod granularity sums only the images that need downloading:
+    every image present is 0 of 0, not unknown."""
+    p = _pod(init=[("init", IMAGE)])
+    evs = [_pulled(p, c, f'Container image "{IMAGE}" already present on machine', k)
+           for c, k in (("init", "initContainers"), ("app", "containers"))]
+    st = pod_image_pull(p, evs, None)["status"]
+    assert st["phase"] == "AlreadyPresent"
+    assert (st["progress"], st["total"]) == (0, 0)
