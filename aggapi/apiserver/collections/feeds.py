@@ -340,7 +340,8 @@ class NodeFeed(_Batcher):
             pods = [feed.collection.objects[k] for k in feed.on_node.get(node, ())
                     if k in feed.collection.objects]
             self.collection.set(("", node), node_image_pull(
-                node, poll.view if poll else None, poll.error if poll else "", pods))
+                node, poll.view if poll else None, poll.error if poll else "", pods,
+                self.agent.directory.created(node)))
 
 
 class Feeds:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aggapi import GROUP_VERSION, imageref
+from aggapi.apiserver.collections.table import AGE_COLUMN, age
 from aggapi.apiserver.imagepullprogress.merge import Merger, present_phase
 from aggapi.apiserver.imagepullprogress.objects import overall_phase
 from aggapi.apiserver.imagepullprogress.pullstate import PULLED, kubelet_events
@@ -131,7 +132,8 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
         "apiVersion": GROUP_VERSION, "kind": KIND,
         "metadata": {"name": target.name, "namespace": target.namespace,
                      "uid": target.uid,
-                     "creationTimestamp": meta.get("creationTimestamp"),
+                     **({"creationTimestamp": meta["creationTimestamp"]}
+                        if meta.get("creationTimestamp") else {}),
                      "labels": dict(meta.get("labels") or {})},
         "spec": {"nodeName": target.node},
         "status": {"phase": overall_phase([str(i["phase"]) for i in images]),
@@ -189,6 +191,7 @@ COLUMNS: list[dict[str, Any]] = [
      "description": "Download rate"},
     {"name": "ETA", "type": "string", "format": "", "priority": 0,
      "description": "Estimated time left"},
+    AGE_COLUMN,
     {"name": "Reason", "type": "string", "format": "", "priority": 1,
      "description": "Why a pull is stuck (kubelet's or the registry's words)"},
 ]
@@ -225,6 +228,6 @@ def cells(obj: Mapping[str, Any]) -> list[Any]:
             f"{status.get('imagesPresent', 0)}/{len(images)}",
             status.get("phase"), pct,
             f"{human_bytes(rate)}/s" if isinstance(rate, (int, float)) else "-",
-            human_seconds(eta) if isinstance(eta, (int, float)) else "-",
+            human_seconds(eta) if isinstance(eta, (int, float)) else "-", age(obj),
             "; ".join(reasons) or "<none>"]
 

@@ -78,3 +78,17 @@ def test_already_present_images_add_no_bytes_as_in_the_stream() -> None:
     st = pod_image_pull(p, evs, None)["status"]
     assert st["phase"] == "AlreadyPresent"
     assert (st["progress"], st["total"]) == (0, 0)
+
+
+def test_ages_read_as_kubectl_prints_them() -> None:
+    """apimachinery's HumanDuration, which kubectl's AGE column uses."""
+    from aggapi.apiserver.collections.table import age, human_duration
+    cases = {0: "0s", 119: "119s", 120: "2m", 330: "5m30s", 600: "10m", 10799: "179m",
+             3 * 3600: "3h", 3 * 3600 + 60: "3h1m", 8 * 3600: "8h", 47 * 3600: "47h",
+             48 * 3600: "2d", 2 * 86400 + 3600: "2d1h", 8 * 86400: "8d",
+             2 * 365 * 86400: "2y", 2 * 365 * 86400 + 86400: "2y1d",
+             8 * 365 * 86400: "8y", -1: "0s", -5: "<invalid>"}
+    assert {s: human_duration(s) for s in cases} == cases
+    obj = {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}}
+    assert age(obj, now=1767225600 + 300) == "5m"
+    assert age({"metadata": {}}) == "<unknown>"
