@@ -13,8 +13,8 @@ import pytest
 from aggapi.apiserver.imagepullprogress.nodeview import node_pulls_object, require_node
 from aggapi.apiserver.openapi import v2_document, v3_document
 from aggapi.status import StatusError
+from tests.framework.openapicheck import check
 
-from ..openapicheck import check
 from .conftest import Env
 from .fakes import event, node_view, pod, pull
 
