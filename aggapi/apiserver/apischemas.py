@@ -218,6 +218,9 @@ def _node_image_pulls() -> dict[str, Any]:
                      "runtime cannot tell"},
         "pulls": {"type": "array", **NULLABLE, "items": pull},
         "slotsFree": {**INT, **NULLABLE},
+        "presentImages": {"type": "array", **NULLABLE, "items": STR,
+                          "description": "the image references on the node; null: the "
+                          "runtime cannot list them"},
         "linkBytesPerSecond": {**NUM, **NULLABLE,
                                "description": "the node's download rate, all pulls"},
         "error": {**STR, "description": "why the runtime could not be read"},

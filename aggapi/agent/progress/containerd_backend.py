@@ -135,6 +135,13 @@ class ContainerdBackend:
         next observation starts, never under one in flight."""
         self._forget = True
 
+    async def present_images(self) -> tuple[str, ...] | None:
+        """The image references on the node (containerd's image records by name; not
+        the bare ``sha256:<id>`` records CRI adds): with no in-flight pull of one, a
+        pod naming it finds it already there, as the pod view would say."""
+        records = await self.client.list_images()
+        return tuple(sorted(r.name for r in records if not r.name.startswith("sha256:")))
+
     async def observe(self, watched: Iterable[str]) -> NodeState:
         if self._forget:
             self._memory.clear()

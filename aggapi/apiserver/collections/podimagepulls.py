@@ -42,6 +42,12 @@ def _pull_of(image: str, view: Mapping[str, Any] | None) -> Mapping[str, Any] | 
     return None
 
 
+def _on_node(image: str, view: Mapping[str, Any] | None) -> bool:
+    """The node's runtime has ``image`` (the agent's ``presentImages``)."""
+    present = (view or {}).get("presentImages")
+    return isinstance(present, list) and _same_image(image) in present
+
+
 def _eta(progress: Any, total: Any, rate: Any) -> float | None:
     if not (isinstance(progress, int) and isinstance(total, int)
             and isinstance(rate, (int, float)) and rate > 0):
@@ -57,15 +63,20 @@ def _same_image(image: str) -> str:
         return image
 
 
+def _before(previous: Mapping[str, Any] | None, container: str,
+            image: str) -> Mapping[str, Any]:
+    for i in ((previous or {}).get("status") or {}).get("images") or ():
+        if i.get("container") == container and i.get("image") == image:
+            return i
+    return {}
+
+
 def _kept_total(previous: Mapping[str, Any] | None, container: str,
                 image: str) -> int | None:
     """The bytes this pod's pull of ``image`` brought, from the object built before
     (the node view forgets a pull once it ends; the stream keeps its totals)."""
-    for i in ((previous or {}).get("status") or {}).get("images") or ():
-        if i.get("container") == container and i.get("image") == image:
-            total = i.get("total")
-            return total if isinstance(total, int) and not isinstance(total, bool) else None
-    return None
+    total = _before(previous, container, image).get("total")
+    return total if isinstance(total, int) and not isinstance(total, bool) else None
 
 
 def _image(merger: Merger, container: str, image: str, scheduled: bool,
@@ -77,11 +88,22 @@ def _image(merger: Merger, container: str, image: str, scheduled: bool,
         phase = "Unscheduled"
     elif k8s.phase == PULLED:
         phase = present_phase(k8s) or "Done"
+    elif pull:
+        phase = str(pull.get("phase") or "Unknown")
     else:
-        phase = str(pull.get("phase") or "Unknown") if pull else "Unknown"
+        # Present with no pull of it under way: what the agent tells the stream (the
+        # merge then says Pending when kubelet will pull it again, imagePullPolicy
+        # Always), before kubelet's Pulled event.
+        # (The node is not polled once every image is present: the phase seen then
+        # stands until kubelet's event.)
+        present = _on_node(image, view) or (
+            view is None and _before(previous, container, image).get("phase")
+            == "AlreadyPresent")
+        phase = "AlreadyPresent" if present else "Unknown"
+    bytes_ = (pull.get("progress"), pull.get("total")) if pull else \
+        (0, 0) if phase == "AlreadyPresent" and k8s.phase != PULLED else (None, None)
     raw = {"kind": "Progress", "container": container, "image": image, "layer": "",
-           "phase": phase, "progress": pull.get("progress") if pull else None,
-           "total": pull.get("total") if pull else None, "error": ""}
+           "phase": phase, "progress": bytes_[0], "total": bytes_[1], "error": ""}
     merged = merger.apply(raw) if scheduled else raw
     if merged.get("phase") == "Done" and merged.get("total") is None:
         kept = _kept_total(previous, container, image)
@@ -154,7 +176,8 @@ def view_slice(images: Sequence[str], view: Mapping[str, Any] | None) -> Any:
         return None
     pulls = [p for p in view.get("pulls") or () if isinstance(p, Mapping)]
     own = [_pull_of(image, view) for image in images]
-    return (own, [(p.get("images"), p.get("repositories")) for p in pulls],
+    present = [_on_node(image, view) for image in images]
+    return (own, present, [(p.get("images"), p.get("repositories")) for p in pulls],
             view.get("slotsFree"), view.get("inFlight"), view.get("slots"),
             view.get("kubelet"))
 

@@ -92,3 +92,23 @@ def test_ages_read_as_kubectl_prints_them() -> None:
     obj = {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}}
     assert age(obj, now=1767225600 + 300) == "5m"
     assert age({"metadata": {}}) == "<unknown>"
+
+
+def test_an_image_on_the_node_is_already_present_before_kubelets_event() -> None:
+    """The stream's agent finds the image's record and says AlreadyPresent at once; at
+    95095d5 the collection said Pending until kubelet's Pulled event. Under
+    imagePullPolicy Always kubelet pulls it again: Pending, as the stream says."""
+    p = _pod()
+    view = node_view()
+    view["presentImages"] = ["registry.test/app:1", "registry.test/other:2"]
+    obj = pod_image_pull(p, [], view)
+    [image] = obj["status"]["images"]
+    assert image["phase"] == "AlreadyPresent" and obj["status"]["phase"] == "AlreadyPresent"
+    assert (obj["status"]["progress"], obj["status"]["total"]) == (0, 0)
+    # no longer polled (every image present): it stays so until kubelet's word
+    assert pod_image_pull(p, [], None, previous=obj)["status"]["images"][0]["phase"] \
+        == "AlreadyPresent"
+    assert pod_image_pull(p, [], node_view())["status"]["images"][0]["phase"] == "Pending"
+    always = _pod()
+    always["spec"]["containers"][0]["imagePullPolicy"] = "Always"
+    assert pod_image_pull(always, [], view)["status"]["images"][0]["phase"] == "Pending"

@@ -59,6 +59,7 @@ def test_node_imagepulls_is_an_object_its_schema_describes() -> None:
                 kubelet={"serializeImagePulls": False, "maxParallelImagePulls": 2,
                          "parallelSlots": 2, "source": "/var/lib/kubelet/config.yaml",
                          "error": ""})
+    view["presentImages"] = ["registry.test/base:1"]
     view["pulls"][0]["pods"] = [{"namespace": "ns1", "name": "w", "container": "app",
                                  "image": "registry.test/app:1"}]
     body = node_pulls_object("node-a", view, "2026-01-01T00:00:00Z")
