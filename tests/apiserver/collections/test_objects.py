@@ -39,11 +39,13 @@ def test_an_image_shared_by_init_and_app_counts_once() -> None:
     """At 95095d5 the total was 50,347,456 (the one 24 MiB pull counted per
     container) and the rate doubled, where the stream's pod granularity says 25,173,728."""
     p = _pod(init=[("init", IMAGE)])
+    # and an image volume of the same image
+    p["spec"]["volumes"] = [{"name": "data", "image": {"reference": "registry.test/app:1"}}]
     evs = [_pulling(p, "init", "initContainers")]
     view = node_view(pull("registry.test/app", progress=1000, total=MIB24, rate=100.0))
     obj = pod_image_pull(p, evs, view)
     st = obj["status"]
-    assert [i["container"] for i in st["images"]] == ["init", "app"]
+    assert [i["container"] for i in st["images"]] == ["init", "app", "data"]
     assert (st["progress"], st["total"], st["bytesPerSecond"]) == (1000, MIB24, 100.0)
 
 
