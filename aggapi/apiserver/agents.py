@@ -204,5 +204,8 @@ class AgentDirectory:
             return True
         if self._pods is None:
             return False
-        return any((p.get("spec") or {}).get("nodeName") == node
-                   for p in self._pods.items.values())
+        return any((p.get("spec") or {}).get("nodeName") == node and any(
+            o.get("controller") and o.get("kind") == "DaemonSet"
+            and o.get("name") == self._daemonset
+            for o in (p.get("metadata") or {}).get("ownerReferences") or ())
+            for p in self._pods.items.values())
