@@ -75,7 +75,10 @@ def _kept_total(previous: Mapping[str, Any] | None, container: str,
                 image: str) -> int | None:
     """The bytes this pod's pull of ``image`` brought, from the object built before
     (the node view forgets a pull once it ends; the stream keeps its totals)."""
-    total = _before(previous, container, image).get("total")
+    before = _before(previous, container, image)
+    total = before.get("total")
+    if before.get("phase") not in ("Resolving", "Downloading", "Extracting", "Done"):
+        return None  # (the 0 of 0 of an image present before a re-pull is no total)
     return total if isinstance(total, int) and not isinstance(total, bool) else None
 
 
