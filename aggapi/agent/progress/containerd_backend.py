@@ -136,9 +136,7 @@ class ContainerdBackend:
         self._forget = True
 
     async def present_images(self) -> tuple[str, ...] | None:
-        """The image references on the node (containerd's image records by name; not
-        the bare ``sha256:<id>`` records CRI adds): with no in-flight pull of one, a
-        pod naming it finds it already there, as the pod view would say."""
+        """The node's image records by name (not CRI's bare ``sha256:<id>`` ones)."""
         records = await self.client.list_images()
         return tuple(sorted(r.name for r in records if not r.name.startswith("sha256:")))
 
