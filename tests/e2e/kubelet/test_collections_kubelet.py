@@ -165,6 +165,11 @@ def test_collections_through_kubectl(control_plane: ControlPlane, node: Node,
         wait_running(cp, "kc-web", timeout=120)
         wait_for(lambda: any(" Done " in f" {line} " for line in watch.lines), 30,
                  "the watch printing Done")
+        # the bytes the pull brought stay after Done (null at 95095d5)
+        done = json.loads(cp.kubectl("get", "podimagepulls", "kc-web", "-o", "json").stdout)
+        [image] = done["status"]["images"]
+        assert image["phase"] == "Done" and image["total"] > 40 * MiB, image
+        assert image["progress"] == image["total"] == done["status"]["total"], done["status"]
     finally:
         err = watch.stop()
         node.set_rate(None)
@@ -180,11 +185,6 @@ def test_collections_through_kubectl(control_plane: ControlPlane, node: Node,
     assert any(r[4].endswith("%") and r[5].endswith("/s") for r in down), down
     assert rows[-1][2] == "1/1" and rows[-1][4] == "100%"
     assert re.fullmatch(r"\d+s|\d+m\d*s?", rows[-1][7]), rows[-1]
-    # the bytes the pull brought stay after Done (null at 95095d5)
-    done = json.loads(cp.kubectl("get", "podimagepulls", "kc-web", "-o", "json").stdout)
-    [image] = done["status"]["images"]
-    assert image["phase"] == "Done" and image["total"] > 40 * MiB, image
-    assert image["progress"] == image["total"] == done["status"]["total"], done["status"]
 
 
 def _node_imagepulls(cp: ControlPlane, node: str) -> None:
