@@ -116,6 +116,7 @@ class AgentDirectory:
         self._daemonset = daemonset or service
         self._by_node: dict[str, AgentEndpoint] = {}
         self._refused: dict[AgentEndpoint, str] = {}
+        self._created: dict[str, str] = {}
         ns = path_segment(namespace)
         self._informer = Informer(
             api, f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
@@ -156,6 +157,10 @@ class AgentDirectory:
                     refused[ep] = why
                     continue
                 by_node.setdefault(ep.node, ep)
+        # When each node's agent pod was created: NodeImagePull's creationTimestamp.
+        self._created = {node: str(((pods or {}).get(ep.pod) or {}).get("metadata", {})
+                                   .get("creationTimestamp") or "")
+                         for node, ep in by_node.items()}
         for ep, why in refused.items():
             if self._refused.get(ep) != why:
                 log.warning("ignoring agent endpoint %s for node %s: %s",
@@ -187,3 +192,20 @@ class AgentDirectory:
 
     def nodes(self) -> dict[str, AgentEndpoint]:
         return dict(self._by_node)
+
+    def created(self, node: str) -> str:
+        """When the agent pod serving ``node`` was created ("" when not known)."""
+        return self._created.get(node, "")
+
+    def knows(self, node: str) -> bool:
+        """Whether any agent pod is bound to ``node``, ready or not: a node without
+        one is not a node aggapi serves (404), one whose agent is not ready yet a 503."""
+        if node in self._by_node:
+            return True
+        if self._pods is None:
+            return False
+        return any((p.get("spec") or {}).get("nodeName") == node and any(
+            o.get("controller") and o.get("kind") == "DaemonSet"
+            and o.get("name") == self._daemonset
+            for o in (p.get("metadata") or {}).get("ownerReferences") or ())
+            for p in self._pods.items.values())

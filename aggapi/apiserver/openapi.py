@@ -2,8 +2,8 @@
 
 kube-apiserver's aggregator downloads them (as itself, no authorization) and
 merges them into the cluster's spec, which kubectl and client generators read.
-Both are built once from one operation table; ETags let the aggregator's
-periodic refresh be a 304.
+Both are built once from one operation table (the definitions: ``apischemas``);
+ETags let the aggregator's periodic refresh be a 304.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from aggapi import GROUP, VERSION, __version__
+from aggapi.apiserver.apischemas import DEF, RESOURCE_LIST, STATUS, schemas
 from aggapi.apiserver.discovery import (
     KIND_IMAGE_PULL_PROGRESS,
     KIND_NODE_IMAGE_PULL,
@@ -23,171 +24,77 @@ from aggapi.apiserver.discovery import (
     KIND_POD_COPY,
     KIND_POD_IMAGE_PULL,
 )
+from aggapi.wire import PARAM_CONTAINER, PARAM_DIGEST, PARAM_PATH, PARAM_SYMLINK
 
 PREFIX = f"/apis/{GROUP}/{VERSION}"
 V3_PATH = f"apis/{GROUP}/{VERSION}"
-_DEF = "io.aggapi.subresources.v1alpha1."
-STATUS = "io.k8s.apimachinery.pkg.apis.meta.v1.Status"
-RESOURCE_LIST = "io.k8s.apimachinery.pkg.apis.meta.v1.APIResourceList"
+_DEF = DEF
 JSON = "application/json"
 WATCH_JSON = "application/json;stream=watch"
 OCTETS = "application/octet-stream"
-
-def _gvk(kind: str) -> list[dict[str, str]]:
-    return [{"group": GROUP, "version": VERSION, "kind": kind}]
+SCHEMAS: dict[str, dict[str, Any]] = schemas()
 
 
-_META = {"type": "object", "description": "Standard object metadata (name, namespace, "
-         "labels copied from the pod, resourceVersion)."}
-_INT = {"type": "integer", "format": "int64"}
-_NUM = {"type": "number", "format": "double"}
-_STR = {"type": "string"}
-_NULLABLE = {"x-nullable": True}
-
-
-def _obj(description: str, props: dict[str, Any]) -> dict[str, Any]:
-    return {"description": description, "type": "object", "properties": props}
-
-
-def collection_schemas() -> dict[str, dict[str, Any]]:
-    """PodImagePull and NodeImagePull, with their lists: what `kubectl explain` shows."""
-    image = _obj("One image of the pod.", {
-        "container": {**_STR, "description": "the container (or image volume) pulling it"},
-        "image": {**_STR, "description": "the image reference"},
-        "phase": {**_STR, "description": "Unscheduled, Pending, Pulling, Waiting (for a "
-                  "pull slot), Resolving, Downloading, Extracting, Done, AlreadyPresent, "
-                  "Failed, BackOff or Unknown"},
-        "progress": {**_INT, **_NULLABLE, "description": "bytes downloaded; null: unknown"},
-        "total": {**_INT, **_NULLABLE, "description": "bytes to download; null: unknown"},
-        "bytesPerSecond": {**_NUM, **_NULLABLE, "description": "download rate"},
-        "etaSeconds": {**_NUM, **_NULLABLE, "description": "estimated seconds left"},
-        "attempt": {**_INT, "description": "pulls of the image kubelet has started"},
-        "waitingForSlot": {"type": "boolean", "description": "kubelet waits for one of "
-                           "the node's pull slots (maxParallelImagePulls)"},
-        "slots": _obj("The node's pull slots while waiting.", {
-            "used": {**_INT, **_NULLABLE}, "limit": {**_INT, **_NULLABLE}}),
-        "reason": {**_STR, "description": "why the pull is stuck (Failed/BackOff): "
-                   "kubelet's or the registry's words"},
-        "backOffSeconds": {**_INT, "description": "kubelet's back-off before its next try"},
-    })
-    pod = {**_obj("Image pulls of one pod, merged from its node's agent and kubelet's "
-                  "events (read-only).", {
-        "apiVersion": _STR, "kind": _STR, "metadata": _META,
-        "spec": _obj("Where the pod pulls.", {"nodeName": {
-            **_STR, "description": "the node the pod is bound to; empty: unscheduled"}}),
-        "status": _obj("The pod's pulls.", {
-            "phase": {**_STR, "description": "the images' phases summed up: a failure "
-                      "first, then the most advanced activity"},
-            "progress": {**_INT, **_NULLABLE}, "total": {**_INT, **_NULLABLE},
-            "bytesPerSecond": {**_NUM, **_NULLABLE}, "etaSeconds": {**_NUM, **_NULLABLE},
-            "imagesPresent": {**_INT, "description": "images already on the node"},
-            "images": {"type": "array", "items": image}})}),
-           "x-kubernetes-group-version-kind": _gvk(KIND_POD_IMAGE_PULL)}
-    node = {**_obj("Image pulls on one node (read-only; names every namespace's images).", {
-        "apiVersion": _STR, "kind": _STR, "metadata": _META,
-        "status": _obj("The node's pulls.", {
-            "pulling": {**_INT, "description": "pulls in flight"},
-            "slots": _obj("kubelet's pull slots.", {
-                "used": {**_INT, **_NULLABLE}, "limit": {**_INT, **_NULLABLE,
-                                                        "description": "null: no limit"},
-                "serialize": {"type": "boolean", **_NULLABLE}}),
-            "pulls": {"type": "array", "items": _obj("One in-flight pull.", {
-                "images": {"type": "array", "items": _STR},
-                "repositories": {"type": "array", "items": _STR},
-                "phase": _STR, "progress": {**_INT, **_NULLABLE},
-                "total": {**_INT, **_NULLABLE}, "bytesPerSecond": {**_NUM, **_NULLABLE},
-                "startedAt": _STR})},
-            "waitingPods": {"type": "array", "items": _STR,
-                            "description": "namespace/name of pods waiting for a slot"},
-            "linkBytesPerSecond": {**_NUM, **_NULLABLE},
-            "error": _STR})}),
-            "x-kubernetes-group-version-kind": _gvk(KIND_NODE_IMAGE_PULL)}
-    out = {_DEF + KIND_POD_IMAGE_PULL: pod, _DEF + KIND_NODE_IMAGE_PULL: node}
-    for kind in (KIND_POD_IMAGE_PULL, KIND_NODE_IMAGE_PULL):
-        out[_DEF + kind + "List"] = {
-            **_obj(f"A list of {kind}.", {
-                "apiVersion": _STR, "kind": _STR, "metadata": {"type": "object"},
-                "items": {"type": "array", "items": {"$ref": "#/definitions/" + _DEF + kind}}}),
-            "x-kubernetes-group-version-kind": _gvk(kind + "List")}
+def _param(name: str, type_: str, description: str, *, where: str = "query",
+           required: bool = False, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name, "in": where, "type": type_,
+                           "description": description, **extra}
+    if required:
+        out["required"] = True
     return out
 
 
-SCHEMAS: dict[str, dict[str, Any]] = {
-    _DEF + KIND_IMAGE_PULL_PROGRESS: {
-        "description": "Pull progress of a pod, one of its images, or one layer "
-                       "(KEP-5334). Streamed as a sequence of JSON objects.",
-        "type": "object",
-        "properties": {
-            "image": {"type": "string", "description": "image reference; empty: whole pod"},
-            "layer": {"type": "string", "description": "layer digest; empty: whole image"},
-            "kind": {"type": "string", "description": "Progress; the stream's one final "
-                     "object is Summary, Error or Timeout"},
-            "phase": {"type": "string", "description": "Unscheduled, Pending, Pulling, "
-                      "Waiting (at the node's pull limit), Resolving, Downloading, "
-                      "Extracting, Done, AlreadyPresent, Failed, BackOff or Unknown"},
-            "progress": {"type": "integer", "format": "int64", "x-nullable": True,
-                         "description": "bytes so far; null when not known"},
-            "total": {"type": "integer", "format": "int64", "x-nullable": True,
-                      "description": "bytes expected; null when not known"},
-            "attempt": {"type": "integer", "format": "int32",
-                        "description": "pulls of the image kubelet has started"},
-            "error": {"type": "string"},
-        },
-    },
-    _DEF + KIND_NODE_IMAGE_PULLS: {
-        "description": "Image pulls in progress on a node.",
-        "type": "object",
-        "properties": {"items": {"type": "array",
-                                 "items": {"$ref": "#/definitions/" + _DEF
-                                           + KIND_IMAGE_PULL_PROGRESS}}},
-    },
-    **collection_schemas(),
-    STATUS: {
-        "description": "Status is a return value for calls that don't return other objects.",
-        "type": "object",
-        "properties": {
-            "apiVersion": {"type": "string"}, "kind": {"type": "string"},
-            "metadata": {"type": "object"}, "status": {"type": "string"},
-            "message": {"type": "string"}, "reason": {"type": "string"},
-            "details": {"type": "object"}, "code": {"type": "integer", "format": "int32"},
-        },
-    },
-    RESOURCE_LIST: {
-        "description": "APIResourceList is a list of APIResource.",
-        "type": "object",
-        "required": ["groupVersion", "resources"],
-        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                       "groupVersion": {"type": "string"},
-                       "resources": {"type": "array", "items": {"type": "object"}}},
-    },
-}
-
-_NS: dict[str, Any] = {"name": "namespace", "in": "path", "required": True, "type": "string",
-       "description": "object name and auth scope, such as for teams and projects"}
-_POD: dict[str, Any] = {"name": "name", "in": "path", "required": True, "type": "string",
-        "description": "name of the Pod"}
-_NODE: dict[str, Any] = {"name": "name", "in": "path", "required": True, "type": "string",
-         "description": "name of the Node"}
-_CONTAINER: dict[str, Any] = {"name": "container", "in": "query", "type": "string",
-              "description": "container name; defaults to the only container"}
-_COPY_PATH: dict[str, Any] = {"name": "path", "in": "query", "required": True, "type": "string",
-              "description": "absolute path inside the container"}
-
-
-_LIST_PARAMS: list[dict[str, Any]] = [
-    {"name": n, "in": "query", "type": t, "description": d} for n, t, d in (
-        ("labelSelector", "string", "select by the pod's labels"),
-        ("fieldSelector", "string", "metadata.name, metadata.namespace, spec.nodeName "
-                                    "(podimagepulls) or metadata.name (nodeimagepulls)"),
-        ("watch", "boolean", "stream ADDED/MODIFIED/DELETED events"),
-        ("resourceVersion", "string", "watch from this version (410 when too old)"),
-        ("allowWatchBookmarks", "boolean", "send BOOKMARK events"),
-        ("timeoutSeconds", "integer", "end the watch after this long"))]
+_NS = _param("namespace", "string", "object name and auth scope, such as for teams and "
+             "projects", where="path", required=True, uniqueItems=True)
+_POD = _param("name", "string", "name of the Pod", where="path", required=True,
+              uniqueItems=True)
+_NODE = _param("name", "string", "name of the Node", where="path", required=True,
+               uniqueItems=True)
+_CONTAINER = _param(PARAM_CONTAINER, "string", "container name; defaults to the only "
+                    "container", uniqueItems=True)
+_COPY_PATH = _param(PARAM_PATH, "string", "absolute path inside the container (or relative "
+                    "to the container process's working directory)", required=True,
+                    uniqueItems=True)
+_DOWNLOAD = [
+    _param(PARAM_SYMLINK, "string", "keep: answer a symlink with the link itself; "
+           "otherwise a symlink is a 409", enum=["keep"], uniqueItems=True),
+    _param(PARAM_DIGEST, "string", "trailer: the file's sha256 after its data",
+           enum=["trailer"], uniqueItems=True)]
+_UPLOAD = [_param(n, "string", d, uniqueItems=True) for n, d in (
+    ("overwrite", "true to replace an existing file"),
+    ("mode", "permission bits of the new file, octal"),
+    ("uid", "owner of the new file"), ("gid", "group of the new file"),
+    ("sha256", "the body's sha256 (64 hex digits), or trailer, headers:<hex>, "
+               "headers-trailer"),
+    ("format", "raw (one file) or tar (a directory)"))]
+_PROGRESS = [
+    _param("follow", "boolean", "follow the pulls until every image is present "
+           "(default true); false: one snapshot", uniqueItems=True),
+    _param("granularity", "string", "layer (default), image or pod",
+           enum=["layer", "image", "pod"], uniqueItems=True),
+    _param(PARAM_CONTAINER, "array", "only these containers (repeat the parameter); "
+           "default: all", items={"type": "string"}, collectionFormat="multi")]
+# What the list and watch of a collection take, as kube-apiserver names them.
+_LIST_PARAMS: list[dict[str, Any]] = [_param(n, t, d, uniqueItems=True) for n, t, d in (
+    ("allowWatchBookmarks", "boolean", "send BOOKMARK events"),
+    ("continue", "string", "the continue token of the previous page"),
+    ("fieldSelector", "string", "metadata.name, metadata.namespace, spec.nodeName "
+                                "(podimagepulls) or metadata.name (nodeimagepulls); "
+                                "=, == and !="),
+    ("labelSelector", "string", "select by the pod's labels"),
+    ("limit", "integer", "at most this many items; the list's metadata.continue "
+                         "fetches the next page"),
+    ("resourceVersion", "string", "list at, or watch from, this version (410 when too old)"),
+    ("resourceVersionMatch", "string", "NotOlderThan or Exact, with resourceVersion"),
+    ("sendInitialEvents", "boolean", "a watch starts with the current state as ADDED "
+                                     "events, then a BOOKMARK"),
+    ("timeoutSeconds", "integer", "end the list or watch after this long"),
+    ("watch", "boolean", "stream ADDED/MODIFIED/DELETED events"))]
 
 
 def _op(op_id: str, desc: str, *, params: list[dict[str, Any]], produces: list[str],
         schema: str | None, consumes: list[str] | None = None,
-        action: str = "") -> dict[str, Any]:
+        action: str = "", not_found: bool = False) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "OK"}
     if schema:
         ok["schema"] = {"$ref": "#/definitions/" + schema}
@@ -204,6 +111,9 @@ def _op(op_id: str, desc: str, *, params: list[dict[str, Any]], produces: list[s
                                             "kind": schema.rsplit(".", 1)[-1]
                                             if schema else KIND_POD_COPY},
     }
+    if not_found:
+        op["responses"]["404"] = {"description": "Not Found (a Status naming the object)",
+                                  "schema": {"$ref": "#/definitions/" + STATUS}}
     if consumes:
         op["consumes"] = consumes
     if action:
@@ -224,7 +134,7 @@ def _paths() -> dict[str, dict[str, Any]]:
                                   "schema": {"$ref": "#/definitions/" + RESOURCE_LIST}}}}},
         PREFIX + "/nodes/{name}/imagepulls": {"get": _op(
             "readNodeImagePulls", "image pulls in progress on a node", params=[_NODE],
-            produces=[JSON], schema=_DEF + KIND_NODE_IMAGE_PULLS)},
+            produces=[JSON], schema=_DEF + KIND_NODE_IMAGE_PULLS, not_found=True)},
     }
     for kind, plural, namespaced in ((KIND_POD_IMAGE_PULL, "podimagepulls", True),
                                      (KIND_NODE_IMAGE_PULL, "nodeimagepulls", False)):
@@ -238,7 +148,7 @@ def _paths() -> dict[str, dict[str, Any]]:
             schema=_DEF + kind + "List", action="list")}
         paths[f"{scope}/{plural}/{{name}}"] = {"get": _op(
             f"read{ns}{kind}", f"read the {kind}", params=one, produces=[JSON],
-            schema=_DEF + kind, action="get")}
+            schema=_DEF + kind, action="get", not_found=True)}
         if namespaced:
             paths[f"{PREFIX}/{plural}"] = {"get": _op(
                 f"list{kind}ForAllNamespaces", f"list or watch {plural} of every namespace",
@@ -247,19 +157,21 @@ def _paths() -> dict[str, dict[str, Any]]:
     for base, verb in ((pod, ""), (watch_pod, "Watch")):
         paths[base + "/imagepullprogress"] = {"get": _op(
             f"{verb.lower() or 'read'}PodImagePullProgress",
-            "image pull progress of a pod; streams while pulls run", params=[_NS, _POD],
-            produces=[JSON, WATCH_JSON], schema=progress)}
+            "image pull progress of a pod; streams while pulls run",
+            params=[_NS, _POD, *_PROGRESS], produces=[JSON, WATCH_JSON], schema=progress,
+            not_found=True)}
         copy_params = [_NS, _POD, _CONTAINER, _COPY_PATH]
         paths[base + "/copy"] = {
             "get": _op(f"{verb.lower() or 'connect'}GetPodCopy",
-                       "copy a file or directory out of a container", params=copy_params,
-                       produces=[OCTETS], schema=None),
+                       "copy a file or directory out of a container",
+                       params=copy_params + _DOWNLOAD, produces=[OCTETS], schema=None),
             "head": _op(f"{verb.lower() or 'connect'}HeadPodCopy",
                         "size and checksum of a path in a container", params=copy_params,
                         produces=[OCTETS], schema=None),
             "post": _op(f"{verb.lower() or 'connect'}PostPodCopy",
-                        "copy a file or directory into a container", params=copy_params,
-                        produces=[JSON], consumes=[OCTETS], schema=STATUS),
+                        "copy a file or directory into a container",
+                        params=copy_params + _UPLOAD, produces=[JSON], consumes=[OCTETS],
+                        schema=STATUS),
         }
     return paths
 
@@ -271,9 +183,14 @@ def v2_document() -> dict[str, Any]:
             "paths": _paths(), "definitions": SCHEMAS}
 
 
+_V2_ONLY = ("type", "items", "enum", "collectionFormat", "uniqueItems")
+
+
 def _v3_param(p: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in p.items() if k not in ("type",)}
-    out["schema"] = {"type": p["type"]}
+    out = {k: v for k, v in p.items() if k not in _V2_ONLY}
+    out["schema"] = {k: p[k] for k in ("type", "items", "enum", "uniqueItems") if k in p}
+    if p.get("collectionFormat") == "multi":
+        out["style"], out["explode"] = "form", True
     return out
 
 

@@ -4,6 +4,7 @@ Real TLS on 127.0.0.1; containerd and CRI are in-memory fakes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import ssl
 import time
@@ -102,7 +103,11 @@ async def test_follow_streams_a_pull_until_done(agent: Agent, fake: FakeContaine
     assert objs[-2]["phase"] == "Done" and objs[-1]["kind"] == "Summary"
 
 
-async def test_node_view_has_kubelet_limits(agent: Agent) -> None:
+async def test_node_view_has_kubelet_limits(agent: Agent, fake: FakeContainerd) -> None:
+    img = make_image(REF, [10], "present")
+    fake.finish(img, "no-lease")
+    bare = "sha256:" + "0" * 64  # CRI's record of the image id
+    fake.images[bare] = dataclasses.replace(fake.images[REF], name=bare)
     code, body = await status(agent, agent.token("imagepulls"), "/v1/imagepulls")
     assert code == 200, body
     doc = json.loads(body)
@@ -111,6 +116,8 @@ async def test_node_view_has_kubelet_limits(agent: Agent) -> None:
     assert doc["slots"] == {"limit": 1, "serialize": True, "error": "",
                             "source": doc["kubelet"]["source"]}
     assert doc["inFlight"] == 0 and doc["slotsFree"] == 1 and doc["node"] == NODE
+    # the images on the node, by name (not CRI's bare sha256:<id> records)
+    assert doc["presentImages"] == [REF]
 
 
 async def test_node_view_with_an_unreadable_kubelet_config(tmp_path: Path,

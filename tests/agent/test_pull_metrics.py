@@ -139,6 +139,9 @@ class Backend:
     def forget(self) -> None:
         pass
 
+    async def present_images(self) -> tuple[str, ...] | None:
+        return None
+
 
 async def test_run_keeps_the_poller_polling_without_counting_a_stream() -> None:
     m, t, _ = tracker()

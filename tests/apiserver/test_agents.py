@@ -169,3 +169,29 @@ async def test_pod_check_off_trusts_the_slice() -> None:
             await _stop(d)
     finally:
         await kube.stop()
+
+
+async def test_which_nodes_the_directory_knows_and_since_when() -> None:
+    """nodes/imagepulls answers 404 for a node no agent pod is bound to, 503 (retry)
+    for one whose agent is not ready; a NodeImagePull's age is its agent pod's."""
+    kube = FakeKube()
+    await kube.start()
+    try:
+        ready = _pod("agent-a", "n1", "10.0.0.1")
+        ready["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        kube.put("api/v1", "pods", ready)
+        kube.put("api/v1", "pods", _pod("agent-b", "n2", "10.0.0.2"))  # not ready yet
+        kube.put("api/v1", "pods", _pod("other", "n3", "10.0.0.3", owner="x",
+                                        kind="ReplicaSet"))
+        kube.put("apis/discovery.k8s.io/v1", "endpointslices",
+                 _slice(_entry("agent-a", "n1", "10.0.0.1")))
+        d = await _directory(kube)
+        try:
+            await asyncio.wait_for(_until(lambda: "n1" in d.nodes()), 5)
+            assert [d.knows(n) for n in ("n1", "n2", "n3", "n4")] == [
+                True, True, False, False]
+            assert d.created("n1") == "2026-01-01T00:00:00Z" and d.created("n2") == ""
+        finally:
+            await _stop(d)
+    finally:
+        await kube.stop()

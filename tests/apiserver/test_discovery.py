@@ -51,12 +51,13 @@ async def test_openapi_v2(server: Server) -> None:
     assert doc["swagger"] == "2.0"
     path = GV + "/namespaces/{namespace}/pods/{name}/imagepullprogress"
     op = doc["paths"][path]["get"]
-    assert [p["name"] for p in op["parameters"]] == ["namespace", "name"]
+    assert [p["name"] for p in op["parameters"]] == ["namespace", "name", "follow",
+                                                     "granularity", "container"]
     ref = op["responses"]["200"]["schema"]["$ref"].removeprefix("#/definitions/")
     props = doc["definitions"][ref]["properties"]
     # KEP-5334's fields, with aggapi's kind, phase and attempt
-    assert set(props) == {"image", "layer", "progress", "total", "error", "kind", "phase",
-                          "attempt"}
+    assert {"image", "layer", "progress", "total", "error", "kind", "phase",
+            "attempt"} <= set(props)
     assert props["total"]["x-nullable"] is True  # unknown sizes are null
     assert GV + "/watch/namespaces/{namespace}/pods/{name}/copy" in doc["paths"]
     assert set(doc["paths"][GV + "/namespaces/{namespace}/pods/{name}/copy"]) == {
@@ -104,3 +105,56 @@ async def test_unknown_path_is_status(server: Server) -> None:
     async with server.session(cert).delete(GV + "/namespaces/ns1/pods/web-0/copy") as resp:
         assert resp.status == 405
         assert (await resp.json())["kind"] == "Status"
+
+
+def _refs(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        out = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+        return out.union(*(_refs(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node))
+    return set()
+
+
+async def test_openapi_metadata_is_object_meta_and_lists_take_kubes_parameters(
+        server: Server) -> None:
+    """At 95095d5 metadata was a bare object (kubectl explain showed no fields), lists
+    had no ListMeta, and the list paths lacked limit, continue, resourceVersionMatch
+    and sendInitialEvents; nodes/imagepulls' schema named an ``items`` it never sent."""
+    meta = "io.k8s.apimachinery.pkg.apis.meta.v1."
+    v2 = await _json(server, "/openapi/v2")
+    defs = v2["definitions"]
+    for kind in ("PodImagePull", "NodeImagePull", "NodeImagePulls"):
+        md = defs["io.aggapi.subresources.v1alpha1." + kind]["properties"]["metadata"]
+        assert md.get("$ref", "") == "#/definitions/" + meta + "ObjectMeta", kind
+    for kind in ("PodImagePullList", "NodeImagePullList"):
+        md = defs["io.aggapi.subresources.v1alpha1." + kind]["properties"]["metadata"]
+        assert md["$ref"] == "#/definitions/" + meta + "ListMeta"
+    om = defs[meta + "ObjectMeta"]["properties"]
+    assert {"name", "namespace", "uid", "labels", "resourceVersion", "creationTimestamp",
+            "annotations", "ownerReferences", "managedFields"} <= set(om)
+    assert "continue" in defs[meta + "ListMeta"]["properties"]
+    assert "items" not in defs["io.aggapi.subresources.v1alpha1.NodeImagePulls"]["properties"]
+    want = {"watch", "labelSelector", "fieldSelector", "resourceVersion",
+            "resourceVersionMatch", "limit", "continue", "timeoutSeconds",
+            "allowWatchBookmarks", "sendInitialEvents"}
+    for path in ("/namespaces/{namespace}/podimagepulls", "/podimagepulls", "/nodeimagepulls"):
+        names = {p["name"] for p in v2["paths"][GV + path]["get"]["parameters"]}
+        assert want <= names, path
+    assert "404" in v2["paths"][GV + "/nodes/{name}/imagepulls"]["get"]["responses"]
+    copy = v2["paths"][GV + "/namespaces/{namespace}/pods/{name}/copy"]
+    assert {"symlink", "digest"} <= {p["name"] for p in copy["get"]["parameters"]}
+    assert {"sha256", "format"} <= {p["name"] for p in copy["post"]["parameters"]}
+    # each document stands alone: every $ref resolves in it (kubectl reads the v3
+    # document of one group-version)
+    assert {r.removeprefix("#/definitions/") for r in _refs(v2)} <= set(defs)
+    index = await _json(server, "/openapi/v3")
+    v3 = await _json(server, index["paths"]["apis/subresources.aggapi.io/v1alpha1"][
+        "serverRelativeURL"])
+    comps = v3["components"]["schemas"]
+    assert {r.removeprefix("#/components/schemas/") for r in _refs(v3)} <= set(comps)
+    pip = comps["io.aggapi.subresources.v1alpha1.PodImagePull"]["properties"]["metadata"]
+    assert pip["$ref"] == "#/components/schemas/" + meta + "ObjectMeta"
+    limit = next(p for p in v3["paths"][GV + "/podimagepulls"]["get"]["parameters"]
+                 if p["name"] == "limit")
+    assert limit["schema"]["type"] == "integer" and limit["in"] == "query"

@@ -240,5 +240,8 @@ class SimBackend:
     async def observe(self, watched: Iterable[str]) -> NodeState:
         return self.node.observe(watched, time.monotonic())
 
+    async def present_images(self) -> tuple[str, ...] | None:
+        return tuple(sorted(self.node.present))
+
     def forget(self) -> None:
         """Nothing is kept between observations beyond the simulation itself."""

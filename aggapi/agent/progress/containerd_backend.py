@@ -135,6 +135,11 @@ class ContainerdBackend:
         next observation starts, never under one in flight."""
         self._forget = True
 
+    async def present_images(self) -> tuple[str, ...] | None:
+        """The node's image records by name (not CRI's bare ``sha256:<id>`` ones)."""
+        records = await self.client.list_images()
+        return tuple(sorted(r.name for r in records if not r.name.startswith("sha256:")))
+
     async def observe(self, watched: Iterable[str]) -> NodeState:
         if self._forget:
             self._memory.clear()

@@ -38,6 +38,10 @@ class CRIBackend:
     def forget(self) -> None:
         self._present_at_start.clear()
 
+    async def present_images(self) -> tuple[str, ...] | None:
+        """Not listed (CRI would tell by ImageStatus, one image at a time): unknown."""
+        return None
+
     async def observe(self, watched: Iterable[str]) -> NodeState:
         refs = sorted(set(watched))
         valid = []

@@ -127,6 +127,7 @@ class ProgressHandlers:
         Only containerd leases that are pulls count (backend)."""
         state = await self.poller.observe_once(())
         limits = await self.pull_limits.limits()
+        present = None if state.error else await self.poller.backend.present_images()
         pulls = state.pulls
         in_flight = None if pulls is None else len(pulls)
         slots = limits.parallel_slots
@@ -141,6 +142,9 @@ class ProgressHandlers:
             "pulls": None if pulls is None else [_pull_json(p) for p in pulls],
             "slotsFree": None if slots is None or in_flight is None else max(slots - in_flight, 0),
             "linkBytesPerSecond": state.link_bytes_per_second,
+            # The images on the node: the apiserver's collections tell "already
+            # present" from "kubelet has not asked yet" by it before kubelet's event.
+            "presentImages": None if present is None else list(present),
             "error": state.error,
             "time": view.rfc3339(state.time),
         }

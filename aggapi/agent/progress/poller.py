@@ -27,6 +27,9 @@ class Backend(Protocol):
 
     async def observe(self, watched: Iterable[str]) -> NodeState: ...
 
+    async def present_images(self) -> tuple[str, ...] | None:
+        """The image references on the node; None when the backend cannot list them."""
+
     def forget(self) -> None:
         """Drop per-image memory (pull history) kept between observations."""
 

@@ -228,7 +228,9 @@ class PodFeed(_Batcher):
             poll = self.polls.get(node) if self.polls is not None and node in self._polled \
                 else None
             view = poll.view if poll is not None else None
-            obj = pod_image_pull(pod, self.source.events_of(key), view)
+            # (the object before: a Done image keeps the bytes its pull brought)
+            obj = pod_image_pull(pod, self.source.events_of(key), view,
+                                 self.collection.objects.get(key))
             needs = needs_node_view(obj)
             if needs:
                 images = [str(i.get("image") or "") for i in obj["status"]["images"]]
@@ -338,4 +340,5 @@ class NodeFeed(_Batcher):
             pods = [feed.collection.objects[k] for k in feed.on_node.get(node, ())
                     if k in feed.collection.objects]
             self.collection.set(("", node), node_image_pull(
-                node, poll.view if poll else None, poll.error if poll else "", pods))
+                node, poll.view if poll else None, poll.error if poll else "", pods,
+                self.agent.directory.created(node)))

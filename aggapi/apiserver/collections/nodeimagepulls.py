@@ -8,15 +8,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aggapi import GROUP_VERSION
+from aggapi.apiserver.collections.table import AGE_COLUMN, age
 from aggapi.apiserver.imagepullprogress.nodeview import slots_of
 
 KIND, LIST_KIND, RESOURCE = "NodeImagePull", "NodeImagePullList", "nodeimagepulls"
 
 
 def node_image_pull(node: str, view: Mapping[str, Any] | None, error: str,
-                    pods: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+                    pods: Iterable[Mapping[str, Any]], created: str = "") -> dict[str, Any]:
     """``pods``: the PodImagePulls on ``node``; those with an image waiting for a slot
-    are listed."""
+    are listed. ``created``: when the node's agent appeared (its pod's
+    creationTimestamp), the object's creationTimestamp."""
     pulls = [p for p in (view or {}).get("pulls") or () if isinstance(p, Mapping)]
     slots = slots_of(view or {})
     in_flight = (view or {}).get("inFlight")
@@ -25,7 +27,8 @@ def node_image_pull(node: str, view: Mapping[str, Any] | None, error: str,
          for p in pods if any(i.get("waitingForSlot")
                               for i in (p.get("status") or {}).get("images") or ()))
     return {
-        "apiVersion": GROUP_VERSION, "kind": KIND, "metadata": {"name": node},
+        "apiVersion": GROUP_VERSION, "kind": KIND,
+        "metadata": {"name": node, **({"creationTimestamp": created} if created else {})},
         "status": {
             "pulling": in_flight if isinstance(in_flight, int) else len(pulls),
             "slots": {"used": in_flight if isinstance(in_flight, int) else None,
@@ -53,6 +56,7 @@ COLUMNS: list[dict[str, Any]] = [
      "description": "kubelet's pull slots in use of its limit (maxParallelImagePulls)"},
     {"name": "Waiting Pods", "type": "integer", "format": "", "priority": 0,
      "description": "Pods with an image waiting for a pull slot"},
+    AGE_COLUMN,
     {"name": "Pods", "type": "string", "format": "", "priority": 1,
      "description": "The pods waiting for a pull slot"},
 ]
@@ -65,4 +69,4 @@ def cells(obj: Mapping[str, Any]) -> list[Any]:
     waiting = status.get("waitingPods") or []
     return [(obj.get("metadata") or {}).get("name"), status.get("pulling", 0),
             f"{'?' if used is None else used}/{'-' if limit is None else limit}",
-            len(waiting), ",".join(waiting) or "<none>"]
+            len(waiting), age(obj), ",".join(waiting) or "<none>"]

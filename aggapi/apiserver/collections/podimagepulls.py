@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aggapi import GROUP_VERSION, imageref
-from aggapi.apiserver.imagepullprogress.merge import Merger
+from aggapi.apiserver.collections.table import AGE_COLUMN, age
+from aggapi.apiserver.imagepullprogress.merge import Merger, present_phase
 from aggapi.apiserver.imagepullprogress.objects import overall_phase
 from aggapi.apiserver.imagepullprogress.pullstate import PULLED, kubelet_events
 from aggapi.apiserver.pods import target_from_pod
@@ -41,6 +42,12 @@ def _pull_of(image: str, view: Mapping[str, Any] | None) -> Mapping[str, Any] | 
     return None
 
 
+def _on_node(image: str, view: Mapping[str, Any] | None) -> bool:
+    """The node's runtime has ``image`` (the agent's ``presentImages``)."""
+    present = (view or {}).get("presentImages")
+    return isinstance(present, list) and _same_image(image) in present
+
+
 def _eta(progress: Any, total: Any, rate: Any) -> float | None:
     if not (isinstance(progress, int) and isinstance(total, int)
             and isinstance(rate, (int, float)) and rate > 0):
@@ -48,20 +55,62 @@ def _eta(progress: Any, total: Any, rate: Any) -> float | None:
     return round(max(total - progress, 0) / rate, 1)
 
 
+def _same_image(image: str) -> str:
+    """Containers naming one image (init, sidecar, app, image volume) share one pull."""
+    try:
+        return str(imageref.parse(image))
+    except imageref.InvalidReference:
+        return image
+
+
+def _before(previous: Mapping[str, Any] | None, container: str,
+            image: str) -> Mapping[str, Any]:
+    for i in ((previous or {}).get("status") or {}).get("images") or ():
+        if i.get("container") == container and i.get("image") == image:
+            return i
+    return {}
+
+
+def _kept_total(previous: Mapping[str, Any] | None, container: str,
+                image: str) -> int | None:
+    """The bytes this pod's pull of ``image`` brought, from the object built before
+    (the node view forgets a pull once it ends; the stream keeps its totals)."""
+    before = _before(previous, container, image)
+    total = before.get("total")
+    if before.get("phase") not in ("Resolving", "Downloading", "Extracting", "Done"):
+        return None  # (the 0 of 0 of an image present before a re-pull is no total)
+    return total if isinstance(total, int) and not isinstance(total, bool) else None
+
+
 def _image(merger: Merger, container: str, image: str, scheduled: bool,
-           view: Mapping[str, Any] | None) -> dict[str, Any]:
+           view: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
+           ) -> dict[str, Any]:
     k8s = merger.view_of(container)
     pull = _pull_of(image, view) if k8s.phase != PULLED else None
     if not scheduled:
         phase = "Unscheduled"
     elif k8s.phase == PULLED:
-        phase = "AlreadyPresent" if k8s.already_present else "Done"
+        phase = present_phase(k8s) or "Done"
+    elif pull:
+        phase = str(pull.get("phase") or "Unknown")
     else:
-        phase = str(pull.get("phase") or "Unknown") if pull else "Unknown"
+        # Present with no pull of it under way: what the agent tells the stream (the
+        # merge then says Pending when kubelet will pull it again, imagePullPolicy
+        # Always), before kubelet's Pulled event.
+        # (The node is not polled once every image is present: the phase seen then
+        # stands until kubelet's event.)
+        present = _on_node(image, view) or (
+            view is None and _before(previous, container, image).get("phase")
+            == "AlreadyPresent")
+        phase = "AlreadyPresent" if present else "Unknown"
+    bytes_ = (pull.get("progress"), pull.get("total")) if pull else \
+        (0, 0) if phase == "AlreadyPresent" and k8s.phase != PULLED else (None, None)
     raw = {"kind": "Progress", "container": container, "image": image, "layer": "",
-           "phase": phase, "progress": pull.get("progress") if pull else None,
-           "total": pull.get("total") if pull else None, "error": ""}
+           "phase": phase, "progress": bytes_[0], "total": bytes_[1], "error": ""}
     merged = merger.apply(raw) if scheduled else raw
+    if merged.get("phase") == "Done" and merged.get("total") is None:
+        kept = _kept_total(previous, container, image)
+        merged = {**merged, "progress": kept, "total": kept}
     rate = pull.get("bytesPerSecond") if pull else None
     out: dict[str, Any] = {
         "container": container, "image": image, "phase": merged.get("phase"),
@@ -82,25 +131,34 @@ def _image(merger: Merger, container: str, image: str, scheduled: bool,
 
 
 def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
-                   view: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The PodImagePull of ``pod``: its events (any order) and its node's view merged."""
+                   view: Mapping[str, Any] | None,
+                   previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The PodImagePull of ``pod``: its events (any order) and its node's view merged.
+    ``previous``: the object last built for this pod, whose totals a Done image keeps
+    (only when it is the same pod: same uid)."""
     target = target_from_pod(pod)
     meta = pod.get("metadata") or {}
+    if previous is not None and (previous.get("metadata") or {}).get("uid") != target.uid:
+        previous = None
     merger = Merger(target.containers)
     merger.update(pod, kubelet_events(pod, events))
     merger.node_view = dict(view) if view is not None else None
-    images = [_image(merger, c.name, c.image, bool(target.node), view)
+    images = [_image(merger, c.name, c.image, bool(target.node), view, previous)
               for c in target.containers]
-    known = [i for i in images if i["phase"] not in PRESENT]
-    sums = {k: sum(i[k] for i in known) if known and all(isinstance(i[k], int) for i in known)
+    # As the stream's pod granularity: each image once, however many containers (or
+    # image volumes) name it, and only the images that need downloading.
+    once = list({_same_image(str(i["image"])): i for i in reversed(images)}.values())
+    need = [i for i in once if i["phase"] != "AlreadyPresent"]
+    sums = {k: sum(i[k] for i in need) if all(isinstance(i[k], int) for i in need)
             else None for k in ("progress", "total")}
-    rates = [i["bytesPerSecond"] for i in known if i["bytesPerSecond"] is not None]
-    etas = [i["etaSeconds"] for i in known if i["etaSeconds"] is not None]
+    rates = [i["bytesPerSecond"] for i in need if i["bytesPerSecond"] is not None]
+    etas = [i["etaSeconds"] for i in need if i["etaSeconds"] is not None]
     return {
         "apiVersion": GROUP_VERSION, "kind": KIND,
         "metadata": {"name": target.name, "namespace": target.namespace,
                      "uid": target.uid,
-                     "creationTimestamp": meta.get("creationTimestamp"),
+                     **({"creationTimestamp": meta["creationTimestamp"]}
+                        if meta.get("creationTimestamp") else {}),
                      "labels": dict(meta.get("labels") or {})},
         "spec": {"nodeName": target.node},
         "status": {"phase": overall_phase([str(i["phase"]) for i in images]),
@@ -121,7 +179,8 @@ def view_slice(images: Sequence[str], view: Mapping[str, Any] | None) -> Any:
         return None
     pulls = [p for p in view.get("pulls") or () if isinstance(p, Mapping)]
     own = [_pull_of(image, view) for image in images]
-    return (own, [(p.get("images"), p.get("repositories")) for p in pulls],
+    present = [_on_node(image, view) for image in images]
+    return (own, present, [(p.get("images"), p.get("repositories")) for p in pulls],
             view.get("slotsFree"), view.get("inFlight"), view.get("slots"),
             view.get("kubelet"))
 
@@ -158,6 +217,7 @@ COLUMNS: list[dict[str, Any]] = [
      "description": "Download rate"},
     {"name": "ETA", "type": "string", "format": "", "priority": 0,
      "description": "Estimated time left"},
+    AGE_COLUMN,
     {"name": "Reason", "type": "string", "format": "", "priority": 1,
      "description": "Why a pull is stuck (kubelet's or the registry's words)"},
 ]
@@ -194,6 +254,6 @@ def cells(obj: Mapping[str, Any]) -> list[Any]:
             f"{status.get('imagesPresent', 0)}/{len(images)}",
             status.get("phase"), pct,
             f"{human_bytes(rate)}/s" if isinstance(rate, (int, float)) else "-",
-            human_seconds(eta) if isinstance(eta, (int, float)) else "-",
+            human_seconds(eta) if isinstance(eta, (int, float)) else "-", age(obj),
             "; ".join(reasons) or "<none>"]
 

@@ -7,12 +7,17 @@ application/json`` and prints the columns the server defines; ``includeObject``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from aggapi.status import StatusError
 
 TABLE_VERSIONS = ("v1", "v1beta1")
+AGE_COLUMN: dict[str, Any] = {
+    "name": "Age", "type": "string", "format": "", "priority": 0,
+    "description": "Time since the object was created (metadata.creationTimestamp)"}
 INCLUDE = ("None", "Metadata", "Object")
 _JSON = ("application/json", "application/*", "*/*")
 
@@ -72,3 +77,43 @@ def table(objs: Sequence[Mapping[str, Any]], columns: Sequence[Mapping[str, Any]
             "metadata": {"resourceVersion": resource_version},
             "columnDefinitions": list(columns),
             "rows": [_row(o, cells, version, include) for o in objs]}
+
+
+def human_duration(seconds: float) -> str:
+    """A duration as kubectl prints ages (apimachinery's HumanDuration): the two most
+    telling units while short, one when long."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    m, h, d = s // 60, s // 3600, s // 86400
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    if h < 24 * 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    if h < 24 * 365 * 2:
+        return f"{d}d"
+    if h < 24 * 365 * 8:
+        return f"{d // 365}y{d % 365}d" if d % 365 else f"{d // 365}y"
+    return f"{d // 365}y"
+
+
+def age(obj: Mapping[str, Any], now: float | None = None) -> str:
+    """The AGE cell: time since metadata.creationTimestamp, or <unknown>."""
+    stamp = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not isinstance(stamp, str) or not stamp:
+        return "<unknown>"
+    try:
+        created = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return "<unknown>"
+    return human_duration((time.time() if now is None else now) - created)

@@ -25,6 +25,19 @@ K8S_FAILURES = ("Failed", "BackOff")
 PENDING, WAITING = "Pending", "Waiting"
 
 
+def present_phase(v: K8sView) -> str | None:
+    """Done or AlreadyPresent for an image kubelet has, as kubelet's Pulled event
+    tells it: Done when this pod's own pull brought the image, AlreadyPresent when
+    kubelet found it there; None when kubelet has not said (no Pulled event). The
+    one decision the stream and the collections share: the agent cannot tell once
+    it stopped watching (a follow=false snapshot finds every image already there)."""
+    if v.phase != PULLED:
+        return None
+    if v.pulled_here:
+        return "Done"
+    return "AlreadyPresent" if v.already_present else None
+
+
 def _ref(image: str) -> imageref.ImageRef | None:
     try:
         return imageref.parse(image)
@@ -189,10 +202,33 @@ class Merger:
                 "inFlightCount": count if isinstance(count, int) else len(pulls),
                 "limit": slots["limit"], "slots": slots}
 
+    def _present_phase(self, container: str) -> str | None:
+        """present_phase for one container, or for the pod (container ""): Done when
+        any of its images was pulled for it and kubelet has them all."""
+        names = [container] if container else [c.name for c in self.containers]
+        phases = [present_phase(self.k8s.get(n, K8sView())) for n in names]
+        if "Done" in phases and all(p is not None for p in phases):
+            return "Done"
+        return None
+
+    def _summary(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        out = {**unknown_to_null(obj), "complete": True}
+        images = [dict(i) for i in obj.get("images") or () if isinstance(i, Mapping)]
+        for i in images:
+            if i.get("phase") == "AlreadyPresent" and \
+                    self._present_phase(str(i.get("container") or "")) == "Done":
+                i["phase"] = "Done"
+        if images:
+            out["images"] = images
+            if out.get("phase") == "AlreadyPresent" and any(
+                    i.get("phase") == "Done" for i in images):
+                out["phase"] = "Done"
+        return out
+
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         kind = obj.get("kind")
         if kind == "Summary":
-            return {**unknown_to_null(obj), "complete": True}
+            return self._summary(obj)
         if kind != "Progress":
             return obj
         out = unknown_to_null(obj)
@@ -211,6 +247,12 @@ class Merger:
         if phase == "AlreadyPresent" and self._pull_ahead(container):
             # Present, but kubelet pulls again: the runtime has shown nothing new yet.
             out.update(phase="Pulling" if v.phase == PULLING else PENDING)
+            return out
+        if phase == "AlreadyPresent" and not obj.get("layer") \
+                and self._present_phase(container) == "Done":
+            # This pod's own pull brought it (kubelet says so); an agent that did not
+            # watch that pull finds it already there.
+            out["phase"] = "Done"
             return out
         if v.phase == PULLING and self._idle(obj):
             # A layer with no bytes yet in a pull under way has not started: Pending.

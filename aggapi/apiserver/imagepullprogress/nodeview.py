@@ -1,20 +1,64 @@
 """nodes/imagepulls: every in-flight pull on a node with the pods waiting for it,
-and the node view the producer reads while a pull looks queued."""
+and the node view the producer reads while a pull looks queued.
+
+The body is a Kubernetes object, as kube's own subresources answer (Scale, Eviction):
+``apiVersion``, ``kind: NodeImagePulls``, ``metadata.name`` the node, then the
+agent's node view as it always was (``node``, ``slots``, ``pulls``, ...), so readers
+of the old body read this one. A node that no agent pod is bound to is a 404, as
+``nodeimagepulls`` says; one whose agent is not ready yet stays a 503 to retry.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from aggapi import imageref
+from aggapi import GROUP_VERSION, imageref
 from aggapi.apiserver.agentclient import AgentClient, require_agent
+from aggapi.apiserver.discovery import KIND_NODE_IMAGE_PULLS
 from aggapi.apiserver.pods import PodTarget, pods_on_node
 from aggapi.apiserver.requestinfo import INFO
 from aggapi.apiserver.user import USER
 from aggapi.kube.client import KubeClient
+from aggapi.status import not_found
 from aggapi.wire import AGENT_NODE_PULLS_PATH, OP_NODE_PULLS
+
+SYNC_TIMEOUT = 5.0  # seconds a first request waits for the list of agents
+
+
+class Directory(Protocol):
+    """What of aggapi.apiserver.agents.AgentDirectory the 404 needs."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    async def wait_synced(self, timeout: float) -> None: ...
+
+    def knows(self, node: str) -> bool: ...
+
+    def created(self, node: str) -> str: ...
+
+
+async def require_node(directory: Directory, node: str) -> None:
+    """404 NotFound naming the node when no agent pod is bound to it (once the list of
+    agents is in; before that, the agent lookup's 503 says to retry)."""
+    if not directory.synced:
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await directory.wait_synced(SYNC_TIMEOUT)
+    if directory.synced and not directory.knows(node):
+        raise not_found("nodes", node)
+
+
+def node_pulls_object(node: str, view: Mapping[str, Any], created: str) -> dict[str, Any]:
+    """The NodeImagePulls object of ``node`` from its agent's view (pods added)."""
+    rest = {k: v for k, v in view.items() if k not in ("apiVersion", "kind", "metadata")}
+    return {"apiVersion": GROUP_VERSION, "kind": KIND_NODE_IMAGE_PULLS,
+            "metadata": {"name": node, **({"creationTimestamp": created} if created else {})},
+            **rest, "node": node, "slots": slots_of(view)}
 
 
 async def fetch_node_view(agent: AgentClient, node: str, subject: str) -> dict[str, Any]:
@@ -55,12 +99,14 @@ class NodePullsHandler:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         node = request[INFO].name  # the node that was authorized
-        view = await fetch_node_view(require_agent(self.agent), node, request[USER].name)
+        agent = require_agent(self.agent)
+        await require_node(agent.directory, node)
+        view = await fetch_node_view(agent, node, request[USER].name)
         pods = await pods_on_node(self.kube_api, node)
         for pull in view.get("pulls") or []:
             pull["pods"] = _waiting_pods(pull, pods)
-        view["slots"] = slots_of(view)
-        return web.json_response(view)
+        return web.json_response(node_pulls_object(node, view,
+                                                   agent.directory.created(node)))
 
 
 def _waiting_pods(pull: Mapping[str, Any], pods: Sequence[PodTarget]) -> list[dict[str, str]]:

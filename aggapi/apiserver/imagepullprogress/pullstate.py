@@ -44,6 +44,7 @@ class K8sView:
     phase: str = ""          # "", Unscheduled, Pulling, Pulled, Failed, BackOff
     error: str = ""          # the registry's / kubelet's error text
     already_present: bool = False
+    pulled_here: bool = False  # kubelet's Pulled event: it pulled the image for this pod
     since: str = ""          # timestamp of the event that set the phase
     attempt: int = 0         # pulls kubelet started (its Pulling events, counted)
     failures: int = 0        # pulls that failed (its 'Failed to pull image' events)
@@ -160,8 +161,9 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
             attempts[name] = attempts.get(name, 0) + _count(ev)
             latest[name] = K8sView(phase=PULLING, since=when)
         elif reason == PULLED:
-            latest[name] = K8sView(phase=PULLED, since=when,
-                                   already_present="already present" in message)
+            present = "already present" in message
+            latest[name] = K8sView(phase=PULLED, since=when, already_present=present,
+                                   pulled_here=not present)
         elif reason == FAILED and _pull_failure(message):
             # kubelet follows 'Failed to pull image "x": <registry text>' with a bare
             # 'Error: ErrImagePull': keep the registry's text, it is what users need.

@@ -32,6 +32,9 @@ class FakeDirectory:
     def nodes(self) -> dict[str, object]:
         return dict.fromkeys(self._agent.views)
 
+    def created(self, node: str) -> str:
+        return "2026-01-01T00:00:00Z" if node in self._agent.views else ""
+
 
 class FakeAgent:
     def __init__(self) -> None:

@@ -4,6 +4,7 @@ Table output, authorization, and what they cost on kube-apiserver."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -81,13 +82,18 @@ async def test_bad_selectors_and_versions_are_400(env: Env) -> None:
 
 
 async def test_table_columns_and_include_object(env: Env) -> None:
-    env.kube.put("api/v1", "pods", pod("web-0", labels={"app": "web"}))
+    web = pod("web-0", labels={"app": "web"})
+    web["metadata"]["creationTimestamp"] = time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 330))
+    env.kube.put("api/v1", "pods", web)
     code, body = await env.get("/namespaces/ns1/podimagepulls", accept=TABLE)
     assert code == 200 and body["kind"] == "Table" and body["apiVersion"] == "meta.k8s.io/v1"
     names = [c["name"] for c in body["columnDefinitions"] if c["priority"] == 0]
-    assert names == ["Name", "Node", "Images", "Phase", "Progress", "Rate", "ETA"]
+    # AGE as kubectl shows it for pods (no Age column at 95095d5)
+    assert names == ["Name", "Node", "Images", "Phase", "Progress", "Rate", "ETA", "Age"]
     [row] = body["rows"]
     assert row["cells"][:4] == ["web-0", "node-a", "0/1", "Pending"]
+    assert row["cells"][7] in ("5m30s", "5m31s", "5m32s")
     assert row["object"]["kind"] == "PartialObjectMetadata"  # kubectl's default
     assert row["object"]["metadata"]["labels"] == {"app": "web"}
     _, full = await env.get("/namespaces/ns1/podimagepulls?includeObject=Object", accept=TABLE)
@@ -115,8 +121,9 @@ async def test_node_image_pulls(env: Env) -> None:
     assert by_name["node-b"]["waitingPods"] == ["ns1/queued"]
     code, table = await env.get("/nodeimagepulls/node-b", accept=TABLE)
     assert [c["name"] for c in table["columnDefinitions"] if c["priority"] == 0] == [
-        "Name", "Pulling", "Slots", "Waiting Pods"]
+        "Name", "Pulling", "Slots", "Waiting Pods", "Age"]
     assert table["rows"][0]["cells"][:4] == ["node-b", 1, "1/1", 1]
+    assert table["rows"][0]["cells"][4].endswith("d")  # since its agent (2026-01-01)
 
 
 async def test_authorized_as_served(env: Env) -> None:
@@ -207,9 +214,9 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     names: list[str] = []
     real = feeds.pod_image_pull
 
-    def counting(pod: Any, events: Any, view: Any) -> dict[str, Any]:
+    def counting(pod: Any, events: Any, view: Any, previous: Any = None) -> dict[str, Any]:
         names.append(pod["metadata"]["name"])
-        return real(pod, events, view)
+        return real(pod, events, view, previous)
 
     monkeypatch.setattr(feeds, "pod_image_pull", counting)
     return names

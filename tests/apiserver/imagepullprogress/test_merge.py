@@ -183,3 +183,28 @@ def test_the_runtime_moving_beats_kubelets_older_failure() -> None:
     assert m.apply(progress("app", APP.image, "Waiting"))["phase"] == "BackOff"
     assert m.apply(progress("app", APP.image, "Downloading", 5, 9))["phase"] == "Downloading"
     assert m.apply(progress("app", APP.image, "Done", 9, 9))["phase"] == "Done"
+
+
+def test_after_the_pods_own_pull_a_snapshot_says_done_as_the_live_stream_did() -> None:
+    """kubelet pulled the image for this pod ('Successfully pulled'); a follow=false
+    snapshot's agent, which did not watch that pull, finds it already present. At
+    95095d5 that AlreadyPresent passed through where the live stream said Done. An
+    image kubelet found present stays AlreadyPresent."""
+    m = Merger((INIT, APP))
+    m.update(pod(), [
+        ev("Pulled", "init", f'Successfully pulled image "{INIT.image}" in 2s', "t1",
+           kind="initContainers"),
+        ev("Pulled", "app", f'Container image "{APP.image}" already present on machine',
+           "t2")])
+    assert m.apply(progress("init", INIT.image, "AlreadyPresent", 0, 0))["phase"] == "Done"
+    assert m.apply(progress("app", APP.image, "AlreadyPresent", 0, 0))["phase"] \
+        == "AlreadyPresent"
+    assert m.apply(progress("", "", "AlreadyPresent", 0, 0))["phase"] == "Done"
+    summary = m.apply({"kind": "Summary", "phase": "AlreadyPresent", "progress": 0,
+                       "total": 0, "images": [
+                           {"container": "init", "image": INIT.image,
+                            "phase": "AlreadyPresent"},
+                           {"container": "app", "image": APP.image,
+                            "phase": "AlreadyPresent"}]})
+    assert summary["phase"] == "Done"
+    assert [i["phase"] for i in summary["images"]] == ["Done", "AlreadyPresent"]

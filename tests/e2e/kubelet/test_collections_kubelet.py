@@ -10,6 +10,7 @@ import re
 import ssl
 import subprocess
 import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -28,6 +29,7 @@ from tests.e2e.kubelet.conftest import (
 from tests.framework.controlplane import AGGAPI_PORT, ControlPlane, binary
 from tests.framework.kubelet import Kubelet
 from tests.framework.node import Node
+from tests.framework.openapicheck import check
 from tests.framework.procs import stop_child
 
 MiB = 1 << 20
@@ -161,10 +163,16 @@ def test_collections_through_kubectl(control_plane: ControlPlane, node: Node,
         # kubectl explain reads the OpenAPI schema the aggregator merged in
         explain = cp.kubectl("explain", "podimagepulls.status.images").stdout
         assert "waitingForSlot" in explain and "etaSeconds" in explain, explain
-        # nodeimagepulls: the node's table, columns from the server
+        # metadata is ObjectMeta (a bare object at 95095d5: explain listed no fields)
+        meta = cp.kubectl("explain", "podimagepulls.metadata").stdout
+        assert all(f in meta for f in ("creationTimestamp", "labels", "uid",
+                                       "resourceVersion")), meta
+        # nodeimagepulls: the node's table, columns from the server, AGE as for nodes
         nodes = cp.kubectl("get", "nodeimagepulls").stdout.splitlines()
-        assert nodes[0].split() == ["NAME", "PULLING", "SLOTS", "WAITING", "PODS"], nodes
+        assert nodes[0].split() == ["NAME", "PULLING", "SLOTS", "WAITING", "PODS",
+                                    "AGE"], nodes
         assert any(line.split()[0] == node.name for line in nodes[1:]), nodes
+        _node_imagepulls(cp, node.name)
         # RBAC: a ServiceAccount bound to view lists and watches, one without gets 403
         ok = cp.kubectl("get", "podimagepulls", f"--as={VIEWER}")
         assert "kc-web" in ok.stdout
@@ -181,13 +189,18 @@ def test_collections_through_kubectl(control_plane: ControlPlane, node: Node,
         wait_running(cp, "kc-web", timeout=120)
         wait_for(lambda: any(" Done " in f" {line} " for line in watch.lines), 30,
                  "the watch printing Done")
+        # the bytes the pull brought stay after Done (null at 95095d5)
+        done = json.loads(cp.kubectl("get", "podimagepulls", "kc-web", "-o", "json").stdout)
+        [image] = done["status"]["images"]
+        assert image["phase"] == "Done" and image["total"] > 40 * MiB, image
+        assert image["progress"] == image["total"] == done["status"]["total"], done["status"]
     finally:
         err = watch.stop()
         node.set_rate(None)
         delete_pods(cp, "kc-web", "kc-other")
     # kubectl get -w: the server's columns, one row per change, Downloading then Done
     assert watch.lines and watch.lines[0].split() == [
-        "NAME", "NODE", "IMAGES", "PHASE", "PROGRESS", "RATE", "ETA"], (watch.lines, err)
+        "NAME", "NODE", "IMAGES", "PHASE", "PROGRESS", "RATE", "ETA", "AGE"], (watch.lines, err)
     rows = [line.split() for line in watch.lines[1:] if line.strip()]
     assert all(r[0] == "kc-web" and r[1] == node.name for r in rows), rows
     phases = [r[3] for r in rows]
@@ -195,4 +208,21 @@ def test_collections_through_kubectl(control_plane: ControlPlane, node: Node,
     down = [r for r in rows if r[3] == "Downloading"]
     assert any(r[4].endswith("%") and r[5].endswith("/s") for r in down), down
     assert rows[-1][2] == "1/1" and rows[-1][4] == "100%"
+    assert re.fullmatch(r"\d+s|\d+m\d*s?", rows[-1][7]), rows[-1]
 
+
+def _node_imagepulls(cp: ControlPlane, node: str) -> None:
+    """nodes/NODE/imagepulls is a Kubernetes object that the OpenAPI document kubectl
+    reads describes key for key; an unknown node is a 404 at once (a 503 with
+    Retry-After at 95095d5, which kubectl retried)."""
+    doc = json.loads(cp.kubectl("get", "--raw",
+                                "/openapi/v3/apis/subresources.aggapi.io/v1alpha1").stdout)
+    body = json.loads(cp.kubectl("get", "--raw", f"{GV}/nodes/{node}/imagepulls").stdout)
+    assert (body["kind"], body["metadata"]["name"]) == ("NodeImagePulls", node), body
+    check(body, "io.aggapi.subresources.v1alpha1.NodeImagePulls", doc["components"]["schemas"])
+    began = time.monotonic()
+    gone = cp.kubectl("get", "--raw", f"{GV}/nodes/no-such-node/imagepulls",
+                      "--request-timeout=20s", check=False)
+    assert gone.returncode == 1 and "(NotFound)" in gone.stderr, gone.stderr
+    assert 'nodes "no-such-node" not found' in gone.stderr, gone.stderr
+    assert time.monotonic() - began < 10  # no retries
