@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from aggapi import imageref
+from aggapi.agent.progress.counters import CounterBook
 from aggapi.agent.progress.eta import Flow, Plan, Sharing, plan, share_rate
 from aggapi.agent.progress.layers import Snapshots, layer_states, snapshots_of
 from aggapi.agent.progress.leases import LeaseIndex, LeaseView
@@ -53,7 +54,7 @@ from aggapi.agent.progress.ocimanifest import (
     Platform,
     ResolvedImage,
 )
-from aggapi.agent.progress.rate import CounterBook, Trace
+from aggapi.agent.progress.rate import Trace
 from aggapi.runtime.containerd import (
     ContentInfo,
     ImageRecord,
