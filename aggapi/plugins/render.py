@@ -1,6 +1,6 @@
 """How the plugins show progress: rich bars on a terminal, plain lines otherwise.
 
-Image pulls of one pod: one bar per (container, image, layer) and one aggregate bar, each
+Image pulls of one pod: one aggregate bar first, then one bar per (container, image, layer), each
 with bytes, the server's speed and ETA (per layer at layer granularity) and the
 phase; Waiting (pull slot limit), BackOff, Extracting and errors stand out. Every
 object from the server is cleaned of control characters first (``sanitize``), and
@@ -10,6 +10,7 @@ many-pods screen ``setview``.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, TextIO
 
@@ -17,7 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
-    DownloadColumn,
     Progress,
     ProgressColumn,
     TaskID,
@@ -46,9 +46,10 @@ def human_bytes(n: float) -> str:
 
 
 def human_eta(s: float | None) -> str:
+    """Seconds left, rounded up (0:00:00 only when nothing is left), for every view."""
     if s is None:
         return "-"
-    s = int(s)
+    s = math.ceil(max(s, 0.0))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
@@ -82,8 +83,20 @@ def slot_text(w: Obj) -> str:
     return text
 
 
-def phase_text(o: Obj) -> str:
+def shown_phase(o: Obj) -> str:
+    """The phase shown: a layer whose bytes are all on the node is AlreadyPresent, also
+    while the server holds it at Pulling or Pending (kubelet pulls the image again and
+    the runtime has not said more yet)."""
     phase = str(o.get("phase") or "")
+    total, got = _int(o.get("total")), _int(o.get("progress"))
+    if (phase in ("Pulling", "Pending") and o.get("layer") and total and got is not None
+            and got >= total):
+        return "AlreadyPresent"
+    return phase
+
+
+def phase_text(o: Obj) -> str:
+    phase = shown_phase(o)
     w = o.get("waiting")
     if phase == "Waiting" and isinstance(w, dict):
         return f"Waiting for a pull slot ({slot_text(w)})"
@@ -128,7 +141,11 @@ class Aggregate:
         rates = [float(o["bytesPerSecond"]) for o in self.rows.values()
                  if o.get("bytesPerSecond") is not None]
         rate = sum(rates) if rates else None
-        eta = (total - done) / rate if total is not None and rate else None
+        # The sum ends with its last row (the server times an image by its last
+        # layer too): the longest ETA, unknown while a row with bytes left has none.
+        left = [o for o in self.rows.values() if shown_phase(o) not in DONE_PHASES]
+        etas = [e for o in left if isinstance(e := o.get("etaSeconds"), int | float)]
+        eta = max(map(float, etas), default=0.0) if len(etas) == len(left) else None
         return done, total, rate, eta
 
 
@@ -138,6 +155,20 @@ class _Speed(ProgressColumn):
     def render(self, task: Any) -> Text:
         r = task.fields.get("rate")
         return Text(f"{human_bytes(r)}/s" if r else "-", style="progress.data.speed")
+
+
+class _Bytes(ProgressColumn):
+    """Done/total in the binary units of the speed (rich's DownloadColumn is decimal)."""
+
+    def render(self, task: Any) -> Text:
+        done = human_bytes(task.completed)
+        if task.total is None:
+            return Text(done, style="progress.download")
+        total = human_bytes(task.total)
+        # "5.0/10.0 MiB" when both share a unit
+        if done.split()[-1] == total.split()[-1]:
+            done = done.split()[0]
+        return Text(f"{done}/{total}", style="progress.download")
 
 
 class _Eta(ProgressColumn):
@@ -169,7 +200,7 @@ class RichPullView(PullView):
         self.console = console or Console()
         self.progress = Progress(
             TextColumn("{task.description}"), BarColumn(bar_width=30), TaskProgressColumn(),
-            DownloadColumn(), _Speed(), _Eta(), _Phase(), console=self.console,
+            _Bytes(), _Speed(), _Eta(), _Phase(), console=self.console,
             refresh_per_second=8)
         self.rows: dict[tuple[str, str, str], TaskID] = {}
         self.agg = Aggregate()
@@ -203,11 +234,13 @@ class RichPullView(PullView):
 
     def _row(self, o: Obj) -> None:
         k = key(o)
+        if self.total is None and self.granularity != "pod":
+            self.total = self.progress.add_task("[bold]total", total=None)  # first row
         if k not in self.rows:
             self.rows[k] = self.progress.add_task(escape(row_label(o, self.granularity)),
                                                   total=None)
         total = o.get("total")
-        phase = str(o.get("phase") or "")
+        phase = shown_phase(o)
         self._set(self.rows[k], int(o.get("progress") or 0),
                   int(total) if isinstance(total, int) and total >= 0 else None,
                   o.get("bytesPerSecond"), o.get("etaSeconds"), phase_text(o),
@@ -215,10 +248,9 @@ class RichPullView(PullView):
         if self.granularity == "pod":
             return
         self.agg.update(o)
-        if self.total is None:
-            self.total = self.progress.add_task("[bold]total", total=None)
+        assert self.total is not None
         done, tot, rate, eta = self.agg.totals()
-        phases = [str(r.get("phase")) for r in self.agg.rows.values()]
+        phases = [shown_phase(r) for r in self.agg.rows.values()]
         failed = "Failed" in phases
         self._set(self.total, done, tot, rate, eta, "Failed" if failed else "",
                   "bold red" if failed else "", all(p in DONE_PHASES for p in phases))
@@ -239,6 +271,7 @@ class PlainPullView(PullView):
         self.granularity = granularity
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.last: dict[tuple[str, str, str], str] = {}  # the line printed per row
 
     def update(self, o: Obj) -> None:
         o = clean_obj(o)
@@ -252,11 +285,14 @@ class PlainPullView(PullView):
             size = (f"{human_bytes(prog)}/{human_bytes(total)}" if total is not None
                     else human_bytes(prog) if got is not None and got >= 0 else "-")
             pct = (f"{100 * prog // total}%" if total
-                   else "100%" if o.get("phase") in DONE_PHASES else "-")
+                   else "100%" if shown_phase(o) in DONE_PHASES else "-")
             rate = o.get("bytesPerSecond")
             line = (f"{row_label(o, self.granularity)}  {phase_text(o)}  {size}  {pct}  "
                     f"{human_bytes(rate) + '/s' if rate else '-'}  "
                     f"ETA {human_eta(o.get('etaSeconds'))}")
+            if self.last.get(key(o)) == line:
+                return  # the server resends a row whose shown fields did not change
+            self.last[key(o)] = line
         elif kind == "Summary":
             imgs = ", ".join(f"{i.get('container')}={i.get('phase')}"
                              for i in o.get("images") or [])

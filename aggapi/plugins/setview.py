@@ -34,32 +34,52 @@ def fit_rows(height: int, max_rows: int | None) -> int:
     return max_rows if max_rows is not None else max(height - 4, 1)
 
 
-def set_table(rows: list[Any], now: float) -> Any:
-    """One table row per pod, in the order given (the pullset's: stuck first)."""
+BAR = 20  # the progress bar's columns
+
+
+def set_table(rows: list[Any], now: float, width: int | None = None) -> Any:
+    """One table row per pod, in the order given (the pullset's: stuck first), fitted
+    to ``width`` columns when given."""
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("POD", "NODE", "IMAGES", "", "BYTES", "SPEED", "ETA", "PHASE"):
-        table.add_column(col, no_wrap=True, overflow="ellipsis")
+    cells: list[list[Any]] = []
     for r in rows:
         phase = r.shown_phase(now)
         total = r.total if r.total and r.total > 0 else None
         done = r.done
         bar = ProgressBar(total=float(total or 1), completed=float(
-            (total or 1) if done else (r.progress or 0) if total else 0), width=20)
+            (total or 1) if done else (r.progress or 0) if total else 0), width=BAR)
         size = (f"{human_bytes(r.progress or 0)}/{human_bytes(r.total)}"
                 if r.total is not None else "-")
         shown = f"{phase}: {r.reason}" if r.reason else phase
-        table.add_row(escape(r.name), escape(r.node or "<none>"),
+        cells.append([escape(r.name), escape(r.node or "<none>"),
                       f"{r.present}/{len(r.images)}", bar, size,
                       f"{human_bytes(r.rate)}/s" if r.rate and not done else "-",
                       human_eta(r.eta) if r.eta is not None and not done else "-",
-                      Text(shown, style=PHASE_STYLE.get(phase, "yellow")))
+                      Text(shown, style=PHASE_STYLE.get(phase, "yellow"))])
+    # The short columns keep their width; a long pod name and a long reason (the
+    # last column) share what the terminal has left (rich would drop whole columns).
+    heads = ("POD", "NODE", "IMAGES", "", "BYTES", "SPEED", "ETA", "PHASE")
+    widths = [max([len(h)] + [Text.from_markup(c[n]).cell_len if isinstance(c[n], str)
+                              else len(c[n]) if isinstance(c[n], Text) else BAR
+                              for c in cells]) for n, h in enumerate(heads)]
+    widths[3] = BAR
+    if width is not None:
+        room = width - 2 * (len(heads) - 1) - sum(widths[1:7])
+        pod = min(widths[0], max(room // 2, room - max(min(widths[7], 24), 8)))
+        widths[0], widths[7] = pod, max(room - pod, 8)
+    for n, h in enumerate(heads):
+        table.add_column(h, no_wrap=True, overflow="ellipsis",
+                         min_width=None if n in (0, 7) and width is None else widths[n],
+                         max_width=widths[n] if n in (0, 7) and width is not None else None)
+    for c in cells:
+        table.add_row(*c)
     return table
 
 
-def set_screen(pullset: Any, limit: int) -> Any:
+def set_screen(pullset: Any, limit: int, width: int | None = None) -> Any:
     """Header, the first ``limit`` rows, and how many more there are."""
     from rich.console import Group
 
@@ -67,7 +87,7 @@ def set_screen(pullset: Any, limit: int) -> Any:
     rows = pullset.rows()
     parts: list[Any] = [Text(line, style="bold" if i == 0 else "")
                         for i, line in enumerate(header_lines(pullset.summary()))]
-    parts.append(set_table(rows[:limit], now))
+    parts.append(set_table(rows[:limit], now, width))
     if len(rows) > limit:
         parts.append(Text(f"… and {len(rows) - limit} more", style="dim"))
     return Group(*parts)
@@ -88,7 +108,8 @@ class RichSetView:
 
     def redraw(self) -> None:
         limit = fit_rows(self.console.size.height, self.max_rows)
-        self.live.update(set_screen(self.pullset, limit), refresh=True)
+        self.live.update(set_screen(self.pullset, limit, self.console.size.width),
+                         refresh=True)
 
     def close(self) -> None:
         self.redraw()
