@@ -103,7 +103,7 @@ def print_change(change: Change) -> None:
 
 async def run_set(args: argparse.Namespace, conn: Connection, target: Target) -> int:
     from aggapi.plugins.pullset import Runner
-    from aggapi.plugins.render import PlainSetView, RichSetView
+    from aggapi.plugins.setview import PlainSetView, RichSetView
     from aggapi.plugins.targets import resolve
 
     def retrying(exc: BaseException, delay: float) -> None:

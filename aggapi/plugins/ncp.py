@@ -252,7 +252,7 @@ async def run(args: argparse.Namespace) -> int:
         rp = RemotePath(ns, remote[1], remote[2], container)
         progress: Progress = NoProgress()
         if not args.quiet and sys.stderr.isatty():
-            from aggapi.plugins.render import TransferBar
+            from aggapi.plugins.transferbar import TransferBar
 
             bar = TransferBar(f"{args.src} → {args.dst}")
             progress = bar

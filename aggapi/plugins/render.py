@@ -1,14 +1,16 @@
 """How the plugins show progress: rich bars on a terminal, plain lines otherwise.
 
-Image pulls: one bar per (container, image, layer) and one aggregate bar, each
+Image pulls of one pod: one aggregate bar first, then one bar per (container, image, layer), each
 with bytes, the server's speed and ETA (per layer at layer granularity) and the
 phase; Waiting (pull slot limit), BackOff, Extracting and errors stand out. Every
 object from the server is cleaned of control characters first (``sanitize``), and
-no server text is read as rich markup. Copies: one bar with bytes, speed and ETA.
+no server text is read as rich markup. The copy bar is ``transferbar``, the
+many-pods screen ``setview``.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, TextIO
 
@@ -16,14 +18,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
-    DownloadColumn,
     Progress,
     ProgressColumn,
     TaskID,
     TaskProgressColumn,
     TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 from rich.text import Text
 
@@ -47,9 +46,10 @@ def human_bytes(n: float) -> str:
 
 
 def human_eta(s: float | None) -> str:
+    """Seconds left, rounded up (0:00:00 only when nothing is left), for every view."""
     if s is None:
         return "-"
-    s = int(s)
+    s = math.ceil(max(s, 0.0))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
@@ -83,8 +83,20 @@ def slot_text(w: Obj) -> str:
     return text
 
 
-def phase_text(o: Obj) -> str:
+def shown_phase(o: Obj) -> str:
+    """The phase shown: a layer whose bytes are all on the node is AlreadyPresent, also
+    while the server holds it at Pulling or Pending (kubelet pulls the image again and
+    the runtime has not said more yet)."""
     phase = str(o.get("phase") or "")
+    total, got = _int(o.get("total")), _int(o.get("progress"))
+    if (phase in ("Pulling", "Pending") and o.get("layer") and total and got is not None
+            and got >= total):
+        return "AlreadyPresent"
+    return phase
+
+
+def phase_text(o: Obj) -> str:
+    phase = shown_phase(o)
     w = o.get("waiting")
     if phase == "Waiting" and isinstance(w, dict):
         return f"Waiting for a pull slot ({slot_text(w)})"
@@ -129,7 +141,11 @@ class Aggregate:
         rates = [float(o["bytesPerSecond"]) for o in self.rows.values()
                  if o.get("bytesPerSecond") is not None]
         rate = sum(rates) if rates else None
-        eta = (total - done) / rate if total is not None and rate else None
+        # The sum ends with its last row (the server times an image by its last
+        # layer too): the longest ETA, unknown while a row with bytes left has none.
+        left = [o for o in self.rows.values() if shown_phase(o) not in DONE_PHASES]
+        etas = [e for o in left if isinstance(e := o.get("etaSeconds"), int | float)]
+        eta = max(map(float, etas), default=0.0) if len(etas) == len(left) else None
         return done, total, rate, eta
 
 
@@ -139,6 +155,20 @@ class _Speed(ProgressColumn):
     def render(self, task: Any) -> Text:
         r = task.fields.get("rate")
         return Text(f"{human_bytes(r)}/s" if r else "-", style="progress.data.speed")
+
+
+class _Bytes(ProgressColumn):
+    """Done/total in the binary units of the speed (rich's DownloadColumn is decimal)."""
+
+    def render(self, task: Any) -> Text:
+        done = human_bytes(task.completed)
+        if task.total is None:
+            return Text(done, style="progress.download")
+        total = human_bytes(task.total)
+        # "5.0/10.0 MiB" when both share a unit
+        if done.split()[-1] == total.split()[-1]:
+            done = done.split()[0]
+        return Text(f"{done}/{total}", style="progress.download")
 
 
 class _Eta(ProgressColumn):
@@ -170,7 +200,7 @@ class RichPullView(PullView):
         self.console = console or Console()
         self.progress = Progress(
             TextColumn("{task.description}"), BarColumn(bar_width=30), TaskProgressColumn(),
-            DownloadColumn(), _Speed(), _Eta(), _Phase(), console=self.console,
+            _Bytes(), _Speed(), _Eta(), _Phase(), console=self.console,
             refresh_per_second=8)
         self.rows: dict[tuple[str, str, str], TaskID] = {}
         self.agg = Aggregate()
@@ -204,11 +234,13 @@ class RichPullView(PullView):
 
     def _row(self, o: Obj) -> None:
         k = key(o)
+        if self.total is None and self.granularity != "pod":
+            self.total = self.progress.add_task("[bold]total", total=None)  # first row
         if k not in self.rows:
             self.rows[k] = self.progress.add_task(escape(row_label(o, self.granularity)),
                                                   total=None)
         total = o.get("total")
-        phase = str(o.get("phase") or "")
+        phase = shown_phase(o)
         self._set(self.rows[k], int(o.get("progress") or 0),
                   int(total) if isinstance(total, int) and total >= 0 else None,
                   o.get("bytesPerSecond"), o.get("etaSeconds"), phase_text(o),
@@ -216,10 +248,9 @@ class RichPullView(PullView):
         if self.granularity == "pod":
             return
         self.agg.update(o)
-        if self.total is None:
-            self.total = self.progress.add_task("[bold]total", total=None)
+        assert self.total is not None
         done, tot, rate, eta = self.agg.totals()
-        phases = [str(r.get("phase")) for r in self.agg.rows.values()]
+        phases = [shown_phase(r) for r in self.agg.rows.values()]
         failed = "Failed" in phases
         self._set(self.total, done, tot, rate, eta, "Failed" if failed else "",
                   "bold red" if failed else "", all(p in DONE_PHASES for p in phases))
@@ -240,6 +271,7 @@ class PlainPullView(PullView):
         self.granularity = granularity
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.last: dict[tuple[str, str, str], str] = {}  # the line printed per row
 
     def update(self, o: Obj) -> None:
         o = clean_obj(o)
@@ -253,11 +285,14 @@ class PlainPullView(PullView):
             size = (f"{human_bytes(prog)}/{human_bytes(total)}" if total is not None
                     else human_bytes(prog) if got is not None and got >= 0 else "-")
             pct = (f"{100 * prog // total}%" if total
-                   else "100%" if o.get("phase") in DONE_PHASES else "-")
+                   else "100%" if shown_phase(o) in DONE_PHASES else "-")
             rate = o.get("bytesPerSecond")
             line = (f"{row_label(o, self.granularity)}  {phase_text(o)}  {size}  {pct}  "
                     f"{human_bytes(rate) + '/s' if rate else '-'}  "
                     f"ETA {human_eta(o.get('etaSeconds'))}")
+            if self.last.get(key(o)) == line:
+                return  # the server resends a row whose shown fields did not change
+            self.last[key(o)] = line
         elif kind == "Summary":
             imgs = ", ".join(f"{i.get('container')}={i.get('phase')}"
                              for i in o.get("images") or [])
@@ -272,148 +307,3 @@ class PlainPullView(PullView):
     def retrying(self, exc: BaseException, delay: float) -> None:
         print(f"stream interrupted ({clean(str(exc)) or type(exc).__name__}); reconnecting in "
               f"{delay:.1f}s", file=self.err, flush=True)
-
-
-# --- copies --------------------------------------------------------------------------
-
-class TransferBar:
-    """A rich bar for one copy (the aggapi.client.copy Progress protocol)."""
-
-    def __init__(self, label: str, console: Console | None = None) -> None:
-        self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(bar_width=30), TaskProgressColumn(),
-            DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-            console=console or Console(stderr=True), refresh_per_second=8)
-        self.task = self.progress.add_task(label, total=None)
-        self.progress.start()
-
-    def start(self, total: int | None, done: int = 0) -> None:
-        self.progress.reset(self.task, total=total, completed=done)
-
-    def advance(self, n: int) -> None:
-        self.progress.advance(self.task, n)
-
-    def close(self, ok: bool = True) -> None:
-        task = self.progress.tasks[0]
-        if ok and task.total is None:  # a directory: its size is known only at the end
-            self.progress.update(self.task, total=task.completed)
-        self.progress.stop()
-
-
-# --- many pods -----------------------------------------------------------------------
-
-def header_lines(summary: Any) -> list[str]:
-    """The set summed up: pods by state, then the slowest nodes (longest ETA)."""
-    from aggapi.plugins.pullset import DONE, PULLING, STUCK, WAITING
-
-    c = summary.counts
-    lines = [f"{summary.pods} pods: {c[DONE]} done, {c[PULLING]} pulling, "
-             f"{c[WAITING]} waiting for a slot, {c[STUCK]} stuck (BackOff/Failed/stalled)"]
-    if summary.slowest:
-        lines.append("slowest nodes: " + ", ".join(
-            f"{n.node} ETA {human_eta(n.eta)}"
-            f"{f' at {human_bytes(n.rate)}/s' if n.rate else ''} ({n.pulling} pods)"
-            for n in summary.slowest))
-    return lines
-
-
-def fit_rows(height: int, max_rows: int | None) -> int:
-    """Rows that fit a terminal of ``height`` lines under the two header lines, the
-    table's own header and the "… and K more" line; ``--max-rows`` overrides."""
-    return max_rows if max_rows is not None else max(height - 4, 1)
-
-
-def set_table(rows: list[Any], now: float) -> Any:
-    """One table row per pod, in the order given (the pullset's: stuck first)."""
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False)
-    for col in ("POD", "NODE", "IMAGES", "", "BYTES", "SPEED", "ETA", "PHASE"):
-        table.add_column(col, no_wrap=True, overflow="ellipsis")
-    for r in rows:
-        phase = r.shown_phase(now)
-        total = r.total if r.total and r.total > 0 else None
-        done = r.done
-        bar = ProgressBar(total=float(total or 1), completed=float(
-            (total or 1) if done else (r.progress or 0) if total else 0), width=20)
-        size = (f"{human_bytes(r.progress or 0)}/{human_bytes(r.total)}"
-                if r.total is not None else "-")
-        shown = f"{phase}: {r.reason}" if r.reason else phase
-        table.add_row(escape(r.name), escape(r.node or "<none>"),
-                      f"{r.present}/{len(r.images)}", bar, size,
-                      f"{human_bytes(r.rate)}/s" if r.rate and not done else "-",
-                      human_eta(r.eta) if r.eta is not None and not done else "-",
-                      Text(shown, style=PHASE_STYLE.get(phase, "yellow")))
-    return table
-
-
-def set_screen(pullset: Any, limit: int) -> Any:
-    """Header, the first ``limit`` rows, and how many more there are."""
-    from rich.console import Group
-
-    now = pullset.clock()
-    rows = pullset.rows()
-    parts: list[Any] = [Text(line, style="bold" if i == 0 else "")
-                        for i, line in enumerate(header_lines(pullset.summary()))]
-    parts.append(set_table(rows[:limit], now))
-    if len(rows) > limit:
-        parts.append(Text(f"… and {len(rows) - limit} more", style="dim"))
-    return Group(*parts)
-
-
-class RichSetView:
-    """A live screen redrawn from the pullset: as many rows as the terminal holds."""
-
-    def __init__(self, pullset: Any, max_rows: int | None = None,
-                 console: Console | None = None) -> None:
-        from rich.live import Live
-
-        self.pullset, self.max_rows = pullset, max_rows
-        self.console = console or Console()
-        self.live = Live(Text(""), console=self.console, auto_refresh=False,
-                         vertical_overflow="crop")
-        self.live.start()
-
-    def redraw(self) -> None:
-        limit = fit_rows(self.console.size.height, self.max_rows)
-        self.live.update(set_screen(self.pullset, limit), refresh=True)
-
-    def close(self) -> None:
-        self.redraw()
-        self.live.stop()
-
-
-class PlainSetView:
-    """For pipes: a line per (pod, container, image) whenever its phase or percentage
-    changes; the header once at the end, on stderr (stdout stays one line per image)."""
-
-    def __init__(self, pullset: Any, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
-        self.pullset = pullset
-        self.out = out or sys.stdout
-        self.err = err or sys.stderr
-        self.last: dict[tuple[str, str, str], str] = {}
-
-    def redraw(self) -> None:
-        now = self.pullset.clock()
-        lines = []
-        for r in self.pullset.rows():
-            stalled = r.stalled(now)
-            for i in r.images:
-                pct = ("100%" if i.phase in DONE_PHASES
-                       else f"{100 * (i.progress or 0) // i.total}%" if i.total else "-")
-                phase = "Stalled" if stalled and i.phase == "Downloading" else i.phase
-                line = f"{r.name}  {i.container}  {i.image}  {phase}  {pct}"
-                if i.reason:
-                    line += f"  {i.reason}"
-                k = (r.name, i.container, i.image)
-                if self.last.get(k) != line:
-                    self.last[k] = line
-                    lines.append(line)
-        if lines:
-            print("\n".join(lines), file=self.out, flush=True)
-
-    def close(self) -> None:
-        self.redraw()
-        print("\n".join(header_lines(self.pullset.summary())), file=self.err, flush=True)

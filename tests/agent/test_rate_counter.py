@@ -6,8 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aggapi.agent.progress.counters import Counter, CounterBook
 from aggapi.agent.progress.eta import Flow, plan
-from aggapi.agent.progress.rate import LONG_SPAN, Counter, CounterBook
+from aggapi.agent.progress.rate import LONG_SPAN
 
 MiB = 1 << 20
 

@@ -22,7 +22,7 @@ from aggapi.plugins.pullset import (
     pod_row,
     sort_rows,
 )
-from aggapi.plugins.render import PlainSetView, RichSetView, header_lines, set_screen
+from aggapi.plugins.setview import PlainSetView, RichSetView, header_lines, set_screen
 from aggapi.plugins.targets import Target, parse_target, selector_string
 from tests.plugins.fakecollection import pod_image_pull
 

@@ -147,7 +147,7 @@ def test_unknown_sizes_null_or_minus_one(unknown: int | None) -> None:
     rich.update({"kind": "Summary", "phase": "Done", "progress": unknown, "total": unknown,
                  "images": []})
     rich.close()
-    assert rich.progress.tasks[-1].percentage == 100  # the aggregate ends at 100%
+    assert rich.progress.tasks[0].percentage == 100  # the aggregate (first row) ends at 100%
 
 
 def test_each_layer_shows_its_own_eta() -> None:

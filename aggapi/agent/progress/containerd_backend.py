@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from aggapi import imageref
-from aggapi.agent.progress.eta import Flow, Plan, Sharing, plan, share_rate
 from aggapi.agent.progress.layers import Snapshots, layer_states, snapshots_of
 from aggapi.agent.progress.leases import LeaseIndex, LeaseView
+from aggapi.agent.progress.linktiming import LinkTiming
 from aggapi.agent.progress.model import (
     ALREADY_PRESENT,
     DONE,
@@ -53,7 +52,6 @@ from aggapi.agent.progress.ocimanifest import (
     Platform,
     ResolvedImage,
 )
-from aggapi.agent.progress.rate import CounterBook, Trace
 from aggapi.runtime.containerd import (
     ContentInfo,
     ImageRecord,
@@ -63,8 +61,6 @@ from aggapi.runtime.containerd import (
     SnapshotInfo,
 )
 
-NODE_SLOTS = 3  # containerd's default max_concurrent_downloads
-LINK_MEMORY = 60.0  # seconds of link rates kept for its capacity
 PULL_INGESTS = frozenset({"layer", "manifest", "index", "config"})
 BARE_LEASE_SECONDS = 30.0
 
@@ -112,16 +108,7 @@ class ContainerdBackend:
         self.manifests = ManifestStore(client, self.platform)
         self._clock = clock
         self._mono = monotonic
-        self._counters = CounterBook()  # every layer ingest on the node, by digest
-        # Layers the node downloads at once: containerd's max_concurrent_downloads
-        # (default 3; shared by every pull on 2.x), raised when more are seen moving.
-        self._counters.slots = NODE_SLOTS
-        self._rates = self._counters.snapshot(0.0)
-        self._slots: dict[str, int] = {}  # lease -> most layers seen downloading at once
-        self._links: deque[tuple[float, float]] = deque()  # (time, link rate) measured
-        self._sharing = Sharing()  # is the link shared? (measured at completions)
-        self._last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
-        self._idle: set[str] = set()  # layer ingests open at offset 0, last poll
+        self.link = LinkTiming()  # every layer ingest's bytes, rates and ETAs
         self.leases = LeaseIndex(client, self.manifests, monotonic=monotonic,
                                  full_refresh=full_refresh)
         self._memory: dict[str, _Memory] = {}
@@ -156,27 +143,7 @@ class ContainerdBackend:
         snapshots = snapshots_of(snaps)
         await self.leases.refresh(leases, statuses, snaps)
         await self.leases.classify()
-        for s in statuses:
-            if s.kind == "layer" and s.digest:
-                # updated_at is the data file's mtime: when the last step landed.
-                self._counters.observe(s.digest, wall, s.offset, s.updated_at or None,
-                                       s.total, s.started_at or None)
-        done = self._counters.sweep(wall, self.leases.created)
-        self._rates = self._counters.snapshot(wall)
-        waiting = self._unstarted(ingests)
-        self._counters.queued = sorted(waiting, key=lambda d: waiting[d])
-        rates = self._rates = replace(self._rates, queued=frozenset(waiting))
-        for digest, at in sorted(done.items(), key=lambda x: x[1]):
-            self._sharing.finished(at, self._last_est.get(digest),
-                                   {k: r for k, r in self._last_est.items() if k not in done})
-        live = {d for d, ing in ingests.items() if ing.kind == "layer"}
-        # A layer began since: a new ingest, or one open at offset 0 that moved
-        # (containerd 2.4 opens every layer's ingest at once, then each waits for a
-        # download slot: the one a completion frees goes to such a layer at once).
-        began = bool(live - self._last_est.keys()) or any(
-            d in self._idle and _moved(rates.traces.get(d)) for d in live)
-        self._sharing.update(rates.traces, started=began)
-        self._idle = {d for d in live if not _moved(rates.traces.get(d))}
+        waiting = self.link.record(statuses, ingests, wall, self.leases.created)
 
         images: dict[str, ImageState] = {}
         claimed: dict[str, str] = {}  # lease -> ref
@@ -198,23 +165,12 @@ class ContainerdBackend:
             if ref not in images:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
-        # On a shared link a completion hands its share to the others: the link's rate
-        # is measured across it (the survivors' faster bytes show only at their next
-        # steps, up to ~8 s later at 120 kB/s; restarting the window there read 60%).
-        link = rates.group(rates.traces, whole_link=self._sharing.conserve >= 0.5)
-        if link:
-            # The link's capacity, for judging whether a step could have come from a
-            # completion: its best rate of the last minute (while downloads wait for
-            # slots, what is measured is only what runs).
-            self._links.append((wall, link))
-        while self._links and wall - self._links[0][0] > LINK_MEMORY:
-            self._links.popleft()
-        self._counters.link = max((x for _, x in self._links), default=None)
-        timing = self._plan(pull_layers, ingests, link, waiting)
-        images = {ref: self._timed(st, timing, link) for ref, st in images.items()}
-        pulls = [self._timed_pull(p, pull_layers.get(p.lease, ()), link, timing.share)
+        link = self.link.measure(wall)
+        timing = self.link.plan(pull_layers, ingests, link, waiting)
+        images = {ref: self.link.timed(st, timing, link) for ref, st in images.items()}
+        pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), link, timing.share)
                  for p in pulls]
-        return NodeState("containerd", images, tuple(pulls), time=wall, rates=self._rates,
+        return NodeState("containerd", images, tuple(pulls), time=wall, rates=self.link.rates,
                          link_bytes_per_second=_round(link), shares=timing.share)
 
     async def _records(self, refs: Sequence[str]) -> dict[str, ImageRecord]:
@@ -348,7 +304,7 @@ class ContainerdBackend:
                 ingests: Mapping[str, IngestStatus], snaps: Snapshots,
                 since_wall: float | None) -> tuple[LayerState, ...]:
         return layer_states(resolved, view, mem.high if mem is not None else None, ingests,
-                            snaps, self.leases.created, self._rates, since_wall)
+                            snaps, self.leases.created, self.link.rates, since_wall)
 
     async def _tentative(self, images: dict[str, ImageState],
                          parsed: Mapping[str, imageref.ImageRef | None],
@@ -405,9 +361,7 @@ class ContainerdBackend:
             pulls.append(PullState(view.lease.id, view.lease.created_at, phase, tuple(repos),
                                    tuple(sorted(by_lease.get(view.lease.id, ()))), root,
                                    prog, total, None, downloading))
-        for lease in list(self._slots):
-            if lease not in self.leases.views:
-                del self._slots[lease]
+        self.link.forget_leases(self.leases.views)
         return pulls, pull_layers
 
     @staticmethod
@@ -420,151 +374,6 @@ class ContainerdBackend:
             return True
         return not view.content and not view.ingests and not view.other and (
             wall - view.lease.created_at < BARE_LEASE_SECONDS)
-
-    # -- rates and ETAs on the node's link ----------------------------------------------
-
-    def _plan(self, pull_layers: Mapping[str, tuple[LayerState, ...]],
-              ingests: Mapping[str, IngestStatus], link: float | None,
-              waiting: Mapping[str, float]) -> Plan:
-        """Seconds until each layer's last byte, and each running layer's share of the
-        link now: the link shared among every layer the node downloads, queued layers
-        of a pull starting as its running ones finish. Twice: when a sibling finished
-        within the steps a layer's rate is measured over, its bytes in flight since its
-        last step come at its new share of the link, where that rate lags (l3-400k's
-        6 MiB layer, just before the step at half its bytes: 19.6 s said, 15.6 s left)."""
-        rates = self._rates
-        est = self._last_est = rates.estimates(d for d, ing in ingests.items()
-                                               if ing.kind == "layer")
-        for lease, layers in pull_layers.items():
-            running = sum(1 for la in layers if la.digest in ingests)
-            self._slots[lease] = max(self._slots.get(lease, 0), running)
-        pace = self._unstepped_pace(est, waiting, link)
-        first = plan(self._flows(pull_layers, ingests, waiting, pace), link, self._slots,
-                     self._sharing.conserve, self._counters.slots)
-        if not first.share:
-            return first
-        return plan(self._flows(pull_layers, ingests, waiting, pace, first.share), link,
-                    self._slots, self._sharing.conserve, self._counters.slots)
-
-    def _unstepped_pace(self, est: Mapping[str, float | None], waiting: Mapping[str, float],
-                        link: float | None) -> dict[str, float | None]:
-        """``est`` with the layers that run but have not stepped paced by what the link
-        leaves them: its rate less the stepped layers' rates, split evenly. (Another
-        layer's rate is no guide: shares are uneven, 221 vs 123 kB/s in issue 23.)"""
-        unstepped = [d for d in est if d not in waiting and self._rates.unstepped(d)]
-        if not unstepped or not link:
-            return dict(est)
-        used = sum(r or 0.0 for d, r in est.items() if d not in waiting and d not in unstepped)
-        each = max(link - used, 0.0) / len(unstepped)
-        return {**est, **dict.fromkeys(unstepped, each)}
-
-    def _flows(self, pull_layers: Mapping[str, tuple[LayerState, ...]],
-               ingests: Mapping[str, IngestStatus], waiting: Mapping[str, float],
-               pace: Mapping[str, float | None], share: Mapping[str, float] | None = None
-               ) -> list[Flow]:
-        """Every layer the node still downloads, its bytes in flight at ``pace`` (and at
-        its ``share`` of the link since a sibling finished)."""
-        share = share or {}
-        rates = self._rates
-        flows: list[Flow] = []
-        seen: set[str] = set()
-        for lease, layers in pull_layers.items():
-            for la in layers:
-                if la.digest in seen:
-                    continue
-                if la.digest in ingests:
-                    seen.add(la.digest)
-                    left = la.total - la.progress - rates.in_flight(
-                        la.digest, pace.get(la.digest), share.get(la.digest))
-                    flows.append(Flow(la.digest, lease, left, self._weight(la.digest, waiting),
-                                      la.digest not in waiting))
-                elif la.phase == WAITING:
-                    seen.add(la.digest)
-                    flows.append(Flow(la.digest, lease, la.total, None, False))
-        for digest, ing in ingests.items():
-            if ing.kind == "layer" and digest not in seen and ing.total > 0:
-                # A layer of a pull not resolved (yet): it shares the link all the same.
-                left = ing.total - ing.offset - rates.in_flight(digest, pace.get(digest),
-                                                                share.get(digest))
-                flows.append(Flow(digest, "", left, self._weight(digest, waiting),
-                                  digest not in waiting))
-        # Running first; then the ingests waiting for a slot, first opened first; then
-        # layers not reached yet (stable: in their pull's order).
-        flows.sort(key=lambda f: (f.active, f.key in waiting, -waiting.get(f.key, 0.0)),
-                   reverse=True)
-        return flows
-
-    def _weight(self, digest: str, waiting: Mapping[str, float]) -> float | None:
-        """A layer's share of the link: its measured rate once it has stepped twice;
-        until then unknown (the plan gives it the mean share). A bound from a layer
-        that has not stepped yet (one step over the time since it opened) is no share:
-        it may have waited for a slot all that time, and shrinks while it waits."""
-        return None if digest in waiting else self._rates.rate(digest)
-
-    def _unstarted(self, ingests: Mapping[str, IngestStatus]) -> dict[str, float]:
-        """Layer ingests open at offset 0 that have not stepped and for which no
-        download slot is free: containerd 2.x opens a layer's ingest, then waits for one
-        of the node's slots, so such an ingest may be queued. Those beyond the free
-        slots (latest opened last) are taken as queued, with when they were opened."""
-        traces = self._rates.traces
-        moving: list[str] = []
-        idle: list[tuple[float, str]] = []
-        for d, ing in ingests.items():
-            tr = traces.get(d)
-            if ing.kind != "layer" or tr is None or tr.finished or not tr.points:
-                continue
-            if len(tr.points) == 1 and tr.points[0][1] == 0:
-                idle.append((tr.points[0][0], d))
-            else:
-                moving.append(d)
-        self._counters.slots = max(self._counters.slots, len(moving))
-        idle.sort()
-        free = max(self._counters.slots - len(moving), 0)
-        return {d: t for t, d in idle[free:]}
-
-    def _timed(self, st: ImageState, timing: Plan, link: float | None) -> ImageState:
-        """An image with its layers' shares of the link and ETAs, its own rate (the rate
-        of its bytes) and its ETA (its last layer's)."""
-        if st.phase not in (DOWNLOADING, EXTRACTING) or not st.layers:
-            return st
-        layers: list[LayerState] = []
-        last: float | None = 0.0
-        for la in st.layers:
-            if la.phase in (DOWNLOADING, WAITING) and la.progress < la.total:
-                at = timing.finish.get(la.digest)
-                last = None if at is None or last is None else max(last, at)
-                rate = la.bytes_per_second
-                if rate is not None and link is not None:
-                    rate = min(rate, link)
-                la = replace(la, bytes_per_second=_round(rate),
-                             eta_seconds=None if at is None else round(at, 1))
-            layers.append(la)
-        mine = [la.digest for la in st.layers if la.phase != ALREADY_PRESENT]
-        rate = share_rate(mine, timing.share, self._rates)
-        if rate is None:
-            rate = self._rates.group(mine)
-        if rate is not None and link is not None:
-            rate = min(rate, link)
-        if st.total is None:
-            last = None
-        return replace(st, layers=tuple(layers), bytes_per_second=_round(rate),
-                       eta_seconds=None if last is None else round(last, 1))
-
-    def _timed_pull(self, p: PullState, layers: tuple[LayerState, ...],
-                    link: float | None, share: Mapping[str, float]) -> PullState:
-        if not layers:
-            return p
-        mine = [la.digest for la in layers if la.phase != ALREADY_PRESENT]
-        rate = share_rate(mine, share, self._rates)
-        if rate is None:
-            rate = self._rates.group(mine)
-        if rate is not None and link is not None:
-            rate = min(rate, link)
-        return replace(p, bytes_per_second=_round(rate))
-
-
-def _moved(tr: Trace | None) -> bool:
-    return tr is not None and bool(tr.points) and tr.points[-1][1] > 0
 
 
 def _round(x: float | None) -> float | None:

@@ -3,10 +3,11 @@ agent's stream, merges Kubernetes' view in, and reads the node's pull slots whil
 a pull looks queued.
 
 Every stream it produces ends with exactly one final object: the agent's Summary,
-an Error, or (a ``follow=false`` snapshot or unscheduled pod) a Summary of its own
-with ``complete: false``. While following, a failed pull does not end the stream:
-kubelet retries after its back-off, and the producer reopens the agent's stream
-for each new attempt; only a failure kubelet never retries ends it."""
+an Error, or (a ``follow=false`` snapshot, an unscheduled pod's too) a Summary of
+its own with ``complete: false``; a followed unscheduled pod is waited for. While
+following, a failed pull does not end the stream: kubelet retries after its
+back-off, and the producer reopens the agent's stream for each new attempt; only a
+failure kubelet never retries ends it."""
 
 from __future__ import annotations
 

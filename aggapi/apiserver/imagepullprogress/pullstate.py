@@ -46,7 +46,7 @@ class K8sView:
     already_present: bool = False
     pulled_here: bool = False  # kubelet's Pulled event: it pulled the image for this pod
     since: str = ""          # timestamp of the event that set the phase
-    attempt: int = 0         # pulls kubelet started (its Pulling events, counted)
+    attempt: int = 0         # pulls kubelet started (see _attempt)
     failures: int = 0        # pulls that failed (its 'Failed to pull image' events)
     permanent: bool = False  # a failure kubelet will not retry
 
@@ -205,8 +205,18 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
             # failure's retry, whether or not the Pulled event came (kubelet's spam
             # filter drops events of a pod that failed often).
             latest[name] = K8sView(phase=PULLED, since=prev.since)
-    return {name: replace(v, attempt=attempts.get(name, 0), failures=failures.get(name, 0))
+    return {name: replace(v, attempt=_attempt(v, attempts.get(name, 0), failures.get(name, 0)),
+                          failures=failures.get(name, 0))
             for name, v in latest.items()}
+
+
+def _attempt(v: K8sView, pulling: int, failures: int) -> int:
+    """Pulls kubelet started: its Pulling events, counted, but never fewer than the
+    failed pulls (plus the one under way since the last failure). Events go an hour
+    after their last repeat (kube-apiserver's --event-ttl) and kubelet's spam filter
+    drops repeats of a pod that fails often, so either count can fall short."""
+    since_failure = 1 if failures and v.phase in (PULLING, PULLED) else 0
+    return max(pulling, failures + since_failure)
 
 
 def _started_since(state: Mapping[str, Any], since: str) -> bool:

@@ -221,3 +221,18 @@ def test_a_container_running_since_a_failure_has_its_image() -> None:
         == "Pulled"
     assert views(pod(statuses=running("2026-01-01T00:00:05Z")), evs, C)["app"].phase \
         == "BackOff"
+
+
+def test_attempt_survives_expired_or_dropped_pulling_events() -> None:
+    # kube-apiserver drops an Event an hour (--event-ttl) after its last repeat, and
+    # kubelet's spam filter drops repeats of a pod that fails often: the Pulling event
+    # can be gone, or counted afresh, while the failures' events still count.
+    failed = {**ev("Failed", "app", 'Failed to pull image "reg/app:1": not found',
+                   "2026-01-01T01:00:00Z"), "count": 7}
+    backoff = {**ev("BackOff", "app", 'Back-off pulling image "reg/app:1"',
+                    "2026-01-01T01:00:05Z"), "count": 40}
+    v = views(pod(), [failed, backoff], C)["app"]
+    assert (v.phase, v.failures, v.attempt) == ("BackOff", 7, 7)
+    again = ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T01:05:00Z")
+    v = views(pod(), [failed, backoff, again], C)["app"]
+    assert (v.phase, v.failures, v.attempt) == ("Pulling", 7, 8)
