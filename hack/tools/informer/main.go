@@ -167,12 +167,19 @@ func main() {
 			_ = enc.Encode(o)
 		}
 		_ = enc.Encode(map[string]any{
-			"kind": "Counts", "synced": informer.HasSynced(), "objects": len(objs),
+			"kind":                    "Counts",
+			"synced":                  informer.HasSynced(),
+			"objects":                 len(objs),
 			"lastSyncResourceVersion": informer.LastSyncResourceVersion(),
-			"adds": c.Adds.Load(), "updates": c.Updates.Load(), "deletes": c.Deletes.Load(),
-			"lists": c.Lists.Load(), "watches": c.Watches.Load(),
-			"initialStreams": c.InitialStreams.Load(),
-			"watchErrors": c.WatchErrors.Load(), "expired": c.Expired.Load()})
+			"adds":                    c.Adds.Load(),
+			"updates":                 c.Updates.Load(),
+			"deletes":                 c.Deletes.Load(),
+			"lists":                   c.Lists.Load(),
+			"watches":                 c.Watches.Load(),
+			"initialStreams":          c.InitialStreams.Load(),
+			"watchErrors":             c.WatchErrors.Load(),
+			"expired":                 c.Expired.Load(),
+		})
 		_ = out.Flush()
 	}
 
