@@ -231,6 +231,13 @@ def informers(installed_addon: Addon, informer_bin: str,
             inf.stop()
 
 
+# Fails on main (95095d5 + this test): every name, uid and phase reached both informers,
+# but resourceVersions belong to the replica that stamped them, so a fresh list from a
+# replica started during the rollout carries versions for unchanged objects that no
+# informer was sent (all 200 differed). Branch `history` (one history for all replicas)
+# makes it pass; the lead drops this mark when merging it.
+@pytest.mark.xfail(strict=True, reason="issue 36: resourceVersions are per apiserver replica "
+                   "until one history for all replicas lands (branch history)")
 def test_informer_cache_equals_a_list_through_replica_deaths(
         installed_addon: Addon, two_node_cluster: Cluster, rollout_image: str,
         clean: None, informers: list[Informer]) -> None:
