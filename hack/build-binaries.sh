@@ -36,9 +36,11 @@
 #
 # Usage: hack/build-binaries.sh [all|kube-apiserver|kubelet|kube-controller-manager|
 #                                kube-scheduler|kube-proxy|helm|helm-docs|containerd|
-#                                kubectl|kubectl-oldest|kwok|prometheus|cosign|syft|krew|etcd]...
+#                                kubectl|kubectl-oldest|kwok|prometheus|cosign|syft|krew|informer|etcd]...
 #        (default: all; `containerd` builds its three commands)
 #        (kubectl-oldest: kubectl at KUBECTL_OLDEST_VERSION, not linked; not in `all`)
+#        (informer: the client-go informer of the routing e2e, hack/tools/informer; not in
+#         `all`: ~2 CPU-min cold, built on demand by tests/e2e/addon/test_informer.py)
 #        AGGAPI_KUBECTL_BIN=/path runs the tests with that kubectl instead (see README)
 #        (krew: links .local/bin/kubectl-krew, `kubectl krew` with that dir on PATH)
 #        hack/build-binaries.sh --regen-gomod kube helm helm-docs containerd kwok prometheus cosign syft krew
@@ -377,6 +379,19 @@ build_kubectl_oldest() {
   log "kubectl $KUBECTL_OLDEST_VERSION ready in $((SECONDS - t0))s: AGGAPI_KUBECTL_BIN=$BIN_CACHE/kubectl-$KUBECTL_OLDEST_VERSION"
 }
 
+# informer: a client-go dynamic informer on podimagepulls (hack/tools/informer/main.go,
+# its go.mod hand-written as kubectl-oldest's), for tests/e2e/addon/test_informer.py.
+# client-go is the pinned release's (v0.<minor>.<patch> of KUBE_VERSION). The cache name
+# carries a hash of its sources, so an edit of main.go or go.mod builds a new binary.
+build_informer() {
+  local t0=$SECONDS dir=hack/tools/informer staging="v0.${KUBE_VERSION#v1.}" sum
+  grep -qE "^[[:space:]]*k8s.io/client-go $staging\$" "$dir/go.mod" ||
+    { log "$dir/go.mod must require k8s.io/client-go $staging (KUBE_VERSION)"; exit 1; }
+  sum=$(cat "$dir/main.go" "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-12)
+  go_build informer "$dir" . "$staging-$sum" ""
+  log "informer ready in $((SECONDS - t0))s"
+}
+
 setup_etcd() {
   local e
   e=$(command -v etcd || true)
@@ -441,6 +456,7 @@ for t in "${targets[@]}"; do
     cosign) build_cosign ;;
     syft) build_syft ;;
     krew|kubectl-krew) build_krew ;;
+    informer) build_informer ;;
     etcd) setup_etcd ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
