@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from aggapi.serve.unread import answer_unread
 from aggapi.status import StatusError
 from aggapi.wire import PARAM_PATH
 
@@ -164,16 +165,4 @@ class Drain:
     async def _answer(self, request: web.Request, err: StatusError) -> web.StreamResponse:
         """Answer ``err`` to an upload whose body is not all read, read no more of it,
         and close the connection."""
-        transport = request.transport
-        if transport is not None:
-            transport.pause_reading()  # the client's sends now block on flow control
-        resp = err.response()
-        resp.force_close()
-        await resp.prepare(request)
-        await resp.write_eof()
-        await asyncio.sleep(ANSWER_LINGER)
-        # Closed now, unread: returning with the body unread would have aiohttp read
-        # and discard the rest of it for its lingering time first.
-        if request.transport is not None:
-            request.transport.abort()
-        return resp
+        return await answer_unread(request, err, ANSWER_LINGER)

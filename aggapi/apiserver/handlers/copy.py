@@ -9,7 +9,6 @@ authorized: its namespace and name come from the request's one parsed
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from aiohttp import ClientPayloadError, web
@@ -22,6 +21,7 @@ from aggapi.auth.capability import ContainerRef
 from aggapi.kube.client import KubeClient
 from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.serve.drain import Drain
+from aggapi.serve.unread import answer_unread
 from aggapi.status import StatusError
 from aggapi.wire import (
     AGENT_COPY_PATH,
@@ -167,20 +167,8 @@ CLOSE_GRACE = 1.0
 
 async def _answer_and_close(request: web.Request, err: StatusError) -> web.StreamResponse:
     """The agent failed (died, refused) before the upload's body was all read: answer
-    at once, read no more of the body, and close the connection. Returning normally
-    would let aiohttp read and discard the rest of the body for up to its lingering
-    time (10 s) first, while the client went on sending into a dead copy."""
-    transport = request.transport
-    if transport is not None:
-        transport.pause_reading()  # the client's sends now block on flow control
-    resp = err.response()
-    resp.force_close()
-    await resp.prepare(request)
-    await resp.write_eof()
-    await asyncio.sleep(CLOSE_GRACE)
-    if request.transport is not None:
-        request.transport.abort()
-    return resp
+    at once, read no more of the body, and close the connection."""
+    return await answer_unread(request, err, CLOSE_GRACE)
 
 
 async def _body(request: web.Request) -> AsyncIterator[bytes]:

@@ -7,8 +7,10 @@ pulls and containers are real and driven through CRI, as kubelet would.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -67,6 +69,34 @@ async def relay_to_standin(make_server: Any, kube: FakeKube, pki_dir: Path,
         agent_pod_check=False,  # the stand-in runs in this process, not in a pod
         **config)
     return server
+
+
+async def raw_upload(srv: Server, total: int
+                     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw client of the relay that has sent the head of a ``total``-byte upload to
+    ``box``'s /tmp/x and goes on sending whatever is answered, as kube-apiserver's
+    aggregator does (it relays the user's body as it comes): the caller sends the body."""
+    cert, key = srv.certs.client_pair(srv.certs.client_ca, "carol")
+    ctx = ssl.create_default_context(cafile=srv.certs.path("serving-ca.crt"))
+    ctx.load_cert_chain(cert, key)
+    host, _, srv_port = srv.url.rpartition("//")[2].partition(":")
+    reader, writer = await asyncio.open_connection(host, int(srv_port), ssl=ctx,
+                                                   server_hostname=host)
+    writer.write((f"POST {GV}/namespaces/default/pods/box/copy?container=app&path=/tmp/x"
+                  f" HTTP/1.1\r\nHost: {host}\r\nContent-Length: {total}\r\n"
+                  "Content-Type: application/octet-stream\r\n\r\n").encode())
+    return reader, writer
+
+
+async def read_answer(reader: asyncio.StreamReader
+                      ) -> tuple[bytes, float, dict[str, str], dict[str, Any]]:
+    """The relay's answer: (status line, when it arrived, headers, JSON body)."""
+    status_line = await reader.readline()
+    answered = time.monotonic()
+    head = (await reader.readuntil(b"\r\n\r\n")).decode()
+    headers = dict(h.split(": ", 1) for h in head.split("\r\n") if ": " in h)
+    body = json.loads(await reader.readexactly(int(headers["Content-Length"])))
+    return status_line, answered, headers, body
 
 
 def endpoint_slice(port: int, *, node: str = NODE, ready: bool = True) -> dict[str, Any]:

@@ -10,8 +10,6 @@ real AgentClient."""
 from __future__ import annotations
 
 import asyncio
-import json
-import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,7 @@ from aiohttp import web
 from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
 
-from ..conftest import GV
-from .conftest import relay_to_standin, serve_standin_agent
+from .conftest import raw_upload, read_answer, relay_to_standin, serve_standin_agent
 
 MiB = 1 << 20
 
@@ -54,18 +51,8 @@ async def test_agent_dies_mid_upload_503_at_once_and_the_body_is_not_read_on(
     runner, port, died = await _dying_agent(pki)
     try:
         srv = await relay_to_standin(make_server, kube, pki, port)
-        # A raw client that goes on sending whatever is answered, as a proxy does
-        # (kube-apiserver's aggregator relays the user's body as it comes).
-        cert, key = srv.certs.client_pair(srv.certs.client_ca, "carol")
-        ctx = ssl.create_default_context(cafile=srv.certs.path("serving-ca.crt"))
-        ctx.load_cert_chain(cert, key)
-        host, _, srv_port = srv.url.rpartition("//")[2].partition(":")
-        reader, writer = await asyncio.open_connection(host, int(srv_port), ssl=ctx,
-                                                       server_hostname=host)
-        total = 1024 * MiB
-        writer.write((f"POST {GV}/namespaces/default/pods/box/copy?container=app&path=/tmp/x"
-                      f" HTTP/1.1\r\nHost: {host}\r\nContent-Length: {total}\r\n"
-                      "Content-Type: application/octet-stream\r\n\r\n").encode())
+        total = 1024 * MiB  # sent whatever is answered (raw_upload)
+        reader, writer = await raw_upload(srv, total)
         sent = 0
         sent_at_death: int | None = None
 
@@ -85,12 +72,7 @@ async def test_agent_dies_mid_upload_503_at_once_and_the_body_is_not_read_on(
         sender = asyncio.create_task(send())
         try:
             async with asyncio.timeout(30):
-                status_line = await reader.readline()
-                answered = time.monotonic()
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n")
-                                  if h.lower().startswith(b"content-length:")))
-                status = json.loads(await reader.readexactly(length))
+                status_line, answered, _, status = await read_answer(reader)
             # The sender stops when the server closes; a lingering server reads on.
             done, _ = await asyncio.wait([sender], timeout=5)
         finally:

@@ -11,8 +11,6 @@ everything else is the real apiserver with its real AgentClient."""
 from __future__ import annotations
 
 import asyncio
-import json
-import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +22,7 @@ from aggapi.serve.drain import Drain
 from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
 
-from ..conftest import GV
-from .conftest import relay_to_standin, serve_standin_agent
+from .conftest import raw_upload, read_answer, relay_to_standin, serve_standin_agent
 
 MiB = 1 << 20
 
@@ -59,18 +56,8 @@ async def test_a_draining_server_s_503_reaches_the_client_at_once(
     runner, port = await serve_standin_agent(app, pki)
     try:
         srv = await relay_to_standin(make_server, kube, pki, port, shutdown_grace=5.0)
-        # A raw client that goes on sending whatever is answered, as kube-apiserver's
-        # aggregator does (it relays the user's body as it comes).
-        cert, key = srv.certs.client_pair(srv.certs.client_ca, "carol")
-        ctx = ssl.create_default_context(cafile=srv.certs.path("serving-ca.crt"))
-        ctx.load_cert_chain(cert, key)
-        host, _, srv_port = srv.url.rpartition("//")[2].partition(":")
-        reader, writer = await asyncio.open_connection(host, int(srv_port), ssl=ctx,
-                                                       server_hostname=host)
-        total = 1024 * MiB
-        writer.write((f"POST {GV}/namespaces/default/pods/box/copy?container=app&path=/tmp/x"
-                      f" HTTP/1.1\r\nHost: {host}\r\nContent-Length: {total}\r\n"
-                      "Content-Type: application/octet-stream\r\n\r\n").encode())
+        total = 1024 * MiB  # sent whatever is answered (raw_upload)
+        reader, writer = await raw_upload(srv, total)
         sent = 0
         sent_at_drain: int | None = None
 
@@ -97,11 +84,7 @@ async def test_a_draining_server_s_503_reaches_the_client_at_once(
                     drain.start(5.0)
                 else:  # SIGTERM's path once the replica's shutdown delay is over
                     stopping = asyncio.create_task(srv.runner.cleanup())
-                status_line = await reader.readline()
-                answered = time.monotonic()
-                head = (await reader.readuntil(b"\r\n\r\n")).decode()
-                headers = dict(h.split(": ", 1) for h in head.split("\r\n") if ": " in h)
-                status = json.loads(await reader.readexactly(int(headers["Content-Length"])))
+                status_line, answered, headers, status = await read_answer(reader)
             done, _ = await asyncio.wait([sender], timeout=5)
         finally:
             sender.cancel()
