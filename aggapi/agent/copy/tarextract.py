@@ -17,7 +17,8 @@ price of one journal commit instead of one per file. Consecutive entries of one
 directory share one openat2 of it.
 
 A target that does not exist yet is built whole in a private directory beside it
-(:func:`open_target_dir`: a recorded temp name, mode 0700), its files created under
+(:func:`aggapi.agent.copy.targetdir.open_target_dir`: a recorded temp name, mode
+0700), its files created under
 their own names (no temp name, no check for what they replace, no rename each: nothing
 else is in there), and published by :meth:`TarExtractor.commit` with one syncfs and ONE
 renameat2(RENAME_NOREPLACE) of the directory: the tree appears at once, complete and
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import logging
 import os
 import stat
 from dataclasses import dataclass
@@ -44,16 +44,13 @@ from aggapi.agent.copy.atomic import (
     rmdir_quiet,
     unlink_quiet,
 )
-from aggapi.agent.copy.cleanup import InflightRecord, remove_tree
+from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
+from aggapi.agent.copy.targetdir import RDIR, remove_created_target
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.fs import syncfs
 from aggapi.fs.dirfd import descend
 from aggapi.status import StatusError
-
-log = logging.getLogger(__name__)
-
-RDIR = os.O_RDONLY | os.O_DIRECTORY
 
 
 @functools.cache
@@ -372,7 +369,7 @@ class TarExtractor:
             self.pending.clear()
             self.created.clear()
             if not self.published:
-                _remove_created_target(self.root, self.target, self.fresh)
+                remove_created_target(self.root, self.target, self.fresh)
             return
         for p in self.pending.values():
             try:
@@ -391,51 +388,3 @@ class TarExtractor:
             except OSError:
                 continue
             rmdir_quiet(pfd, name)
-
-
-def open_target_dir(root: FsRoot, path: str, record: InflightRecord
-                    ) -> tuple[int, str | None]:
-    """(fd, None) of the tar's target directory; if it does not exist (its parent must),
-    (fd, temp name) of a private directory made beside it (recorded first, mode 0700,
-    owned as the target will be) for TarExtractor(fresh=) to build the tree in."""
-    try:
-        return root.open(path, RDIR), None
-    except FileNotFoundError:
-        pass
-    parent, name = split_parent(path)
-    check_name(name)
-    pfd = root.open(parent, RDIR)
-    try:
-        tmp = record.temp_name(parent)
-        os.mkdir(tmp, 0o700, dir_fd=pfd)
-        try:
-            fd = o2.openat2(pfd, tmp, RDIR | os.O_NOFOLLOW, o2.UNDER_TARGET)
-            try:
-                os.fchown(fd, *root.default_ids())
-            except BaseException:
-                os.close(fd)
-                raise
-        except BaseException:
-            rmdir_quiet(os.dup(pfd), tmp)
-            raise
-        return fd, tmp
-    finally:
-        os.close(pfd)
-
-
-def _remove_created_target(root: FsRoot, path: str, tmp: str | None) -> None:
-    """Remove the private tree ``tmp`` beside ``path`` (open_target_dir's), if still there."""
-    if tmp is None:
-        return
-    parent, _ = split_parent(path)
-    try:
-        pfd = root.open(parent, RDIR)
-    except OSError:
-        return
-    try:
-        remove_tree(pfd, tmp)
-    except OSError as exc:  # the crash clean-up (the record) comes back for it
-        log.warning("upload's private tree %s/%s in %s not removed: %s", parent.rstrip("/"),
-                    tmp, root.container_id, exc)
-    finally:
-        os.close(pfd)

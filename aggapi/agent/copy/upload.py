@@ -45,12 +45,8 @@ from aggapi.agent.copy.fserrors import fs_status
 from aggapi.agent.copy.fsroot import FsRoot, check_name, split_parent
 from aggapi.agent.copy.settle import call, settle
 from aggapi.agent.copy.state import CopyState
-from aggapi.agent.copy.tarextract import (
-    RDIR,
-    TarExtractor,
-    _remove_created_target,
-    open_target_dir,
-)
+from aggapi.agent.copy.tarextract import TarExtractor
+from aggapi.agent.copy.targetdir import RDIR, open_target_dir, remove_created_target
 from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.fs.pump import next_piece, pump
@@ -182,7 +178,7 @@ def _undo_target(root: FsRoot, path: str, opened: tuple[int, str | None]) -> Non
     """Undo open_target_dir for a client that left while it ran."""
     fd, made = opened
     os.close(fd)
-    _remove_created_target(root, path, made)
+    remove_created_target(root, path, made)
 
 
 async def upload_tar(state: CopyState, root: FsRoot, path: str, body: ByteStream,
@@ -242,7 +238,7 @@ def _end_tar(ex: TarExtractor, root: FsRoot, path: str, made: str | None, target
             try:
                 ex.rollback()
             finally:
-                _remove_created_target(root, path, made)
+                remove_created_target(root, path, made)
     finally:
         try:
             ex.close()

@@ -27,7 +27,8 @@ from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.handlers import CopyHandlers
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.state import CopyState
-from aggapi.agent.copy.tarextract import TarExtractor, _remove_created_target, open_target_dir
+from aggapi.agent.copy.tarextract import TarExtractor
+from aggapi.agent.copy.targetdir import open_target_dir, remove_created_target
 from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.agent.copy.workers import Workers
@@ -322,7 +323,7 @@ def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 
         sink.abort()
         if not ok:
             ex.rollback()
-            _remove_created_target(root, "/dst", made)
+            remove_created_target(root, "/dst", made)
         ex.close()
         os.close(target_fd)
         record.done()

@@ -20,7 +20,8 @@ from aggapi.agent.copy import tarextract
 from aggapi.agent.copy.cleanup import TMP_PREFIX, InflightRecord
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
-from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
+from aggapi.agent.copy.tarextract import TarExtractor
+from aggapi.agent.copy.targetdir import open_target_dir
 from aggapi.agent.copy.untar import TarSink
 from aggapi.agent.copy.uploadparams import UploadParams
 from aggapi.fs import syncfs

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from aggapi.agent.copy.cleanup import InflightRecord
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
-from aggapi.agent.copy.tarextract import TarExtractor, open_target_dir
+from aggapi.agent.copy.tarextract import TarExtractor
+from aggapi.agent.copy.targetdir import open_target_dir
 from aggapi.agent.copy.untar import ENTRIES_PER_YIELD, TarSink, yield_gil
 from aggapi.agent.copy.uploadparams import UploadParams
 from tests import tarcraft as tc
