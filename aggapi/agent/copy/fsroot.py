@@ -168,10 +168,12 @@ class FsRoot:
         path starts at the process's cwd and is walked as the kernel walks it."""
         if path.startswith("/"):
             return clean_path(path)
+        cwd = self.cwd()
         try:
-            return self.walk(self.cwd(), path)
+            return self.walk(cwd, path)
         except OSError as exc:
-            raise fs_status(exc, path) from exc
+            # Named as asked, from the working directory: "/relative/path: not found".
+            raise fs_status(exc, cwd.rstrip("/") + "/" + path) from exc
 
     def walk(self, start: str, rel: str) -> str:
         """Blocking: the clean path the kernel reaches from directory ``start`` by
