@@ -42,6 +42,13 @@ class _OnePull:
                          progress=10, total=100)
         return NodeState("containerd", {}, (pull,), time=1.0e9)
 
+    @property
+    def backend(self) -> _OnePull:  # the node's image records: none (presentImages)
+        return self
+
+    async def present_images(self) -> tuple[str, ...] | None:
+        return None
+
 
 async def node_view(tmp_path: Path, config: str) -> dict[str, Any]:
     path = tmp_path / "kubelet.yaml"
