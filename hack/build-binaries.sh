@@ -21,6 +21,7 @@
 #   prometheus, promtool
 #                   from the github.com/prometheus/prometheus Go module (hack/tools/prometheus):
 #                   `promtool test rules` of the chart's alerts, and a real Prometheus
+#                   (not in `all`: the rule tests build promtool alone on demand)
 #   kwok            from the sigs.k8s.io/kwok Go module (hack/tools/kwok): simulated Nodes
 #                   and pod lifecycles for the scale bench (benchmarks/bench_scale.py)
 #   cosign, syft    from the github.com/sigstore/cosign/v2 and github.com/anchore/syft Go
@@ -286,14 +287,14 @@ prometheus_gomod() {
     "$PROMETHEUS_MOD/cmd/prometheus $PROMETHEUS_MOD/cmd/promtool"
 }
 
-build_prometheus() {
+build_prometheus() {  # $@: prometheus and/or promtool
   local t0=$SECONDS c
-  [[ -x $BIN_CACHE/promtool-$PROMETHEUS_VERSION ]] || prometheus_gomod
-  for c in prometheus promtool; do
+  prometheus_gomod
+  for c in "$@"; do
     go_build "$c" hack/tools/prometheus "$PROMETHEUS_MOD/cmd/$c" "$PROMETHEUS_VERSION" \
       "-X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v}"
   done
-  log "prometheus, promtool ready in $((SECONDS - t0))s"
+  log "$* ready in $((SECONDS - t0))s"
 }
 
 # Release tools (hack/release.sh): one go.mod each, pure Go as upstream's releases.
@@ -443,7 +444,7 @@ for t in "${targets[@]}"; do
            if [[ $c == kubectl ]]; then setup_kubectl; else build_kube_cmd "$c"; fi
          done
          build_helm; build_helm_docs; build_containerd; build_kwok; build_cosign; build_syft
-         build_krew; build_prometheus ;;
+         build_krew ;;
     kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
          build_kube_cmd "$t" ;;
     helm) build_helm ;;
@@ -452,7 +453,8 @@ for t in "${targets[@]}"; do
     kubectl) setup_kubectl ;;
     kubectl-oldest) build_kubectl_oldest ;;
     kwok) build_kwok ;;
-    prometheus|promtool) build_prometheus ;;
+    prometheus) build_prometheus prometheus promtool ;;
+    promtool) build_prometheus promtool ;;
     cosign) build_cosign ;;
     syft) build_syft ;;
     krew|kubectl-krew) build_krew ;;
