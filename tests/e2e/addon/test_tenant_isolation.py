@@ -23,6 +23,7 @@ import hashlib
 import http.client
 import json
 import os
+import select
 import socket
 import ssl
 import statistics
@@ -80,6 +81,36 @@ class Api:
         return http.client.HTTPSConnection(self.host, self.port, context=self.ctx,
                                            timeout=timeout)
 
+    def post_watching(self, target: str, body: bytes, timeout: float = 120.0) -> int:
+        """POST ``body`` on a connection of its own, reading while it sends: an answer
+        that comes before the body is all sent (a refusal: 429 for a tenant beyond its
+        share) is read and the rest not sent, as kubectl's Go client does; http.client
+        would go on sending into the server's close and see only a reset. The status."""
+        raw = socket.create_connection((self.host, self.port), timeout=timeout)
+        sock = self.ctx.wrap_socket(raw, server_hostname=self.host)
+        try:
+            sock.sendall((f"POST {target} HTTP/1.1\r\nHost: {self.host}\r\n"
+                          f"Content-Type: application/octet-stream\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n").encode())
+            got, view, step = b"", memoryview(body), 256 * 1024
+            for off in range(0, len(body), step):
+                if sock.pending() or select.select([sock], [], [], 0)[0]:
+                    got = _early(sock, timeout)  # b"" for TLS records without data
+                    if got:
+                        break
+                try:
+                    sock.sendall(view[off:off + step])
+                except (BrokenPipeError, ConnectionResetError):
+                    break  # the answer may be in the receive buffer still
+            while b"\r\n" not in got:
+                piece = sock.recv(4096)
+                if not piece:
+                    raise http.client.RemoteDisconnected("closed without an answer")
+                got += piece
+            return int(got.split(b" ", 2)[1])
+        finally:
+            sock.close()
+
     def request(self, method: str, target: str, body: bytes | None = None,
                 timeout: float = 120.0) -> tuple[int, bytes, http.client.HTTPResponse]:
         conn: http.client.HTTPSConnection | None = getattr(self.local, "conn", None)
@@ -98,6 +129,18 @@ class Api:
                 if attempt:
                     raise
         raise AssertionError("unreachable")
+
+
+def _early(sock: ssl.SSLSocket, timeout: float) -> bytes:
+    """What has arrived, without waiting: a readable TLS socket may hold only a
+    session ticket, no answer."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536)
+    except ssl.SSLWantReadError:
+        return b""
+    finally:
+        sock.settimeout(timeout)
 
 
 def _copy(ns: str, pod: str, p: str, **q: str) -> str:
@@ -264,8 +307,8 @@ class Attack:
         while not self.stop_flood.is_set():
             t = time.monotonic()
             try:
-                status, _, _ = self.api.request("POST", _copy(NS_A, pod, "/tmp/flood",
-                                                              format="tar"), FLOOD)
+                status = self.api.post_watching(_copy(NS_A, pod, "/tmp/flood",
+                                                      format="tar"), FLOOD)
             except (http.client.HTTPException, OSError) as exc:
                 status = -1  # no answer: what the connection said, for the report
                 with self.lock:
@@ -404,7 +447,11 @@ def test_tenant_b_copies_keep_working_while_tenant_a_abuses_copy(
     assert all(s != 200 and t < RATE_WINDOW * 2 + 10 for s, t in held), held  # cut
     assert len(attack.unread) == 2 and all(n < 512 * MiB for n in attack.unread), \
         attack.unread  # cut by the agent, not sent whole once read
-    assert all(s == 413 for s, _ in attack.floods), (attack.floods, attack.flood_errors)
+    # Every flood is refused: 413 at its 100,001st entry, or 429 at once while A's
+    # HEADs and uploads hold A's share of the node's copy slots (HEADs take theirs
+    # per namespace since issue 35); at least one reaches the entry limit.
+    floods = [st for st, _ in attack.floods]
+    assert set(floods) <= {413, 429} and 413 in floods, (attack.floods, attack.flood_errors)
     # Timing goals are figures to report, not pass/fail (a test must not depend on how
     # busy this 2-core machine is): printed with whether each is met.
     print(f"goal: B's small-download p95 <= {P95_MAX * 1e3:.0f} ms under attack: "
