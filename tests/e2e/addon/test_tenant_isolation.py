@@ -84,24 +84,37 @@ class Api:
     def post_watching(self, target: str, body: bytes, timeout: float = 120.0) -> int:
         """POST ``body`` on a connection of its own, reading while it sends: an answer
         that comes before the body is all sent (a refusal: 429 for a tenant beyond its
-        share) is read and the rest not sent, as kubectl's Go client does; http.client
-        would go on sending into the server's close and see only a reset. The status."""
+        share, or a 413 while the last bytes are still in flight) is read and the rest
+        not sent, as kubectl's Go client does. http.client goes on sending into the
+        server's close (kube-apiserver closes a connection whose unread body is over
+        256 KiB) and sees only a reset. The status."""
         raw = socket.create_connection((self.host, self.port), timeout=timeout)
         sock = self.ctx.wrap_socket(raw, server_hostname=self.host)
         try:
             sock.sendall((f"POST {target} HTTP/1.1\r\nHost: {self.host}\r\n"
                           f"Content-Type: application/octet-stream\r\n"
                           f"Content-Length: {len(body)}\r\n\r\n").encode())
-            got, view, step = b"", memoryview(body), 256 * 1024
-            for off in range(0, len(body), step):
-                if sock.pending() or select.select([sock], [], [], 0)[0]:
-                    got = _early(sock, timeout)  # b"" for TLS records without data
-                    if got:
-                        break
-                try:
-                    sock.sendall(view[off:off + step])
-                except (BrokenPipeError, ConnectionResetError):
-                    break  # the answer may be in the receive buffer still
+            got, view, off = b"", memoryview(body), 0
+            sock.setblocking(False)  # never blocked in a send while the answer waits
+            while off < len(body) and not got:
+                readable, writable, _ = select.select([sock], [sock], [], timeout)
+                if not readable and not writable:
+                    raise TimeoutError("no progress sending the body")
+                if readable or sock.pending():
+                    try:
+                        got = sock.recv(65536)
+                        if not got:
+                            break  # closed: no answer (reported below)
+                    except ssl.SSLWantReadError:
+                        pass  # a TLS record without data (a session ticket)
+                if writable and not got:
+                    try:
+                        off += sock.send(view[off:off + 65536])
+                    except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                        pass
+                    except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError):
+                        break  # the answer may be in the receive buffer still
+            sock.settimeout(timeout)
             while b"\r\n" not in got:
                 piece = sock.recv(4096)
                 if not piece:
@@ -129,18 +142,6 @@ class Api:
                 if attempt:
                     raise
         raise AssertionError("unreachable")
-
-
-def _early(sock: ssl.SSLSocket, timeout: float) -> bytes:
-    """What has arrived, without waiting: a readable TLS socket may hold only a
-    session ticket, no answer."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(65536)
-    except ssl.SSLWantReadError:
-        return b""
-    finally:
-        sock.settimeout(timeout)
 
 
 def _copy(ns: str, pod: str, p: str, **q: str) -> str:
