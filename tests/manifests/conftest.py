@@ -55,25 +55,24 @@ def tool_binary(name: str, env_var: str) -> str | None:
     return None
 
 
-def helm_binary() -> str | None:
-    return tool_binary("helm", "AGGAPI_HELM_BIN")
+def tool_or_skip(name: str, env_var: str) -> str:
+    """tool_binary's path, or the test skipped saying why (no Go toolchain, or
+    AGGAPI_NO_BUILD set, so hack/build-binaries.sh NAME could not build one)."""
+    path = tool_binary(name, env_var)
+    if path is None:
+        pytest.skip(f"no {name}: hack/build-binaries.sh {name} could not build one "
+                    "(no Go toolchain or AGGAPI_NO_BUILD set)")
+    return path
 
 
 @pytest.fixture(scope="session")
 def helm() -> str:
-    h = helm_binary()
-    if h is None:
-        pytest.skip("no helm binary: hack/build-binaries.sh helm could not build one "
-                    "(no Go toolchain or AGGAPI_NO_BUILD set)")
-    return h
+    return tool_or_skip("helm", "AGGAPI_HELM_BIN")
 
 
 @pytest.fixture(scope="session")
 def promtool() -> str:
-    p = tool_binary("promtool", "AGGAPI_PROMTOOL_BIN")
-    if p is None:
-        pytest.skip("no promtool: hack/build-binaries.sh prometheus could not build one")
-    return p
+    return tool_or_skip("promtool", "AGGAPI_PROMTOOL_BIN")
 
 
 # Render the chart as for a cluster that serves prometheus-operator's PrometheusRule.

@@ -10,15 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.manifests.conftest import CHART, REPO, tool_binary
+from tests.manifests.conftest import CHART, REPO, tool_or_skip
 
 
 @pytest.fixture(scope="module")
 def helm_docs() -> str:
-    h = tool_binary("helm-docs", "AGGAPI_HELM_DOCS_BIN")
-    if h is None:
-        pytest.skip("no helm-docs: hack/build-binaries.sh helm-docs could not build one")
-    return h
+    return tool_or_skip("helm-docs", "AGGAPI_HELM_DOCS_BIN")
 
 
 def _check(helm_docs: str) -> subprocess.CompletedProcess[str]:
