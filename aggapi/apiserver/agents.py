@@ -1,8 +1,12 @@
 """Node -> agent address, from the EndpointSlices of the agent Service.
 
 A watch-backed cache (one list+watch for the whole process, not one call per
-request). Only ready endpoints count; the slice's ``nodeName`` says which node an
-agent serves, which is how KubeVirt's virt-api finds its virt-handler too.
+request). Ready endpoints count; the slice's ``nodeName`` says which node an agent
+serves, which is how KubeVirt's virt-api finds its virt-handler too. A node with no
+ready agent falls back to a terminating one that still serves, as kube-proxy does
+(KEP-1669): in a surge roll the DaemonSet controller deletes the old agent as soon as
+the new pod is Ready, possibly before the slice (or the pod cache) shows the new one
+ready, and the old agent keeps serving through its preStop sleep.
 
 An EndpointSlice is only a claim: whoever can write EndpointSlices in the agents'
 namespace, or the agent on another node, could point a node's requests (and their
@@ -45,7 +49,10 @@ class AgentEndpoint:
         return f"https://{host}:{self.port}"
 
 
-def endpoints_from_slice(es: Mapping[str, Any], port_name: str) -> list[AgentEndpoint]:
+def endpoints_from_slice(es: Mapping[str, Any], port_name: str, *,
+                         terminating: bool = False) -> list[AgentEndpoint]:
+    """The slice's ready endpoints; with ``terminating``, instead those terminating
+    that still serve."""
     ports = es.get("ports") or []
     port = next((p.get("port") for p in ports if (p.get("name") or "") == port_name), None)
     if port is None and len(ports) == 1:
@@ -55,8 +62,11 @@ def endpoints_from_slice(es: Mapping[str, Any], port_name: str) -> list[AgentEnd
     out = []
     for ep in es.get("endpoints") or []:
         cond = ep.get("conditions") or {}
+        if terminating:
+            if not (cond.get("terminating") and cond.get("serving")):
+                continue
         # Per the EndpointSlice API, a nil "ready" means ready.
-        if cond.get("ready") is False or cond.get("terminating"):
+        elif cond.get("ready") is False or cond.get("terminating"):
             continue
         node = ep.get("nodeName")
         ref = ep.get("targetRef") or {}
@@ -79,9 +89,10 @@ def _pod_ips(pod: Mapping[str, Any]) -> set[str]:
 
 
 def refusal(ep: AgentEndpoint, pods: Mapping[str, Mapping[str, Any]], *, namespace: str,
-            daemonset: str) -> str | None:
+            daemonset: str, terminating: bool = False) -> str | None:
     """Why ``ep`` is not the agent DaemonSet's pod on ``ep.node`` (None: it is).
-    ``pods`` are the pods of the agents' namespace, by name."""
+    ``pods`` are the pods of the agents' namespace, by name; a ``terminating`` endpoint
+    may belong to a pod being deleted."""
     if not ep.pod or not ep.pod_uid:
         return "its targetRef names no pod"
     if ep.pod_namespace not in ("", namespace):
@@ -90,7 +101,7 @@ def refusal(ep: AgentEndpoint, pods: Mapping[str, Mapping[str, Any]], *, namespa
     meta = (pod or {}).get("metadata") or {}
     if pod is None or meta.get("uid") != ep.pod_uid:
         return f"no pod {ep.pod} with uid {ep.pod_uid}"
-    if meta.get("deletionTimestamp"):
+    if meta.get("deletionTimestamp") and not terminating:
         return f"pod {ep.pod} is being deleted"
     owner: Mapping[str, Any] = next(
         (o for o in meta.get("ownerReferences") or () if o.get("controller")), {})
@@ -149,14 +160,19 @@ class AgentDirectory:
         if self._pods is not None:
             pods = {(o.get("metadata") or {}).get("name", ""): o
                     for o in self._pods.items.values()}
-        for es in self._informer.items.values():
-            for ep in endpoints_from_slice(es, self._port_name):
-                why = None if pods is None else refusal(
-                    ep, pods, namespace=self._namespace, daemonset=self._daemonset)
-                if why is not None:
-                    refused[ep] = why
-                    continue
-                by_node.setdefault(ep.node, ep)
+        # Ready agents first; then, for nodes left without one, terminating ones.
+        for terminating in (False, True):
+            for es in self._informer.items.values():
+                for ep in endpoints_from_slice(es, self._port_name, terminating=terminating):
+                    if ep.node in by_node:
+                        continue
+                    why = None if pods is None else refusal(
+                        ep, pods, namespace=self._namespace, daemonset=self._daemonset,
+                        terminating=terminating)
+                    if why is not None:
+                        refused[ep] = why
+                        continue
+                    by_node[ep.node] = ep
         # When each node's agent pod was created: NodeImagePull's creationTimestamp.
         self._created = {node: str(((pods or {}).get(ep.pod) or {}).get("metadata", {})
                                    .get("creationTimestamp") or "")

@@ -195,3 +195,42 @@ async def test_which_nodes_the_directory_knows_and_since_when() -> None:
             await _stop(d)
     finally:
         await kube.stop()
+
+
+def _terminating(entry: dict[str, Any], *, serving: bool) -> dict[str, Any]:
+    entry["conditions"] = {"ready": False, "serving": serving, "terminating": True}
+    return entry
+
+
+async def test_a_surge_roll_leaves_no_node_without_an_agent() -> None:
+    """The DaemonSet controller deletes the old agent once the new pod is Ready; the
+    slice (or the pod cache) may show the new one ready only later. Meanwhile the old
+    agent, in its preStop sleep, still serves: kube-proxy routes to it (KEP-1669), and so
+    does the directory, until a ready agent is there or the old one stops serving. Fails
+    without the fallback (CI at b8a55c6: a 503 "no ready aggapi agent" mid-upgrade)."""
+    kube = FakeKube()
+    await kube.start()
+    try:
+        kube.put("api/v1", "pods", _pod("agent-old", "n1", "10.0.0.1", deleting=True))
+        kube.put("apis/discovery.k8s.io/v1", "endpointslices", _slice(
+            _terminating(_entry("agent-old", "n1", "10.0.0.1"), serving=True),
+            _entry("agent-new", "n1", "10.0.0.2")))  # its pod not in the cache yet
+        d = await _directory(kube)
+        try:
+            await asyncio.wait_for(_until(lambda: "n1" in d.nodes()), 5)
+            assert d.lookup("n1").address == "10.0.0.1"
+            # The new pod reaches the cache: the ready agent wins over the terminating.
+            kube.put("api/v1", "pods", _pod("agent-new", "n1", "10.0.0.2"))
+            await asyncio.wait_for(_until(lambda: d.nodes()["n1"].address == "10.0.0.2"), 5)
+            # A terminating agent that stopped serving (draining) is never chosen.
+            kube.put("api/v1", "pods", _pod("agent-new", "n1", "10.0.0.2", uid="gone"))
+            kube.put("apis/discovery.k8s.io/v1", "endpointslices", _slice(
+                _terminating(_entry("agent-old", "n1", "10.0.0.1"), serving=False)))
+            await asyncio.wait_for(_until(lambda: "n1" not in d.nodes()), 5)
+            with pytest.raises(StatusError) as err:
+                d.lookup("n1")
+            assert err.value.code == 503
+        finally:
+            await _stop(d)
+    finally:
+        await kube.stop()
