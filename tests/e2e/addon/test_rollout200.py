@@ -52,7 +52,7 @@ APP, REPLICAS = "rollout-200", 200
 IMAGE = "aggapi-test/rollout200:1"
 KiB, MiB = 1 << 10, 1 << 20
 LAYER = 6 * MiB  # on top of busybox's: each node downloads it once
-RATE = 256 * KiB  # shared by both nodes' pulls: ~50 s of pulling in all
+RATE = 512 * KiB  # shared by both nodes' pulls: ~25 s of pulling in all
 PRESENT = ("Done", "AlreadyPresent")
 HEADER = re.compile(r"^(\d+) pods: (\d+) done, (\d+) pulling, (\d+) waiting for a slot, "
                     r"(\d+) stuck")

@@ -39,23 +39,26 @@ def _reasons(cp: ControlPlane, name: str) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def test_real_pull_progress_over_90s(control_plane: ControlPlane, node: Node,
-                                     real_node: Kubelet, kimages: KImages) -> None:
+# A stream outlasting kube-apiserver's 60 s timeout is tests/e2e/test_long_streams_e2e.py's
+# (the same /watch/ path): this one checks the real kubelet's pull against the stream.
+def test_real_pull_progress_from_first_bytes_to_pulled(control_plane: ControlPlane,
+                                                       node: Node, real_node: Kubelet,
+                                                       kimages: KImages) -> None:
     cp = control_plane
     forget_images(node, kimages.big)
     image = node.via_throttle(kimages.big)
-    node.set_rate(1.6e6)  # ~157 MB: ~98 s
+    node.set_rate(4.8e6)  # ~157 MB: ~33 s, every layer over many 1 MiB steps
     delete_pods(cp, "kpull")  # left by an earlier failed run
     objs = follow_pull(cp, [pod(node, "kpull", [{"name": "c", "image": image}])], "kpull",
                        reset=lambda: node.set_rate(None), timeout=240)
     # Layer progress from the first bytes to the total, never backwards.
     for digest, size in node.images.big_layers:
         seen = layer_rises(objs, digest, size)
-        if size > 10 * MiB:
+        if size > 40 * MiB:  # 5% is two containerd steps or more at the layer's rate
             first = min(p for p in seen if p > 0)
             assert first < 0.05 * size, f"{digest}: first progress {first} of {size}"
     downloading = [obj_time(o) for o in objs if o.get("phase") == "Downloading"]
-    assert downloading[-1] - downloading[0] > 90, "the pull did not last 90 s"
+    assert downloading[-1] - downloading[0] > 15, "the pull was not followed live"
     # Phases match kubelet's events: Pulling before the first byte, Pulled after the last.
     r = _reasons(cp, "kpull")
     assert "Pulling" in r and "Pulled" in r, sorted(r)
