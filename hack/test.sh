@@ -8,4 +8,5 @@ bash hack/install-deps.sh
 bash hack/build-binaries.sh kubectl
 python3 -m ruff check aggapi tests benchmarks
 python3 -m mypy aggapi tests benchmarks
-python3 -m pytest -q -ra "$@"
+# The slowest tests, printed: what to look at when the run nears its 25-minute budget.
+python3 -m pytest -q -ra --durations=30 "$@"
