@@ -84,7 +84,7 @@ BASE_IMAGE="localhost/aggapi-base:$BASE_KEY"
 # without bytecode and without the test harness), as a reproducible tar stream.
 context_tar() {
   tar -C "$REPO" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
-      --exclude=__pycache__ --exclude='*.pyc' --exclude=aggapi/testing \
+      --exclude=__pycache__ --exclude='*.pyc' --exclude='*.so' --exclude=aggapi/testing \
       -cf - pyproject.toml README.md aggapi
 }
 INPUTS=$( { echo "$BASE_KEY $IMAGE"

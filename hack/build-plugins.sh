@@ -108,7 +108,7 @@ done
 # --- aggapi itself (pure Python), from a copy: a build writes into its source tree ------
 mkdir -p "$WORK/src" "$WORK/aggapi-wheel"
 cp "$REPO/pyproject.toml" "$REPO/README.md" "$WORK/src/"
-tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' -cf - aggapi | tar -C "$WORK/src" -xf -
+tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' --exclude='*.so' -cf - aggapi | tar -C "$WORK/src" -xf -
 log "aggapi wheel"
 "$PY" -m pip wheel "${PIP[@]}" --no-deps --no-build-isolation -w "$WORK/aggapi-wheel" "$WORK/src" \
   2>/dev/null ||

@@ -14,6 +14,8 @@ APT_PKGS+=(apache2-utils)
 APT_PKGS+=(linux-perf binutils)
 # tests/agent/copy/test_plain_tar.py: raw directory downloads extract silently with bsdtar too.
 APT_PKGS+=(libarchive-tools)
+# setup.py: the ncp client's compiled extraction loop (aggapi/client/_fastextract.c).
+APT_PKGS+=(gcc python3-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,5 +29,7 @@ fi
 if command -v systemctl >/dev/null 2>&1; then systemctl disable --now containerd >/dev/null 2>&1 || true; fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+python3 -c 'from aggapi.client import fastpath; assert fastpath.loaded()' 2>/dev/null ||
+  echo "install-deps: the compiled extraction loop was not built (ncp uses its Python path)" >&2
 # The generated gRPC stubs are committed; regenerate only if missing.
 [ -f aggapi/proto/cri_pb2.py ] || bash hack/gen-proto.sh

@@ -115,8 +115,8 @@ async def _feed_all(ex: Extractor, stream: ByteStream, on_bytes: Callable[[int],
             data = await stream.read(READ_SIZE)
         except Exception as exc:  # a broken connection: a truncated tar
             raise TarError("tar stream ended early") from exc
-        if not data:
-            ex.parser.close()  # raises: the stream ended before the archive did
+        if not data:  # raises: the stream ended before the archive did
+            await _in_worker(ex.end_of_stream)
             return
         if n := await _in_worker(ex.feed, data):
             on_bytes(n)

@@ -39,6 +39,7 @@ from typing import Any
 
 from aggapi.client.confine import local_mode, resolve_beneath
 from aggapi.client.errors import IntegrityError
+from aggapi.client.fastpath import FastPath
 from aggapi.fs import syncfs
 from aggapi.fs.dirfd import descend
 from aggapi.tar.entrydigest import EntryDigests
@@ -46,6 +47,7 @@ from aggapi.tar.parse import ENTRY_END, TarParser
 from aggapi.tar.stream import CONT, DIR, LNK, REG, SYM, TarEntry
 
 DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+CARRY_MAX = 64 << 10  # the most of a cut entry held back for the next piece
 
 
 @dataclass
@@ -95,7 +97,8 @@ class Extractor:
     hand-off from the event loop, not a dozen (and their syscalls run beside the loop's
     TLS work, the GIL released)."""
 
-    def __init__(self, tmp: Path, umask: int, parser: TarParser | None = None) -> None:
+    def __init__(self, tmp: Path, umask: int, parser: TarParser | None = None, *,
+                 fast: bool = True) -> None:
         self.tmp = tmp
         self.umask = umask
         self.parser = parser or TarParser()
@@ -115,6 +118,8 @@ class Extractor:
         # checked against the next entry's record before anything is placed.
         self.written: tuple[str, str] | None = None
         self._last: tuple[tuple[str, ...], int] | None = None  # the last parent, its fd
+        self._fast = FastPath.make(self) if fast else None
+        self._carry = b""  # the start of an entry the next piece completes (fast path)
 
     def close(self) -> None:
         out, self._out = self._out, None
@@ -131,9 +136,49 @@ class Extractor:
     def feed(self, data: bytes) -> int:
         """Parse ``data`` (the next piece of the stream) and apply what it completes;
         the data bytes written. Work is linear in ``len(data)``: a refused entry's data
-        is dropped, a big file's is written a piece at a time."""
+        is dropped, a big file's is written a piece at a time. Where the compiled loop
+        is built (:mod:`aggapi.client.fastpath`), it applies the plain files and this
+        the rest, one entry at a time."""
+        fast = self._fast
+        if fast is None:
+            written = self._events(data, 0, stop=False)[1]
+        else:
+            if self._carry:
+                data, self._carry, carried = self._carry + data, b"", True
+            else:
+                carried = False
+            written, pos, end, parser = 0, 0, len(data), self.parser
+            while (pos := parser.skip_pad(pos, end)) < end:
+                if parser.at_boundary():
+                    pos, n, short = fast.run(data, pos)
+                    written += n
+                    # A small entry cut by the piece's end waits for the next piece (at
+                    # most once: each byte is copied once more at most).
+                    if short and end - pos <= CARRY_MAX and not (carried and pos == 0):
+                        self._carry = data[pos:]
+                        break
+                    if pos >= end:
+                        break
+                pos, n = self._events(data, pos, stop=True)
+                written += n
+        self.result.bytes += written
+        return written
+
+    def end_of_stream(self) -> None:
+        """The stream ended: apply what was held back, then fail if the archive did
+        not end (:meth:`TarParser.close`)."""
+        carry, self._carry = self._carry, b""
+        if carry:
+            self.result.bytes += self._events(carry, 0, stop=False)[1]
+        self.parser.close()
+
+    def _events(self, data: bytes, pos: int, stop: bool) -> tuple[int, int]:
+        """Apply the events of ``data[pos:]``, to the end of the piece or, with
+        ``stop``, to the end of the next entry: where it stopped, and the data bytes
+        written."""
         written = 0
-        for ev in self.parser.feed(data):
+        parser = self.parser
+        for ev in parser.feed(data, pos):
             if isinstance(ev, bytes):
                 out = self._out
                 if out is not None:
@@ -142,10 +187,12 @@ class Extractor:
                     written += len(ev)
             elif isinstance(ev, TarEntry):
                 self._begin(ev)
-            elif ev is ENTRY_END and self._out is not None:
-                self._finish_file()
-        self.result.bytes += written
-        return written
+            elif ev is ENTRY_END:
+                if self._out is not None:
+                    self._finish_file()
+                if stop:
+                    return parser.pos, written
+        return len(data), written
 
     def _begin(self, ent: TarEntry) -> None:
         want = self.digests.expected(ent)  # a TarError fails the copy

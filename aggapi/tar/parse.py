@@ -225,15 +225,26 @@ class TarParser:
         # Where the last data event starts in the piece being fed: a caller that hashes
         # all but file data (aggapi.tar.entrydigest.HeadersHash) cuts the piece there.
         self.data_at = 0
+        self.pos = 0  # where the last ENTRY_END's entry ends in its piece (padding left)
 
     def close(self) -> None:
         if not self.ended:
             raise TarError("tar stream ended early")
 
-    def feed(self, data: bytes) -> Iterator[Event]:
+    def skip_pad(self, pos: int, end: int) -> int:  # the rest of the last entry's padding
+        take = 0 if self._left else self._pad if self._pad <= end - pos else end - pos
+        self._pad -= take
+        return pos + take
+
+    def at_boundary(self) -> bool:  # a new entry starts next, nothing gathered for it
+        busy = self._pad or self._left or self._buf or self._meta_type is not None
+        return not (busy or self._pax or self._long or self._run or self.ended)
+
+    def feed(self, data: bytes, start: int = 0) -> Iterator[Event]:
+        # A caller may stop after an ENTRY_END and go on from self.pos (skip_pad first).
         # The loop of a tree of small files: three headers and a data event per file, so
         # no min() calls and no generator per header (a tenth of the parsing).
-        pos, end = 0, len(data)
+        pos, end = start, len(data)
         while pos < end:
             if self.ended:
                 return  # after the end-of-archive block the rest is padding
@@ -245,6 +256,7 @@ class TarParser:
                 pos += take
                 self._left = left = left - take
                 if not left:
+                    self.pos = pos
                     yield ENTRY_END
                 continue
             if self._pad:
@@ -272,6 +284,7 @@ class TarParser:
                 continue
             yield ev
             if ev is not ARCHIVE_END and not self._left:
+                self.pos = pos
                 yield ENTRY_END
 
     def _header(self, blk: bytes) -> Event | None:

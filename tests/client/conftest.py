@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from aggapi.client import fastpath
 from tests.client.fakeserver import FakeCluster, Pod
 
 
@@ -22,3 +23,16 @@ async def cluster(tmp_path: Path) -> AsyncIterator[FakeCluster]:
         yield fc
     finally:
         await fc.stop()
+
+
+@pytest.fixture(params=["python", "compiled"])
+def extract_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test once on each extraction path (aggapi.client.fastpath): the Python
+    extractor alone, and with the compiled loop (skipped where it is not built)."""
+    if request.param == "python":
+        monkeypatch.setenv("AGGAPI_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("AGGAPI_PURE_PYTHON", raising=False)
+        if not fastpath.loaded():
+            pytest.skip("aggapi.client._fastextract is not built here")
+    return str(request.param)

@@ -21,6 +21,9 @@ from hypothesis import strategies as st
 from aggapi.client.extract import ExtractResult, extract_dir
 from aggapi.tar.stream import DIR, LNK, PAX, REG, SYM, TarReader, header, pad, pax_header
 
+# Every test on both extraction paths (the compiled loop where it is built).
+pytestmark = pytest.mark.usefixtures("extract_path")
+
 
 def stream(entries: bytes) -> bytes:
     done = pax_header("./", {"AGGAPI.complete": "true"}, typeflag=PAX) + header("./", DIR,

@@ -26,6 +26,9 @@ from aggapi.tar import stream as ts
 from aggapi.tar.entrydigest import ANNOUNCEMENT, record
 from tests.filetrees import data_spans, pax_records, read_tree, trees, write_tree
 
+# Every test on both extraction paths (the compiled loop where it is built).
+pytestmark = pytest.mark.usefixtures("extract_path")
+
 PROPS = settings(max_examples=40, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

@@ -32,6 +32,9 @@ from aggapi.tar.parse import PREVIOUS_SHA256_RECORD, SHA256_RECORD, TarEntry, Ta
 from tests.client.test_extract_digests import extract, leftovers, walk
 from tests.filetrees import PreadCounter, read_tree, trees, write_tree
 
+# Every test on both extraction paths (the compiled loop where it is built).
+pytestmark = pytest.mark.usefixtures("extract_path")
+
 PROPS = settings(max_examples=40, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

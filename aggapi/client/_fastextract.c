@@ -1,0 +1,395 @@
+/* The ncp client's per-file extraction loop, compiled (issue 35, item 6).
+ *
+ * aggapi.client.fastpath calls run() at an entry boundary of a directory download's
+ * tar, with the directory the previous entry went into already open. It applies every
+ * following entry that is a plain regular file in that same directory, whole within
+ * the piece, and stops (returns its position) at the first entry it does not take;
+ * the Python extractor (aggapi.client.extractor), the reference for every case, then
+ * applies that one. An entry taken here must be one the Python path would apply the
+ * same way, so this accepts only a strict subset and decides nothing else:
+ *
+ *   - an optional PAX "x" header with only the records path, mtime, AGGAPI.sha256 and
+ *     AGGAPI.previousSha256, each once, in the canonical "%d key=value\n" form;
+ *   - a ustar header ("ustar\0", no prefix, zero device fields) of typeflag '0' whose
+ *     numeric fields are zero-padded octal (parse._STD_FIELDS) and whose checksum is
+ *     right;
+ *   - a name that is the open directory's path, '/', and one more component (not
+ *     "", ".", "..", no NUL), no "GNUSparseFile.";
+ *   - digest records as aggapi.tar.entrydigest requires them; a wrong one is the
+ *     Python path's to report (it reads the entry again), except the file's own sha256
+ *     mismatch, returned so the caller raises the same IntegrityError.
+ *
+ * Anything else (an error included) ends the run before the entry changes any state.
+ * A file is created O_CREAT|O_EXCL|O_NOFOLLOW at the directory fd (an existing name is
+ * the Python path's to replace), written, hashed by the caller's hashlib.sha256, given
+ * its mtime, fstat'ed (for hard links) and closed: Python's calls, without Python.
+ * run() returns (pos, entries, bytes, after, written, mismatch, short).
+ */
+#define _GNU_SOURCE /* memmem */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define BLOCK 512
+#define NS 1000000000LL
+
+typedef struct {
+    const unsigned char *p;
+    Py_ssize_t n;
+    int set;
+} Rec;
+
+enum { R_PATH, R_MTIME, R_SHA, R_PREV, R_COUNT };
+
+static int octal(const unsigned char *p, int n, unsigned long long *out)
+{
+    unsigned long long v = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '7')
+            return -1;
+        v = v * 8 + (unsigned long long)(p[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* The fields as parse._STD_FIELDS matches them, and a right checksum (unsigned, or
+ * the old writers' signed sum, as parse accepts). 0, or -1: not taken here. */
+static int std_header(const unsigned char *b, unsigned long long *mode,
+                      unsigned long long *size, unsigned long long *mtime)
+{
+    unsigned long long uid, gid, chk;
+    if (octal(b + 100, 7, mode) || b[107] || octal(b + 108, 7, &uid) || b[115] ||
+        octal(b + 116, 7, &gid) || b[123] || octal(b + 124, 11, size) || b[135] ||
+        octal(b + 136, 11, mtime) || b[147] || octal(b + 148, 6, &chk) || b[154] ||
+        b[155] != ' ')
+        return -1;
+    long long sum = 256, high = 0;
+    for (int i = 0; i < BLOCK; i++) {
+        if (i < 148 || i >= 156)
+            sum += b[i];
+        high += b[i] > 127;
+    }
+    if ((long long)chk != sum && (long long)chk != sum - 256 * high)
+        return -1;
+    return 0;
+}
+
+static const unsigned char zeros[BLOCK];
+#define has(p, n, s) (memmem((p), (size_t)(n), (s), sizeof(s) - 1) != NULL)
+#define key_is(k, n, s) ((n) == sizeof(s) - 1 && memcmp((k), (s), sizeof(s) - 1) == 0)
+
+/* The records of one x header, as parse.parse_pax reads them; -1: not taken here. */
+static int pax_records(const unsigned char *d, Py_ssize_t end, Py_ssize_t max_records,
+                       Rec *recs)
+{
+    Py_ssize_t pos = 0, count = 0;
+    while (pos < end) {
+        if (d[pos] == 0)
+            return -1; /* the rest would be ignored: the Python path's to read */
+        Py_ssize_t sp = -1;
+        for (Py_ssize_t i = pos; i < pos + 21 && i < end; i++)
+            if (d[i] == ' ') {
+                sp = i;
+                break;
+            }
+        if (sp <= pos || sp - pos > 18)
+            return -1;
+        long long n = 0;
+        for (Py_ssize_t i = pos; i < sp; i++) {
+            if (d[i] < '0' || d[i] > '9')
+                return -1;
+            n = n * 10 + (d[i] - '0');
+        }
+        if (n <= sp - pos + 1 || pos + n > end || d[pos + n - 1] != '\n')
+            return -1;
+        const unsigned char *rec = d + sp + 1;
+        Py_ssize_t rlen = pos + n - 1 - (sp + 1); /* without the newline */
+        const unsigned char *eq = memchr(rec, '=', (size_t)rlen);
+        if (eq == NULL || ++count > max_records)
+            return -1;
+        Py_ssize_t klen = eq - rec;
+        int which;
+        if (key_is(rec, klen, "path"))
+            which = R_PATH;
+        else if (key_is(rec, klen, "mtime"))
+            which = R_MTIME;
+        else if (key_is(rec, klen, "AGGAPI.sha256"))
+            which = R_SHA;
+        else if (key_is(rec, klen, "AGGAPI.previousSha256"))
+            which = R_PREV;
+        else
+            return -1;
+        if (recs[which].set)
+            return -1;
+        recs[which].set = 1;
+        recs[which].p = eq + 1;
+        recs[which].n = rlen - klen - 1;
+        pos += (Py_ssize_t)n;
+    }
+    return 0;
+}
+
+/* parse._pax_time_ns's usual form "SECONDS[.FRACTION]"; -1: not taken here. */
+static int pax_mtime(const Rec *r, long long *ns)
+{
+    Py_ssize_t i = 0, n = r->n;
+    long long sec = 0, frac = 0;
+    int digits = 0;
+    while (i < n && r->p[i] >= '0' && r->p[i] <= '9') {
+        if (++digits > 10)
+            return -1;
+        sec = sec * 10 + (r->p[i++] - '0');
+    }
+    if (digits == 0 || sec > 9223372035LL)
+        return -1;
+    if (i < n) {
+        if (r->p[i++] != '.' || n - i > 30)
+            return -1;
+        static const long long scale[9] = {100000000, 10000000, 1000000, 100000, 10000,
+                                           1000, 100, 10, 1};
+        for (int k = 0; i < n; i++, k++) {
+            if (r->p[i] < '0' || r->p[i] > '9')
+                return -1;
+            if (k < 9)
+                frac += (r->p[i] - '0') * scale[k];
+        }
+    }
+    *ns = sec * NS + frac;
+    return 0;
+}
+
+static int hex64(const Rec *r) /* entrydigest._HEX64 */
+{
+    for (int i = 0; r->set && r->n == 64 && i < 64; i++)
+        if (!strchr("0123456789abcdef", r->p[i]) || !r->p[i])
+            return 0;
+    return r->set && r->n == 64;
+}
+
+static int str_is(PyObject *s, const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t len;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &len);
+    return u != NULL && len == n && memcmp(u, p, (size_t)n) == 0;
+}
+
+static PyObject *run(PyObject *self, PyObject *args)
+{
+    Py_buffer data, prefix;
+    Py_ssize_t pos, max_meta, max_records;
+    int pfd, umask, trailing, required;
+    PyObject *parts, *after, *written, *files, *sha256;
+    if (!PyArg_ParseTuple(args, "y*ny*iO!iipOOO!Onn", &data, &pos, &prefix, &pfd,
+                          &PyTuple_Type, &parts, &umask, &trailing, &required, &after,
+                          &written, &PyDict_Type, &files, &sha256, &max_meta, &max_records))
+        return NULL;
+    const unsigned char *d = data.buf;
+    Py_ssize_t end = data.len, nparts = PyTuple_GET_SIZE(parts);
+    long long entries = 0, nbytes = 0;
+    int shortp = 0; /* stopped at an entry cut by the piece's end */
+    int fd = -1, err = 0; /* the file being written */
+    PyObject *leafname = NULL, *got = NULL, *full = NULL, *key = NULL, *ident = NULL;
+    PyObject *mismatch = Py_None, *result = NULL;
+    Py_INCREF(after);
+    Py_INCREF(written);
+    Py_INCREF(mismatch);
+
+    for (;;) {
+        if (end - pos < BLOCK) {
+            shortp = 1;
+            break;
+        }
+        Py_ssize_t at = pos;
+        const unsigned char *b = d + at;
+        unsigned long long mode, size, mtime;
+        Rec recs[R_COUNT] = {{0}};
+        if (std_header(b, &mode, &size, &mtime))
+            break;
+        if (b[156] == 'x') {
+            if ((Py_ssize_t)size > max_meta)
+                break;
+            Py_ssize_t meta = (Py_ssize_t)size, span = (meta + BLOCK - 1) / BLOCK * BLOCK;
+            if (end - at - BLOCK < span + BLOCK) {
+                shortp = 1;
+                break;
+            }
+            if (pax_records(b + BLOCK, meta, max_records, recs))
+                break;
+            at += BLOCK + span;
+            b = d + at;
+            if (std_header(b, &mode, &size, &mtime))
+                break;
+        }
+        if (b[156] != '0' || memcmp(b + 257, "ustar\0", 6) != 0 ||
+            memcmp(b + 329, "0000000\0" "0000000\0", 16) != 0 || memcmp(b + 345, zeros, 155) != 0)
+            break;
+        Py_ssize_t span = (Py_ssize_t)((size + BLOCK - 1) / BLOCK * BLOCK);
+        if (size > (unsigned long long)end || end - at - BLOCK < span) {
+            shortp = 1; /* not whole in this piece */
+            break;
+        }
+        const unsigned char *raw = b;
+        Py_ssize_t rawlen = 0;
+        while (rawlen < 100 && raw[rawlen])
+            rawlen++;
+        const unsigned char *name = recs[R_PATH].set ? recs[R_PATH].p : raw;
+        Py_ssize_t nlen = recs[R_PATH].set ? recs[R_PATH].n : rawlen;
+        if (has(name, nlen, "GNUSparseFile.") || has(raw, rawlen, "GNUSparseFile."))
+            break;
+        Py_ssize_t plen = prefix.len;
+        if (nlen <= plen || memcmp(name, prefix.buf, (size_t)plen) != 0)
+            break;
+        const unsigned char *leaf = name + plen;
+        Py_ssize_t llen = nlen - plen;
+        if (memchr(leaf, '/', (size_t)llen) || memchr(leaf, 0, (size_t)llen) ||
+            (llen == 1 && leaf[0] == '.') || (llen == 2 && leaf[0] == '.' && leaf[1] == '.'))
+            break;
+        long long mtime_ns = (long long)mtime * NS;
+        if (recs[R_MTIME].set && pax_mtime(&recs[R_MTIME], &mtime_ns))
+            break;
+        /* The digest records, as entrydigest.EntryDigests checks them (an error there
+         * is the Python path's to raise). */
+        if (trailing) {
+            if (recs[R_SHA].set || recs[R_PREV].set != (after != Py_None))
+                break;
+            if (recs[R_PREV].set) {
+                if (!hex64(&recs[R_PREV]))
+                    break;
+                if (written != Py_None &&
+                    !str_is(PyTuple_GET_ITEM(written, 1), recs[R_PREV].p, 64))
+                    break;
+            }
+        } else {
+            if (recs[R_PREV].set)
+                break;
+            if (recs[R_SHA].set ? !hex64(&recs[R_SHA]) : required)
+                break;
+        }
+
+        /* Taken: create, write, hash, time, stat, close. */
+        if (llen > 255)
+            break; /* NAME_MAX: the Python path's error */
+        char cleaf[256];
+        memcpy(cleaf, leaf, (size_t)llen);
+        cleaf[llen] = 0;
+        const unsigned char *body = b + BLOCK;
+        Py_ssize_t done = 0;
+        err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        fd = openat(pfd, cleaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                    (mode_t)(mode & 0777 & ~(unsigned)umask));
+        while (fd >= 0 && done < (Py_ssize_t)size) {
+            ssize_t w = write(fd, body + done, (size_t)((Py_ssize_t)size - done));
+            if (w < 0 && errno != EINTR) {
+                err = errno;
+                break;
+            }
+            done += w > 0 ? w : 0;
+        }
+        Py_END_ALLOW_THREADS
+        if (fd < 0)
+            break; /* an existing name, or an error: the Python path's */
+        leafname = got = full = key = ident = NULL;
+        if (err)
+            goto oserror;
+        PyObject *view = PyMemoryView_FromMemory((char *)body, (Py_ssize_t)size, PyBUF_READ);
+        PyObject *h = view ? PyObject_CallOneArg(sha256, view) : NULL;
+        Py_XDECREF(view);
+        got = h ? PyObject_CallMethod(h, "hexdigest", NULL) : NULL;
+        Py_XDECREF(h);
+        full = got ? PyUnicode_DecodeUTF8((const char *)name, nlen, "surrogateescape") : NULL;
+        leafname = full ? PyUnicode_DecodeUTF8((const char *)leaf, llen, "surrogateescape")
+                        : NULL;
+        if (leafname == NULL)
+            goto entry_fail;
+        if (!trailing && recs[R_SHA].set && !str_is(got, recs[R_SHA].p, 64)) {
+            close(fd);
+            Py_DECREF(mismatch);
+            mismatch = Py_BuildValue("(OOs#)", full, got, recs[R_SHA].p, (Py_ssize_t)64);
+            Py_DECREF(leafname);
+            Py_DECREF(got);
+            Py_DECREF(full);
+            if (mismatch == NULL)
+                goto fail;
+            break;
+        }
+        struct stat st;
+        struct timespec ts[2];
+        ts[0].tv_sec = ts[1].tv_sec = (time_t)(mtime_ns / NS);
+        ts[0].tv_nsec = ts[1].tv_nsec = (long)(mtime_ns % NS);
+        Py_BEGIN_ALLOW_THREADS
+        if (futimens(fd, ts) || fstat(fd, &st))
+            err = errno;
+        Py_END_ALLOW_THREADS
+        if (err)
+            goto oserror;
+        close(fd);
+        fd = -1;
+        key = PyTuple_New(nparts + 1);
+        ident = Py_BuildValue("(KK)", (unsigned long long)st.st_dev,
+                              (unsigned long long)st.st_ino);
+        if (key == NULL || ident == NULL)
+            goto entry_fail;
+        for (Py_ssize_t i = 0; i < nparts; i++) {
+            PyObject *p = PyTuple_GET_ITEM(parts, i);
+            Py_INCREF(p);
+            PyTuple_SET_ITEM(key, i, p);
+        }
+        PyTuple_SET_ITEM(key, nparts, leafname);
+        leafname = NULL;
+        if (PyDict_SetItem(files, key, ident))
+            goto entry_fail;
+        if (trailing) {
+            PyObject *w = PyTuple_Pack(2, full, got);
+            if (w == NULL)
+                goto entry_fail;
+            Py_SETREF(written, w);
+            Py_SETREF(after, full);
+            full = NULL;
+        }
+        Py_XDECREF(full);
+        Py_DECREF(got);
+        Py_DECREF(key);
+        Py_DECREF(ident);
+        entries++;
+        nbytes += (long long)size;
+        pos = at + BLOCK + span;
+    }
+    result = Py_BuildValue("(nLLNNNi)", pos, entries, nbytes, after, written, mismatch,
+                           shortp);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&prefix);
+    return result;
+oserror:
+    errno = err;
+    PyErr_SetFromErrno(PyExc_OSError);
+entry_fail:
+    if (fd >= 0)
+        close(fd);
+    Py_XDECREF(leafname);
+    Py_XDECREF(got);
+    Py_XDECREF(full);
+    Py_XDECREF(key);
+    Py_XDECREF(ident);
+fail:
+    Py_DECREF(after);
+    Py_DECREF(written);
+    Py_DECREF(mismatch);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&prefix);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"run", run, METH_VARARGS, "The plain files from pos on (aggapi.client.fastpath)."},
+    {NULL, NULL, 0, NULL},
+};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastextract",
+                                    "aggapi.client.fastpath's compiled loop.", -1, methods};
+PyMODINIT_FUNC PyInit__fastextract(void) { return PyModule_Create(&module); }
