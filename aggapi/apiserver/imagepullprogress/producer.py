@@ -255,7 +255,7 @@ class Producer:
                 return True
             # A snapshot ends with kubelet's failure (it has the registry's text) if
             # there is one, else this one unless it is an earlier attempt's.
-            if not self.merger.agent_failure_stale(str(obj["container"])):
+            if not self.merger.agent_failure_stale(obj):
                 self._agent_failure = obj
             return None
         if kind == "Summary" and self.merger.hold_summary(obj):
