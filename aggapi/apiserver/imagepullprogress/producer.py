@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.imagepullprogress import layerset
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast
 from aggapi.apiserver.imagepullprogress.merge import Merger
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
@@ -70,6 +71,8 @@ class Producer:
         # nothing new to say, and the merged object must follow.
         self._raw: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self._sent: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        # image-level objects standing for layers held back (layerset)
+        self._placeholders: set[tuple[str, str, str, str]] = set()
 
     def _publish(self, obj: dict[str, Any]) -> None:
         if self._ended:
@@ -276,19 +279,45 @@ class Producer:
         pulls) gets its last word from the runtime, as kubelet's Pulled event may
         come after the Summary."""
         for key, obj in list(self._raw.items()):
-            if obj.get("phase") in PRESENT and \
-                    self._sent.get(key, {}).get("phase") != obj["phase"]:
-                self._sent[key] = settled = {**self.merger.apply(obj), "phase": obj["phase"],
+            phase = obj.get("phase")
+            if key in self._placeholders:  # the image's phase: kubelet's, or its layers'
+                said = self.merger.apply(obj).get("phase")
+                phase = said if said in PRESENT else layerset.image_phase(self._raw, obj) \
+                    or phase
+            if phase in PRESENT and self._sent.get(key, {}).get("phase") != phase:
+                self._sent[key] = settled = {**self.merger.apply(obj), "phase": phase,
                                              "time": now()}
                 self._publish(settled)
 
+    def _held_back(self, obj: dict[str, Any]) -> bool:
+        """A layer of an image kubelet is about to pull that the runtime shows only as
+        present: which layers that pull brings is not known yet (layerset)."""
+        return self.merger.pull_ahead(obj) and layerset.unpulled(self._raw, obj)
+
     def _publish_merged(self, obj: dict[str, Any], *, merge: bool = True) -> None:
+        if obj.get("kind") != "Progress":
+            self._publish(self.merger.apply(obj) if merge else obj)
+            return
+        key = object_key(obj)
+        for old in layerset.replaced(self._raw, obj):  # the layers of a manifest left
+            self._raw.pop(old, None)
+            self._sent.pop(old, None)
+        self._raw[key] = obj
+        if merge and self._held_back(obj):
+            stand_in = layerset.placeholder(obj)
+            image_key = object_key(stand_in)
+            if image_key not in self._raw:
+                self._placeholders.add(image_key)
+                self._publish_merged(stand_in)
+            return
         merged = self.merger.apply(obj) if merge else obj
-        if obj.get("kind") == "Progress":
-            key = object_key(obj)
-            self._raw[key] = obj
-            self._sent[key] = merged
+        self._sent[key] = merged
         self._publish(merged)
+        if merge:  # the manifest's layers held back so far go out with it
+            for k in layerset.siblings(self._raw, obj):
+                if k not in self._sent:
+                    self._sent[k] = sib = self.merger.apply(self._raw[k])
+                    self._publish({**sib, "time": now()})
 
     def _any_queued(self) -> bool:
         return any(self.merger.queued(o) for o in self._raw.values())
@@ -298,7 +327,7 @@ class Producer:
         if self._any_queued():
             await self._refresh_node_view(node)
         for key, obj in list(self._raw.items()):
-            if obj.get("phase") == "Unscheduled":
+            if obj.get("phase") == "Unscheduled" or self._held_back(obj):
                 continue
             merged = self.merger.apply(obj)
             if {**merged, "time": ""} != {**self._sent.get(key, {}), "time": ""}:
