@@ -284,8 +284,9 @@ class Merger:
             out["phase"] = "Done"
             return out
         if v.phase == PULLING and self._idle(obj):
-            # A layer with no bytes yet in a pull under way has not started: Pending.
-            out.update(phase=PENDING if obj.get("layer") else "Pulling", error="")
+            # kubelet pulls; the runtime shows no bytes of this image (or layer) yet.
+            # (Not Pending, which is "kubelet has not asked": a pull never goes back.)
+            out.update(phase="Pulling", error="")
             if self.queued(obj):
                 waiting = self.waiting(str(obj.get("image") or ""))
                 if waiting is not None:

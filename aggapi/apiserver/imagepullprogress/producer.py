@@ -22,7 +22,7 @@ import aiohttp
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.imagepullprogress import layerset
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast
-from aggapi.apiserver.imagepullprogress.merge import Merger
+from aggapi.apiserver.imagepullprogress.merge import K8S_FAILURES, Merger
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
 from aggapi.apiserver.imagepullprogress.objects import (
     PRESENT,
@@ -73,12 +73,32 @@ class Producer:
         self._sent: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         # image-level objects standing for layers held back (layerset)
         self._placeholders: set[tuple[str, str, str, str]] = set()
+        self._attempts: dict[tuple[str, str, str, str], int] = {}  # the latest, sent
 
     def _publish(self, obj: dict[str, Any]) -> None:
         if self._ended:
             return
+        if obj.get("kind") == "Progress":
+            obj = self._in_attempt(obj)
         self._ended = is_terminal(obj)
         self.out.publish(obj)
+
+    def _in_attempt(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Each attempt starts with its own Pulling: kubelet's
+        Pulling and Failed for a pull that fails at once often come together, and
+        the stream then never sees that attempt pulling. Attempts never go back."""
+        key, attempt = object_key(obj), obj.get("attempt")
+        if not isinstance(attempt, int) or isinstance(attempt, bool):
+            return obj
+        seen = self._attempts.get(key)
+        if seen is not None and attempt < seen:
+            return {**obj, "attempt": seen}
+        self._attempts[key] = attempt
+        if seen is not None and attempt > seen and obj.get("phase") in K8S_FAILURES:
+            start = {k: v for k, v in obj.items() if k != "backOffSeconds"}
+            start.update(phase="Pulling", error="")
+            self.out.publish(start)
+        return obj
 
     def _error(self, message: str, **extra: Any) -> None:
         self._publish({"kind": "Error", "phase": "Unknown", "time": now(),

@@ -211,6 +211,12 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
             retrying = prev.phase in (PULLING, PULLED) and failures.get(name, 0) > 0
             if retrying and reason not in PERMANENT_REASONS:
                 continue
+            if prev.failed and reason not in PERMANENT_REASONS:
+                # The events say which step of the latest attempt kubelet is at; the
+                # status, written on its own, may still be the attempt before's: its
+                # ImagePullBackOff while the new attempt's Failed is in, or ErrImagePull
+                # while its BackOff is.
+                continue
             phase = BACKOFF if reason == "ImagePullBackOff" else FAILED
             latest[name] = K8sView(phase=phase, since=prev.since,
                                    error=prev.error or waiting.get("message") or reason,
