@@ -292,8 +292,13 @@ class Merger:
                 if waiting is not None:
                     out.update(phase=WAITING, waiting=waiting)
             return out
+        if v.phase == PULLED and phase in IDLE_PHASES:
+            # kubelet's Pulled is ahead of the runtime's view (the agent looks every
+            # quarter second): kubelet has the image. A pull never goes back to Pending.
+            out["phase"] = "Pulling" if obj.get("layer") else present_phase(v) or "Done"
+            return out
         if phase == WAITING or (v.phase == "" and phase in IDLE_PHASES):
-            # kubelet has not asked for this image yet (or its Pulled event is ahead
-            # of the runtime): Waiting is only ever "at the node's pull limit".
+            # kubelet has not asked for this image yet: Waiting is only ever "at the
+            # node's pull limit".
             out["phase"] = PENDING
         return out

@@ -300,7 +300,8 @@ class Producer:
         come after the Summary."""
         for key, obj in list(self._raw.items()):
             phase = obj.get("phase")
-            if key in self._placeholders:  # the image's phase: kubelet's, or its layers'
+            if key in self._placeholders or self._image_row(obj):
+                # the image's phase: kubelet's, or its layers'
                 said = self.merger.apply(obj).get("phase")
                 phase = said if said in PRESENT else layerset.image_phase(self._raw, obj) \
                     or phase
@@ -308,6 +309,11 @@ class Producer:
                 self._sent[key] = settled = {**self.merger.apply(obj), "phase": phase,
                                              "time": now()}
                 self._publish(settled)
+
+    def _image_row(self, obj: dict[str, Any]) -> bool:
+        """An image-level object at layer granularity: sent before the manifest was
+        known, it is the image's row; it ends with the image, not as it was then."""
+        return self.granularity == "layer" and not obj.get("layer") and bool(obj.get("image"))
 
     def _held_back(self, obj: dict[str, Any]) -> bool:
         """A layer of an image kubelet is about to pull that the runtime shows only as

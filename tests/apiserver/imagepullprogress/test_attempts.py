@@ -195,3 +195,31 @@ async def test_an_attempt_whose_pulling_was_not_seen_still_starts_pulling(
         task.cancel()
     assert steps(got.objs) == [("Pulling", 1), ("Failed", 1), ("BackOff", 1),
                                ("Pulling", 2), ("Failed", 2), ("BackOff", 2)]
+
+
+async def test_the_image_row_of_a_layer_stream_ends_with_the_image(kube: FakeKube) -> None:
+    """At layer granularity the object sent before the manifest was known (layer "")
+    is the image's row: it ends Done with the image. In a real kubelet's run at
+    b8a55c6 it went Pulling -> Resolving when kubelet's Pulled came, and stayed."""
+    pod = pod_object()
+    kube.put("api/v1", "pods", pod)
+    k = Kubelet(kube, pod)
+    k.emit("Pulling", f'Pulling image "{IMG}"', 1)
+    agent = Agent()
+    lines = agent.stream()
+    async with running(kube, pod, agent, follow=True, granularity="layer") as (got, _):
+        lines.send(progress("app", IMG, "Resolving"))
+        await reach(got.objs, "Pulling", 1)
+        lines.send(progress("app", IMG, "Downloading", 3, 8, layer="sha256:top"),
+                   progress("app", IMG, "AlreadyPresent", 4, 4, layer="sha256:base"))
+        await until(lambda: any(o.get("layer") == "sha256:base" for o in got.objs))
+        k.emit("Pulled", f'Successfully pulled image "{IMG}" in 3s', 4)
+        await until(lambda: [o["phase"] for o in got.objs if o.get("kind") == "Progress"
+                             and not o["layer"]][-1:] == ["Done"])
+        lines.send(progress("app", IMG, "Done", 8, 8, layer="sha256:top"),
+                   done_summary("app", IMG, 8, 8))
+        lines.end()
+    rows = [o["phase"] for o in got.objs if o.get("kind") == "Progress" and not o["layer"]]
+    assert rows == ["Pulling", "Done"], rows
+    last = {o["layer"]: o["phase"] for o in got.objs if o.get("kind") == "Progress"}
+    assert last == {"": "Done", "sha256:top": "Done", "sha256:base": "AlreadyPresent"}, last
