@@ -89,23 +89,25 @@ class Agent(ScriptedAgent):
         return await super().open(method, path, **kw)
 
 
-def steps(objs: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    """(phase, attempt) of the app's objects, repeats collapsed."""
+def steps(objs: list[dict[str, Any]], container: str = "app") -> list[tuple[str, int]]:
+    """(phase, attempt) of the container's objects, repeats collapsed."""
     out: list[tuple[str, int]] = []
     for o in objs:
-        if o.get("kind") == "Progress" and o.get("container") == "app":
+        if o.get("kind") == "Progress" and o.get("container") == container:
             step = (o["phase"], o["attempt"])
             if not out or out[-1] != step:
                 out.append(step)
     return out
 
 
-async def reach(objs: list[dict[str, Any]], phase: str, attempt: int) -> None:
+async def reach(objs: list[dict[str, Any]], phase: str, attempt: int,
+                container: str = "app") -> None:
     """Until the latest step is (phase, attempt); else fail saying the steps."""
     try:
-        await until(lambda: steps(objs)[-1:] == [(phase, attempt)])
+        await until(lambda: steps(objs, container)[-1:] == [(phase, attempt)])
     except AssertionError:
-        raise AssertionError(f"never reached {(phase, attempt)}: {steps(objs)}") from None
+        raise AssertionError(f"never reached {(phase, attempt)}: "
+                             f"{steps(objs, container)}") from None
 
 
 async def test_each_attempt_has_its_own_pulling_and_attempts_move_only_then(
