@@ -233,6 +233,8 @@ def _progress() -> dict[str, Any]:
                "Streamed as a sequence of JSON objects.", {
         "image": {**STR, "description": "image reference; empty: whole pod"},
         "layer": {**STR, "description": "layer digest; empty: whole image"},
+        "manifest": {**STR, "description": "a layer's: the digest of the manifest (or "
+                     "index) it is a layer of"},
         "kind": {**STR, "description": "Progress; the stream's one final object is "
                  "Summary, Error or Timeout"},
         "phase": {**STR, "description": _PHASES},
@@ -241,7 +243,8 @@ def _progress() -> dict[str, Any]:
         "attempt": {"type": "integer", "format": "int32",
                     "description": "pulls of the image kubelet has started"},
         "error": STR,
-        "container": {**STR, "description": "the container; empty: whole pod"},
+        "container": {**STR, "description": "the container (or image volume); "
+                      "empty: whole pod"},
         "bytesPerSecond": {**NUM, **NULLABLE}, "etaSeconds": {**NUM, **NULLABLE},
         "time": {**STR, "description": "when the agent looked (RFC 3339)"},
         "waiting": {"type": "object", "description": "Waiting: the node's pulls "

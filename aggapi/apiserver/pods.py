@@ -27,10 +27,11 @@ class PodTarget:
     raw: Mapping[str, Any]
 
     def select(self, names: Sequence[str]) -> tuple[ContainerRef, ...]:
-        """The containers named (all when ``names`` is empty); 400 for unknown names."""
+        """The containers named (all when ``names`` is empty), and image volumes of
+        those names (a volume may be named like a container); 400 for unknown names."""
         if not names:
             return self.containers
-        known = {c.name: c for c in self.containers}
+        known = {c.name for c in self.containers}
         missing = [n for n in names if n not in known]
         if missing:
             raise StatusError(
@@ -38,7 +39,8 @@ class PodTarget:
                 f"container {missing[0]!r} is not valid for pod {self.name!r}; "
                 f"valid names: {', '.join(sorted(known))}",
             )
-        return tuple(known[n] for n in dict.fromkeys(names))
+        wanted = set(names)
+        return tuple(c for c in self.containers if c.name in wanted)
 
 
 def containers_of(spec: Mapping[str, Any]) -> tuple[ContainerRef, ...]:

@@ -6,10 +6,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 
+from aggapi.agent.progress import view
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.model import PHASE_ORDER, ImageState, NodeState
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import ProgressPoller
+from aggapi.auth.capability import ContainerRef
 from aggapi.runtime.containerd import IngestStatus, Lease, LeaseResource
 from tests.agent.fakectd import OCI_INDEX, FakeContainerd, make_image, sha
 
@@ -348,8 +350,13 @@ async def test_a_re_pull_of_a_moved_tag_is_followed() -> None:
     d, size = new.layers[1]
     fake.now += 1
     fake.download(d, 1000, size, "L2")
-    st = (await be.observe([REF])).images[REF]
+    state = await be.observe([REF])
+    st = state.images[REF]
     assert (st.phase, st.root_digest, st.lease) == ("Downloading", new.digest, "L2")
+    # each layer object names its manifest: the apiserver drops the old image's layers
+    objs = view.objects([ContainerRef("c", REF)], state, "layer")
+    assert {(o["layer"], o["manifest"]) for o in objs} == {
+        (old.layers[0][0], new.digest), (d, new.digest)}
     assert [la.phase for la in st.layers] == ["AlreadyPresent", "Downloading"]
     assert (st.progress, st.total) == (1000, 3000)
     fake.now += 1

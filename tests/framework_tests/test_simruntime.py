@@ -120,7 +120,7 @@ def test_hollow_kubelet_events_read_as_kubelets() -> None:
             ev = _event(h, report, kind, reason, message, t)
             assert from_kubelet(ev, "node-1") and not from_kubelet(ev, "node-2")
             seen.append(ev)
-        seen_view = views(pod, seen, containers)["app"]
+        seen_view = views(pod, seen, containers)[("container", "app")]
         if report.kind == "failed":
             assert seen_view.phase == "BackOff"
             assert "503 Service Unavailable" in seen_view.error

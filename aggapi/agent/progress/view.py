@@ -106,10 +106,14 @@ def objects(containers: Sequence[ContainerRef], state: NodeState, granularity: s
                             rate=st.bytes_per_second, eta_s=st.eta_seconds, t=t))
             continue
         for la in st.layers:
-            out.append(_obj(image=c.image, layer=la.digest, progress=la.progress,
-                            total=la.total, error=st.error if la.phase == phase.FAILED else "",
-                            container=c.name, phase=la.phase, rate=la.bytes_per_second,
-                            eta_s=la.eta_seconds, t=t))
+            o = _obj(image=c.image, layer=la.digest, progress=la.progress,
+                     total=la.total, error=st.error if la.phase == phase.FAILED else "",
+                     container=c.name, phase=la.phase, rate=la.bytes_per_second,
+                     eta_s=la.eta_seconds, t=t)
+            # The manifest (or index) the layer is of: a re-pull of a tag that moved
+            # replaces the image's layers, and the apiserver drops the old ones by it.
+            o["manifest"] = st.root_digest
+            out.append(o)
     return out
 
 

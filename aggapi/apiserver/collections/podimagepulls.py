@@ -17,8 +17,9 @@ from aggapi import GROUP_VERSION, imageref
 from aggapi.apiserver.collections.table import AGE_COLUMN, age
 from aggapi.apiserver.imagepullprogress.merge import Merger, present_phase
 from aggapi.apiserver.imagepullprogress.objects import overall_phase
-from aggapi.apiserver.imagepullprogress.pullstate import PULLED, kubelet_events
+from aggapi.apiserver.imagepullprogress.pullstate import PULLED, kubelet_events, who
 from aggapi.apiserver.pods import target_from_pod
+from aggapi.auth.capability import ContainerRef
 
 KIND, LIST_KIND, RESOURCE = "PodImagePull", "PodImagePullList", "podimagepulls"
 PRESENT = ("Done", "AlreadyPresent")
@@ -82,10 +83,11 @@ def _kept_total(previous: Mapping[str, Any] | None, container: str,
     return total if isinstance(total, int) and not isinstance(total, bool) else None
 
 
-def _image(merger: Merger, container: str, image: str, scheduled: bool,
+def _image(merger: Merger, c: ContainerRef, scheduled: bool,
            view: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
            ) -> dict[str, Any]:
-    k8s = merger.view_of(container)
+    container, image = c.name, c.image
+    k8s = merger.view_of(who(c))
     pull = _pull_of(image, view) if k8s.phase != PULLED else None
     if not scheduled:
         phase = "Unscheduled"
@@ -107,7 +109,7 @@ def _image(merger: Merger, container: str, image: str, scheduled: bool,
         (0, 0) if phase == "AlreadyPresent" and k8s.phase != PULLED else (None, None)
     raw = {"kind": "Progress", "container": container, "image": image, "layer": "",
            "phase": phase, "progress": bytes_[0], "total": bytes_[1], "error": ""}
-    merged = merger.apply(raw) if scheduled else raw
+    merged = merger.apply(raw, who(c)) if scheduled else raw
     if merged.get("phase") == "Done" and merged.get("total") is None:
         kept = _kept_total(previous, container, image)
         merged = {**merged, "progress": kept, "total": kept}
@@ -143,7 +145,7 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     merger = Merger(target.containers)
     merger.update(pod, kubelet_events(pod, events))
     merger.node_view = dict(view) if view is not None else None
-    images = [_image(merger, c.name, c.image, bool(target.node), view, previous)
+    images = [_image(merger, c, bool(target.node), view, previous)
               for c in target.containers]
     # As the stream's pod granularity: each image once, however many containers (or
     # image volumes) name it, and only the images that need downloading.

@@ -16,7 +16,16 @@ from typing import Any
 from aggapi import imageref
 from aggapi.apiserver.imagepullprogress.nodeview import slots_of
 from aggapi.apiserver.imagepullprogress.objects import now, unknown_to_null
-from aggapi.apiserver.imagepullprogress.pullstate import PULLED, PULLING, K8sView, views
+from aggapi.apiserver.imagepullprogress.pullstate import (
+    CONTAINER,
+    POD,
+    PULLED,
+    PULLING,
+    K8sView,
+    Who,
+    views,
+    who,
+)
 from aggapi.auth.capability import ContainerRef
 
 # Agent phases that mean "the runtime shows no activity for this image yet".
@@ -56,12 +65,12 @@ class Merger:
                  see_node_pulls: bool = False) -> None:
         self.containers = containers
         self.see_node_pulls = see_node_pulls
-        self.k8s: dict[str, K8sView] = {}
+        self.k8s: dict[Who, K8sView] = {}
         self.node_view: dict[str, Any] | None = None
-        # container -> kubelet's attempt when the agent first said Failed: a later
+        # whose pull -> kubelet's attempt when the agent first said Failed: a later
         # attempt makes that Failed stale (the agent keeps it until a new lease shows).
-        self._agent_failed_at: dict[str, int] = {}
-        self._always: set[str] = set()  # containers with imagePullPolicy Always
+        self._agent_failed_at: dict[Who, int] = {}
+        self._always: set[Who] = set()  # imagePullPolicy Always
         refs = [r for c in containers if (r := _ref(c.image)) is not None]
         self._own_images = {str(r) for r in refs}
         self._own_repos = {f"{r.host}/{r.path}" for r in refs}
@@ -69,17 +78,37 @@ class Merger:
     def update(self, pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
         self.k8s = views(pod, events, self.containers)
         spec = pod.get("spec") or {}
-        self._always = {str(c.get("name")) for key in ("initContainers", "containers",
-                                                        "ephemeralContainers")
-                        for c in spec.get(key) or () if c.get("imagePullPolicy") == "Always"}
+        self._always = {(CONTAINER, str(c.get("name"))) for key in (
+            "initContainers", "containers", "ephemeralContainers")
+            for c in spec.get(key) or () if c.get("imagePullPolicy") == "Always"}
+        self._always |= {("volume", str(v.get("name"))) for v in spec.get("volumes") or ()
+                         if (v.get("image") or {}).get("pullPolicy") == "Always"}
 
-    def _pull_ahead(self, container: str) -> bool:
+    def who_of(self, obj: Mapping[str, Any]) -> Who:
+        """Whose pull an object of the agent is about: by its container name and image
+        (an image volume may be named like a container), a container first when both
+        name one image; POD for a pod granularity object."""
+        name, image = str(obj.get("container") or ""), str(obj.get("image") or "")
+        if not name:
+            return POD
+        named = [c for c in self.containers if c.name == name]
+        best = [c for c in named if c.image == image] or named
+        best.sort(key=lambda c: c.kind == "imagevolume")
+        return who(best[0]) if best else (CONTAINER, name)
+
+    def _whos(self, w: Who) -> list[Who]:
+        return [who(c) for c in self.containers] if w == POD else [w]
+
+    def _pull_ahead(self, w: Who) -> bool:
         """kubelet pulls (or, under imagePullPolicy Always, will pull) this image even
         though it is present: the present record is not the end of it."""
-        names = [container] if container else [c.name for c in self.containers]
         return any(self.k8s.get(n, K8sView()).phase == PULLING
                    or (self.k8s.get(n, K8sView()).phase == "" and n in self._always)
-                   for n in names)
+                   for n in self._whos(w))
+
+    def pull_ahead(self, obj: Mapping[str, Any]) -> bool:
+        """kubelet pulls, or is about to pull, the image of the agent's ``obj``."""
+        return self._pull_ahead(self.who_of(obj))
 
     def hold_summary(self, summary: Mapping[str, Any]) -> bool:
         """The agent's Summary (every image present) is not the end yet: an image it
@@ -87,15 +116,15 @@ class Merger:
         Always, a tag that moved), or is about to be. An image it saw arrive (Done)
         is the end of that pull."""
         images = [i for i in summary.get("images") or () if isinstance(i, Mapping)]
-        return any(i.get("phase") == "AlreadyPresent"
-                   and self._pull_ahead(str(i.get("container") or "")) for i in images)
+        return any(i.get("phase") == "AlreadyPresent" and self._pull_ahead(self.who_of(i))
+                   for i in images)
 
-    def view_of(self, container: str) -> K8sView:
-        """kubelet's view for one container, or at pod granularity (container "") for
-        the pod: the first failure, else the latest pull in progress."""
-        if container:
-            return self.k8s.get(container, K8sView())
-        vs = [self.k8s.get(c.name, K8sView()) for c in self.containers]
+    def view_of(self, w: Who) -> K8sView:
+        """kubelet's view for one container or image volume, or (POD) for the pod:
+        the first failure, else the latest pull in progress."""
+        if w != POD:
+            return self.k8s.get(w, K8sView())
+        vs = [self.k8s.get(who(c), K8sView()) for c in self.containers]
         for v in vs:
             if v.failed:
                 return v
@@ -110,7 +139,7 @@ class Merger:
         """The Error object that ends the stream: when following, only a failure
         kubelet will not retry; for a snapshot, any failure."""
         for c in self.containers:
-            v = self.k8s.get(c.name)
+            v = self.k8s.get(who(c))
             if v is not None and v.failed and (v.permanent or not follow):
                 return {"kind": "Error", "container": c.name, "image": c.image,
                         "phase": v.phase, "error": v.error or f"image pull {v.phase}",
@@ -122,32 +151,31 @@ class Merger:
         again (a new attempt is under way), or says every image the agent saw fail
         arrived after all."""
         failed = set(self._agent_failed_at)
-        vs = [self.k8s.get(c.name, K8sView()) for c in self.containers
-              if not failed or "" in failed or c.name in failed]
+        vs = [self.k8s.get(who(c), K8sView()) for c in self.containers
+              if not failed or POD in failed or who(c) in failed]
         return any(v.phase == PULLING and v.attempt > v.failures >= 1 for v in vs) or (
             bool(vs) and all(v.phase == PULLED for v in vs))
 
-    def agent_failure_stale(self, container: str) -> bool:
-        """The agent's Failed for ``container`` is from an earlier attempt."""
-        v = self.view_of(container)
-        at = self._agent_failed_at.get(container)
+    def agent_failure_stale(self, obj: Mapping[str, Any]) -> bool:
+        """The agent's Failed for ``obj``'s container is from an earlier attempt."""
+        w = self.who_of(obj)
+        v = self.view_of(w)
+        at = self._agent_failed_at.get(w)
         return at is not None and v.phase == PULLING and v.attempt > at
 
-    def _note_agent_phase(self, container: str, phase: str) -> None:
+    def _note_agent_phase(self, w: Who, phase: str) -> None:
         if phase == "Failed":
-            self._agent_failed_at.setdefault(container, self.view_of(container).attempt)
+            self._agent_failed_at.setdefault(w, self.view_of(w).attempt)
         elif phase not in IDLE_PHASES:
-            self._agent_failed_at.pop(container, None)
+            self._agent_failed_at.pop(w, None)
 
     def _idle(self, obj: Mapping[str, Any]) -> bool:
         phase = obj.get("phase")
-        container = str(obj.get("container") or "")
-        return phase in IDLE_PHASES or (phase == "Failed" and
-                                        self.agent_failure_stale(container))
+        return phase in IDLE_PHASES or (phase == "Failed" and self.agent_failure_stale(obj))
 
     def queued(self, obj: Mapping[str, Any]) -> bool:
         """kubelet is pulling this image but the runtime shows nothing yet."""
-        v = self.view_of(str(obj.get("container") or ""))
+        v = self.view_of(self.who_of(obj))
         return (v.phase == PULLING and self._idle(obj)
                 and int(obj.get("progress") or 0) <= 0)
 
@@ -166,7 +194,7 @@ class Merger:
 
     def _pulled_images(self) -> set[str]:
         return {str(r) for c in self.containers
-                if self.k8s.get(c.name, K8sView()).phase == PULLED
+                if self.k8s.get(who(c), K8sView()).phase == PULLED
                 and (r := _ref(c.image)) is not None}
 
     def waiting(self, image: str) -> dict[str, Any] | None:
@@ -202,11 +230,10 @@ class Merger:
                 "inFlightCount": count if isinstance(count, int) else len(pulls),
                 "limit": slots["limit"], "slots": slots}
 
-    def _present_phase(self, container: str) -> str | None:
-        """present_phase for one container, or for the pod (container ""): Done when
-        any of its images was pulled for it and kubelet has them all."""
-        names = [container] if container else [c.name for c in self.containers]
-        phases = [present_phase(self.k8s.get(n, K8sView())) for n in names]
+    def _present_phase(self, w: Who) -> str | None:
+        """present_phase for one container or image volume, or for the pod (POD): Done
+        when any of its images was pulled for it and kubelet has them all."""
+        phases = [present_phase(self.k8s.get(n, K8sView())) for n in self._whos(w)]
         if "Done" in phases and all(p is not None for p in phases):
             return "Done"
         return None
@@ -216,7 +243,7 @@ class Merger:
         images = [dict(i) for i in obj.get("images") or () if isinstance(i, Mapping)]
         for i in images:
             if i.get("phase") == "AlreadyPresent" and \
-                    self._present_phase(str(i.get("container") or "")) == "Done":
+                    self._present_phase(self.who_of(i)) == "Done":
                 i["phase"] = "Done"
         if images:
             out["images"] = images
@@ -225,17 +252,19 @@ class Merger:
                 out["phase"] = "Done"
         return out
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], w: Who | None = None) -> dict[str, Any]:
+        """``obj`` merged; ``w``: whose pull it is, when the caller knows (else the
+        object's container name and image tell)."""
         kind = obj.get("kind")
         if kind == "Summary":
             return self._summary(obj)
         if kind != "Progress":
             return obj
         out = unknown_to_null(obj)
-        container = str(obj.get("container") or "")
+        w = w or self.who_of(obj)
         phase = str(obj.get("phase") or "")
-        self._note_agent_phase(container, phase)
-        v = self.view_of(container)
+        self._note_agent_phase(w, phase)
+        v = self.view_of(w)
         out["attempt"] = v.attempt
         if v.failed and (phase in IDLE_PHASES or phase == "Failed"):
             # (when the runtime shows bytes moving or the image there, that is a newer
@@ -244,26 +273,32 @@ class Merger:
             if v.back_off_seconds is not None:
                 out["backOffSeconds"] = v.back_off_seconds
             return out
-        if phase == "AlreadyPresent" and self._pull_ahead(container):
+        if phase == "AlreadyPresent" and self._pull_ahead(w):
             # Present, but kubelet pulls again: the runtime has shown nothing new yet.
             out.update(phase="Pulling" if v.phase == PULLING else PENDING)
             return out
         if phase == "AlreadyPresent" and not obj.get("layer") \
-                and self._present_phase(container) == "Done":
+                and self._present_phase(w) == "Done":
             # This pod's own pull brought it (kubelet says so); an agent that did not
             # watch that pull finds it already there.
             out["phase"] = "Done"
             return out
         if v.phase == PULLING and self._idle(obj):
-            # A layer with no bytes yet in a pull under way has not started: Pending.
-            out.update(phase=PENDING if obj.get("layer") else "Pulling", error="")
+            # kubelet pulls; the runtime shows no bytes of this image (or layer) yet.
+            # (Not Pending, which is "kubelet has not asked": a pull never goes back.)
+            out.update(phase="Pulling", error="")
             if self.queued(obj):
                 waiting = self.waiting(str(obj.get("image") or ""))
                 if waiting is not None:
                     out.update(phase=WAITING, waiting=waiting)
             return out
+        if v.phase == PULLED and phase in IDLE_PHASES:
+            # kubelet's Pulled is ahead of the runtime's view (the agent looks every
+            # quarter second): kubelet has the image. A pull never goes back to Pending.
+            out["phase"] = "Pulling" if obj.get("layer") else present_phase(v) or "Done"
+            return out
         if phase == WAITING or (v.phase == "" and phase in IDLE_PHASES):
-            # kubelet has not asked for this image yet (or its Pulled event is ahead
-            # of the runtime): Waiting is only ever "at the node's pull limit".
+            # kubelet has not asked for this image yet: Waiting is only ever "at the
+            # node's pull limit".
             out["phase"] = PENDING
         return out

@@ -20,8 +20,9 @@ from typing import Any
 import aiohttp
 
 from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.imagepullprogress import layerset
 from aggapi.apiserver.imagepullprogress.fanout import Broadcast
-from aggapi.apiserver.imagepullprogress.merge import Merger
+from aggapi.apiserver.imagepullprogress.merge import K8S_FAILURES, Merger
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
 from aggapi.apiserver.imagepullprogress.objects import (
     PRESENT,
@@ -70,12 +71,34 @@ class Producer:
         # nothing new to say, and the merged object must follow.
         self._raw: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self._sent: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        # image-level objects standing for layers held back (layerset)
+        self._placeholders: set[tuple[str, str, str, str]] = set()
+        self._attempts: dict[tuple[str, str, str, str], int] = {}  # the latest, sent
 
     def _publish(self, obj: dict[str, Any]) -> None:
         if self._ended:
             return
+        if obj.get("kind") == "Progress":
+            obj = self._in_attempt(obj)
         self._ended = is_terminal(obj)
         self.out.publish(obj)
+
+    def _in_attempt(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Each attempt starts with its own Pulling: kubelet's
+        Pulling and Failed for a pull that fails at once often come together, and
+        the stream then never sees that attempt pulling. Attempts never go back."""
+        key, attempt = object_key(obj), obj.get("attempt")
+        if not isinstance(attempt, int) or isinstance(attempt, bool):
+            return obj
+        seen = self._attempts.get(key)
+        if seen is not None and attempt < seen:
+            return {**obj, "attempt": seen}
+        self._attempts[key] = attempt
+        if seen is not None and attempt > seen and obj.get("phase") in K8S_FAILURES:
+            start = {k: v for k, v in obj.items() if k != "backOffSeconds"}
+            start.update(phase="Pulling", error="")
+            self.out.publish(start)
+        return obj
 
     def _error(self, message: str, **extra: Any) -> None:
         self._publish({"kind": "Error", "phase": "Unknown", "time": now(),
@@ -255,7 +278,7 @@ class Producer:
                 return True
             # A snapshot ends with kubelet's failure (it has the registry's text) if
             # there is one, else this one unless it is an earlier attempt's.
-            if not self.merger.agent_failure_stale(str(obj["container"])):
+            if not self.merger.agent_failure_stale(obj):
                 self._agent_failure = obj
             return None
         if kind == "Summary" and self.merger.hold_summary(obj):
@@ -276,19 +299,51 @@ class Producer:
         pulls) gets its last word from the runtime, as kubelet's Pulled event may
         come after the Summary."""
         for key, obj in list(self._raw.items()):
-            if obj.get("phase") in PRESENT and \
-                    self._sent.get(key, {}).get("phase") != obj["phase"]:
-                self._sent[key] = settled = {**self.merger.apply(obj), "phase": obj["phase"],
+            phase = obj.get("phase")
+            if key in self._placeholders or self._image_row(obj):
+                # the image's phase: kubelet's, or its layers'
+                said = self.merger.apply(obj).get("phase")
+                phase = said if said in PRESENT else layerset.image_phase(self._raw, obj) \
+                    or phase
+            if phase in PRESENT and self._sent.get(key, {}).get("phase") != phase:
+                self._sent[key] = settled = {**self.merger.apply(obj), "phase": phase,
                                              "time": now()}
                 self._publish(settled)
 
+    def _image_row(self, obj: dict[str, Any]) -> bool:
+        """An image-level object at layer granularity: sent before the manifest was
+        known, it is the image's row; it ends with the image, not as it was then."""
+        return self.granularity == "layer" and not obj.get("layer") and bool(obj.get("image"))
+
+    def _held_back(self, obj: dict[str, Any]) -> bool:
+        """A layer of an image kubelet is about to pull that the runtime shows only as
+        present: which layers that pull brings is not known yet (layerset)."""
+        return self.merger.pull_ahead(obj) and layerset.unpulled(self._raw, obj)
+
     def _publish_merged(self, obj: dict[str, Any], *, merge: bool = True) -> None:
+        if obj.get("kind") != "Progress":
+            self._publish(self.merger.apply(obj) if merge else obj)
+            return
+        key = object_key(obj)
+        for old in layerset.replaced(self._raw, obj):  # the layers of a manifest left
+            self._raw.pop(old, None)
+            self._sent.pop(old, None)
+        self._raw[key] = obj
+        if merge and self._held_back(obj):
+            stand_in = layerset.placeholder(obj)
+            image_key = object_key(stand_in)
+            if image_key not in self._raw:
+                self._placeholders.add(image_key)
+                self._publish_merged(stand_in)
+            return
         merged = self.merger.apply(obj) if merge else obj
-        if obj.get("kind") == "Progress":
-            key = object_key(obj)
-            self._raw[key] = obj
-            self._sent[key] = merged
+        self._sent[key] = merged
         self._publish(merged)
+        if merge:  # the manifest's layers held back so far go out with it
+            for k in layerset.siblings(self._raw, obj):
+                if k not in self._sent:
+                    self._sent[k] = sib = self.merger.apply(self._raw[k])
+                    self._publish({**sib, "time": now()})
 
     def _any_queued(self) -> bool:
         return any(self.merger.queued(o) for o in self._raw.values())
@@ -298,7 +353,7 @@ class Producer:
         if self._any_queued():
             await self._refresh_node_view(node)
         for key, obj in list(self._raw.items()):
-            if obj.get("phase") == "Unscheduled":
+            if obj.get("phase") == "Unscheduled" or self._held_back(obj):
                 continue
             merged = self.merger.apply(obj)
             if {**merged, "time": ""} != {**self._sent.get(key, {}), "time": ""}:

@@ -34,7 +34,21 @@ BACKOFF_INITIAL, BACKOFF_MAX = 10, 300
 # Events of one second sort in the order kubelet emits them within one attempt.
 _RANK = {PULLING: 0, PULLED: 1, FAILED: 2, BACKOFF: 3}
 # client-go names a new Event '<object>.<UnixNano in hex>' (tools/record makeEvent).
+_COMBINED = "(combined from similar events): "
 _NAME_NANOS = re.compile(r"\.([0-9a-f]{1,16})$")
+
+
+# Whose pull a view is: (CONTAINER, name) or (VOLUME, name). An image volume may share
+# its name with a container (volume and container names are separate namespaces), and
+# kubelet's events tell them apart: a container's name it in their fieldPath, an image
+# volume's name only the pod (kuberuntime getImageVolumes passes the pod's reference).
+CONTAINER, VOLUME = "container", "volume"
+Who = tuple[str, str]
+POD: Who = ("", "")  # the pod as a whole (pod granularity)
+
+
+def who(c: ContainerRef) -> Who:
+    return (VOLUME if c.kind == "imagevolume" else CONTAINER, c.name)
 
 
 @dataclass(frozen=True)
@@ -70,9 +84,15 @@ def _count(ev: Mapping[str, Any]) -> int:
     return n if isinstance(n, int) and n > 0 else 1
 
 
-def _container_of(ev: Mapping[str, Any]) -> str | None:
+def _targets(ev: Mapping[str, Any], containers: Sequence[ContainerRef]) -> list[Who]:
+    """Whose pull an event is about: the container its fieldPath names; without a
+    fieldPath (image volumes), each image volume of the image its message names."""
     m = _FIELD_PATH.match((ev.get("involvedObject") or {}).get("fieldPath") or "")
-    return m.group(2) if m else None
+    if m:
+        return [(CONTAINER, m.group(2))] if any(
+            c.name == m.group(2) and c.kind != "imagevolume" for c in containers) else []
+    image = _image_of(ev)
+    return [who(c) for c in containers if c.kind == "imagevolume" and c.image == image]
 
 
 def _image_of(ev: Mapping[str, Any]) -> str | None:
@@ -135,55 +155,54 @@ def _order(ev: Mapping[str, Any]) -> tuple[str, float, int]:
 
 
 def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
-          containers: Sequence[ContainerRef]) -> dict[str, K8sView]:
-    """One K8sView per container name, from the pod and its events (any order)."""
+          containers: Sequence[ContainerRef]) -> dict[Who, K8sView]:
+    """One K8sView per container and image volume (see ``who``), from the pod and its
+    events (any order)."""
     if not (pod.get("spec") or {}).get("nodeName"):
-        return {c.name: K8sView(phase="Unscheduled") for c in containers}
+        return {who(c): K8sView(phase="Unscheduled") for c in containers}
 
-    by_name = {c.name: c for c in containers}
-    latest: dict[str, K8sView] = {}
-    attempts: dict[str, int] = {}
-    failures: dict[str, int] = {}
+    latest: dict[Who, K8sView] = {}
+    attempts: dict[Who, int] = {}
+    failures: dict[Who, int] = {}
     for ev in sorted(events, key=_order):
         reason = ev.get("reason") or ""
         if reason not in (PULLING, PULLED, FAILED, BACKOFF):
             continue
-        name = _container_of(ev)
-        if name is None:  # image volumes: match by the image in the message
-            image = _image_of(ev)
-            name = next((c.name for c in containers if c.image == image), None)
-        if name not in by_name:
-            continue
-        message = ev.get("message") or ""
+        message = _uncombined(str(ev.get("message") or ""))
         when = event_time(ev)
-        prev = latest.get(name)
-        if reason == PULLING:
-            attempts[name] = attempts.get(name, 0) + _count(ev)
-            latest[name] = K8sView(phase=PULLING, since=when)
-        elif reason == PULLED:
-            present = "already present" in message
-            latest[name] = K8sView(phase=PULLED, since=when, already_present=present,
-                                   pulled_here=not present)
-        elif reason == FAILED and _pull_failure(message):
-            # kubelet follows 'Failed to pull image "x": <registry text>' with a bare
-            # 'Error: ErrImagePull': keep the registry's text, it is what users need.
-            if not message.startswith("Error: "):
-                failures[name] = failures.get(name, 0) + _count(ev)
-            keep = prev.error if prev and prev.error and message.startswith("Error: ") else ""
-            phase = BACKOFF if "ImagePullBackOff" in message else FAILED
-            latest[name] = K8sView(phase=phase, error=keep or _strip_prefix(message),
-                                   since=when,
-                                   permanent=any(r in message for r in PERMANENT_REASONS))
-        elif reason == BACKOFF and "pull" in message.lower():
-            latest[name] = K8sView(phase=BACKOFF, since=when,
-                                   error=prev.error if prev and prev.error else message)
+        for name in _targets(ev, containers):
+            prev = latest.get(name)
+            if reason == PULLING:
+                attempts[name] = attempts.get(name, 0) + _count(ev)
+                latest[name] = K8sView(phase=PULLING, since=when)
+            elif reason == PULLED:
+                present = "already present" in message
+                latest[name] = K8sView(phase=PULLED, since=when, already_present=present,
+                                       pulled_here=not present)
+            elif reason == FAILED and _pull_failure(message):
+                # kubelet follows 'Failed to pull image "x": <registry text>' with a bare
+                # 'Error: ErrImagePull': keep the registry's text, it is what users need.
+                if not message.startswith("Error: "):
+                    failures[name] = failures.get(name, 0) + _count(ev)
+                keep = prev.error if prev and prev.error and message.startswith("Error: ") \
+                    else ""
+                phase = BACKOFF if "ImagePullBackOff" in message else FAILED
+                latest[name] = K8sView(phase=phase, error=keep or _strip_prefix(message),
+                                       since=when, permanent=any(
+                                           r in message for r in PERMANENT_REASONS))
+            elif reason == BACKOFF and "pull" in message.lower():
+                latest[name] = K8sView(phase=BACKOFF, since=when,
+                                       error=prev.error if prev and prev.error else message)
 
     # Container statuses tell the present, except that kubelet leaves the last
     # failure's waiting reason in place while it pulls again: a Pulling (or Pulled)
-    # event newer than a failure event is the retry, and wins.
-    for name, cs in _statuses(pod).items():
-        if name not in by_name:
+    # event newer than a failure event is the retry, and wins. (Image volumes have no
+    # status of their own.)
+    names = {c.name for c in containers if c.kind != "imagevolume"}
+    for cname, cs in _statuses(pod).items():
+        if cname not in names:
             continue
+        name = (CONTAINER, cname)
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
         reason = waiting.get("reason") or ""
@@ -191,6 +210,12 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
         if reason in PULL_ERROR_REASONS:
             retrying = prev.phase in (PULLING, PULLED) and failures.get(name, 0) > 0
             if retrying and reason not in PERMANENT_REASONS:
+                continue
+            if prev.failed and reason not in PERMANENT_REASONS:
+                # The events say which step of the latest attempt kubelet is at; the
+                # status, written on its own, may still be the attempt before's: its
+                # ImagePullBackOff while the new attempt's Failed is in, or ErrImagePull
+                # while its BackOff is.
                 continue
             phase = BACKOFF if reason == "ImagePullBackOff" else FAILED
             latest[name] = K8sView(phase=phase, since=prev.since,
@@ -232,6 +257,12 @@ def _pull_failure(message: str) -> bool:
     if message.startswith("Error: "):
         return message.removeprefix("Error: ").split(":", 1)[0].strip() in PULL_ERROR_REASONS
     return "pull" in message.lower()
+
+
+def _uncombined(message: str) -> str:
+    """client-go's aggregator prefixes the message of an event it combined from
+    similar ones (same reason, 10 different messages in 10 minutes)."""
+    return message.removeprefix(_COMBINED)
 
 
 def _strip_prefix(message: str) -> str:

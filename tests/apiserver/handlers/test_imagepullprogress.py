@@ -50,9 +50,11 @@ async def test_pull_streamed_from_start_to_summary(
     for o in progress(objs):
         assert o["container"] == "app" and o["image"] == ref
         by_layer.setdefault(o["layer"], []).append(o)
-    # Until the manifest is known there are no layers: image-level objects only.
-    # (no kubelet here, so no Pulling event: what has no bytes yet is Pending)
-    assert {o["phase"] for o in by_layer.pop("", [])} <= {"Pending", "Resolving"}
+    # Until the manifest is known there are no layers: image-level objects only
+    # (no kubelet here, so no Pulling event: what has no bytes yet is Pending); that
+    # row ends with the image.
+    rows = [o["phase"] for o in by_layer.pop("", [])]
+    assert set(rows[:-1]) <= {"Pending", "Resolving"} and rows[-1] == "Done", rows
     assert set(by_layer) == set(sizes)
     for digest, seq in by_layer.items():
         offsets = [o["progress"] for o in seq]

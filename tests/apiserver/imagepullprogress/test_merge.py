@@ -148,13 +148,16 @@ def test_sizes_are_a_count_or_null(prog: int | None, total: int | None, phase: s
     assert summary["progress"] == (prog if prog is not None and prog >= 0 else None)
 
 
-def test_a_layer_not_started_in_a_pull_under_way_is_pending() -> None:
+def test_a_layer_not_started_in_a_pull_under_way_is_pulling() -> None:
+    """Pending is "kubelet has not asked": a layer of a pull kubelet started, with no
+    bytes yet, is Pulling. At b8a55c6 it was Pending, and a retried pull went from the
+    image's Pulling back to its layers' Pending (issue 37)."""
     m = Merger((APP,))
     m.update(pod(), [ev("Pulling", "app", 'Pulling image "reg.example/app:1"',
                         "2026-01-01T00:00:01Z")])
     m.node_view = full_node([{"images": ["reg.example/app:1"]}])
     got = m.apply(progress("app", APP.image, "Waiting", 0, 100, layer="sha256:ab"))
-    assert got["phase"] == "Pending"
+    assert got["phase"] == "Pulling"
 
 
 def test_a_pull_that_names_no_image_yet_may_be_our_own() -> None:
@@ -208,3 +211,18 @@ def test_after_the_pods_own_pull_a_snapshot_says_done_as_the_live_stream_did() -
                             "phase": "AlreadyPresent"}]})
     assert summary["phase"] == "Done"
     assert [i["phase"] for i in summary["images"]] == ["Done", "AlreadyPresent"]
+
+
+def test_kubelets_pulled_ahead_of_the_runtime_is_not_pending() -> None:
+    """kubelet's Pulled reaches the stream before the agent's next look (it looks every
+    quarter second): the image is there, the pull does not go back to Pending. At
+    b8a55c6 a retried pull went Pulling -> Pending here (issue 37)."""
+    m = Merger((APP,))
+    m.update(pod(), [ev("Pulling", "app", 'Pulling image "reg.example/app:1"',
+                        "2026-01-01T00:00:01Z"),
+                     ev("Pulled", "app", 'Successfully pulled image "reg.example/app:1" in 3s',
+                        "2026-01-01T00:00:04Z")])
+    assert m.apply(progress("app", APP.image, "Waiting"))["phase"] == "Done"
+    assert m.apply(progress("app", APP.image, "Resolving"))["phase"] == "Done"
+    layer = m.apply(progress("app", APP.image, "Waiting", 0, 100, layer="sha256:ab"))
+    assert layer["phase"] == "Pulling"

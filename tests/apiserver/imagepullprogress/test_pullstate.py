@@ -8,6 +8,7 @@ from aggapi.apiserver.imagepullprogress.pullstate import views
 from aggapi.auth.capability import ContainerRef
 
 C = (ContainerRef("init", "reg/init:1", "init"), ContainerRef("app", "reg/app:1"))
+APP, INIT = ("container", "app"), ("container", "init")
 
 
 def pod(node: str = "n1", statuses: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -22,7 +23,7 @@ def ev(reason: str, container: str, message: str, t: str, kind: str = "container
 
 def test_unscheduled_pod_marks_every_container() -> None:
     v = views(pod(node=""), [], C)
-    assert {k: x.phase for k, x in v.items()} == {"init": "Unscheduled", "app": "Unscheduled"}
+    assert {k: x.phase for k, x in v.items()} == {INIT: "Unscheduled", APP: "Unscheduled"}
 
 
 def test_latest_event_wins_and_error_text_is_kept() -> None:
@@ -35,9 +36,9 @@ def test_latest_event_wins_and_error_text_is_kept() -> None:
            "2026-01-01T00:00:00Z", kind="initContainers"),
     ]
     v = views(pod(), evs, C)
-    assert v["app"].phase == "BackOff"
-    assert v["app"].error == "rpc error: not found"
-    assert v["init"].phase == "Pulled" and v["init"].already_present
+    assert v[APP].phase == "BackOff"
+    assert v[APP].error == "rpc error: not found"
+    assert v[INIT].phase == "Pulled" and v[INIT].already_present
 
 
 def test_retry_after_failure_is_pulling_again() -> None:
@@ -45,15 +46,15 @@ def test_retry_after_failure_is_pulling_again() -> None:
         ev("Failed", "app", 'Failed to pull image "reg/app:1": boom', "2026-01-01T00:00:02Z"),
         ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T00:00:09Z"),
     ]
-    assert views(pod(), evs, C)["app"].phase == "Pulling"
+    assert views(pod(), evs, C)[APP].phase == "Pulling"
 
 
 def test_container_status_waiting_reason_gives_failure_text() -> None:
     st = [{"name": "app", "state": {"waiting": {"reason": "ErrImagePull",
                                                 "message": "manifest unknown"}}}]
     v = views(pod(statuses=st), [], C)
-    assert v["app"].phase == "Failed" and v["app"].error == "manifest unknown"
-    assert "init" not in v
+    assert v[APP].phase == "Failed" and v[APP].error == "manifest unknown"
+    assert INIT not in v
 
 
 def test_unrelated_events_are_ignored() -> None:
@@ -69,7 +70,7 @@ def test_kubelets_bare_error_events_keep_the_registry_text() -> None:
         ev("Failed", "app", "Error: ErrImagePull", "2026-01-01T00:00:03Z"),
         ev("Failed", "app", "Error: ImagePullBackOff", "2026-01-01T00:00:04Z"),
     ]
-    v = views(pod(), evs, C)["app"]
+    v = views(pod(), evs, C)[APP]
     assert (v.phase, v.error) == ("BackOff", "manifest unknown")
 
 
@@ -85,7 +86,7 @@ def test_retry_wins_over_the_stale_backoff_status() -> None:
         ev("BackOff", "app", 'Back-off pulling image "reg/app:1"', "2026-01-01T00:00:09Z"),
     ]
     st = [{"name": "app", "state": {"waiting": {"reason": "ImagePullBackOff"}}}]
-    v = views(pod(statuses=st), evs, C)["app"]
+    v = views(pod(statuses=st), evs, C)[APP]
     assert (v.phase, v.attempt, v.failures) == ("Pulling", 2, 1)
 
 
@@ -93,7 +94,7 @@ def test_failure_in_the_same_second_as_its_pull_is_after_it() -> None:
     evs = [ev("Failed", "app", 'Failed to pull image "reg/app:1": denied',
               "2026-01-01T00:00:02Z"),
            ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T00:00:02Z")]
-    v = views(pod(), evs, C)["app"]
+    v = views(pod(), evs, C)[APP]
     assert (v.phase, v.error, v.back_off_seconds) == ("Failed", "denied", 10)
 
 
@@ -101,13 +102,13 @@ def test_backoff_doubles_to_five_minutes() -> None:
     for failures, want in ((1, 10), (2, 20), (3, 40), (5, 160), (6, 300), (40, 300)):
         evs = [{**ev("Failed", "app", 'Failed to pull image "reg/app:1": x',
                      "2026-01-01T00:00:02Z"), "count": failures}]
-        assert views(pod(), evs, C)["app"].back_off_seconds == want
+        assert views(pod(), evs, C)[APP].back_off_seconds == want
 
 
 def test_never_retried_failures_are_permanent() -> None:
     st = [{"name": "app", "state": {"waiting": {"reason": "InvalidImageName",
                                                 "message": "bad ref"}}}]
-    v = views(pod(statuses=st), [], C)["app"]
+    v = views(pod(statuses=st), [], C)[APP]
     assert v.permanent and v.error == "bad ref" and v.back_off_seconds is None
 
 
@@ -118,9 +119,9 @@ def test_repull_after_a_run_is_pulling_not_pulled() -> None:
            "state": {"waiting": {"reason": "ContainerCreating"}},
            "lastState": {"terminated": {"startedAt": "2026-01-01T00:00:05Z"}}}]
     evs = [ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T00:01:00Z")]
-    assert views(pod(statuses=st), evs, C)["app"].phase == "Pulling"
+    assert views(pod(statuses=st), evs, C)[APP].phase == "Pulling"
     running = [{**st[0], "state": {"running": {"startedAt": "2026-01-01T00:01:09Z"}}}]
-    assert views(pod(statuses=running), evs, C)["app"].phase == "Pulled"
+    assert views(pod(statuses=running), evs, C)[APP].phase == "Pulled"
 
 
 def test_a_container_that_fails_to_start_is_not_a_failed_pull() -> None:
@@ -136,7 +137,7 @@ def test_a_container_that_fails_to_start_is_not_a_failed_pull() -> None:
         ev("Failed", "app", "Error: RunContainerError", "2026-01-01T00:00:03Z"),
     ]
     v = views(pod(), evs, C)
-    assert v["app"].phase == "Pulled" and not v["app"].error
+    assert v[APP].phase == "Pulled" and not v[APP].error
 
 
 # --- kubelet's events as it names them: '<pod>.<UnixNano in hex>', count 1 ----------
@@ -174,7 +175,7 @@ def test_present_on_retry_in_the_failures_second_is_pulled() -> None:
     st = [{"name": "app", "state": {"waiting": {"reason": "ErrImagePull",
                                                 "message": "pull QPS exceeded"}}}]
     for statuses in ([], st):  # before and after the status catches up
-        v = views(pod(statuses=statuses), list(reversed(evs)), C)["app"]
+        v = views(pod(statuses=statuses), list(reversed(evs)), C)[APP]
         assert (v.phase, v.already_present) == ("Pulled", True), statuses
 
 
@@ -190,7 +191,7 @@ def test_events_of_one_second_count_in_the_order_they_happened(
     evs = [kev(reason, message, T0 * 10**9 + ns) for (reason, message), ns in emitted]
     rnd.shuffle(evs)
     last = max(emitted, key=lambda e: e[1])[0]
-    assert views(pod(), evs, C)["app"].phase == ONE_ATTEMPT_EACH[last]
+    assert views(pod(), evs, C)[APP].phase == ONE_ATTEMPT_EACH[last]
 
 
 def test_a_repeat_is_older_than_a_new_event_of_its_second() -> None:
@@ -202,7 +203,7 @@ def test_a_repeat_is_older_than_a_new_event_of_its_second() -> None:
     back_off["lastTimestamp"] = kev("x", "", T0 * 10**9)["lastTimestamp"]
     present = kev("Pulled", f'Container image "{IMG}" already present on machine',
                   T0 * 10**9 + 100_000_000)
-    assert views(pod(), [present, back_off], C)["app"].phase == "Pulled"
+    assert views(pod(), [present, back_off], C)[APP].phase == "Pulled"
 
 
 def test_a_container_running_since_a_failure_has_its_image() -> None:
@@ -217,9 +218,9 @@ def test_a_container_running_since_a_failure_has_its_image() -> None:
     def running(started: str) -> list[dict[str, Any]]:
         return [{"name": "app", "imageID": "reg/app@sha256:aa",
                  "state": {"running": {"startedAt": started}}}]
-    assert views(pod(statuses=running("2026-01-01T00:00:09Z")), evs, C)["app"].phase \
+    assert views(pod(statuses=running("2026-01-01T00:00:09Z")), evs, C)[APP].phase \
         == "Pulled"
-    assert views(pod(statuses=running("2026-01-01T00:00:05Z")), evs, C)["app"].phase \
+    assert views(pod(statuses=running("2026-01-01T00:00:05Z")), evs, C)[APP].phase \
         == "BackOff"
 
 
@@ -231,8 +232,8 @@ def test_attempt_survives_expired_or_dropped_pulling_events() -> None:
                    "2026-01-01T01:00:00Z"), "count": 7}
     backoff = {**ev("BackOff", "app", 'Back-off pulling image "reg/app:1"',
                     "2026-01-01T01:00:05Z"), "count": 40}
-    v = views(pod(), [failed, backoff], C)["app"]
+    v = views(pod(), [failed, backoff], C)[APP]
     assert (v.phase, v.failures, v.attempt) == ("BackOff", 7, 7)
     again = ev("Pulling", "app", 'Pulling image "reg/app:1"', "2026-01-01T01:05:00Z")
-    v = views(pod(), [failed, backoff, again], C)["app"]
+    v = views(pod(), [failed, backoff, again], C)[APP]
     assert (v.phase, v.failures, v.attempt) == ("Pulling", 7, 8)

@@ -30,13 +30,15 @@ MiB = 1 << 20
 PRESENT = ("Done", "AlreadyPresent")
 
 
-def push(node: Node, ref: str, size: int, seed: str) -> None:
-    """A busybox image with one random layer of ``size`` bytes, pushed as ``ref``."""
+def push(node: Node, ref: str, size: int, seed: str) -> tuple[str, str]:
+    """A busybox image with one random layer of ``size`` bytes, pushed as ``ref``; the
+    digests of its (busybox, random) layers."""
     cache = oci.BlobCache(OCI_CACHE)
     repo, tag = ref.split(":")
+    layers = [cache.busybox_layer(), cache.random_layer(size, seed=seed)]
     oci.push_image(node.info.registry_host, repo, oci.build_image(
-        [cache.busybox_layer(), cache.random_layer(size, seed=seed)],
-        cmd=["/bin/busybox", "sleep", "3600"], labels={"io.aggapi.test": repo}), tag)
+        layers, cmd=["/bin/busybox", "sleep", "3600"], labels={"io.aggapi.test": repo}), tag)
+    return layers[0].blob.digest, layers[1].blob.digest
 
 
 def progress(objs: list[dict[str, Any]], container: str = "c") -> list[dict[str, Any]]:
@@ -129,12 +131,12 @@ def test_always_repull_of_a_moved_tag_is_followed(control_plane: ControlPlane, n
     cp = control_plane
     ref = f"aggapi-test/moving:{uuid.uuid4().hex[:12]}"
     image = node.via_throttle(ref)
-    push(node, ref, 1 * MiB, seed=ref + "-v1")
+    _, old_only = push(node, ref, 1 * MiB, seed=ref + "-v1")
     delete_pods(cp, "kold", "knew")
     create_pods(cp, [pod(node, "kold", [{"name": "c", "image": image}])])
     wait_running(cp, "kold")
     delete_pods(cp, "kold")
-    push(node, ref, 6 * MiB, seed=ref + "-v2")  # the tag moves
+    new_layers = push(node, ref, 6 * MiB, seed=ref + "-v2")  # the tag moves
     node.set_rate(1 * MiB)
     objs = follow_pull(cp, [pod(node, "knew", [{"name": "c", "image": image}],
                                 pull_policy="Always")],
@@ -144,6 +146,10 @@ def test_always_repull_of_a_moved_tag_is_followed(control_plane: ControlPlane, n
     layers = {o["layer"] for o in progress(objs)
               if o["phase"] == "Downloading" and 0 < (o["progress"] or 0) < (o["total"] or 0)}
     assert layers, [(o["layer"][:19], o["phase"], o["progress"]) for o in progress(objs)]
+    # Only the new image's layers are listed: never the old one's own (at b8a55c6 it
+    # was, Pending, Pulling, then AlreadyPresent).
+    listed = {o["layer"] for o in progress(objs) if o["layer"]}
+    assert listed == set(new_layers) and old_only not in listed, (listed, old_only)
     pulled = [e for e in events(cp, "knew") if e.get("reason") == "Pulled"]
     assert pulled and "Successfully pulled" in pulled[-1]["message"]
     delete_pods(cp, "knew")
