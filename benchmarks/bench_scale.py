@@ -177,7 +177,7 @@ def measure(sc: ScaleCluster, pods: int, timeout: float, bin_dir: Path,
     watch = TableWatch(sc.cp)
     watch_started = time.monotonic()
     keys = sc.pod_keys()
-    with profiled(spy, "follow", {"aggapi-apiserver": pid}):
+    with profiled(spy, "follow", {"aggapi-apiserver": pid, "hollow": hollow_pid}):
         all_done = watch.wait_done(keys, timeout)
     follow_s = time.monotonic() - t0
     plugin_cpu_s, plugin_rc = plugin.stop()
@@ -255,11 +255,14 @@ def measure(sc: ScaleCluster, pods: int, timeout: float, bin_dir: Path,
     }
 
 
-def _list_goal(goals: dict[str, Any], r: dict[str, Any], key: str, name: str) -> None:
-    """A list's seconds, met when within the bound and complete (every pod)."""
-    whole = r.get(f"{key}_items") in (None, r["pods"])
+def _list_goal(goals: dict[str, Any], r: dict[str, Any], key: str, name: str,
+               namespace: bool = False) -> None:
+    """A list's seconds, met when within the bound and complete (every pod of its scope:
+    pod i is in namespace i % namespaces)."""
+    want = len(range(0, r["pods"], r["namespaces"])) if namespace else r["pods"]
+    whole = r.get(f"{key}_items") in (None, want)
     _goal(goals, key, name, r[f"{key}_s"], r[f"{key}_s"] <= GOAL_FIRST_LIST_S and whole,
-          f"<= {GOAL_FIRST_LIST_S}" + (", every pod" if f"{key}_items" in r else ""))
+          f"<= {GOAL_FIRST_LIST_S}" + (f", all {want} pods" if f"{key}_items" in r else ""))
 
 
 def report(r: dict[str, Any]) -> bool:
@@ -271,9 +274,9 @@ def report(r: dict[str, Any]) -> bool:
     goals: dict[str, Any] = {}
     print(" issue 36:")
     _list_goal(goals, r, "first_list", "first list, all namespaces, warm (s, rollout)")
-    _list_goal(goals, r, "first_list_namespace", "first list, one namespace, warm (s)")
+    _list_goal(goals, r, "first_list_namespace", "first list, one namespace, warm (s)", True)
     _list_goal(goals, r, "cold_list", "first list, all namespaces, cold (s, settled)")
-    _list_goal(goals, r, "cold_list_namespace", "first list, one namespace, cold (s)")
+    _list_goal(goals, r, "cold_list_namespace", "first list, one namespace, cold (s)", True)
     _list_goal(goals, r, "warm_list", "list, all namespaces, warm (s, settled)")
     _list_goal(goals, r, "warm_list_paged", f"list, all namespaces, pages of {PAGE} (s)")
     _goal(goals, "update_p99_s", "update latency p99 (s, Pulled Event -> kubectl)",
