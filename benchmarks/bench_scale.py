@@ -90,7 +90,10 @@ class Sampler(threading.Thread):
         before = sum(self.sc.watches_before_aggapi.values())
         last_cpu, last_t, n = cpu_seconds(self.pid), time.monotonic(), 0
         while not self.stop_event.wait(1.0):
-            cpu, now = cpu_seconds(self.pid), time.monotonic()
+            try:
+                cpu, now = cpu_seconds(self.pid), time.monotonic()
+            except OSError:  # aggapi gone (the run failed and took the harness down)
+                return
             self.cores.append((cpu - last_cpu) / (now - last_t))
             last_cpu, last_t = cpu, now
             self.rss_peak = max(self.rss_peak, status_bytes(self.pid).get("VmRSS", 0))
