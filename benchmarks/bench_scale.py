@@ -180,7 +180,7 @@ def measure(sc: ScaleCluster, pods: int, timeout: float, bin_dir: Path,
     watch = TableWatch(sc.cp)
     watch_started = time.monotonic()
     keys = sc.pod_keys()
-    with profiled(spy, "follow", {"aggapi-apiserver": pid, "hollow": hollow_pid}):
+    with profiled(spy, "follow", {"aggapi-apiserver": pid}):
         all_done = watch.wait_done(keys, timeout)
     follow_s = time.monotonic() - t0
     plugin_cpu_s, plugin_rc = plugin.stop()
