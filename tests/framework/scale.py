@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -355,6 +356,24 @@ class ScaleCluster:
         if code != 200:
             raise HarnessError(f"list podimagepulls{where}: {code} {body[:300]!r}")
         return head, took, list(json.loads(body).get("items") or ())
+
+    def list_pages(self, path: str, limit: int = 500) -> tuple[float, int]:
+        """(seconds, items) of a complete list of ``path`` (from the root, as admin) in
+        pages of ``limit``, as kubectl get and client-go's reflector list."""
+        t0, items, cont = time.monotonic(), 0, ""
+        sep = "&" if "?" in path else "?"
+        while True:
+            query = f"{sep}limit={limit}"
+            if cont:
+                query += f"&continue={urllib.parse.quote(cont)}"
+            code, body = self.cp.get(path + query, timeout=60)
+            if code != 200:
+                raise HarnessError(f"list {path}: {code} {body[:300]!r}")
+            page = json.loads(body)
+            items += len(page.get("items") or ())
+            cont = str((page.get("metadata") or {}).get("continue") or "")
+            if not cont:
+                return time.monotonic() - t0, items
 
     def kube_watches(self) -> dict[str, float]:
         """kube-apiserver's WATCH requests in flight, by resource."""

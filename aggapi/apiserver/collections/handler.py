@@ -126,6 +126,8 @@ class CollectionHandler:
                               col.rv if at is None else at,
                               count_remaining=not (query.get("labelSelector")
                                                    or query.get("fieldSelector")))
+            if page.cont:  # the next pages read this state, whatever changes meanwhile
+                col.keep_state(page.rv, state)
             objs, current = page.items, str(page.rv)
         if info.verb == "get":  # the object's own path (a list by name stays a list)
             if not objs:

@@ -4,10 +4,11 @@ A page is at most ``limit`` objects in (namespace, name) order. When more follow
 list's ``metadata.continue`` is an opaque token (base64 JSON: the first page's version
 and the last key served) and ``remainingItemCount`` counts the rest (only without
 selectors, as kube-apiserver). Every page of one list shows the state at the first
-page's version: a later page is read from the current objects with the changes made
-since undone (``Collection.state_at``), so it is consistent whichever replica answers,
-as long as its history covers that version; after that the token is 410 Expired and
-the client lists again.
+page's version: the first page's state is kept for the later ones
+(``Collection.keep_state``; bounded in count and time), else rebuilt from the current
+objects with the changes made since undone (``Collection.state_at``), as long as the
+history covers that version; after that the token is 410 Expired and the client lists
+again.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,14 @@ EPOCH_SHIFT = 32  # 4 billion changes per term
 # Seconds a request with a version from the future waits for it, as kube-apiserver
 # waits for its watch cache before answering "Too large resource version".
 TOO_LARGE_WAIT = 3.0
+# Paged lists' states kept for their later pages (as kube-apiserver's watch cache keeps
+# snapshots for continue tokens): during a 10,000-pod rollout the history's 4,096
+# changes cover a few seconds, less than kubectl get -A takes to page through 500 at a
+# time, so every continue was 410 and kubectl get -A -w exited. Each is a shallow copy
+# (the objects are shared: stored objects are replaced, never changed); at most
+# SNAPSHOTS, each dropped SNAPSHOT_SECONDS after its last page.
+SNAPSHOTS = 16
+SNAPSHOT_SECONDS = 60.0
 
 
 class Clock:
@@ -115,6 +124,7 @@ class Collection:
                                               max_events=history, max_bytes=history_bytes)
         self._rvs: set[int] = {self.start_rv}  # the versions it can serve from
         self.closed = False
+        self._snapshots: OrderedDict[int, tuple[float, dict[Hashable, Obj]]] = OrderedDict()
         self._changed = asyncio.Event()
         self.listeners: list[Callable[[Event], None]] = []
 
@@ -163,10 +173,32 @@ class Collection:
                 raise too_large(rv, self.rv)
             await asyncio.sleep(min(left, 0.05))
 
+    def keep_state(self, rv: int, state: Mapping[Hashable, Obj]) -> None:
+        """Keep ``state`` (the objects at ``rv``) for a paged list's later pages."""
+        now = time.monotonic()
+        self._drop_snapshots(now)
+        if rv in self._snapshots:
+            self._snapshots[rv] = (now, self._snapshots[rv][1])
+            self._snapshots.move_to_end(rv)
+            return
+        self._snapshots[rv] = (now, dict(state))
+        while len(self._snapshots) > SNAPSHOTS:
+            self._snapshots.popitem(last=False)
+
+    def _drop_snapshots(self, now: float) -> None:
+        for rv in [rv for rv, (used, _) in self._snapshots.items()
+                   if now - used > SNAPSHOT_SECONDS]:
+            del self._snapshots[rv]
+
     def state_at(self, rv: int) -> dict[Hashable, Obj]:
-        """The objects as they were at ``rv``: the current ones with every later change
-        undone (each event keeps the object before it). 410 unless the history holds
-        every change after ``rv``."""
+        """The objects as they were at ``rv``: a paged list's kept state, else the
+        current ones with every later change undone (each event keeps the object
+        before it). 410 unless one of them has it (never for another term's version:
+        a closed collection keeps nothing). Read-only: the kept state is shared."""
+        self._drop_snapshots(time.monotonic())
+        kept = None if self.closed else self._snapshots.get(rv)
+        if kept is not None:
+            return kept[1]
         state = dict(self.objects)
         for ev in reversed(self.since(rv)):
             if ev.prev is None:
@@ -178,6 +210,7 @@ class Collection:
     def close(self) -> None:
         """This term is over (leadership lost): every watcher gets 410 and relists."""
         self.closed = True
+        self._snapshots.clear()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 

@@ -84,20 +84,64 @@ async def test_limit_with_selectors_and_tables(env: Env) -> None:
     assert code == 200 and len(body["items"]) == 4 and "continue" not in body["metadata"]
 
 
-async def test_continue_older_than_the_history_is_410(env: Env) -> None:
+def _roll_history(env: Env) -> Collection:
+    """As many changes as the history holds: it no longer covers an earlier version
+    (a 10,000-pod rollout does this in seconds)."""
+    col = next(iter(env.feeds.pods.parts().values())).collection
+    for i in range(col._history.max_events):
+        col.set(("ns1", f"filler-{i}"), {"metadata": {"name": f"filler-{i}",
+                                                      "namespace": "ns1"}})
+    return col
+
+
+async def test_continue_after_the_history_rolled_past_is_served(env: Env) -> None:
+    """kubectl get -A pages 500 at a time: its later pages must not be 410 because
+    the collection changed more than its history holds meanwhile (a paged list's state
+    is kept for its pages)."""
+    await _list_all(env, 3)
+    _, first = await env.get(f"{LIST}?limit=1")
+    _roll_history(env)
+    names, token = _names(first), first["metadata"]["continue"]
+    while token:
+        code, page = await env.get(f"{LIST}?limit=1&continue={quote(token)}")
+        assert code == 200, page
+        assert page["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+        names += _names(page)
+        token = page["metadata"].get("continue", "")
+    assert names == ["p00", "p01", "p02"]  # the state then: no filler
+
+
+async def test_continue_older_than_the_history_is_410(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     await _list_all(env, 3)
     _, first = await env.get(f"{LIST}?limit=1")
     token = first["metadata"]["continue"]
-    col = next(iter(env.feeds.pods.parts().values())).collection
-    for i in range(col._history.max_events):  # the history rolls past the first page
-        col.set(("ns1", f"filler-{i}"), {"metadata": {"name": f"filler-{i}",
-                                                      "namespace": "ns1"}})
+    _roll_history(env)
+    monkeypatch.setattr(store, "SNAPSHOT_SECONDS", -1.0)  # the kept state dropped
     code, body = await env.get(f"{LIST}?limit=1&continue={quote(token)}")
     assert code == 410 and body["reason"] == "Expired", body
     assert body["message"].startswith("The provided continue parameter is too old")
     # a version from before the collection started is just as expired
     code, body = await env.get(f"{LIST}?limit=1&continue=" + quote(encode_token(1, ("", ""))))
     assert code == 410 and body["reason"] == "Expired"
+
+
+def test_kept_states_are_bounded_and_end_with_the_term() -> None:
+    col = Collection(Clock(1), history=4)
+    versions = []
+    for i in range(store.SNAPSHOTS + 1):
+        col.set(f"k{i}", {"metadata": {"name": f"k{i}"}})
+        col.keep_state(col.rv, col.objects)
+        versions.append(col.rv)
+    for i in range(8):  # the history rolls past every kept version
+        col.set(f"x{i}", {"metadata": {"name": f"x{i}"}})
+    assert set(col.state_at(versions[-1])) == {f"k{i}" for i in range(store.SNAPSHOTS + 1)}
+    with pytest.raises(StatusError) as err:  # the oldest kept state went first
+        col.state_at(versions[0])
+    assert err.value.code == 410
+    col.close()  # a new term: nothing of the old one is served
+    with pytest.raises(StatusError):
+        col.state_at(versions[-1])
 
 
 async def test_bad_continue_is_400(env: Env) -> None:
