@@ -28,8 +28,15 @@ first attempts failing and retried after a back-off), and measures:
 Each goal is printed met / NOT met (issue 25): cost proportional to nodes and
 namespaces, not pods; memory per followed pod bounded. Takes everything down after.
 
-    flock /tmp/aggapi-heavy.lock env PYTHONPATH=$PWD \\
+    flock /tmp/aggapi-e2e.lock env PYTHONPATH=$PWD \\
         python3 -m benchmarks.bench_scale --up --nodes 100 --pods 1000 [--json FILE]
+
+``--replay`` (issue 36: 50,000 pods on 5,000 nodes over 3 replicas, which this machine
+cannot host as a real stack) runs the real apiserver replicas over a replayed world
+instead: ``benchmarks._scale_replay``.
+
+    flock /tmp/aggapi-e2e.lock python3 -m benchmarks.bench_scale --replay \\
+        --nodes 5000 --pods 50000 --replicas 3 --json FILE
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
+from benchmarks._scale_replay import replay_main
 from tests.framework.controlplane import ControlPlane, binary
 from tests.framework.hollow import POSTED_LOG
 from tests.framework.procs import stop_child
@@ -282,8 +290,22 @@ def report(r: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m benchmarks.bench_scale",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("--up", action="store_true", required=True,
-                    help="bring the harness up, and down after (the only mode)")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--up", action="store_true",
+                      help="bring the real-stack harness up, and down after")
+    mode.add_argument("--replay", action="store_true",
+                      help="the real apiserver replicas over a replayed world "
+                           "(benchmarks._scale_replay): no etcd, kubelet or kwok")
+    ap.add_argument("--replicas", type=int, default=3, help="--replay: apiserver replicas")
+    ap.add_argument("--watchers", type=int, default=4, help="--replay: watching clients")
+    ap.add_argument("--rollout", type=float, default=60.0,
+                    help="--replay: seconds over which the pulls start")
+    ap.add_argument("--no-roll", dest="roll", action="store_false",
+                    help="--replay: do not roll the leader midway")
+    ap.add_argument("--settle", type=float, default=90.0,
+                    help="--replay: seconds for the watchers to equal a fresh list")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--state", type=Path, help="--replay: keep logs and state there")
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--pods", type=int, default=1000)
     ap.add_argument("--namespaces", type=int, default=4)
@@ -304,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.py_spy:
         args.py_spy.mkdir(parents=True, exist_ok=True)
+    if args.replay:
+        return replay_main(args)
     sc = ScaleCluster(ControlPlane(instance=args.instance), nodes=args.nodes,
                       slots=args.slots, namespaces=args.namespaces, slowdown=args.slowdown)
     sc.down()  # a previous run's leftovers (its PIDs only)
