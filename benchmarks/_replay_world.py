@@ -172,6 +172,7 @@ class World:
         # is encoded again at most once a tick, when asked
         self.views: dict[str, tuple[int, bytes]] = {}
         self.tick = 0
+        self.polls = 0  # agent API requests answered
         self.seq = 0
         self.t0 = 0.0
 
@@ -226,6 +227,7 @@ class World:
         except (IndexError, ValueError, KeyError):
             return web.Response(status=401)
         got = self.views.get(str(node))
+        self.polls += 1
         if got is None:
             return web.Response(status=404)
         if got[0] != self.tick and node in self.active:
@@ -262,6 +264,12 @@ class World:
                     self.views[node] = (self.tick, self._view(node, elapsed))
                 self.active = {n: p for n, p in self.active.items() if p}
                 self.tick += 1
+                if self.tick % 8 == 0:  # read by the bench: the agents' load
+                    (done_log.parent / "world.stats").write_text(json.dumps({
+                        "t": time.monotonic(), "agent_polls": self.polls,
+                        "pulls_started": self.next, "writes": self.kube.rv,
+                        "pulling": sum(map(len, self.active.values())),
+                        "nodes_pulling": len(self.active)}))
                 await asyncio.sleep(TICK)
 
     def _finish(self, i: int, took: float, out: Any) -> None:

@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from aiohttp import web
+
 from aggapi.tls import certs, pki
-from benchmarks._procstats import MiB, cpu_seconds, status_bytes
+from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
 from benchmarks._replay_clients import Replicas, Watcher, fresh_versions
 from tests.framework.frontproxy import FrontProxy, ProxyUser
 from tests.framework.procs import free_port, stop_child
@@ -40,6 +43,19 @@ from tests.framework.repo import python_env
 REPLICA_TOKEN = "replay-replica-token"
 CLIENT_TOKEN = "replay-client-token"
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/aggapi/leases/aggapi-collections"
+
+
+class Aggregator(FrontProxy):
+    """The front proxy, answering as kube-apiserver's aggregator does when the replica
+    behind it is gone (a 503 Status, not an error page)."""
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await super()._forward(request)
+        except aiohttp.ClientConnectorError as exc:  # (a stream cut midway stays cut)
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "code": 503,
+                                      "status": "Failure", "reason": "ServiceUnavailable",
+                                      "message": f"backend unavailable: {exc}"}, status=503)
 
 
 @dataclass
@@ -158,7 +174,7 @@ class Stack:
     async def start_proxies(self) -> list[str]:
         users = {CLIENT_TOKEN: ProxyUser("replay-client", groups=("system:authenticated",))}
         for r in self.replicas:
-            proxy = FrontProxy(f"https://127.0.0.1:{r.port}",
+            proxy = Aggregator(f"https://127.0.0.1:{r.port}",
                                client_cert=str(self.pki / "front-proxy-client.crt"),
                                client_key=str(self.pki / "front-proxy-client.key"),
                                backend_ca=str(self.pki / "ca.crt"), users=users)
@@ -214,6 +230,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
     watchers: list[Watcher] = []
     tasks: list[asyncio.Task[Any]] = []
     replicas: Replicas | None = None
+    world: dict[str, Any] = {}
     try:
         await st.start_world()
         for r in st.replicas:
@@ -230,6 +247,10 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         assert st.world is not None
         os.kill(st.world.pid, signal.SIGUSR1)  # the rollout's clock starts
         replicas = Replicas(urls, CLIENT_TOKEN, args.seed)
+        spy = contextlib.ExitStack()
+        spy.enter_context(profiled(getattr(args, "py_spy", None), "replay", {
+            f"replica-{r.index}": r.proc.pid for r in st.replicas if r.proc is not None},
+            native=False))
         t0 = time.monotonic()
         code, first = await replicas.list()
         first_list_s = time.monotonic() - t0
@@ -240,15 +261,24 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         rolled: dict[str, Any] = {}
         deadline = t0 + args.rollout + 5 + 10 + args.timeout
         roll_at = t0 + 5 + args.rollout / 2
+        next_print = t0 + 15
         while len(done_times(d / "done.log")) < args.pods and time.monotonic() < deadline:
             if args.roll and not rolled and time.monotonic() >= roll_at:
                 rolled = await roll(st)
             await asyncio.sleep(1.0)
+            if time.monotonic() >= next_print:
+                next_print += 15
+                seen = min(sum(1 for t in w.tally.done_at.values()) for w in watchers)
+                print(f"  {time.monotonic() - t0:5.0f}s: {len(done_times(d / 'done.log'))} "
+                      f"pulls done, each watcher saw >= {seen} Done", flush=True)
         rollout_s = time.monotonic() - t0
         settled, fresh = await settle(replicas, watchers, args.settle)
+        spy.close()
         stop_sampling.set()
         await sampler
         wall = time.monotonic() - t0
+        with contextlib.suppress(OSError, ValueError):
+            world = json.loads((d / "world.stats").read_text())
         done = done_times(d / "done.log")
         lat = [t - done[k] for w in watchers for k, t in w.tally.done_at.items()
                if t > 0 and k in done]
@@ -273,6 +303,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             "watcher_lists": [w.tally.lists for w in watchers],
             "watcher_410s": [w.gone for w in watchers],
             "watcher_errors": [w.errors for w in watchers], "rolled": rolled,
+            "agent_polls_per_s": round(world.get("agent_polls", 0) / wall, 1),
+            "fake_kube_writes": world.get("writes"),
         }
     finally:
         for t in tasks:
@@ -356,7 +388,11 @@ def report(r: dict[str, Any]) -> bool:
 
 
 def replay_main(args: Any) -> int:
+    import logging
     import tempfile
+    # A backend cut mid-stream (the rolled leader) is logged by aiohttp's server as an
+    # error with its traceback, once per stream: the watchers count them instead.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
         d = Path(args.state) if getattr(args, "state", None) else Path(tmp)
         d.mkdir(parents=True, exist_ok=True)
