@@ -143,7 +143,7 @@ class Stack:
             "--agent-namespace=aggapi", "--agent-service=aggapi-agent",
             "--agent-pod-check=false", "--leader-elect", "--pod-namespace=aggapi",
             f"--pod-name=replica-{r.index}", "--advertise-address=127.0.0.1",
-            "--log-level=warning"])
+            "--log-level=warning", *getattr(self.args, "replica_arg", ())])
 
     def readyz(self, r: Replica) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))

@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--replay: seconds for the watchers to equal a fresh list")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--state", type=Path, help="--replay: keep logs and state there")
+    ap.add_argument("--replica-arg", action="append", default=[], metavar="FLAG",
+                    help="--replay: one more flag for every replica (repeatable)")
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--pods", type=int, default=1000)
     ap.add_argument("--namespaces", type=int, default=4)
