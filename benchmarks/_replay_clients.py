@@ -110,12 +110,18 @@ class Replicas:
         await self.session.close()
 
 
-class Watcher:
-    """client-go's reflector in short, every podimagepull, counted by a Tally."""
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
-    def __init__(self, replicas: Replicas, seed: int) -> None:
+
+class Watcher:
+    """client-go's reflector in short, every podimagepull, counted by a Tally. With
+    ``streaming``, its list is a watch's initial events (client-go's WatchList:
+    ``sendInitialEvents=true``) ending with the initial-events-end bookmark."""
+
+    def __init__(self, replicas: Replicas, seed: int, *, streaming: bool = False) -> None:
         self.replicas = replicas
         self.rng = random.Random(seed)
+        self.streaming = streaming
         self.tally = Tally()
         self.errors: dict[str, int] = {}
         self.gone = 0  # 410s: lists again
@@ -133,9 +139,13 @@ class Watcher:
         return True
 
     async def _watch(self) -> None:
+        initial: list[Mapping[str, Any]] | None = None
+        since = f"&resourceVersion={self.tally.rv}"
+        if not self.tally.rv:  # streaming: the state first, as ADDED events
+            initial = []
+            since = "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
         url = (f"{self.replicas.pick()}{PATH}?watch=true&allowWatchBookmarks=true"
-               f"&resourceVersion={self.tally.rv}&timeoutSeconds="
-               f"{self.rng.randint(30, 90)}")
+               f"{since}&timeoutSeconds={self.rng.randint(30, 90)}")
         async with self.replicas.session.get(url, headers=self.replicas.headers) as resp:
             if resp.status == 410:
                 self.gone += 1
@@ -156,12 +166,22 @@ class Watcher:
                         self.gone += 1
                         self.tally.rv = 0
                     return
-                self.tally.event(str(ev.get("type")), ev["object"], time.monotonic())
+                kind, obj = str(ev.get("type")), ev["object"]
+                if initial is not None:
+                    if kind != "BOOKMARK":
+                        initial.append(obj)
+                    elif INITIAL_EVENTS_END in ((obj.get("metadata") or {})
+                                                .get("annotations") or {}):
+                        self.tally.listed(initial, obj["metadata"]["resourceVersion"],
+                                          time.monotonic())
+                        initial = None
+                    continue
+                self.tally.event(kind, obj, time.monotonic())
 
     async def run(self) -> None:
         while True:
             try:
-                if not self.tally.rv and not await self._list():
+                if not self.tally.rv and not self.streaming and not await self._list():
                     await asyncio.sleep(0.5)
                     continue
                 await self._watch()
