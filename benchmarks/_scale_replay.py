@@ -237,10 +237,17 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             f"replica-{r.index}": r.proc.pid for r in st.replicas if r.proc is not None},
             native=False))
         t0 = time.monotonic()
-        code, first = await replicas.list()
+        attempts = 0
+        while True:  # as client-go: a 503/504/429 (with Retry-After) is tried again
+            attempts += 1
+            code, first = await replicas.list()
+            if code not in (429, 503, 504) or time.monotonic() - t0 > 120:
+                break
+            await asyncio.sleep(1.0)
         first_list_s = time.monotonic() - t0
         first_items = len(first.get("items") or ()) if isinstance(first, dict) else 0
-        print(f"first list: {code}, {first_items} items in {first_list_s:.2f}s", flush=True)
+        print(f"first list: {code}, {first_items} items in {first_list_s:.2f}s "
+              f"({attempts} attempts)", flush=True)
         # Half list then watch, half stream their list (client-go's two informers).
         watchers = [Watcher(replicas, args.seed + 10 + i, streaming=i % 2 == 1)
                     for i in range(args.watchers)]
@@ -275,6 +282,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             "nodes": args.nodes, "pods": args.pods, "replicas": args.replicas,
             "namespaces": args.namespaces, "watchers": args.watchers, "up_s": round(up_s, 1),
             "first_list_s": round(first_list_s, 3), "first_list_status": code,
+            "first_list_attempts": attempts,
             "first_list_items": first_items, "pulls_done": len(done),
             "rollout_s": round(rollout_s, 1), "run_s": round(wall, 1),
             "update_samples": len(lat), "update_p50_s": pct(lat, 0.5),

@@ -122,7 +122,13 @@ class PodFeed(_Batcher):
     async def _first_sync(self) -> None:
         await self.source.wait_synced(timeout=None)
         self.mark(None)
-        self.flush()
+        # A batch per turn of the loop: 50,000 pods built in one go held every request,
+        # watch and Lease renewal of the replica for seconds.
+        while True:
+            self.flush(FLUSH_BATCH)
+            if not self.dirty and not self.everything:
+                break
+            await asyncio.sleep(0)
         self.synced.set()
 
     async def stop(self) -> None:

@@ -263,3 +263,23 @@ async def test_a_big_change_is_rebuilt_a_batch_per_turn_of_the_loop(
         await until(lambda: not feed.dirty and len(built) == 10)
         await feed.ready()
         assert len(feed.collection.objects) == 10
+
+
+async def test_the_first_build_is_a_batch_per_turn_of_the_loop(
+        env: Env, built: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """50,000 pods built in one go held the replica's loop (requests, watches, the
+    Lease's renewal) for seconds."""
+    for i in range(10):
+        env.kube.put("api/v1", "pods", pod(f"p{i}"))
+    monkeypatch.setattr(feeds, "FLUSH_BATCH", 3)
+    seen: list[int] = []
+    async with env.feeds.pods.use("ns1") as feed:
+        async def look() -> None:  # what another task sees between turns of the loop
+            while not feed.synced.is_set():
+                seen.append(len(built))
+                await asyncio.sleep(0)
+        looking = asyncio.create_task(look())
+        await feed.ready()
+        await looking
+        assert len(feed.collection.objects) == 10
+    assert any(0 < n < 10 for n in seen), sorted(set(seen))
