@@ -229,8 +229,6 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         print(f"up in {up_s:.1f}s: {args.pods} pods on {args.nodes} nodes, leader "
               f"replica-{st.leader()}", flush=True)
         sampler = asyncio.create_task(st.sample(stop_sampling))
-        assert st.world is not None
-        os.kill(st.world.pid, signal.SIGUSR1)  # the rollout's clock starts
         replicas = Replicas(urls, CLIENT_TOKEN, args.seed)
         spy = contextlib.ExitStack()
         spy.enter_context(profiled(getattr(args, "py_spy", None), "replay", {
@@ -252,6 +250,16 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         watchers = [Watcher(replicas, args.seed + 10 + i, streaming=i % 2 == 1)
                     for i in range(args.watchers)]
         tasks = [asyncio.create_task(w.run()) for w in watchers]
+        # The rollout starts once every watcher holds its list: its changes come as
+        # updates (a cold list of 50,000 outlasted the whole rollout).
+        while not all(w.tally.lists for w in watchers) and time.monotonic() - t0 < 180:  # noqa: ASYNC110
+            await asyncio.sleep(0.5)
+        watchers_listed_s = time.monotonic() - t0
+        print(f"every watcher listed after {watchers_listed_s:.1f}s; the rollout starts",
+              flush=True)
+        assert st.world is not None
+        os.kill(st.world.pid, signal.SIGUSR1)  # the rollout's clock starts
+        t0 = time.monotonic()
         rolled: dict[str, Any] = {}
         deadline = t0 + args.rollout + 5 + 10 + args.timeout
         roll_at = t0 + 5 + args.rollout / 2
@@ -283,7 +291,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             "namespaces": args.namespaces, "watchers": args.watchers, "up_s": round(up_s, 1),
             "first_list_s": round(first_list_s, 3), "first_list_status": code,
             "first_list_attempts": attempts,
-            "first_list_items": first_items, "pulls_done": len(done),
+            "first_list_items": first_items, "watchers_listed_s": round(watchers_listed_s, 1),
+            "pulls_done": len(done),
             "rollout_s": round(rollout_s, 1), "run_s": round(wall, 1),
             "update_samples": len(lat), "update_p50_s": pct(lat, 0.5),
             "update_p99_s": pct(lat, 0.99), "update_max_s": pct(lat, 1.0),

@@ -50,7 +50,7 @@ class Feeds:
         while that many nodes read that often would pass ``polls_per_second`` (0: no
         bound). Each read is a TLS request with a freshly signed token: 5,000 nodes
         read every second would take more than the leader's whole core."""
-        polled = len(self.polls.parts()) if self.polls is not None else 0
+        polled = len(self.polls) if self.polls is not None else 0
         if self.polls_per_second <= 0 or polled <= self.poll_interval * self.polls_per_second:
             return self.poll_interval
         pace = polled / self.polls_per_second
@@ -64,7 +64,8 @@ class Feeds:
         old_pods, old_nodes = self.pods, self.nodes
         self.clock = Clock(epoch)
         self.pods, self.nodes = self._new_feeds()
-        old = [*old_pods.parts().values(), *(old_nodes.parts().values() if old_nodes else ())]
+        old = [*old_pods.parts().values(),
+               *(old_nodes.parts().values() if old_nodes is not None else ())]
         for feed in old:
             feed.collection.close()
         if old_nodes is not None:
@@ -96,7 +97,7 @@ class Feeds:
         return self.sources.watches()
 
     def agent_polls(self) -> int:
-        return len(self.polls.parts()) if self.polls is not None else 0
+        return len(self.polls) if self.polls is not None else 0
 
     async def close(self) -> None:
         if self.nodes is not None:
