@@ -36,6 +36,13 @@ memory per followed pod, the plugin's CPU). Takes everything down after.
 
     flock /tmp/aggapi-e2e.lock python3 -m benchmarks.bench_scale --up \\
         --nodes 500 --pods 10000 --slowdown 6 [--json FILE] [--py-spy DIR]
+
+``--replay`` (issue 36: 50,000 pods on 5,000 nodes over 3 replicas, which this machine
+cannot host as a real stack) runs the real apiserver replicas over a replayed world
+instead: ``benchmarks._scale_replay``.
+
+    flock /tmp/aggapi-e2e.lock python3 -m benchmarks.bench_scale --replay \\
+        --nodes 5000 --pods 50000 --replicas 3 --json FILE
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
+from benchmarks._scale_replay import replay_main
 from tests.framework.controlplane import GROUP, VERSION, ControlPlane, binary
 from tests.framework.hollow import POSTED_LOG
 from tests.framework.procs import stop_child
@@ -325,8 +333,24 @@ def report(r: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m benchmarks.bench_scale",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("--up", action="store_true", required=True,
-                    help="bring the harness up, and down after (the only mode)")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--up", action="store_true",
+                      help="bring the real-stack harness up, and down after")
+    mode.add_argument("--replay", action="store_true",
+                      help="the real apiserver replicas over a replayed world "
+                           "(benchmarks._scale_replay): no etcd, kubelet or kwok")
+    ap.add_argument("--replicas", type=int, default=3, help="--replay: apiserver replicas")
+    ap.add_argument("--watchers", type=int, default=4, help="--replay: watching clients")
+    ap.add_argument("--rollout", type=float, default=60.0,
+                    help="--replay: seconds over which the pulls start")
+    ap.add_argument("--no-roll", dest="roll", action="store_false",
+                    help="--replay: do not roll the leader midway")
+    ap.add_argument("--settle", type=float, default=90.0,
+                    help="--replay: seconds for the watchers to equal a fresh list")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--state", type=Path, help="--replay: keep logs and state there")
+    ap.add_argument("--replica-arg", action="append", default=[], metavar="FLAG",
+                    help="--replay: one more flag for every replica (repeatable)")
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--pods", type=int, default=1000)
     ap.add_argument("--namespaces", type=int, default=4)
@@ -347,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.py_spy:
         args.py_spy.mkdir(parents=True, exist_ok=True)
+    if args.replay:
+        return replay_main(args)
     sc = ScaleCluster(ControlPlane(instance=args.instance), nodes=args.nodes,
                       slots=args.slots, namespaces=args.namespaces, slowdown=args.slowdown)
     sc.down()  # a previous run's leftovers (its PIDs only)

@@ -71,6 +71,9 @@ class ApiServerConfig:
     # Seconds between reads of a node's pulls from its agent while a collection
     # follows a pod there.
     collection_poll_interval: float = 1.0
+    # At most this many node reads per second in all (0: no bound): with more nodes
+    # pulling, each is read less often (5,000 nodes: every 10 s).
+    collection_polls_per_second: float = 500.0
     # More than one replica: one computes the collections (elected with this Lease in
     # --pod-namespace), the others forward to it at the address it advertises.
     leader_elect: bool = False
@@ -145,6 +148,10 @@ _FLAGS: dict[str, tuple[type, str]] = {
                                  "polls outlive their last request"),
     "collection-poll-interval": (float, "seconds between reads of a node's pulls while "
                                         "a collection follows a pod there"),
+    "collection-polls-per-second": (float, "node reads per second at most, all nodes "
+                                           "together: beyond it each node is read less "
+                                           "often than --collection-poll-interval "
+                                           "(0 = no bound)"),
 }
 
 

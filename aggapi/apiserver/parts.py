@@ -143,7 +143,8 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
     agent = _agent_client(config, kube_api)
     feeds = Feeds(Sources(kube_api, linger=config.collection_linger), agent,
                   linger=config.collection_linger,
-                  poll_interval=config.collection_poll_interval)
+                  poll_interval=config.collection_poll_interval,
+                  polls_per_second=config.collection_polls_per_second)
     metrics.collection_watches.set_function(feeds.watches)
     lifecycle = Lifecycle(metrics)
     election, forwarder = _election(config, kube_api, feeds, lifecycle)

@@ -451,3 +451,33 @@ async def test_open_watches_do_not_use_up_the_request_pool(unused_tcp_port: int)
     finally:
         release.set()
         await runner.cleanup()
+
+
+async def test_a_big_answer_is_parsed_off_the_event_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list page of 500 pods is a megabyte: tens of ms of parsing that would hold
+    every other request and watch of the process."""
+    import threading
+
+    from tests.framework.fakekube import FakeKube
+    fake = FakeKube()
+    for i in range(3):
+        fake.put("api/v1", "configmaps", {"metadata": {"name": f"c{i}", "namespace": "ns"},
+                                          "data": {"x": "y" * 40_000}})
+    await fake.start()
+    threads: list[str] = []
+    real = kube._parse
+
+    def recording(raw: bytes) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(raw)
+    monkeypatch.setattr(kube, "_parse", recording)
+    api = fake.kube_client()
+    try:
+        assert len((await api.get("/api/v1/namespaces/ns/configmaps"))["items"]) == 3
+        await api.get("/api/v1/namespaces/ns/configmaps/c0")  # 40 kB: inline
+    finally:
+        await api.close()
+        await fake.stop()
+    main = threading.main_thread().name
+    assert threads[0] != main and threads[1] == main, threads

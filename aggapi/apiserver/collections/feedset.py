@@ -7,6 +7,7 @@ resourceVersion clock and feeds.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncIterator
 
 from aggapi.apiserver.agentclient import AgentClient
@@ -21,15 +22,16 @@ class Feeds:
     """The shared feeds, built once (parts.py) and handed to the collection handlers."""
 
     def __init__(self, sources: Sources, agent: AgentClient | None, *, linger: float,
-                 poll_interval: float) -> None:
+                 poll_interval: float, polls_per_second: float = 0.0) -> None:
         self.clock = Clock()
         self.sources = sources
         self.agent = agent
         self.linger = linger
+        self.poll_interval, self.polls_per_second = poll_interval, polls_per_second
         self.polls: Shared[str, NodePoll] | None = None
         if agent is not None:
             polls: Shared[str, NodePoll] = Shared(
-                lambda node: NodePoll(agent, node, interval=poll_interval), linger=0)
+                lambda node: NodePoll(agent, node, interval=self.poll_delay), linger=0)
             self.polls = polls
         self.pods, self.nodes = self._new_feeds()
 
@@ -43,6 +45,17 @@ class Feeds:
                            linger=self.linger)
         return pods, nodes
 
+    def poll_delay(self) -> float:
+        """Seconds between two reads of one node's agent: ``poll_interval``, or longer
+        while that many nodes read that often would pass ``polls_per_second`` (0: no
+        bound). Each read is a TLS request with a freshly signed token: 5,000 nodes
+        read every second would take more than the leader's whole core."""
+        polled = len(self.polls) if self.polls is not None else 0
+        if self.polls_per_second <= 0 or polled <= self.poll_interval * self.polls_per_second:
+            return self.poll_interval
+        pace = polled / self.polls_per_second
+        return pace * (0.75 + random.random() / 2)  # spread: polls started together
+
     async def new_term(self, epoch: int | None) -> None:
         """Leadership changed: this replica leads from ``epoch`` on (None: it no longer
         leads). The old term's collections close (their watchers get 410 and relist:
@@ -51,7 +64,8 @@ class Feeds:
         old_pods, old_nodes = self.pods, self.nodes
         self.clock = Clock(epoch)
         self.pods, self.nodes = self._new_feeds()
-        old = [*old_pods.parts().values(), *(old_nodes.parts().values() if old_nodes else ())]
+        old = [*old_pods.parts().values(),
+               *(old_nodes.parts().values() if old_nodes is not None else ())]
         for feed in old:
             feed.collection.close()
         if old_nodes is not None:
@@ -83,7 +97,7 @@ class Feeds:
         return self.sources.watches()
 
     def agent_polls(self) -> int:
-        return len(self.polls.parts()) if self.polls is not None else 0
+        return len(self.polls) if self.polls is not None else 0
 
     async def close(self) -> None:
         if self.nodes is not None:

@@ -29,9 +29,11 @@ def _bare(view: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class NodePoll:
-    """The latest node view of one node (None until read, or while unreadable)."""
+    """The latest node view of one node (None until read, or while unreadable).
+    ``interval``: seconds between reads, or a function giving them (the feeds' pace)."""
 
-    def __init__(self, agent: AgentClient, node: str, *, interval: float) -> None:
+    def __init__(self, agent: AgentClient, node: str, *,
+                 interval: float | Callable[[], float]) -> None:
         self.agent, self.node, self.interval = agent, node, interval
         self.view: dict[str, Any] | None = None
         self.error = ""
@@ -67,4 +69,10 @@ class NodePoll:
             if changed:
                 for fn in self.listeners:
                     fn(self.node)
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.delay())
+
+    def delay(self) -> float:
+        """Seconds until the next read."""
+        if not callable(self.interval):
+            return self.interval
+        return self.interval()

@@ -263,3 +263,55 @@ async def test_a_big_change_is_rebuilt_a_batch_per_turn_of_the_loop(
         await until(lambda: not feed.dirty and len(built) == 10)
         await feed.ready()
         assert len(feed.collection.objects) == 10
+
+
+async def test_the_first_build_is_a_batch_per_turn_of_the_loop(
+        env: Env, built: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """50,000 pods built in one go held the replica's loop (requests, watches, the
+    Lease's renewal) for seconds."""
+    for i in range(10):
+        env.kube.put("api/v1", "pods", pod(f"p{i}"))
+    monkeypatch.setattr(feeds, "FLUSH_BATCH", 3)
+    seen: list[int] = []
+    async with env.feeds.pods.use("ns1") as feed:
+        async def look() -> None:  # what another task sees between turns of the loop
+            while not feed.synced.is_set():
+                seen.append(len(built))
+                await asyncio.sleep(0)
+        looking = asyncio.create_task(look())
+        await feed.ready()
+        await looking
+        assert len(feed.collection.objects) == 10
+    assert any(0 < n < 10 for n in seen), sorted(set(seen))
+
+
+class _Walked(dict[str, Any]):
+    """A dict that counts walks over it (each of 5,000 nodes, at every flush)."""
+    walks = 0
+
+    def items(self) -> Any:
+        _Walked.walks += 1
+        return super().items()
+
+    def __iter__(self) -> Any:
+        _Walked.walks += 1
+        return super().__iter__()
+
+
+async def test_a_change_looks_at_its_own_pods_nodes_only(
+        env: Env, built: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(6):
+        p = env.kube.put("api/v1", "pods", pod(f"p{i}", f"registry.test/p{i}:1",
+                                               node=f"node-{i % 3}"))
+        env.kube.put("api/v1", "events", event(p, "Pulling", 'Pulling image "x"'))
+    async with env.feeds.pods.use("ns1") as feed:
+        await feed.ready()
+        assert set(feed._needs) == {"node-0", "node-1", "node-2"}
+        monkeypatch.setattr(feed, "_needs", _Walked(feed._needs))
+        monkeypatch.setattr(feed, "on_node", _Walked(feed.on_node))
+        _Walked.walks = 0
+        built.clear()
+        env.kube.put("api/v1", "pods", pod("p0", "registry.test/p0:1", node="node-0",
+                                           labels={"v": "2"}))
+        await until(lambda: "p0" in built and not feed.dirty)
+        assert _Walked.walks == 0

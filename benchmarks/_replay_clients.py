@@ -1,0 +1,190 @@
+"""The replay's clients: watchers of every podimagepull that list and watch through a
+replica picked at random for each request, as client-go's reflector (resume from the
+last version when a watch ends, list again on 410), and the counting that says
+whether each got every change exactly once (:class:`Tally`, unit-tested alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+PATH = "/apis/subresources.aggapi.io/v1alpha1/podimagepulls"
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _phase(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("status") or {}).get("phase") or "")
+
+
+@dataclass
+class Tally:
+    """One watcher's cache ((resourceVersion, phase) by pod) and what went wrong: an
+    event at or below a version already delivered is a duplicate; an object the fresh
+    list has at another version (or not at all), or a change to one never added, is a
+    lost event."""
+
+    cache: dict[str, tuple[int, str]] = field(default_factory=dict)
+    rv: int = 0
+    duplicates: int = 0
+    unknown: int = 0  # MODIFIED/DELETED of a pod never added: its ADDED was lost
+    events: int = 0
+    lists: int = 0
+    listed_at: float = 0.0
+    done_at: dict[str, float] = field(default_factory=dict)  # first seen Done
+
+    def listed(self, items: Iterable[Mapping[str, Any]], rv: str, now: float) -> None:
+        self.cache = {_key(o): (int(o["metadata"]["resourceVersion"]), _phase(o))
+                      for o in items}
+        self.rv, self.lists, self.listed_at = int(rv), self.lists + 1, now
+        for k, (_, phase) in self.cache.items():
+            if phase == "Done":
+                self.done_at.setdefault(k, -1.0)  # Done before the list: no latency
+
+    def event(self, kind: str, obj: Mapping[str, Any], now: float) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        if kind == "BOOKMARK":
+            self.rv = max(self.rv, rv)
+            return
+        self.events += 1
+        if rv <= self.rv:
+            self.duplicates += 1
+        key = _key(obj)
+        if kind in ("MODIFIED", "DELETED") and key not in self.cache:
+            self.unknown += 1
+        if kind == "DELETED":
+            self.cache.pop(key, None)
+        else:
+            self.cache[key] = (rv, _phase(obj))
+            if _phase(obj) == "Done":
+                self.done_at.setdefault(key, now)
+        self.rv = max(self.rv, rv)
+
+    def absent(self, fresh: Mapping[str, int]) -> int:
+        """Changes this cache missed, against a fresh list (key -> resourceVersion)."""
+        missed = sum(1 for k, rv in fresh.items() if self.cache.get(k, (None,))[0] != rv)
+        return missed + sum(1 for k in self.cache if k not in fresh)
+
+    def lost(self, fresh: Mapping[str, int]) -> int:
+        return self.absent(fresh) + self.unknown
+
+
+def fresh_versions(items: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    return {_key(o): int(o["metadata"]["resourceVersion"]) for o in items}
+
+
+class Replicas:
+    """Requests as one user through the front proxies, each to one picked at random."""
+
+    def __init__(self, proxies: Sequence[str], token: str, seed: int) -> None:
+        self.proxies = list(proxies)
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.rng = random.Random(seed)
+        self.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
+            connector=aiohttp.TCPConnector(limit=0))
+
+    def pick(self) -> str:
+        return self.rng.choice(self.proxies)
+
+    async def list(self) -> tuple[int, dict[str, Any] | str]:
+        """(status, the list) from a random replica; parsed off the event loop."""
+        async with self.session.get(self.pick() + PATH, headers=self.headers) as resp:
+            body = await resp.read()
+        if resp.status != 200:
+            return resp.status, body[:300].decode(errors="replace")
+        return 200, await asyncio.to_thread(json.loads, body)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+class Watcher:
+    """client-go's reflector in short, every podimagepull, counted by a Tally. With
+    ``streaming``, its list is a watch's initial events (client-go's WatchList:
+    ``sendInitialEvents=true``) ending with the initial-events-end bookmark."""
+
+    def __init__(self, replicas: Replicas, seed: int, *, streaming: bool = False) -> None:
+        self.replicas = replicas
+        self.rng = random.Random(seed)
+        self.streaming = streaming
+        self.tally = Tally()
+        self.errors: dict[str, int] = {}
+        self.gone = 0  # 410s: lists again
+
+    def _error(self, what: str) -> None:
+        self.errors[what] = self.errors.get(what, 0) + 1
+
+    async def _list(self) -> bool:
+        code, body = await self.replicas.list()
+        if code != 200 or not isinstance(body, dict):
+            self._error(f"list {code}")
+            return False
+        self.tally.listed(body.get("items") or (), body["metadata"]["resourceVersion"],
+                          time.monotonic())
+        return True
+
+    async def _watch(self) -> None:
+        initial: list[Mapping[str, Any]] | None = None
+        since = f"&resourceVersion={self.tally.rv}"
+        if not self.tally.rv:  # streaming: the state first, as ADDED events
+            initial = []
+            since = "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+        url = (f"{self.replicas.pick()}{PATH}?watch=true&allowWatchBookmarks=true"
+               f"{since}&timeoutSeconds={self.rng.randint(30, 90)}")
+        async with self.replicas.session.get(url, headers=self.replicas.headers) as resp:
+            if resp.status == 410:
+                self.gone += 1
+                self.tally.rv = 0
+                return
+            if resp.status != 200:
+                self._error(f"watch {resp.status}")
+                await asyncio.sleep(0.5)
+                return
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                ev = json.loads(line)
+                if ev.get("type") == "ERROR":
+                    code = (ev.get("object") or {}).get("code")
+                    self._error(f"watch ERROR {code}")
+                    if code == 410:
+                        self.gone += 1
+                        self.tally.rv = 0
+                    return
+                kind, obj = str(ev.get("type")), ev["object"]
+                if initial is not None:
+                    if kind != "BOOKMARK":
+                        initial.append(obj)
+                    elif INITIAL_EVENTS_END in ((obj.get("metadata") or {})
+                                                .get("annotations") or {}):
+                        self.tally.listed(initial, obj["metadata"]["resourceVersion"],
+                                          time.monotonic())
+                        initial = None
+                    continue
+                self.tally.event(kind, obj, time.monotonic())
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if not self.tally.rv and not self.streaming and not await self._list():
+                    await asyncio.sleep(0.5)
+                    continue
+                await self._watch()
+            except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+                self._error(type(exc).__name__)
+                await asyncio.sleep(0.2)

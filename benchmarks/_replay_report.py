@@ -1,0 +1,56 @@
+"""``bench_scale --replay``'s figures against issue 36's goals, printed met / NOT met."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
+
+
+def done_times(path: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            t, _, key = line.partition(" ")
+            out.setdefault(key, float(t))
+    return out
+
+
+# Issue 36's goals for 50,000 pods on 5,000 nodes over 3 replicas.
+GOALS: list[tuple[str, str, Any]] = [
+    ("first_list_s", "first complete list, all namespaces (s)", lambda v: v <= 3.0),
+    ("update_p99_s", "update p99 (s, Pulled Event -> watchers)", lambda v: v <= 1.0),
+    ("replica_cpu_mean_max", "replica CPU mean, max (cores)", lambda v: v < 1.0),
+    ("replica_rss_peak_mib_max", "replica RSS peak, max (MiB)", lambda v: v < 1024),
+    ("lost_events", "lost events (all watchers)", lambda v: v == 0),
+    ("duplicate_events", "duplicate events (all watchers)", lambda v: v == 0),
+]
+BOUNDS = {"first_list_s": "<= 3", "update_p99_s": "<= 1", "replica_cpu_mean_max": "< 1",
+          "replica_rss_peak_mib_max": "< 1024", "lost_events": "0", "duplicate_events": "0"}
+
+
+def report(r: dict[str, Any]) -> bool:
+    print(json.dumps(r, indent=1))
+    print(f"goals (replay: {r['pods']} pods on {r['nodes']} nodes, {r['replicas']} replicas, "
+          f"{r['watchers']} watchers):")
+    met = []
+    for key, text, ok in GOALS:
+        value = r.get(key)
+        good = value is not None and bool(ok(value))
+        if key == "first_list_s":
+            good = good and r["first_list_items"] == r["pods"]
+        met.append(good)
+        print(f"  {text:44s} {value!s:>12}  {'met' if good else 'NOT met'} ({BOUNDS[key]})")
+    settled = r["settled"] and r["pulls_done"] == r["pods"]
+    print(f"  every pull done ({r['pulls_done']}/{r['pods']}) and every watcher equal to a "
+          f"fresh list: {'yes' if settled else 'NO'}")
+    ok_all = all(met) and settled
+    print(f"goal_met: {ok_all}")
+    return ok_all

@@ -1,0 +1,46 @@
+"""Node reads have a budget (``--collection-polls-per-second``): below it each node
+with a followed pull is read every poll interval; above it each is read less often,
+so that all the reads together stay within it (at 5,000 nodes a read of each every
+second would take more than the leader's core)."""
+
+from __future__ import annotations
+
+from statistics import mean
+from typing import cast
+
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections.feedset import Feeds
+from aggapi.apiserver.config import parse_args
+from aggapi.apiserver.podsources import Sources
+from aggapi.kube.client import KubeClient
+
+from .fakes import FakeAgent
+
+
+async def test_reads_of_all_nodes_together_stay_within_the_budget() -> None:
+    feeds = Feeds(Sources(cast(KubeClient, None), linger=1.0),
+                  cast(AgentClient, FakeAgent()), linger=1.0, poll_interval=1.0,
+                  polls_per_second=100)
+    assert feeds.polls is not None
+    try:
+        for i in range(100):
+            feeds.polls.acquire(f"n{i}")
+        assert {feeds.polls.get(f"n{i}").delay() for i in range(100)} == {1.0}  # type: ignore[union-attr]
+        for i in range(100, 1000):
+            feeds.polls.acquire(f"n{i}")
+        delays = [feeds.polls.get(f"n{i}").delay() for i in range(1000)]  # type: ignore[union-attr]
+        # 1,000 nodes within 100 reads/s: each about every 10 s, spread so that polls
+        # started together do not stay in step.
+        assert all(7.5 <= d <= 12.5 for d in delays) and len(set(delays)) > 900
+        assert 1000 / mean(delays) <= 110
+    finally:
+        await feeds.close()
+
+
+def test_the_budget_is_a_flag_and_zero_means_none() -> None:
+    assert parse_args([]).collection_polls_per_second == 500.0
+    assert parse_args(["--collection-polls-per-second=0"]).collection_polls_per_second == 0
+    feeds = Feeds(Sources(cast(KubeClient, None), linger=1.0),
+                  cast(AgentClient, FakeAgent()), linger=1.0, poll_interval=1.0,
+                  polls_per_second=0)
+    assert feeds.poll_delay() == 1.0

@@ -1,0 +1,73 @@
+"""bench_scale --replay's own counting (benchmarks._replay_clients.Tally): a watcher
+fed a repeated event counts one duplicate; a change it never got counts as lost
+against the fresh list; the fake kube-apiserver's key-ordered pages miss no object
+while objects are added between pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from benchmarks._replay_clients import Tally, fresh_versions
+from benchmarks._replay_world import ReplayKube
+
+
+def obj(name: str, rv: int, phase: str = "Pulling") -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": name, "resourceVersion": str(rv)},
+            "status": {"phase": phase}}
+
+
+def listed() -> Tally:
+    t = Tally()
+    t.listed([obj("a", 5), obj("b", 7)], "10", now=1.0)
+    return t
+
+
+def test_every_change_once_counts_nothing() -> None:
+    t = listed()
+    t.event("MODIFIED", obj("a", 11, "Done"), now=2.0)
+    t.event("ADDED", obj("c", 12), now=2.0)
+    t.event("BOOKMARK", {"metadata": {"resourceVersion": "13"}}, now=2.0)
+    t.event("DELETED", obj("b", 14), now=2.0)
+    fresh = fresh_versions([obj("a", 11, "Done"), obj("c", 12)])
+    assert (t.duplicates, t.lost(fresh), t.done_at) == (0, 0, {"ns/a": 2.0})
+
+
+def test_a_repeated_event_is_one_duplicate() -> None:
+    t = listed()
+    t.event("MODIFIED", obj("a", 11), now=2.0)
+    t.event("MODIFIED", obj("a", 11), now=2.0)
+    assert t.duplicates == 1
+    t.event("MODIFIED", obj("b", 9), now=2.0)  # older than the list: replayed history
+    assert t.duplicates == 2
+
+
+def test_a_missed_change_is_lost_against_the_fresh_list() -> None:
+    t = listed()
+    t.event("MODIFIED", obj("a", 11), now=2.0)
+    fresh = fresh_versions([obj("a", 11), obj("b", 12), obj("c", 13)])
+    assert t.lost(fresh) == 2  # b's change and c's ADDED never came
+    t.event("MODIFIED", obj("d", 14), now=2.0)  # a change to one never added
+    assert t.unknown == 1 and t.lost({**fresh, "ns/d": 14}) == 3
+
+
+async def test_the_fake_apiservers_pages_miss_nothing_added_between_them() -> None:
+    kube = ReplayKube()
+    for i in range(0, 40, 2):
+        kube.put("api/v1", "pods", {"metadata": {"namespace": "ns", "name": f"p{i:02d}"}})
+    async with TestClient(TestServer(kube.app())) as client:
+        names: list[str] = []
+        cont, added = "", False
+        while True:
+            q = {"limit": "7", **({"continue": cont} if cont else {})}
+            body = await (await client.get("/api/v1/namespaces/ns/pods", params=q)).json()
+            names += [o["metadata"]["name"] for o in body["items"]]
+            if not added:  # before the next page: one before the cursor, one after
+                kube.put("api/v1", "pods", {"metadata": {"namespace": "ns", "name": "p01"}})
+                kube.put("api/v1", "pods", {"metadata": {"namespace": "ns", "name": "p39"}})
+                added = True
+            cont = body["metadata"].get("continue", "")
+            if not cont:
+                break
+    assert names == [f"p{i:02d}" for i in range(0, 40, 2)] + ["p39"]
