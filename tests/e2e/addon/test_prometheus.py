@@ -1,0 +1,230 @@
+"""A real Prometheus scraping the installed add-on (issue 37's first goal).
+
+Prometheus (tests.framework.prometheus) runs on the host and finds the agents as the
+chart's ServiceMonitor makes prometheus-operator find them: Kubernetes service discovery
+of the EndpointSlices of the Service <fullname>-agent-metrics, then HTTPS straight to
+each agent pod's IP (the host routes both nodes' pod CIDRs), with a ServiceAccount token
+allowed only ``get /metrics``, and ``node`` from the pod's node. Its rules are the
+chart's PrometheusRule groups rendered by helm, with ``prometheusRule.stalledFor`` set
+short for the test. One pod on each node pulls the big image through a throttled link of
+the test's own (both nodes share it), and while it pulls:
+
+- Prometheus' in-flight pulls per node are exactly the node's own count (its
+  NodeImagePulls view, answered by its agent): 1;
+- each scraped sample of the bytes counter (less its value before the pull) is within one
+  containerd step (1 MiB) of what the pod's progress stream showed about then;
+- the link paused (sockets open, no byte), AggapiImagePullStalled fires for both nodes
+  within the agents' --pull-stall-seconds + its ``for:`` + one scrape and one
+  evaluation (and a poll of the agent's, rounded up to a second).
+
+Then the link runs free, the pulls end and in-flight goes back to 0 in Prometheus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.addon.conftest import PULL_STALL_SECONDS
+from tests.e2e.addon.helpers import MiB, RawStream, delete_pods, path, run_pod, until
+from tests.framework.addon import CHART, Addon
+from tests.framework.cluster import Cluster
+from tests.framework.controlplane import GROUP, VERSION
+from tests.framework.kubelet import forget_images
+from tests.framework.kubetools import binary
+from tests.framework.node import throttle_for
+from tests.framework.prometheus import Prometheus, Target, config
+
+pytestmark = pytest.mark.e2e
+
+SCRAPE = 1.0  # seconds: scrape and rule evaluation interval
+STALLED_FOR = 2  # seconds: prometheusRule.stalledFor for this test
+LINK = 2 * MiB  # bytes/s shared by both nodes' pulls: a step about every second on each
+STEP = MiB  # containerd's progress step
+COMPARE_SECONDS = 8.0
+READER = "aggapi-e2e-prometheus"
+ALERT = "AggapiImagePullStalled"
+
+
+def rendered_rules(a: Addon) -> str:
+    """The chart's PrometheusRule groups (what prometheus-operator hands Prometheus),
+    rendered as the release has them but for the alert's ``for:``."""
+    r = subprocess.run(
+        [binary("helm"), "template", a.release, str(CHART), "-n", a.namespace,
+         "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+         "--show-only", "templates/prometheusrule.yaml",
+         "--set", "prometheusRule.enabled=true",
+         "--set", f"prometheusRule.stalledFor={STALLED_FOR}s",
+         "--set", f"agent.metrics.pullStallSeconds={PULL_STALL_SECONDS}"],
+        capture_output=True, text=True, check=True, timeout=60)
+    rule = yaml.safe_load(r.stdout)
+    return yaml.safe_dump(rule["spec"])
+
+
+def reader_token(a: Addon) -> str:
+    """A ServiceAccount allowed only ``get /metrics`` (as the chart's metrics-reader)."""
+    ns = a.namespace
+    a.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": READER, "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": READER},
+         "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": READER},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": READER},
+         "subjects": [{"kind": "ServiceAccount", "name": READER, "namespace": ns}]}]))
+    return a.kubectl("create", "token", READER, "-n", ns, "--duration=1h").stdout.strip()
+
+
+@pytest.fixture
+def prometheus(installed_addon: Addon, tmp_path: Path) -> Iterator[Prometheus]:
+    a = installed_addon
+    token = tmp_path / "prom" / "token"
+    token.parent.mkdir()
+    token.write_text(reader_token(a))
+    agents = Target("aggapi-agent", a.namespace, f"{a.agent_name}-metrics", "metrics")
+    prom = Prometheus(tmp_path / "prom", config(
+        [agents], kubeconfig=a.cp.admin_kubeconfig, token_file=token, interval=SCRAPE,
+        rule_files=["rules.yaml"]), {"rules.yaml": rendered_rules(a)})
+    try:
+        prom.start()
+        until(lambda: len(prom.targets_up(agents.job)) == len(a.node_names()), 30,
+              "both agents scraped")
+        yield prom
+    except BaseException:
+        print(prom.log())
+        raise
+    finally:
+        prom.stop()
+        a.kubectl("delete", "clusterrolebinding,clusterrole", READER, "--ignore-not-found",
+                  check=False)
+        a.kubectl("delete", "serviceaccount", READER, "-n", a.namespace,
+                  "--ignore-not-found", check=False)
+
+
+def by_node(prom: Prometheus, expr: str) -> dict[str, float]:
+    return {r["metric"].get("node", ""): float(r["value"][1]) for r in prom.query(expr)}
+
+
+def progress_at(stream: RawStream, t: float, window: float) -> list[int]:
+    """The pod's progress as its stream showed it within ``window`` s of monotonic ``t``."""
+    return [int(o.get("progress") or 0) for at, o in list(stream.objects)
+            if abs(at - t) <= window and o.get("kind") == "Progress"
+            and o.get("phase") == "Downloading"]
+
+
+def test_prometheus_agrees_with_the_stream_and_fires_the_stall_alert(
+        installed_addon: Addon, two_node_cluster: Cluster, prometheus: Prometheus) -> None:
+    a, reg, prom = installed_addon, two_node_cluster.registry, prometheus
+    cp = a.cp
+    nodes = [n.name for n in two_node_cluster.nodes]
+    registry = reg.bind  # containerd's distribution-source labels name no port
+    repo_tags = {n.name: reg.tag(reg.images.big, f"prom-{n.k}") for n in two_node_cluster.nodes}
+    pods = {n: f"addon-prom-{k}" for k, n in enumerate(nodes, 1)}
+    for n in two_node_cluster.nodes:
+        asyncio.run(forget_images(n.cri_address, reg.images.big))
+    sel = f'registry="{registry}"'
+    bytes_q = f"sum by (node) (aggapi_agent_image_pull_bytes_total{{{sel}}})"
+    flight_q = f"sum by (node) (aggapi_agent_image_pulls_in_flight{{{sel}}})"
+    before = by_node(prom, bytes_q)  # the counters' values from the session's pulls so far
+    streams: dict[str, RawStream] = {}
+    t_start = time.monotonic()
+    with throttle_for(reg.info.registry_host,
+                      [Path(n.info.containerd_dir) for n in two_node_cluster.nodes], LINK,
+                      bind=reg.bind) as link:
+        try:
+            for node, pod in pods.items():
+                run_pod(cp, pod, node, f"{link.host}/{repo_tags[node]}", command=(),
+                        pull_policy="IfNotPresent", wait=False)
+                streams[node] = RawStream(cp, path("imagepullprogress", pod, watch=True,
+                                                   granularity="pod")).start()
+            until(lambda: all(progress_at(s, time.monotonic(), 60) for s in streams.values()),
+                  60, "bytes in both pods' streams")
+
+            # In flight: Prometheus' count is each node's own (its agent's view).
+            def flights_agree() -> bool:
+                prom_flight = by_node(prom, flight_q)
+                views = {n: node_in_flight(a, n) for n in nodes}
+                return all(prom_flight.get(n) == views[n] == 1 for n in nodes)
+
+            until(flights_agree, 10, "in-flight 1 on each node, in Prometheus and the views")
+
+            # Bytes: every sample scraped meanwhile against the stream about then.
+            time.sleep(COMPARE_SECONDS)  # samples accumulate; compared afterwards
+            compared = compare_bytes(prom, streams, before, sel, t_start)
+            assert compared >= 2 * len(nodes), compared
+
+            # Stall: the link pauses with every socket open.
+            assert not [x for x in prom.alerts() if x["labels"]["alertname"] == ALERT]
+            link.pause()
+            paused = time.monotonic()
+            fired = until(lambda: firing(prom, nodes), 60, f"{ALERT} firing on both nodes")
+            took = time.monotonic() - paused
+            bound = PULL_STALL_SECONDS + STALLED_FOR + 2 * SCRAPE + 1
+            print(f"\nprometheus: {compared} samples within one step of the streams; "
+                  f"{ALERT} firing {took:.1f}s after the pause (bound {bound:.0f}s): "
+                  f"{[x['labels'] for x in fired]}")
+            assert took <= bound, (took, bound)
+            assert {x["labels"]["registry"] for x in fired} == {registry}
+
+            link.resume()
+            link.set_rate(None)
+            until(lambda: all(s.wait_end(0) for s in streams.values()), 60,
+                  "both pulls done")
+            until(lambda: by_node(prom, flight_q) == {n: 0.0 for n in nodes}, 10,
+                  "in-flight back to 0 in Prometheus")
+        finally:
+            link.resume()
+            link.set_rate(None)
+            for s in streams.values():
+                s.stop()
+            delete_pods(cp, *pods.values())
+    for n in two_node_cluster.nodes:
+        asyncio.run(forget_images(n.cri_address, reg.images.big))
+
+
+def node_in_flight(a: Addon, node: str) -> int | None:
+    code, body = a.cp.get(f"/apis/{GROUP}/{VERSION}/nodes/{node}/imagepulls")
+    assert code == 200, body
+    n = json.loads(body).get("inFlight")
+    return n if isinstance(n, int) else None
+
+
+def firing(prom: Prometheus, nodes: list[str]) -> list[dict[str, Any]] | None:
+    got = [x for x in prom.alerts()
+           if x["labels"]["alertname"] == ALERT and x["state"] == "firing"]
+    return got if {x["labels"].get("node") for x in got} == set(nodes) else None
+
+
+def compare_bytes(prom: Prometheus, streams: dict[str, RawStream], before: dict[str, float],
+                  sel: str, t_start: float) -> int:
+    """Each raw sample of the bytes counter since the pulls began, less its value before
+    them, against the stream's progress about then: within one containerd step. The
+    stream's receive times are monotonic; Prometheus' are wall clock."""
+    offset = time.time() - time.monotonic()
+    since = int(time.monotonic() - t_start) + 1
+    compared = 0
+    series = prom.samples(f"aggapi_agent_image_pull_bytes_total{{{sel}}}[{since}s]")
+    assert sorted(labels["node"] for labels, _ in series) == sorted(streams), series
+    for labels, values in series:  # one series per node: its agent's counter
+        node = labels["node"]
+        for ts, v in values:
+            got = v - before.get(node, 0.0)
+            if got <= 0:
+                continue  # before the first byte
+            near = progress_at(streams[node], ts - offset, 1.5 * SCRAPE)
+            if not near:
+                continue
+            assert min(abs(got - p) for p in near) <= STEP, (node, got, near)
+            compared += 1
+    return compared
