@@ -17,7 +17,8 @@ from aggapi.agent.kubeletconfig import PullLimits
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.model import DOWNLOADING, NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
-from aggapi.agent.pullmetrics import MAX_REGISTRIES, OTHER, PullTracker, registry_of, run
+from aggapi.agent.pullmetrics import PullTracker, registry_of, run
+from aggapi.registrylabels import MAX_REGISTRIES, OTHER
 
 
 class Clock:
