@@ -17,8 +17,12 @@ UNKNOWN = "unknown"  # a pull still resolving its tag names no repository yet
 
 
 def host_of_repository(repository: str) -> str:
-    """``host/path`` (containerd's distribution-source form) -> ``host``."""
-    return repository.partition("/")[0].lower() or UNKNOWN
+    """``host/path`` (containerd's distribution-source form) -> ``host`` (a port, if
+    one is there, goes: the image's host is named without it)."""
+    domain = repository.partition("/")[0]
+    if not domain:
+        return UNKNOWN
+    return imageref.ImageRef(domain, "x").host.lower()
 
 
 def host_of_image(image: str) -> str:

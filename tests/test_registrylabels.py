@@ -26,6 +26,7 @@ def test_an_image_and_its_pulls_repository_name_one_host() -> None:
     assert host_of_image("[fd00::1]:5000/a/b:1") == "[fd00::1]"
     assert host_of_image("not a ref") == UNKNOWN
     assert host_of_repository("") == UNKNOWN
+    assert host_of_repository("r.example:5000/a") == "r.example"
 
 
 @given(st.lists(st.from_regex(r"[a-z]{1,8}\.example", fullmatch=True), max_size=80))

@@ -71,6 +71,9 @@ class ApiServerConfig:
     # Seconds between reads of a node's pulls from its agent while a collection
     # follows a pod there.
     collection_poll_interval: float = 1.0
+    # The leader's /metrics carries the fleet's pulls per registry host: each scrape
+    # uses the nodeimagepulls collection (every node's view polled while scraped).
+    fleet_metrics: bool = False
     # More than one replica: one computes the collections (elected with this Lease in
     # --pod-namespace), the others forward to it at the address it advertises.
     leader_elect: bool = False
@@ -145,6 +148,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
                                  "polls outlive their last request"),
     "collection-poll-interval": (float, "seconds between reads of a node's pulls while "
                                         "a collection follows a pod there"),
+    "fleet-metrics": (bool, "the leader's /metrics carries the fleet's image pulls per "
+                            "registry host, from the collections (each scrape keeps every "
+                            "node's view polled)"),
 }
 
 

@@ -40,7 +40,9 @@ def node(*pulls: PullState) -> NodeState:
     return NodeState("containerd", {}, tuple(pulls))
 
 
-def value(m: AgentMetrics, name: str, registry: str = "registry.example:5000") -> float:
+# containerd names the host without its port (url.Hostname() in its distribution-source
+# labels); a port, were one there, would go as in an image's host (registrylabels).
+def value(m: AgentMetrics, name: str, registry: str = "registry.example") -> float:
     return m.value(name, registry=registry)
 
 
