@@ -33,6 +33,10 @@ class Target:
     namespace: str
     service: str
     port: str  # the EndpointSlice port's name
+    # The serving certificate verified against this CA for this name (else, as for the
+    # agents' ephemeral identities, not verified).
+    ca_file: Path | None = None
+    server_name: str = ""
 
 
 def config(targets: Sequence[Target], *, kubeconfig: Path, token_file: Path,
@@ -49,9 +53,7 @@ def config(targets: Sequence[Target], *, kubeconfig: Path, token_file: Path,
             "scheme": "https",
             "metrics_path": "/metrics",
             "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
-            # As the chart's agent ServiceMonitor with ephemeral serving identities: each
-            # agent's certificate is pinned by the apiservers, not by a CA Prometheus has.
-            "tls_config": {"insecure_skip_verify": True},
+            "tls_config": _tls(t),
             "kubernetes_sd_configs": [{"role": "endpointslice",
                                        "kubeconfig_file": str(kubeconfig),
                                        "namespaces": {"names": [t.namespace]}}],
@@ -64,6 +66,14 @@ def config(targets: Sequence[Target], *, kubeconfig: Path, token_file: Path,
             ],
         } for t in targets],
     }
+
+
+def _tls(t: Target) -> dict[str, Any]:
+    if t.ca_file is None:
+        # As the chart's agent ServiceMonitor with ephemeral serving identities: each
+        # agent's certificate is pinned by the apiservers, not by a CA Prometheus has.
+        return {"insecure_skip_verify": True}
+    return {"ca_file": str(t.ca_file), "server_name": t.server_name}
 
 
 class Prometheus:

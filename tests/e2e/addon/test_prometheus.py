@@ -1,28 +1,32 @@
 """A real Prometheus scraping the installed add-on (issue 37's first goal).
 
-Prometheus (tests.framework.prometheus) runs on the host and finds the agents as the
-chart's ServiceMonitor makes prometheus-operator find them: Kubernetes service discovery
-of the EndpointSlices of the Service <fullname>-agent-metrics, then HTTPS straight to
-each agent pod's IP (the host routes both nodes' pod CIDRs), with a ServiceAccount token
-allowed only ``get /metrics``, and ``node`` from the pod's node. Its rules are the
-chart's PrometheusRule groups rendered by helm, with ``prometheusRule.stalledFor`` set
-short for the test. One pod on each node pulls the big image through a throttled link of
-the test's own (both nodes share it), and while it pulls:
+Prometheus (tests.framework.prometheus) runs on the host and finds its targets as the
+chart's ServiceMonitors make prometheus-operator find them: Kubernetes service
+discovery of the EndpointSlices of the Services <fullname>-agent-metrics (port
+``metrics``) and <fullname> (port ``https``, the apiservers, verified against their CA),
+then HTTPS straight to each pod's IP (the host routes both nodes' pod CIDRs), with a
+ServiceAccount token allowed only ``get /metrics``, and ``node`` from the pod's node.
+Its rules are the chart's PrometheusRule groups rendered by helm, with
+``prometheusRule.stalledFor`` set short. Through a throttled link of the test's own
+(both nodes share it) one pod on each node pulls the big image, and a second pod on
+node 1 waits for kubelet's one pull slot (serializeImagePulls). While they pull:
 
-- Prometheus' in-flight pulls per node are exactly the node's own count (its
-  NodeImagePulls view, answered by its agent): 1;
-- each scraped sample of the bytes counter (less its value before the pull) is within one
-  containerd step (1 MiB) of what the pod's progress stream showed about then;
+- in flight, per node: Prometheus' count is the node's own (its agent's NodeImagePulls
+  view): 1 each; for the fleet (the leading apiserver's gauges): 2 pulls on 2 nodes, and
+  1 image waiting, as the waiting pod's stream says (``Waiting``);
+- each scraped sample of a node's bytes counter (less its value before the pull) is
+  within one containerd step (1 MiB) of what the pod's progress stream showed then;
 - the link paused (sockets open, no byte), AggapiImagePullStalled fires for both nodes
-  within the agents' --pull-stall-seconds + its ``for:`` + one scrape and one
-  evaluation (and a poll of the agent's, rounded up to a second).
+  within the agents' --pull-stall-seconds + its ``for:`` + a scrape and an evaluation
+  (+ 1 s for the agent's poll).
 
-Then the link runs free, the pulls end and in-flight goes back to 0 in Prometheus.
+Then the link runs free, every pull ends, and in flight and waiting go back to 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 import time
@@ -49,9 +53,10 @@ SCRAPE = 1.0  # seconds: scrape and rule evaluation interval
 STALLED_FOR = 2  # seconds: prometheusRule.stalledFor for this test
 LINK = 2 * MiB  # bytes/s shared by both nodes' pulls: a step about every second on each
 STEP = MiB  # containerd's progress step
-COMPARE_SECONDS = 8.0
+COMPARE_SECONDS = 6.0
 READER = "aggapi-e2e-prometheus"
 ALERT = "AggapiImagePullStalled"
+FLEET = "aggapi_apiserver_fleet_"
 
 
 def rendered_rules(a: Addon) -> str:
@@ -65,8 +70,7 @@ def rendered_rules(a: Addon) -> str:
          "--set", f"prometheusRule.stalledFor={STALLED_FOR}s",
          "--set", f"agent.metrics.pullStallSeconds={PULL_STALL_SECONDS}"],
         capture_output=True, text=True, check=True, timeout=60)
-    rule = yaml.safe_load(r.stdout)
-    return yaml.safe_dump(rule["spec"])
+    return yaml.safe_dump(yaml.safe_load(r.stdout)["spec"])
 
 
 def reader_token(a: Addon) -> str:
@@ -89,17 +93,22 @@ def reader_token(a: Addon) -> str:
 @pytest.fixture
 def prometheus(installed_addon: Addon, tmp_path: Path) -> Iterator[Prometheus]:
     a = installed_addon
-    token = tmp_path / "prom" / "token"
-    token.parent.mkdir()
-    token.write_text(reader_token(a))
+    d = tmp_path / "prom"
+    d.mkdir()
+    (d / "token").write_text(reader_token(a))
+    ca = a.get_json("secret", "-n", a.namespace, f"{a.fullname}-apiserver-tls")["data"]
+    (d / "apiserver-ca.crt").write_bytes(base64.b64decode(ca["ca.crt"]))
     agents = Target("aggapi-agent", a.namespace, f"{a.agent_name}-metrics", "metrics")
-    prom = Prometheus(tmp_path / "prom", config(
-        [agents], kubeconfig=a.cp.admin_kubeconfig, token_file=token, interval=SCRAPE,
-        rule_files=["rules.yaml"]), {"rules.yaml": rendered_rules(a)})
+    apiservers = Target("aggapi-apiserver", a.namespace, a.fullname, "https",
+                        ca_file=d / "apiserver-ca.crt",
+                        server_name=f"{a.fullname}.{a.namespace}.svc")
+    prom = Prometheus(d, config([agents, apiservers], kubeconfig=a.cp.admin_kubeconfig,
+                                token_file=d / "token", interval=SCRAPE,
+                                rule_files=["rules.yaml"]), {"rules.yaml": rendered_rules(a)})
     try:
         prom.start()
-        until(lambda: len(prom.targets_up(agents.job)) == len(a.node_names()), 30,
-              "both agents scraped")
+        until(lambda: len(prom.targets_up(agents.job)) == len(a.node_names())
+              and prom.targets_up(apiservers.job), 30, "agents and apiservers scraped")
         yield prom
     except BaseException:
         print(prom.log())
@@ -116,6 +125,11 @@ def by_node(prom: Prometheus, expr: str) -> dict[str, float]:
     return {r["metric"].get("node", ""): float(r["value"][1]) for r in prom.query(expr)}
 
 
+def scalar(prom: Prometheus, expr: str) -> float | None:
+    got = prom.query(expr)
+    return float(got[0]["value"][1]) if got else None
+
+
 def progress_at(stream: RawStream, t: float, window: float) -> list[int]:
     """The pod's progress as its stream showed it within ``window`` s of monotonic ``t``."""
     return [int(o.get("progress") or 0) for at, o in list(stream.objects)
@@ -123,20 +137,46 @@ def progress_at(stream: RawStream, t: float, window: float) -> list[int]:
             and o.get("phase") == "Downloading"]
 
 
-def test_prometheus_agrees_with_the_stream_and_fires_the_stall_alert(
+def phase(stream: RawStream) -> str:
+    objs = [o for _, o in list(stream.objects) if o.get("kind") == "Progress"]
+    return str(objs[-1].get("phase")) if objs else ""
+
+
+def node_in_flight(a: Addon, node: str) -> int | None:
+    code, body = a.cp.get(f"/apis/{GROUP}/{VERSION}/nodes/{node}/imagepulls")
+    assert code == 200, body
+    n = json.loads(body).get("inFlight")
+    return n if isinstance(n, int) else None
+
+
+def firing(prom: Prometheus, nodes: list[str]) -> list[dict[str, Any]] | None:
+    got = [x for x in prom.alerts()
+           if x["labels"]["alertname"] == ALERT and x["state"] == "firing"]
+    return got if {x["labels"].get("node") for x in got} == set(nodes) else None
+
+
+def test_prometheus_agrees_with_the_streams_and_fires_the_stall_alert(
         installed_addon: Addon, two_node_cluster: Cluster, prometheus: Prometheus) -> None:
     a, reg, prom = installed_addon, two_node_cluster.registry, prometheus
     cp = a.cp
     nodes = [n.name for n in two_node_cluster.nodes]
     registry = reg.bind  # containerd's distribution-source labels name no port
-    repo_tags = {n.name: reg.tag(reg.images.big, f"prom-{n.k}") for n in two_node_cluster.nodes}
+    tags = {n.name: reg.tag(reg.images.big, f"prom-{n.k}") for n in two_node_cluster.nodes}
+    small = reg.tag(reg.images.busybox.split("/", 1)[1], "prom-waiting")
     pods = {n: f"addon-prom-{k}" for k, n in enumerate(nodes, 1)}
-    for n in two_node_cluster.nodes:
-        asyncio.run(forget_images(n.cri_address, reg.images.big))
+    queued = "addon-prom-waiting"  # on node 1, behind its big pull
+
+    def forget() -> None:
+        for n in two_node_cluster.nodes:
+            asyncio.run(forget_images(n.cri_address, reg.images.big, small))
+
+    forget()
     sel = f'registry="{registry}"'
     bytes_q = f"sum by (node) (aggapi_agent_image_pull_bytes_total{{{sel}}})"
     flight_q = f"sum by (node) (aggapi_agent_image_pulls_in_flight{{{sel}}})"
-    before = by_node(prom, bytes_q)  # the counters' values from the session's pulls so far
+    fleet = {k: f"sum({FLEET}{k}{{{sel}}})" for k in (
+        "image_pulls_in_flight", "nodes_pulling", "image_pulls_waiting")}
+    before = by_node(prom, bytes_q)  # the counters as the session's pulls left them
     streams: dict[str, RawStream] = {}
     t_start = time.monotonic()
     with throttle_for(reg.info.registry_host,
@@ -144,24 +184,37 @@ def test_prometheus_agrees_with_the_stream_and_fires_the_stall_alert(
                       bind=reg.bind) as link:
         try:
             for node, pod in pods.items():
-                run_pod(cp, pod, node, f"{link.host}/{repo_tags[node]}", command=(),
+                run_pod(cp, pod, node, f"{link.host}/{tags[node]}", command=(),
                         pull_policy="IfNotPresent", wait=False)
                 streams[node] = RawStream(cp, path("imagepullprogress", pod, watch=True,
                                                    granularity="pod")).start()
             until(lambda: all(progress_at(s, time.monotonic(), 60) for s in streams.values()),
                   60, "bytes in both pods' streams")
+            run_pod(cp, queued, nodes[0], f"{link.host}/{small}",
+                    command=("/bin/busybox", "sleep", "3600"), pull_policy="IfNotPresent",
+                    wait=False)
+            waiting = RawStream(cp, path("imagepullprogress", queued, watch=True,
+                                         granularity="pod")).start()
+            streams["waiting"] = waiting
 
-            # In flight: Prometheus' count is each node's own (its agent's view).
-            def flights_agree() -> bool:
-                prom_flight = by_node(prom, flight_q)
+            # Counts: each node's own view, the streams, Prometheus (agents and fleet).
+            def counts_agree() -> bool:
                 views = {n: node_in_flight(a, n) for n in nodes}
-                return all(prom_flight.get(n) == views[n] == 1 for n in nodes)
+                per_node = by_node(prom, flight_q)
+                figures = {k: scalar(prom, q) for k, q in fleet.items()}
+                return (phase(waiting) == "Waiting"
+                        and all(per_node.get(n) == views[n] == 1 for n in nodes)
+                        and figures == {"image_pulls_in_flight": len(nodes),
+                                        "nodes_pulling": len(nodes),
+                                        "image_pulls_waiting": 1})
 
-            until(flights_agree, 10, "in-flight 1 on each node, in Prometheus and the views")
+            until(counts_agree, 15, "in flight 1 per node, 2 in the fleet, 1 waiting: in "
+                                    "Prometheus, the node views and the streams")
 
             # Bytes: every sample scraped meanwhile against the stream about then.
-            time.sleep(COMPARE_SECONDS)  # samples accumulate; compared afterwards
-            compared = compare_bytes(prom, streams, before, sel, t_start)
+            time.sleep(COMPARE_SECONDS)
+            compared = compare_bytes(prom, {n: streams[n] for n in nodes}, before, sel,
+                                     t_start)
             assert compared >= 2 * len(nodes), compared
 
             # Stall: the link pauses with every socket open.
@@ -179,31 +232,17 @@ def test_prometheus_agrees_with_the_stream_and_fires_the_stall_alert(
 
             link.resume()
             link.set_rate(None)
-            until(lambda: all(s.wait_end(0) for s in streams.values()), 60,
-                  "both pulls done")
-            until(lambda: by_node(prom, flight_q) == {n: 0.0 for n in nodes}, 10,
-                  "in-flight back to 0 in Prometheus")
+            until(lambda: all(s.wait_end(0) for s in streams.values()), 60, "every pull done")
+            until(lambda: by_node(prom, flight_q) == {n: 0.0 for n in nodes}
+                  and {k: scalar(prom, q) for k, q in fleet.items()}
+                  == dict.fromkeys(fleet, 0.0), 15, "in flight and waiting back to 0")
         finally:
             link.resume()
             link.set_rate(None)
             for s in streams.values():
                 s.stop()
-            delete_pods(cp, *pods.values())
-    for n in two_node_cluster.nodes:
-        asyncio.run(forget_images(n.cri_address, reg.images.big))
-
-
-def node_in_flight(a: Addon, node: str) -> int | None:
-    code, body = a.cp.get(f"/apis/{GROUP}/{VERSION}/nodes/{node}/imagepulls")
-    assert code == 200, body
-    n = json.loads(body).get("inFlight")
-    return n if isinstance(n, int) else None
-
-
-def firing(prom: Prometheus, nodes: list[str]) -> list[dict[str, Any]] | None:
-    got = [x for x in prom.alerts()
-           if x["labels"]["alertname"] == ALERT and x["state"] == "firing"]
-    return got if {x["labels"].get("node") for x in got} == set(nodes) else None
+            delete_pods(cp, *pods.values(), queued)
+    forget()
 
 
 def compare_bytes(prom: Prometheus, streams: dict[str, RawStream], before: dict[str, float],
