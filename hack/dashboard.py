@@ -2,7 +2,7 @@
 prints the JSON that hack/gen-manifests.sh writes to
 manifests/charts/aggapi/dashboards/image-pulls.json (tests/manifests/test_dashboard.py
 checks it is fresh, that every query parses under promtool and names only metrics the
-agent exports or the chart's rules record).
+agent or the apiserver exports or the chart's rules record).
 
 Panels are built from one small table so that a new metric is one line here. The
 dashboard has a Prometheus data-source variable and a node variable; it is plain
@@ -46,6 +46,19 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str, int]] = [
      [(f"histogram_quantile({q}, sum by (le) (rate("
        f"aggapi_agent_image_pull_size_bytes_bucket{{{NODE}}}[$__rate_interval])))",
        f"p{int(q * 100)}") for q in (0.5, 0.9)],
+     "timeseries", 12),
+    # The fleet, from the leading apiserver's collections (apiserver.fleetMetrics): not
+    # filtered by node; the other replicas export none, so sums count each pull once.
+    ("Fleet: pulls in flight and waiting for a slot, by registry", "short",
+     [("sum by (registry) (aggapi_apiserver_fleet_image_pulls_in_flight)",
+       "{{registry}} in flight"),
+      ("sum by (registry) (aggapi_apiserver_fleet_image_pulls_waiting)",
+       "{{registry}} waiting")],
+     "timeseries", 12),
+    ("Fleet: nodes pulling and their rate, by registry", "short",
+     [("sum by (registry) (aggapi_apiserver_fleet_nodes_pulling)", "{{registry}} nodes"),
+      ("sum by (registry) (aggapi_apiserver_fleet_image_pull_bytes_per_second) / 1048576",
+       "{{registry}} MiB/s")],
      "timeseries", 12),
 ]
 

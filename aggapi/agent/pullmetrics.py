@@ -4,8 +4,8 @@ The progress poller already reads containerd's leases and ingests; this keeps it
 polling while the agent runs (one internal subscription, not counted as a stream)
 and turns each NodeState into the pull families of AgentMetrics. Labels are the
 registry host alone (the node is the scrape target's own label): pods and images
-are unbounded, so they are never labels. Registry hosts are capped at
-``MAX_REGISTRIES``; pulls from further hosts count under ``registry="other"``.
+are unbounded, so they are never labels. Registry hosts are label values as
+``aggapi.registrylabels`` makes them (capped; the apiserver's fleet view uses the same).
 
 A pull is a containerd lease (PullState). Its bytes count as they land (its progress
 only grows; a restarted layer that goes back counts again only past its high mark),
@@ -29,12 +29,10 @@ from aggapi.agent.kubeletconfig import PullLimits
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.model import NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
+from aggapi.registrylabels import UNKNOWN, RegistryLabels, host_of_repository
 
 log = logging.getLogger(__name__)
 
-MAX_REGISTRIES = 32
-OTHER = "other"
-UNKNOWN_REGISTRY = "unknown"  # a pull still resolving its tag names no repository yet
 LIMITS_EVERY = 30.0  # seconds between reads of kubelet's pull limits (its config file)
 Limits = Callable[[], Awaitable[PullLimits]]
 
@@ -43,10 +41,10 @@ def registry_of(pull: PullState) -> str:
     """The host of the pull's first repository ("host/repo" from containerd's
     distribution-source labels, which carry no port), lower-cased."""
     for repo in pull.repositories:
-        host = repo.partition("/")[0].lower()
-        if host:
+        host = host_of_repository(repo)
+        if host != UNKNOWN:
             return host
-    return UNKNOWN_REGISTRY
+    return UNKNOWN
 
 
 @dataclass
@@ -69,16 +67,8 @@ class PullTracker:
         self._clock = clock
         self._mono = monotonic
         self._pulls: dict[str, _Seen] = {}  # lease -> what was seen of it
-        self._registries: set[str] = set()  # label values in use (capped)
+        self._label = RegistryLabels()
         self._shown: set[str] = set()  # registries whose gauges were last set non-zero
-
-    def _label(self, host: str) -> str:
-        if host in self._registries:
-            return host
-        if len(self._registries) >= MAX_REGISTRIES:
-            return OTHER
-        self._registries.add(host)
-        return host
 
     def observe(self, state: NodeState) -> None:
         if state.pulls is None:  # the backend cannot see pulls (CRI only) or failed
@@ -94,7 +84,7 @@ class PullTracker:
             if seen is None:
                 seen = self._pulls[pull.lease] = _Seen(self._label(registry_of(pull)),
                                                        pull.started_at, moved_at=now)
-            elif seen.registry == UNKNOWN_REGISTRY and pull.repositories:
+            elif seen.registry == UNKNOWN and pull.repositories:
                 seen.registry = self._label(registry_of(pull))  # its tag resolved
             reg = seen.registry
             in_flight[reg] = in_flight.get(reg, 0) + 1

@@ -47,6 +47,7 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
         if parts.forwarder is not None:
             await parts.forwarder.close()
         await parts.progress_streams.close()
+        parts.fleet.close()
         await parts.feeds.close()  # and the pod/event sources the streams shared
         if agent is not None:
             await agent.directory.stop()

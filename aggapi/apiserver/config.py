@@ -74,6 +74,9 @@ class ApiServerConfig:
     # At most this many node reads per second in all (0: no bound): with more nodes
     # pulling, each is read less often (5,000 nodes: every 10 s).
     collection_polls_per_second: float = 500.0
+    # The leader's /metrics carries the fleet's pulls per registry host: each scrape
+    # uses the nodeimagepulls collection (every node's view polled while scraped).
+    fleet_metrics: bool = False
     # More than one replica: one computes the collections (elected with this Lease in
     # --pod-namespace), the others forward to it at the address it advertises.
     leader_elect: bool = False
@@ -152,6 +155,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
                                            "together: beyond it each node is read less "
                                            "often than --collection-poll-interval "
                                            "(0 = no bound)"),
+    "fleet-metrics": (bool, "the leader's /metrics carries the fleet's image pulls per "
+                            "registry host, from the collections (each scrape keeps every "
+                            "node's view polled)"),
 }
 
 

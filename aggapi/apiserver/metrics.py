@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -55,6 +56,21 @@ class Metrics:
         self.collection_node_polls = Gauge(
             f"{_NS}_collection_node_polls",
             "Nodes whose agent the collections poll.", registry=r)
+        # The fleet's pulls per registry host, from the collections (--fleet-metrics; the
+        # leader only: collections.fleet).
+        self.fleet_pulls_in_flight = Gauge(
+            f"{_NS}_fleet_image_pulls_in_flight",
+            "Image pulls in flight on all nodes, by registry host.", ["registry"], registry=r)
+        self.fleet_pull_rate = Gauge(
+            f"{_NS}_fleet_image_pull_bytes_per_second",
+            "Download rate of all nodes' pulls, by registry host.", ["registry"], registry=r)
+        self.fleet_nodes_pulling = Gauge(
+            f"{_NS}_fleet_nodes_pulling",
+            "Nodes with an image pull in flight, by registry host.", ["registry"], registry=r)
+        self.fleet_pulls_waiting = Gauge(
+            f"{_NS}_fleet_image_pulls_waiting",
+            "Pods' images waiting for a kubelet pull slot, by registry host.", ["registry"],
+            registry=r)
         self.authn_failures = Counter(f"{_NS}_authentication_failures",
                                       "Rejected authentications by reason.", ["reason"],
                                       registry=r)
@@ -94,10 +110,14 @@ def metrics_middleware(metrics: Metrics) -> Middleware:
     return measure
 
 
-def metrics_handler(metrics: Metrics) -> Handler:
-    """GET /metrics: this app's registry in Prometheus' text format."""
+def metrics_handler(metrics: Metrics,
+                    refresh: Callable[[], Awaitable[None]] | None = None) -> Handler:
+    """GET /metrics: this app's registry in Prometheus' text format (``refresh`` sets
+    the gauges read at scrape time first)."""
 
     async def serve(_request: web.Request) -> web.StreamResponse:
+        if refresh is not None:
+            await refresh()
         return web.Response(body=generate_latest(metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -19,6 +19,7 @@ from aggapi.apiserver.authconfig import AuthConfig, AuthConfigSource, parse_cert
 from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
 from aggapi.apiserver.collections.feedset import Feeds
+from aggapi.apiserver.collections.fleet import FleetMetrics
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.election import Election, LeaseElection
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
@@ -54,6 +55,7 @@ class Parts:
     feeds: Feeds  # podimagepulls/nodeimagepulls: shared pod/event watches and node polls
     election: Election  # which replica computes the collections (standalone: this one)
     forwarder: Forwarder | None  # to the leader, while another replica leads
+    fleet: FleetMetrics  # the leader's fleet gauges, set at each scrape (--fleet-metrics)
 
 
 def _signer(config: ApiServerConfig, kube_api: KubeClient
@@ -162,4 +164,5 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                               timeout=config.review_timeout),
         lifecycle=lifecycle, tls=tls, agent=agent,
         pod_watches=PodWatchHub(feeds.sources), progress_streams=new_progress_streams(),
-        feeds=feeds, election=election, forwarder=forwarder)
+        feeds=feeds, election=election, forwarder=forwarder,
+        fleet=FleetMetrics(metrics, feeds, election, enabled=config.fleet_metrics))

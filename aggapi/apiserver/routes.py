@@ -74,7 +74,7 @@ def route_table(parts: Parts) -> list[Route]:
         Route(("GET",), "/livez", health.healthz, OPEN),
         Route(("GET",), "/readyz", ready, OPEN),
         # A non-resource check of /metrics unless --always-allow-metrics.
-        Route(("GET",), "/metrics", metrics_handler(parts.metrics),
+        Route(("GET",), "/metrics", metrics_handler(parts.metrics, parts.fleet.refresh),
               OPEN if cfg.always_allow_metrics else OWN),
         # Discovery and OpenAPI: the aggregator fetches them as itself.
         Route(("GET",), "/apis", discovery.apis, OPEN),

@@ -17,7 +17,8 @@ from aggapi.agent.kubeletconfig import PullLimits
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.model import DOWNLOADING, NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
-from aggapi.agent.pullmetrics import MAX_REGISTRIES, OTHER, PullTracker, registry_of, run
+from aggapi.agent.pullmetrics import PullTracker, registry_of, run
+from aggapi.registrylabels import MAX_REGISTRIES, OTHER
 
 
 class Clock:
@@ -39,7 +40,9 @@ def node(*pulls: PullState) -> NodeState:
     return NodeState("containerd", {}, tuple(pulls))
 
 
-def value(m: AgentMetrics, name: str, registry: str = "registry.example:5000") -> float:
+# containerd names the host without its port (url.Hostname() in its distribution-source
+# labels); a port, were one there, would go as in an image's host (registrylabels).
+def value(m: AgentMetrics, name: str, registry: str = "registry.example") -> float:
     return m.value(name, registry=registry)
 
 

@@ -1,6 +1,6 @@
 """The chart's Grafana dashboard: the committed JSON is hack/dashboard.py's output, each
-query parses under the real promtool and names only metrics the agent exports or the
-chart's PrometheusRule records, and the ConfigMap carries the sidecar's label."""
+query parses under the real promtool and names only metrics the agent or the apiserver
+exports or the chart's PrometheusRule records, and the ConfigMap carries the sidecar's label."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from aggapi.agent.metrics import AgentMetrics
+from aggapi.apiserver.metrics import Metrics
 from tests.manifests.conftest import CHART, Render, find
 from tests.manifests.conftest import PROMETHEUS_RULE_API as API
 
@@ -46,7 +47,7 @@ def test_every_query_parses_and_names_real_series(promtool: str, render: Render,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     exported = set()
-    for fam in AgentMetrics().registry.collect():
+    for fam in [*AgentMetrics().registry.collect(), *Metrics().registry.collect()]:
         exported |= {s.name for s in fam.samples} | {fam.name}
         if fam.type == "counter":  # no sample yet for a labelled one: its _total name
             exported.add(fam.name + "_total")

@@ -306,6 +306,10 @@ class NodeFeed(_Batcher):
     def _view_changed(self, node: str) -> None:
         self.mark((node,))
 
+    def pod_objects(self) -> Iterable[dict[str, Any]]:
+        """The cluster's PodImagePulls (this feed's pod feed), as they stand."""
+        return self._feed.collection.objects.values() if self._feed is not None else ()
+
     def _release(self, node: str) -> None:
         poll = self.polls.get(node)
         if poll is not None:

@@ -91,7 +91,8 @@ def previous(installed_addon: Addon) -> Iterator[tuple[Addon, Release]]:
     print(f"\nupgrade: previous chart {prev.chart} {prev.chart_version} published in "
           f"{time.monotonic() - t0:.1f}s")
     try:
-        yield dataclasses.replace(a, published=prev), current
+        # Without the session's values: the previous chart's schema knows none of them.
+        yield dataclasses.replace(a, published=prev, values=[]), current
     finally:
         a.published = current
         try:

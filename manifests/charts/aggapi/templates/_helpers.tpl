@@ -279,6 +279,7 @@ container port it targets. */}}
 - --shutdown-delay={{ .Values.apiserver.shutdownDelaySeconds }}
 - --copy-require-exec={{ .Values.apiserver.copyRequireExec }}
 - --always-allow-metrics={{ .Values.apiserver.metricsAlwaysAllow }}
+- --fleet-metrics={{ .Values.apiserver.fleetMetrics }}
 - --read-header-timeout={{ .Values.apiserver.readHeaderTimeout }}
 - --log-level={{ .Values.apiserver.logLevel }}
 {{- range .Values.apiserver.extraArgs }}
