@@ -385,3 +385,22 @@ async def test_a_finished_pull_whose_lease_lingers_is_present() -> None:
     fake.finish(img, "L1")
     fake.leases["L1"] = lease  # not dropped yet
     assert (await be.observe([REF])).images[REF].phase == "Done"
+
+
+async def test_an_imported_images_leftover_lease_is_no_pull() -> None:
+    """``ctr import`` (how the harness loads images, and how admins side-load them)
+    leaves a lease with manifests from no registry, expiring after 24 h. It was counted
+    as a pull for good (registry "unknown"), stalled: AggapiImagePullStalled fired on
+    both nodes of the Prometheus e2e (session 37). A manifest not yet labelled with its
+    source is a pull only in the moment before containerd labels it."""
+    fake = FakeContainerd()
+    img = make_image(REF, [100], "app")
+    be = backend(fake)
+    fake.start_pull(img, "import")
+    fake.fetch_manifest(img, "import", source_label=False)
+    fake.commit(img.layers[0][0], 100, "import")
+    state = await be.observe([])
+    assert state.pulls is not None and [p.lease for p in state.pulls] == ["import"]
+    fake.now += 31
+    state = await be.observe([])
+    assert state.pulls is not None and not state.pulls

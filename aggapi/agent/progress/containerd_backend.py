@@ -341,9 +341,9 @@ class ContainerdBackend:
         pull_layers: dict[str, tuple[LayerState, ...]] = {}
         for view in sorted(self.leases.views.values(), key=lambda v: v.lease.created_at):
             roots = self.leases.roots(view)
-            if not self._is_pull(view, roots, wall):
-                continue
             repos = self.leases.repositories(roots)
+            if not self._is_pull(view, roots, repos, wall):
+                continue
             downloading = sum(1 for ref in view.ingests if ref.startswith("layer-"))
             root = roots[0] if roots else ""
             resolved = await self._resolve(root) if root else None
@@ -365,15 +365,20 @@ class ContainerdBackend:
         return pulls, pull_layers
 
     @staticmethod
-    def _is_pull(view: LeaseView, roots: Sequence[str], wall: float) -> bool:
-        """A pull's lease holds an index or manifest, or a pull's ingests; other
-        clients' leases (snapshots of a container being built, gc holds) hold neither.
-        An empty lease is a pull resolving its tag, but only for a while: a pull that
-        cannot resolve fails within its registry timeouts."""
-        if roots or any(r.partition("-")[0] in PULL_INGESTS for r in view.ingests):
+    def _is_pull(view: LeaseView, roots: Sequence[str], repos: Sequence[str],
+                 wall: float) -> bool:
+        """A pull's lease holds a pull's ingests, or an index or manifest from a
+        registry; other clients' leases (snapshots of a container being built, gc holds)
+        hold neither. An empty lease is a pull resolving its tag, and a manifest without
+        its source label one in the moment before containerd labels it, but each only
+        for a while: leases left by an import (``ctr import``: no registry, 24 h expiry)
+        hold manifests without a source for good, and counted as stalled pulls."""
+        if any(r.partition("-")[0] in PULL_INGESTS for r in view.ingests) or repos:
             return True
-        return not view.content and not view.ingests and not view.other and (
-            wall - view.lease.created_at < BARE_LEASE_SECONDS)
+        young = wall - view.lease.created_at < BARE_LEASE_SECONDS
+        if roots:
+            return young
+        return not view.content and not view.ingests and not view.other and young
 
 
 def _round(x: float | None) -> float | None:
