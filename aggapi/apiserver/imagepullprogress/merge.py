@@ -197,6 +197,18 @@ class Merger:
                 if self.k8s.get(who(c), K8sView()).phase == PULLED
                 and (r := _ref(c.image)) is not None}
 
+    def _waiting_for(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """:meth:`waiting` for an object's image; a pod granularity object (no image)
+        waits when an image of the pod that kubelet is pulling does."""
+        if obj.get("image"):
+            return self.waiting(str(obj["image"]))
+        for c in self.containers:
+            if self.k8s.get(who(c), K8sView()).phase == PULLING:
+                w = self.waiting(c.image)
+                if w is not None:
+                    return w
+        return None
+
     def waiting(self, image: str) -> dict[str, Any] | None:
         """The node's pull slots are all taken by pulls of other images. A pull that
         names no image yet (no manifest fetched) may be this image's own, just
@@ -288,7 +300,7 @@ class Merger:
             # (Not Pending, which is "kubelet has not asked": a pull never goes back.)
             out.update(phase="Pulling", error="")
             if self.queued(obj):
-                waiting = self.waiting(str(obj.get("image") or ""))
+                waiting = self._waiting_for(obj)
                 if waiting is not None:
                     out.update(phase=WAITING, waiting=waiting)
             return out

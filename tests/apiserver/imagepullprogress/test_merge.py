@@ -226,3 +226,17 @@ def test_kubelets_pulled_ahead_of_the_runtime_is_not_pending() -> None:
     assert m.apply(progress("app", APP.image, "Resolving"))["phase"] == "Done"
     layer = m.apply(progress("app", APP.image, "Waiting", 0, 100, layer="sha256:ab"))
     assert layer["phase"] == "Pulling"
+
+
+def test_a_pod_granularity_object_waits_when_its_pulling_image_does() -> None:
+    """At pod granularity the object names no image: it said Pulling while the pod's
+    one image waited for kubelet's only slot and podimagepulls said waitingForSlot (the
+    Prometheus e2e, session 37)."""
+    m = Merger((APP,))
+    m.update(pod(), [ev("Pulling", "app", 'Pulling image "reg.example/app:1"',
+                        "2026-01-01T00:00:01Z")])
+    m.node_view = full_node([{"images": ["reg.example/x:1"]}])
+    out = m.apply(progress("", "", "Unknown"))
+    assert out["phase"] == "Waiting" and out["waiting"]["inFlightCount"] == 1
+    m.node_view = {**full_node([{"images": ["reg.example/x:1"]}]), "slotsFree": 1}
+    assert m.apply(progress("", "", "Unknown"))["phase"] == "Pulling"
