@@ -10,12 +10,10 @@ status (ErrImagePull / ImagePullBackOff) is written on its own, so it lags or le
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from aggapi.apiserver.imagepullprogress import producer as producer_mod
 from tests.framework.fakekube import FakeKube
 from tests.framework.until import until
 
@@ -28,17 +26,8 @@ NOT_FOUND = (f'Failed to pull image "{IMG}": rpc error: code = NotFound desc = f
              f'{IMG}: not found')
 
 
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    fake = FakeKube()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture(autouse=True)
-def quick_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(producer_mod, "RETRY_DELAY", 0.01)
+# conftest.py: the fake kube-apiserver, and agent retries made quick.
+pytestmark = pytest.mark.usefixtures("quick_retry")
 
 
 class Kubelet:

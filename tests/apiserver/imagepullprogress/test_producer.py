@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggapi.apiserver.authz import Authorizer, Permits
-from aggapi.apiserver.imagepullprogress import producer as producer_mod
 from aggapi.apiserver.imagepullprogress.handler import SEE_NODE_PULLS
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatch
 from aggapi.apiserver.imagepullprogress.producer import Producer
@@ -39,17 +38,8 @@ from .scripted import (
 IMG = "reg/app:1"
 
 
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    fake = FakeKube()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture(autouse=True)
-def quick_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(producer_mod, "RETRY_DELAY", 0.01)
+# conftest.py: the fake kube-apiserver, and agent retries made quick.
+pytestmark = pytest.mark.usefixtures("quick_retry")
 
 
 @contextlib.asynccontextmanager

@@ -7,13 +7,11 @@ behind). After each burst the stream must say where kubelet is."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aggapi.apiserver.imagepullprogress import producer as producer_mod
 from tests.framework.fakekube import FakeKube
 
 from .scripted import Lines, ScriptedAgent, done_summary, pod_object, progress
@@ -25,17 +23,8 @@ RECORDED = json.loads((Path(__file__).parent / "recorded" / "kubelet-1.37-backof
 IMG = RECORDED["image"]
 
 
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    fake = FakeKube()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture(autouse=True)
-def quick_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(producer_mod, "RETRY_DELAY", 0.01)
+# conftest.py: the fake kube-apiserver, and agent retries made quick.
+pytestmark = pytest.mark.usefixtures("quick_retry")
 
 
 class Agent(ScriptedAgent):

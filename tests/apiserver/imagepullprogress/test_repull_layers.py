@@ -5,12 +5,10 @@ its manifest)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from aggapi.apiserver.imagepullprogress import producer as producer_mod
 from tests.framework.fakekube import FakeKube
 from tests.framework.until import until
 
@@ -22,17 +20,8 @@ OLD, NEW = "sha256:" + "1" * 64, "sha256:" + "2" * 64  # the two manifests
 BASE, GONE, FRESH = "sha256:base", "sha256:gone", "sha256:fresh"  # layers
 
 
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    fake = FakeKube()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture(autouse=True)
-def quick_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(producer_mod, "RETRY_DELAY", 0.01)
+# conftest.py: the fake kube-apiserver, and agent retries made quick.
+pytestmark = pytest.mark.usefixtures("quick_retry")
 
 
 def layer(digest: str, manifest: str, phase: str, prog: int, total: int) -> dict[str, Any]:
