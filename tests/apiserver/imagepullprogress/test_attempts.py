@@ -99,6 +99,24 @@ async def reach(objs: list[dict[str, Any]], phase: str, attempt: int,
                              f"{steps(objs, container)}") from None
 
 
+async def first_attempt_fails(k: Kubelet, first: Lines, objs: list[dict[str, Any]]) -> None:
+    """Attempt 1 as kubelet and the agent show it: Pulling, the image not found (the
+    agent's lease released), then the first 10 s back-off."""
+    first.send(progress("app", IMG, "Waiting"))
+    await reach(objs, "Pulling", 1)
+    k.emit("Failed", NOT_FOUND, 1)
+    k.emit("Failed", "Error: ErrImagePull", 1)
+    k.status("ErrImagePull", "not found")
+    first.send(progress("app", IMG, "Failed", error="lease released"),
+               {"kind": "Error", "container": "app", "image": IMG, "phase": "Failed",
+                "error": "lease released"})
+    first.end()
+    await reach(objs, "Failed", 1)
+    k.backs_off(2)
+    k.status("ImagePullBackOff", f'Back-off pulling image "{IMG}": ErrImagePull')
+    await reach(objs, "BackOff", 1)
+
+
 async def test_each_attempt_has_its_own_pulling_and_attempts_move_only_then(
         kube: FakeKube) -> None:
     """At b8a55c6: BackOff with attempt 2 while the first back-off ran (the status still
@@ -111,19 +129,7 @@ async def test_each_attempt_has_its_own_pulling_and_attempts_move_only_then(
     first = agent.stream()
     k.emit("Pulling", f'Pulling image "{IMG}"', 1)
     async with running(kube, pod, agent, follow=True) as (got, _):
-        first.send(progress("app", IMG, "Waiting"))
-        await reach(got.objs, "Pulling", 1)
-        k.emit("Failed", NOT_FOUND, 1)
-        k.emit("Failed", "Error: ErrImagePull", 1)
-        k.status("ErrImagePull", "not found")
-        first.send(progress("app", IMG, "Failed", error="lease released"),
-                   {"kind": "Error", "container": "app", "image": IMG, "phase": "Failed",
-                    "error": "lease released"})
-        first.end()
-        await reach(got.objs, "Failed", 1)
-        k.backs_off(2)
-        k.status("ImagePullBackOff", f'Back-off pulling image "{IMG}": ErrImagePull')
-        await reach(got.objs, "BackOff", 1)
+        await first_attempt_fails(k, first, got.objs)
         # 10-15 s later, attempt 2 fails at once; the status is still the back-off's
         k.emit("Pulling", f'Pulling image "{IMG}"', 13)
         k.emit("Failed", NOT_FOUND, 13)
@@ -165,18 +171,7 @@ async def test_an_attempt_whose_pulling_was_not_seen_still_starts_pulling(
     first = agent.stream()
     k.emit("Pulling", f'Pulling image "{IMG}"', 1)
     async with running(kube, pod, agent, follow=True) as (got, task):
-        first.send(progress("app", IMG, "Waiting"))
-        await reach(got.objs, "Pulling", 1)
-        k.emit("Failed", NOT_FOUND, 1)
-        k.emit("Failed", "Error: ErrImagePull", 1)
-        first.send(progress("app", IMG, "Failed", error="lease released"),
-                   {"kind": "Error", "container": "app", "image": IMG, "phase": "Failed",
-                    "error": "lease released"})
-        first.end()
-        await reach(got.objs, "Failed", 1)
-        k.backs_off(2)
-        k.status("ImagePullBackOff", f'Back-off pulling image "{IMG}": ErrImagePull')
-        await reach(got.objs, "BackOff", 1)
+        await first_attempt_fails(k, first, got.objs)
         k.emit("Failed", NOT_FOUND, 13)
         k.emit("Failed", "Error: ErrImagePull", 13)
         await reach(got.objs, "Failed", 2)
