@@ -110,18 +110,19 @@ class LinkTiming:
         # is measured across it (the survivors' faster bytes show only at their next
         # steps, up to ~8 s later at 120 kB/s; restarting the window there read 60%).
         link = rates.group(rates.traces, whole_link=self.sharing.conserve >= 0.5)
-        if not link and downloading:
-            # Before the layers' steps tell it: the bytes containerd received.
-            link = self.received.rate()
         if link:
             # The link's capacity, for judging whether a step could have come from a
             # completion: its best rate of the last minute (while downloads wait for
-            # slots, what is measured is only what runs).
+            # slots, what is measured is only what runs). Steps only: a registry's
+            # first chunk at once makes the received bytes' first seconds read high.
             self.links.append((wall, link))
         while self.links and wall - self.links[0][0] > LINK_MEMORY:
             self.links.popleft()
         self.counters.link = max((x for _, x in self.links), default=None)
-        return link
+        # The bytes containerd received, when they can be read, say what the link
+        # carries now, steps or not: before the first step, and within seconds of a
+        # change nothing on this node shows (another node's pull on the link ended).
+        return (self.received.rate() if downloading else None) or link
 
     def forget_leases(self, live: Container[str]) -> None:
         for lease in list(self.slots):
