@@ -28,7 +28,7 @@ NODE_SLOTS = 3  # containerd's default max_concurrent_downloads
 LINK_MEMORY = 60.0  # seconds of link rates kept for its capacity
 # containerd's received bytes (sockbytes) are timed over the last RECEIVED_SPAN seconds
 # of downloading, once they span RECEIVED_MIN (a registry's first chunk comes at once).
-RECEIVED_SPAN, RECEIVED_MIN = 4.0, 1.5
+RECEIVED_SPAN, RECEIVED_MIN = 4.0, 1.0
 
 
 class ReceivedMeter:
