@@ -39,6 +39,7 @@ from aggapi.agent.progress.cri_backend import CRIBackend
 from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import Backend, ProgressPoller
+from aggapi.agent.progress.sockbytes import SocketBytes
 from aggapi.agent.pullmetrics import PullTracker
 from aggapi.auth.agentidentity import Identity, IdentityPublisher
 from aggapi.auth.capability import CapabilityVerifier
@@ -96,7 +97,9 @@ def make_backend(config: AgentConfig, cri: CRIClient,
     if containerd is None:
         return CRIBackend(cri)
     platform = Platform.parse(config.platform) if config.platform else Platform.host()
-    return ContainerdBackend(containerd, platform, snapshotter=config.snapshotter)
+    received = SocketBytes(config.containerd_address)
+    return ContainerdBackend(containerd, platform, snapshotter=config.snapshotter,
+                             received=received.read)
 
 
 def runtime_checks(cri: CRIClient, containerd: ContainerdClient | None,

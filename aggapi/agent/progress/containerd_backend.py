@@ -101,8 +101,11 @@ class ContainerdBackend:
     def __init__(self, client: ContainerdLike, platform: Platform | None = None, *,
                  snapshotter: str = "overlayfs", clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 full_refresh: float = 1.0) -> None:
+                 full_refresh: float = 1.0,
+                 received: Callable[[], int | None] | None = None) -> None:
         self.client = client
+        # containerd's TCP bytes received so far (blocking; aggapi.agent.progress.sockbytes)
+        self._received = received
         self.platform = platform or Platform.host()
         self.snapshotter = snapshotter
         self.manifests = ManifestStore(client, self.platform)
@@ -133,9 +136,9 @@ class ContainerdBackend:
             self._forget = False
         refs = sorted(set(watched))
         wall = self._clock()
-        statuses, leases, snaps = await asyncio.gather(
+        statuses, leases, snaps, received = await asyncio.gather(
             self.client.list_statuses(), self.client.list_leases(),
-            self.client.list_snapshots(self.snapshotter))
+            self.client.list_snapshots(self.snapshotter), self._read_received())
         # After the lease list: a record is created before its pull's lease is
         # deleted, so "lease gone and no record" below is never a race.
         records = await self._records(refs)
@@ -165,13 +168,16 @@ class ContainerdBackend:
             if ref not in images:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
-        link = self.link.measure(wall)
+        link = self.link.measure(wall, received)
         timing = self.link.plan(pull_layers, ingests, link, waiting)
         images = {ref: self.link.timed(st, timing, link) for ref, st in images.items()}
         pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), link, timing.share)
                  for p in pulls]
         return NodeState("containerd", images, tuple(pulls), time=wall, rates=self.link.rates,
                          link_bytes_per_second=_round(link), shares=timing.share)
+
+    async def _read_received(self) -> int | None:
+        return None if self._received is None else await asyncio.to_thread(self._received)
 
     async def _records(self, refs: Sequence[str]) -> dict[str, ImageRecord]:
         names = []

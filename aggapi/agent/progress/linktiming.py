@@ -26,6 +26,34 @@ from aggapi.runtime.containerd import IngestStatus
 
 NODE_SLOTS = 3  # containerd's default max_concurrent_downloads
 LINK_MEMORY = 60.0  # seconds of link rates kept for its capacity
+# containerd's received bytes (sockbytes) are timed over the last RECEIVED_SPAN seconds
+# of downloading, once they span RECEIVED_MIN (a registry's first chunk comes at once).
+RECEIVED_SPAN, RECEIVED_MIN = 4.0, 1.0
+
+
+class ReceivedMeter:
+    """The rate of containerd's received-bytes count while layers download: the link
+    before any layer has stepped twice. Samples start when the downloads do (a pull's
+    manifest and config bytes, and the idle time before, are not the link's rate)."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, wall: float, received: int | None, downloading: bool) -> None:
+        if received is None or not downloading:
+            self.samples.clear()
+            return
+        self.samples.append((wall, received))
+        while len(self.samples) > 2 and wall - self.samples[1][0] >= RECEIVED_SPAN:
+            self.samples.popleft()
+
+    def rate(self) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        (t0, b0), (t1, b1) = self.samples[0], self.samples[-1]
+        if t1 - t0 < RECEIVED_MIN or b1 <= b0:
+            return None
+        return (b1 - b0) / (t1 - t0)
 
 
 class LinkTiming:
@@ -42,6 +70,7 @@ class LinkTiming:
         self.sharing = Sharing()  # is the link shared? (measured at completions)
         self.last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
         self.idle: set[str] = set()  # layer ingests open at offset 0, last poll
+        self.received = ReceivedMeter()  # containerd's TCP bytes, when readable
 
     def record(self, statuses: Sequence[IngestStatus], ingests: Mapping[str, IngestStatus],
                wall: float, created: Mapping[str, float]) -> dict[str, float]:
@@ -70,9 +99,13 @@ class LinkTiming:
         self.idle = {d for d in live if not _moved(rates.traces.get(d))}
         return waiting
 
-    def measure(self, wall: float) -> float | None:
-        """The node's link rate now (None: nothing to measure)."""
+    def measure(self, wall: float, received: int | None = None) -> float | None:
+        """The node's link rate now (None: nothing to measure). ``received``: the bytes
+        containerd has received over TCP so far, when they can be read."""
         rates = self.rates
+        downloading = any(not tr.finished and tr.points and k not in rates.queued
+                          for k, tr in rates.traces.items())
+        self.received.add(wall, received, downloading)
         # On a shared link a completion hands its share to the others: the link's rate
         # is measured across it (the survivors' faster bytes show only at their next
         # steps, up to ~8 s later at 120 kB/s; restarting the window there read 60%).
@@ -80,12 +113,16 @@ class LinkTiming:
         if link:
             # The link's capacity, for judging whether a step could have come from a
             # completion: its best rate of the last minute (while downloads wait for
-            # slots, what is measured is only what runs).
+            # slots, what is measured is only what runs). Steps only: a registry's
+            # first chunk at once makes the received bytes' first seconds read high.
             self.links.append((wall, link))
         while self.links and wall - self.links[0][0] > LINK_MEMORY:
             self.links.popleft()
         self.counters.link = max((x for _, x in self.links), default=None)
-        return link
+        # The bytes containerd received, when they can be read, say what the link
+        # carries now, steps or not: before the first step, and within seconds of a
+        # change nothing on this node shows (another node's pull on the link ended).
+        return (self.received.rate() if downloading else None) or link
 
     def forget_leases(self, live: Container[str]) -> None:
         for lease in list(self.slots):

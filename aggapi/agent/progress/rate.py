@@ -32,6 +32,9 @@ LONG_CHANGES, LONG_SPAN = 6, 10.0  # the span used while the rate holds steady
 CHANGED = 0.25  # short and long spans disagreeing by more than this: the rate changed
 GROUP_MIN_SPAN, GROUP_MAX_SPAN = 4.0, 60.0
 IDLE_GAP = 2.0  # seconds between downloads that make them separate busy spells
+# containerd 2.x's copy buffer: the step a download takes before any step is seen (only
+# a link measured some other way, aggapi.agent.progress.sockbytes, times layers then).
+COPY_BUFFER = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,7 @@ class Rates:
         return tr is not None and not tr.finished and len(tr.points) == 1
 
     def _step_hint(self) -> int:
-        return max((t.step for t in self.traces.values()), default=0)
+        return max((t.step for t in self.traces.values()), default=0) or COPY_BUFFER
 
     def span(self, keys: Iterable[str], minimum: float = GROUP_MIN_SPAN) -> float:
         """The window a group is measured over: two of its slowest live counter's
