@@ -12,7 +12,7 @@ from aggapi.agent.progress.model import PHASE_ORDER, ImageState, NodeState
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.poller import ProgressPoller
 from aggapi.auth.capability import ContainerRef
-from aggapi.runtime.containerd import IngestStatus, Lease, LeaseResource
+from aggapi.runtime.containerd import IngestStatus
 from tests.agent.fakectd import OCI_INDEX, FakeContainerd, make_image, sha
 
 REF = "127.0.0.1:5000/app:1"
@@ -306,27 +306,6 @@ async def test_parallel_layers_each_get_their_own_rate_and_eta() -> None:
     assert st.bytes_per_second == float(sum(rates))
 
 
-async def test_only_pull_leases_count_as_pulls() -> None:
-    """Other clients' leases (a snapshot being built, a gc hold on a blob) are no kubelet
-    pull; an empty lease is a pull resolving its tag, for a while."""
-    fake = FakeContainerd()
-    img = make_image(REF, [1000], "app")
-    be = backend(fake)
-    fake.start_pull(img, "pull")
-    fake.fetch_manifest(img, "pull")
-    fake.leases["build"] = (Lease("build", fake.now, {}),
-                            [LeaseResource("snap-1", "snapshots/overlayfs")])
-    fake.put_blob(b"x", sha(b"x"), 1)
-    fake.leases["hold"] = (Lease("hold", fake.now, {}), [LeaseResource(sha(b"x"), "content")])
-    fake.leases["resolving"] = (Lease("resolving", fake.now, {}), [])
-    state = await be.observe([])
-    assert state.pulls is not None
-    assert sorted(p.lease for p in state.pulls) == ["pull", "resolving"]
-    fake.now += 31  # an empty lease that old is no pull resolving its tag
-    state = await be.observe([])
-    assert state.pulls is not None and [p.lease for p in state.pulls] == ["pull"]
-
-
 async def test_a_re_pull_of_a_moved_tag_is_followed() -> None:
     """imagePullPolicy: Always, and the tag now names another image: the record of the
     old one exists while kubelet pulls the new one. The stream follows that pull
@@ -385,22 +364,3 @@ async def test_a_finished_pull_whose_lease_lingers_is_present() -> None:
     fake.finish(img, "L1")
     fake.leases["L1"] = lease  # not dropped yet
     assert (await be.observe([REF])).images[REF].phase == "Done"
-
-
-async def test_an_imported_images_leftover_lease_is_no_pull() -> None:
-    """``ctr import`` (how the harness loads images, and how admins side-load them)
-    leaves a lease with manifests from no registry, expiring after 24 h. It was counted
-    as a pull for good (registry "unknown"), stalled: AggapiImagePullStalled fired on
-    both nodes of the Prometheus e2e (session 37). A manifest not yet labelled with its
-    source is a pull only in the moment before containerd labels it."""
-    fake = FakeContainerd()
-    img = make_image(REF, [100], "app")
-    be = backend(fake)
-    fake.start_pull(img, "import")
-    fake.fetch_manifest(img, "import", source_label=False)
-    fake.commit(img.layers[0][0], 100, "import")
-    state = await be.observe([])
-    assert state.pulls is not None and [p.lease for p in state.pulls] == ["import"]
-    fake.now += 31
-    state = await be.observe([])
-    assert state.pulls is not None and not state.pulls
