@@ -9,6 +9,8 @@ series never changes meaning); pulls from further hosts count under ``other``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from aggapi import imageref
 
 MAX_REGISTRIES = 32
@@ -23,6 +25,15 @@ def host_of_repository(repository: str) -> str:
     if not domain:
         return UNKNOWN
     return imageref.ImageRef(domain, "x").host.lower()
+
+
+def host_of_repositories(repositories: Iterable[str]) -> str:
+    """The host of the first repository that names one (``UNKNOWN`` if none does)."""
+    for repo in repositories:
+        host = host_of_repository(str(repo))
+        if host != UNKNOWN:
+            return host
+    return UNKNOWN
 
 
 def host_of_image(image: str) -> str:

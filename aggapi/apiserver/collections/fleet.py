@@ -24,7 +24,7 @@ from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.election import Election
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.shared import Shared
-from aggapi.registrylabels import UNKNOWN, RegistryLabels, host_of_image, host_of_repository
+from aggapi.registrylabels import UNKNOWN, RegistryLabels, host_of_image, host_of_repositories
 from aggapi.status import StatusError
 
 HOLD = 300.0  # seconds the feeds stay up after the last scrape
@@ -40,10 +40,10 @@ class RegistryFigures:
 
 
 def _registry(pull: Mapping[str, Any]) -> str:
-    for repo in pull.get("repositories") or ():
-        host = host_of_repository(str(repo))
-        if host != UNKNOWN:
-            return host
+    """As the agents label it (``pullmetrics.registry_of``), else by the pull's image."""
+    host = host_of_repositories(pull.get("repositories") or ())
+    if host != UNKNOWN:
+        return host
     for image in pull.get("images") or ():
         return host_of_image(str(image))
     return UNKNOWN
