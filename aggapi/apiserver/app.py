@@ -38,6 +38,8 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
                 tasks.append(asyncio.create_task(agent.key_publisher.run(),
                                                  name="token-key"))
         tasks.append(asyncio.create_task(parts.election.run(), name="leader-election"))
+        if not parts.config.leader_elect:
+            parts.feeds.lead()  # alone: this replica leads from the start
         yield
         for task in tasks:
             task.cancel()

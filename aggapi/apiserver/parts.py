@@ -146,7 +146,8 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
     feeds = Feeds(Sources(kube_api, linger=config.collection_linger), agent,
                   linger=config.collection_linger,
                   poll_interval=config.collection_poll_interval,
-                  polls_per_second=config.collection_polls_per_second)
+                  polls_per_second=config.collection_polls_per_second,
+                  warm=config.collection_warm)
     metrics.collection_watches.set_function(feeds.watches)
     lifecycle = Lifecycle(metrics)
     election, forwarder = _election(config, kube_api, feeds, lifecycle)

@@ -142,7 +142,10 @@ async def make_server(certs: Pki, kube: FakeKube,
         settings: dict[str, Any] = dict(
             bind_address="127.0.0.1", secure_port=0, tls_cert_file=certs.path("tls.crt"),
             tls_private_key_file=certs.path("tls.key"), tls_reload_interval=0.05,
-            shutdown_grace=2.0, shutdown_final=1.0)
+            shutdown_grace=2.0, shutdown_final=1.0,
+            # A leader's warm cluster-wide feed watches pods and events from the start:
+            # only the tests of it (collections/test_warm.py) want those watches.
+            collection_warm=False)
         cfg = ApiServerConfig(**{**settings, **overrides})
         tls = ServingTLS(cfg.tls_cert_file, cfg.tls_private_key_file,
                          poll_interval=cfg.tls_reload_interval)

@@ -22,11 +22,14 @@ class Feeds:
     """The shared feeds, built once (parts.py) and handed to the collection handlers."""
 
     def __init__(self, sources: Sources, agent: AgentClient | None, *, linger: float,
-                 poll_interval: float, polls_per_second: float = 0.0) -> None:
+                 poll_interval: float, polls_per_second: float = 0.0,
+                 warm: bool = False) -> None:
         self.clock = Clock()
         self.sources = sources
         self.agent = agent
         self.linger = linger
+        self.warm = warm
+        self._held: Shared[str, PodFeed] | None = None  # the term's warm feed's owner
         self.poll_interval, self.polls_per_second = poll_interval, polls_per_second
         self.polls: Shared[str, NodePoll] | None = None
         if agent is not None:
@@ -71,6 +74,17 @@ class Feeds:
         if old_nodes is not None:
             await old_nodes.close()
         await old_pods.close()
+        if epoch is not None:
+            self.lead()
+
+    def lead(self) -> None:
+        """This replica leads (a new term, or alone): with ``warm``, start the
+        cluster-wide pod feed now and hold it for the term (its Shared closes at the
+        next term), as kube-apiserver's watch cache is filled at start, not at the first
+        list: the first list then finds every object built."""
+        if self.warm and self._held is not self.pods:
+            self.pods.acquire("")
+            self._held = self.pods
 
     @contextlib.asynccontextmanager
     async def pods_of(self, namespace: str, rv: int | None = None

@@ -1,0 +1,72 @@
+"""The leader's warm cluster-wide feed (--collection-warm): started with its term, not
+by the first request, and held for the whole term (never stopped by the linger)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections.feedset import Feeds
+from aggapi.apiserver.parts import Parts
+from aggapi.apiserver.podsources import Sources
+from aggapi.apiserver.routes import Route
+from tests.framework.fakekube import FakeKube
+from tests.framework.until import until
+
+from ..conftest import Server
+from .fakes import FakeAgent, pod
+
+LINGER = 0.2
+
+
+def warm_feeds(parts: Parts) -> Feeds:
+    return Feeds(Sources(parts.kube_api, linger=LINGER), cast(AgentClient, FakeAgent()),
+                 linger=LINGER, poll_interval=0.05, warm=True)
+
+
+def built(feeds: Feeds) -> set[str]:
+    feed = feeds.pods.get("")
+    if feed is None or not feed.synced.is_set():
+        return set()
+    return {str(cast(tuple[str, str], k)[1]) for k in feed.collection.objects}
+
+
+async def test_a_lone_replica_builds_every_object_before_the_first_request(
+        make_server: Any, kube: FakeKube) -> None:
+    kube.put("api/v1", "pods", pod("a"))
+    kube.put("api/v1", "pods", pod("b", namespace="ns2"))
+
+    def setup(parts: Parts) -> list[Route]:
+        parts.feeds = warm_feeds(parts)
+        return []
+
+    server: Server = await make_server(setup=setup, collection_warm=True)
+    feeds = server.parts.feeds
+    # No request has come: the objects are built, from one pod and one event watch.
+    await until(lambda: built(feeds) == {"a", "b"} and kube.watching("pods") == 1
+                and kube.watching("events") == 1)
+    # A namespace's user finds it (no pair of its own), and its release, past the
+    # linger, stops nothing: the term holds the feed.
+    async with feeds.pods_of("ns1") as used:
+        assert used is feeds.pods.get("")
+    await asyncio.sleep(LINGER * 3)
+    assert built(feeds) == {"a", "b"} and kube.watching("pods") == 1
+
+
+async def test_each_term_starts_its_feed_and_a_lost_term_lets_it_go(
+        make_server: Any, kube: FakeKube) -> None:
+    kube.put("api/v1", "pods", pod("a"))
+    server: Server = await make_server()
+    feeds = warm_feeds(server.parts)
+    try:
+        await feeds.new_term(1000)
+        await until(lambda: built(feeds) == {"a"})
+        await feeds.new_term(None)  # another replica leads now
+        assert feeds.pods.get("") is None
+        await until(lambda: kube.watching("pods") == 0)
+        kube.put("api/v1", "pods", pod("c"))
+        await feeds.new_term(1001)  # leads again: a new feed, its own history
+        await until(lambda: built(feeds) == {"a", "c"})
+    finally:
+        await feeds.close()
