@@ -216,6 +216,28 @@ def test_apiserver_on_control_plane_preset(render: Render) -> None:
     assert "nodeSelector" not in _pod_spec(render(), "Deployment")
 
 
+def test_replicas_spread_over_nodes_even_while_one_shuts_down(render: Render) -> None:
+    """soft: anti-affinity, plus a node spread constraint (the scheduler ignores a
+    terminating replica there, not in anti-affinity); none with hard or the user's own."""
+    api = _pod_spec(render(), "Deployment")
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in api["affinity"]["podAntiAffinity"]
+    (tsc,) = api["topologySpreadConstraints"]
+    assert {k: tsc[k] for k in ("maxSkew", "topologyKey", "whenUnsatisfiable",
+                                "nodeTaintsPolicy", "matchLabelKeys")} == {
+        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway", "nodeTaintsPolicy": "Honor",
+        "matchLabelKeys": ["pod-template-hash"]}
+    assert tsc["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "apiserver"
+    assert "topologySpreadConstraints" not in _pod_spec(
+        render(["apiserver.antiAffinity=hard"]), "Deployment")
+    (own,) = _pod_spec(render([
+        "apiserver.topologySpreadConstraints[0].maxSkew=2",
+        "apiserver.topologySpreadConstraints[0].topologyKey=zone",
+        "apiserver.topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule"]),
+        "Deployment")["topologySpreadConstraints"]
+    assert own["topologyKey"] == "zone"
+
+
 def test_cpu_requested_not_limited_by_default(render: Render) -> None:
     """A CFS quota throttles a copy even on an idle node (issue 27: the agent at 500m was
     throttled 155 times over two uploads of 100 files of 10 MiB): CPU is requested, not
