@@ -7,9 +7,7 @@ in ``params.py``, a watch is served by ``watch.py``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,19 +15,24 @@ from typing import Any
 from aiohttp import web
 
 from aggapi import GROUP, GROUP_VERSION
-from aggapi.apiserver.collections import nodeimagepulls, paging, podimagepulls
+from aggapi.apiserver.collections import listbody, nodeimagepulls, paging, podimagepulls
 from aggapi.apiserver.collections.feeds import Feed
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.params import EXACT, list_options
 from aggapi.apiserver.collections.selectors import FieldTerm, Selector, selector
-from aggapi.apiserver.collections.table import include_object, table, table_version
+from aggapi.apiserver.collections.table import (
+    include_object,
+    row_of,
+    table,
+    table_envelope,
+    table_version,
+)
 from aggapi.apiserver.collections.watch import Encoder, WatchSettings, serve_watch
 from aggapi.apiserver.fieldselector import exact_match
 from aggapi.apiserver.requestinfo import INFO, RequestInfo
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.status import StatusError, not_found
 
-ENCODE_INLINE = 200  # objects a list encodes on the event loop; more go to a thread
 # kube-apiserver's words for a version its storage no longer has (etcd3's compaction).
 LIST_TOO_OLD = "The resourceVersion for the provided list is too old."
 Obj = Mapping[str, Any]
@@ -135,15 +138,17 @@ class CollectionHandler:
             if version is not None:
                 return web.json_response(self._table(objs, version, include, current))
             return web.json_response(objs[0])
-        body: dict[str, Any] = self._table(objs, version, include, current) \
-            if version is not None else {
-                "apiVersion": GROUP_VERSION, "kind": self.res.list_kind, "items": objs}
-        body["metadata"] = {**(body.get("metadata") or {}), **paging.list_meta(page)}
-        # Thousands of objects take a while to encode: off the event loop (stored
-        # objects are replaced, never changed, so another thread may read them).
-        text = await asyncio.to_thread(json.dumps, body) if len(objs) > ENCODE_INLINE \
-            else json.dumps(body)
-        return web.Response(text=text, content_type="application/json")
+        # Thousands of objects take a while to encode: off the event loop, a slice at a
+        # time (stored objects are replaced, never changed, so another thread may read
+        # them).
+        if version is not None:
+            envelope = table_envelope(self.res.columns, version, current)
+            key, render = "rows", row_of(self.res.cells, version, include)
+        else:
+            envelope = {"apiVersion": GROUP_VERSION, "kind": self.res.list_kind}
+            key, render = "items", None
+        envelope["metadata"] = {**(envelope.get("metadata") or {}), **paging.list_meta(page)}
+        return await listbody.respond(request, envelope, key, objs, render)
 
     def _table(self, objs: Sequence[Obj], version: str, include: str, rv: str) -> dict[str, Any]:
         return table(objs, self.res.columns, self.res.cells, version=version,

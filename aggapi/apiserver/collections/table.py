@@ -73,10 +73,23 @@ def _row(obj: Mapping[str, Any], cells: Callable[[Mapping[str, Any]], list[Any]]
 def table(objs: Sequence[Mapping[str, Any]], columns: Sequence[Mapping[str, Any]],
           cells: Callable[[Mapping[str, Any]], list[Any]], *, version: str, include: str,
           resource_version: str) -> dict[str, Any]:
+    row = row_of(cells, version, include)
+    return {**table_envelope(columns, version, resource_version),
+            "rows": [row(o) for o in objs]}
+
+
+def table_envelope(columns: Sequence[Mapping[str, Any]], version: str,
+                   resource_version: str) -> dict[str, Any]:
+    """A Table without its rows (a big list streams them after)."""
     return {"kind": "Table", "apiVersion": f"meta.k8s.io/{version}",
             "metadata": {"resourceVersion": resource_version},
-            "columnDefinitions": list(columns),
-            "rows": [_row(o, cells, version, include) for o in objs]}
+            "columnDefinitions": list(columns)}
+
+
+def row_of(cells: Callable[[Mapping[str, Any]], list[Any]], version: str,
+           include: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """An object's Table row."""
+    return lambda obj: _row(obj, cells, version, include)
 
 
 def human_duration(seconds: float) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aggapi.apiserver.collections import feeds, handler
+from aggapi.apiserver.collections import feeds, listbody
 from tests.framework.until import until
 
 from .conftest import TABLE, Env
@@ -150,7 +150,7 @@ async def test_authorized_as_served(env: Env) -> None:
 
 async def test_watches_follow_namespaces_not_pods(env: Env,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handler, "ENCODE_INLINE", 10)  # this list is encoded in a thread
+    monkeypatch.setattr(listbody, "INLINE", 10)  # this list is encoded in a thread
     for i in range(60):
         env.kube.put("api/v1", "pods", pod(f"p{i}", node=f"node-{i % 3}"))
     env.agent.views.update({f"node-{i}": node_view() for i in range(3)})
@@ -315,3 +315,29 @@ async def test_a_change_looks_at_its_own_pods_nodes_only(
                                            labels={"v": "2"}))
         await until(lambda: "p0" in built and not feed.dirty)
         assert _Walked.walks == 0
+
+
+async def test_a_list_of_thousands_is_streamed_and_whole(env: Env) -> None:
+    """Past a slice (500 objects) the list is streamed in slices, plain and as a
+    Table, and holds every object: the same as the same list in pages."""
+    n = 1203
+    for i in range(n):
+        env.kube.put("api/v1", "pods", pod(f"p{i:04d}"))
+    code, whole = await env.get("/namespaces/ns1/podimagepulls")
+    assert code == 200
+    names = [o["metadata"]["name"] for o in whole["items"]]
+    assert names == [f"p{i:04d}" for i in range(n)]
+    assert whole["metadata"]["resourceVersion"]
+    code, rows = await env.get("/namespaces/ns1/podimagepulls", accept=TABLE)
+    assert code == 200 and rows["kind"] == "Table" and rows["columnDefinitions"]
+    assert [r["cells"][0] for r in rows["rows"]] == names
+    paged, cont = [], ""
+    while True:
+        code, page = await env.get("/namespaces/ns1/podimagepulls?limit=500"
+                                   + (f"&continue={cont}" if cont else ""))
+        assert code == 200
+        paged += [o["metadata"]["name"] for o in page["items"]]
+        cont = page["metadata"].get("continue", "")
+        if not cont:
+            break
+    assert paged == names
