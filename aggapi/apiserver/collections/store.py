@@ -114,8 +114,10 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 class Collection:
-    def __init__(self, clock: Clock, *, history: int = HISTORY_EVENTS,
-                 history_bytes: int = HISTORY_BYTES) -> None:
+    def __init__(self, clock: Clock, *, history: int | None = None,
+                 history_bytes: int | None = None) -> None:
+        history = HISTORY_EVENTS if history is None else history
+        history_bytes = HISTORY_BYTES if history_bytes is None else history_bytes
         self._clock = clock
         self.objects: dict[Hashable, Obj] = {}
         self.start_rv = clock.next()
@@ -206,6 +208,31 @@ class Collection:
             else:
                 state[ev.key] = ev.prev
         return state
+
+    def net_since(self, rv: int) -> tuple[list[Event], int]:
+        """For a watch from ``rv`` that the history no longer covers, but a paged list's
+        kept state at ``rv`` does (kubectl get -w and informers list in pages, then
+        watch from the first page's version; during a rollout the history can roll
+        past it while the pages are read): each object's net change since ``rv``, one
+        event per changed object, and the version they bring the watcher to. It ends
+        where replaying every change would have, without the steps between. 410 when
+        no kept state has ``rv``."""
+        self._drop_snapshots(time.monotonic())
+        kept = None if self.closed else self._snapshots.get(rv)
+        if kept is None:
+            raise expired(rv)
+        before, now = kept[1], self.rv
+        out = [Event(int(obj["metadata"]["resourceVersion"]),
+                     ADDED if old is None else MODIFIED, obj, old, key)
+               for key, obj in self.objects.items()
+               if (old := before.get(key)) is not obj]
+        out.sort(key=lambda ev: ev.rv)
+        for key, old in before.items():
+            if key not in self.objects:
+                gone = {**old, "metadata": {**(old.get("metadata") or {}),
+                                            "resourceVersion": str(now)}}
+                out.append(Event(now, DELETED, gone, old, key))
+        return out, now
 
     def close(self) -> None:
         """This term is over (leadership lost): every watcher gets 410 and relists."""

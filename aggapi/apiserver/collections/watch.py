@@ -132,17 +132,25 @@ async def serve_watch(request: web.Request, col: Collection, sel: Selector,
     # kubectl's Table watches ask for none; a one-row Table has no place for them.
     bookmarks = opts.bookmarks and enc.version is None
     state: list[Obj] | None = None
+    net: list[Event] = []
+    net_rv: int | None = None
     if opts.send_initial:
         state = list(col.objects.values())
     elif opts.rv is None:
         pass  # sendInitialEvents=false from no particular version: from now, no state
-    else:
-        col.check_rv(opts.rv)  # 410 Expired before any byte: the client relists
+    elif not col.owns(opts.rv):
+        # Past the history: each object's net change since a paged list's kept state,
+        # else 410 Expired before any byte (the client relists).
+        net, net_rv = col.net_since(opts.rv)
     pos = col.rv if state is not None or opts.rv is None else opts.rv
     resp = web.StreamResponse(headers={"Content-Type": "application/json",
                                        "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
+    if net_rv is not None:
+        await _send_changes(resp, net, sel, enc)
+        pos = net_rv
+        del net
     if state is not None:
         await _send_state(resp, state, sel, enc)
         del state

@@ -54,6 +54,57 @@ def test_replay_from_any_version_reaches_the_current_state(
     assert all(int(o["metadata"]["resourceVersion"]) <= col.rv for o in col.objects.values())
 
 
+@settings(derandomize=True, database=None, max_examples=200)
+@given(OPS, OPS, st.integers(1, 4), st.sampled_from([None, 0, 1, 2]))
+def test_past_the_history_a_kept_list_state_gives_the_net_change_of_each_object(
+        before: list[tuple[str, int | None]], after: list[tuple[str, int | None]],
+        history: int, wanted: int | None) -> None:
+    """A watcher that listed (in pages: the state kept) at rv, and whose version the
+    history no longer holds, gets each object's net change since: its cache ends equal
+    to the current state, for any selector (``wanted``: only v == wanted match)."""
+    def matches(v: int | None) -> bool:
+        return v is not None and (wanted is None or v == wanted)
+
+    col = Collection(Clock(), history=history)
+    state: dict[str, int] = {}
+    for k, v in before:
+        _apply(state, col, k, v)
+    rv = col.rv
+    col.keep_state(rv, col.objects)
+    seen = {k: v for k, v in state.items() if matches(v)}  # the watcher's list
+    for k, v in after:
+        _apply(state, col, k, v)
+    events, at = col.net_since(rv)
+    assert at == col.rv
+    assert [e.rv for e in events] == sorted(e.rv for e in events)
+    assert len({e.key for e in events}) == len(events)  # one per changed object
+    for ev in events:
+        name = ev.obj["metadata"]["name"]
+        was = ev.prev is not None and matches(ev.prev["v"])
+        now = ev.type != "DELETED" and matches(ev.obj["v"])
+        if now:
+            assert (name in seen) == was
+            seen[name] = ev.obj["v"]
+        elif was:
+            del seen[name]
+    assert seen == {k: v for k, v in state.items() if matches(v)}
+    col.close()
+    with pytest.raises(StatusError) as err:
+        col.net_since(rv)  # another term: nothing kept
+    assert err.value.code == 410
+
+
+def test_past_the_history_without_a_kept_state_is_410() -> None:
+    col = Collection(Clock(), history=2)
+    col.set("a", {"metadata": {"name": "a"}, "v": 1})
+    rv = col.rv
+    for v in range(5):
+        col.set("a", {"metadata": {"name": "a"}, "v": v + 2})
+    with pytest.raises(StatusError) as err:
+        col.net_since(rv)
+    assert err.value.code == 410 and not col.owns(rv)
+
+
 def test_a_later_terms_versions_are_above_the_earlier_ones() -> None:
     old = Clock(7)
     got = [old.next() for _ in range(1000)]

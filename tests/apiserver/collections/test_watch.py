@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 
+from aggapi.apiserver.collections import store
 from aggapi.apiserver.collections.store import Clock
 from tests.framework.until import until
 
@@ -203,3 +205,31 @@ async def test_a_watch_from_another_terms_version_is_410(env: Env) -> None:
     code, body = await env.get(f"/namespaces/ns1/podimagepulls?watch=true"
                                f"&resourceVersion={earlier}")
     assert code == 410 and body["reason"] == "Expired"
+
+
+async def test_a_watch_from_a_paged_list_the_history_rolled_past(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubectl get -w lists in pages then watches from the first page's version; during
+    a rollout the history (here 3 changes) rolls past it while the pages are read. The
+    watch gets each object's net change since (not 410, which kubectl get -w exits on):
+    the watcher ends with the current state."""
+    monkeypatch.setattr(store, "HISTORY_EVENTS", 3)
+    for name in ("a", "b", "c"):
+        env.kube.put("api/v1", "pods", pod(name))
+    code, first = await env.get("/namespaces/ns1/podimagepulls?limit=2")
+    assert code == 200 and first["metadata"]["continue"]
+    rv = first["metadata"]["resourceVersion"]
+    env.kube.delete("api/v1", "pods", "ns1", "a")
+    env.kube.put("api/v1", "pods", pod("d"))
+    for image in ("registry.test/app:2", "registry.test/app:3", "registry.test/app:4"):
+        env.kube.put("api/v1", "pods", pod("b", image=image))
+    await until(lambda: not env.feeds.pods.get("ns1").collection.owns(int(rv)))  # type: ignore[union-attr]
+    code, rest = await env.get(f"/namespaces/ns1/podimagepulls?limit=2&continue="
+                               f"{first['metadata']['continue']}")
+    assert code == 200 and rest["metadata"]["resourceVersion"] == rv  # the kept state
+    got = await _take(_events(env, f"/namespaces/ns1/podimagepulls?watch=true"
+                                   f"&resourceVersion={rv}"), 3)
+    assert sorted((e["type"], e["object"]["metadata"]["name"]) for e in got) == [
+        ("ADDED", "d"), ("DELETED", "a"), ("MODIFIED", "b")]
+    b = next(e["object"] for e in got if e["object"]["metadata"]["name"] == "b")
+    assert b["status"]["images"][0]["image"] == "registry.test/app:4"  # only the last
