@@ -1,0 +1,167 @@
+"""A snapshot after a pull tells its layers as the stream that watched it did: the
+apiserver vouches for when the pull began (kubelet's Pulled, in the token's
+``pullsBegan``) and the agent counts a present layer committed since as Done.
+Real TLS on 127.0.0.1; containerd is the in-memory fake."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aggapi import wire
+from tests.agent.agentserver import Agent, pki, run_agent
+from tests.agent.fakectd import FakeContainerd, FakeImage, make_image, sha
+from tests.agent.test_agent_api import FakeCRI, sandbox
+
+A = "127.0.0.1:5000/a:1"
+B = "127.0.0.1:5000/b:1"
+BASE = (sha(b"base"), 4000, sha(b"base-diff"))
+
+
+@pytest.fixture
+def fake() -> FakeContainerd:
+    fake = FakeContainerd()
+    fake.now = time.time() - 3600
+    return fake
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, fake: FakeContainerd) -> AsyncIterator[Agent]:
+    async with run_agent(pki(tmp_path / "pki"), cri=FakeCRI([sandbox("default", "p", "uid-1")]),
+                         containerd=fake, poll_interval=0.02) as a:
+        yield a
+
+
+def pulled(fake: FakeContainerd, img: FakeImage, lease: str) -> None:
+    """``img`` pulled now: its manifest, then each layer's snapshot that is not there."""
+    fake.start_pull(img, lease)
+    fake.fetch_manifest(img, lease)
+    for (digest, size), chain in zip(img.layers, img.chains, strict=True):
+        if chain not in fake.snapshots:
+            fake.put_blob(None, digest, size, {}, lease)
+            fake.extract(chain, active=False)
+    fake.finish(img, lease)
+
+
+def shared_then_own(fake: FakeContainerd) -> tuple[FakeImage, float]:
+    """A pulled first; B, sharing A's base layer, 100 s later: B and its pull's start."""
+    pulled(fake, make_image(A, [100], "a", shared=[BASE]), "LA")
+    fake.now += 100
+    began = fake.now
+    b = make_image(B, [200, 300], "b", shared=[BASE])
+    fake.now += 0.5
+    pulled(fake, b, "LB")
+    fake.now += 60
+    return b, began
+
+
+async def get(agent: Agent, token: str, **query: str) -> tuple[int, list[dict[str, Any]]]:
+    async with agent.get("/v1/imagepullprogress", token, params=query) as resp:
+        body = await resp.text()
+        if resp.status != 200:
+            return resp.status, [json.loads(body)]
+        return resp.status, [json.loads(x) for x in body.splitlines()]
+
+
+def began_token(agent: Agent, began: dict[str, float], images: tuple[str, ...] = (B,)) -> str:
+    return agent.token(images=list(images), params={
+        "granularity": "layer", wire.PARAM_PULLS_BEGAN: wire.encode_pulls_began(began)})
+
+
+@pytest.mark.parametrize("follow", ["false", "true"])
+async def test_after_the_pull_its_own_layers_are_done_the_shared_one_present(
+        agent: Agent, fake: FakeContainerd, follow: str) -> None:
+    """At 44c707c every layer read AlreadyPresent: the agent had no pull start."""
+    b, began = shared_then_own(fake)
+    code, objs = await get(agent, began_token(agent, {B: began}), follow=follow)
+    assert code == 200, objs
+    layers = {o["layer"]: o["phase"] for o in objs if o["kind"] == "Progress"}
+    assert layers == {BASE[0]: "AlreadyPresent", b.layers[1][0]: "Done",
+                      b.layers[2][0]: "Done"}
+    # The image's bytes are those its pull brought, as the live stream said.
+    summary = objs[-1]
+    assert summary["kind"] == "Summary" and summary["phase"] == "Done", summary
+    assert summary["progress"] == summary["total"] == 500
+    code, objs = await get(agent, began_token(agent, {B: began}), follow="false",
+                           granularity="image")
+    assert [(o["phase"], o["total"]) for o in objs if o["kind"] == "Progress"] == [
+        ("Done", 500)]
+
+
+async def test_without_a_start_every_present_layer_stays_already_present(
+        agent: Agent, fake: FakeContainerd) -> None:
+    """No start vouched for (kubelet found the image, or has not said): as before."""
+    shared_then_own(fake)
+    code, objs = await get(agent, agent.token(images=[B]), follow="false")
+    assert code == 200, objs
+    assert {o["phase"] for o in objs if o["kind"] == "Progress"} == {"AlreadyPresent"}
+    assert objs[-1]["phase"] == "AlreadyPresent"
+
+
+async def test_a_start_after_the_commits_leaves_them_present(
+        agent: Agent, fake: FakeContainerd) -> None:
+    _, began = shared_then_own(fake)
+    code, objs = await get(agent, began_token(agent, {B: began + 1}), follow="false")
+    assert code == 200, objs
+    assert {o["phase"] for o in objs if o["kind"] == "Progress"} == {"AlreadyPresent"}
+
+
+async def test_the_start_is_read_from_the_token_only(agent: Agent, fake: FakeContainerd
+                                                    ) -> None:
+    """The query cannot say it: only what the apiserver signed counts."""
+    _, began = shared_then_own(fake)
+    raw = wire.encode_pulls_began({B: began})
+    code, objs = await get(agent, agent.token(images=[B]), follow="false",
+                           **{wire.PARAM_PULLS_BEGAN: raw})
+    assert code == 200, objs
+    assert {o["phase"] for o in objs if o["kind"] == "Progress"} == {"AlreadyPresent"}
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    ("not json", "not JSON"),
+    ("[1]", "must be an object"),
+    ('{"127.0.0.1:5000/a:1": 1}', "not an image of the capability"),
+    ('{"127.0.0.1:5000/b:1": true}', "epoch milliseconds"),
+    ('{"127.0.0.1:5000/b:1": 1.5}', "epoch milliseconds"),
+    ('{"127.0.0.1:5000/b:1": -1}', "epoch milliseconds"),
+    ('{"127.0.0.1:5000/b:1": 0}', "epoch milliseconds"),
+    ('{"127.0.0.1:5000/b:1": 99999999999999999999}', "epoch milliseconds"),
+])
+async def test_a_bad_start_is_400(agent: Agent, fake: FakeContainerd, raw: str,
+                                  needle: str) -> None:
+    token = agent.token(images=[B], params={wire.PARAM_PULLS_BEGAN: raw})
+    code, objs = await get(agent, token, follow="false")
+    assert code == 400, objs
+    assert objs[0]["kind"] == "Status" and needle in objs[0]["message"], objs
+
+
+async def test_a_start_a_day_ahead_of_the_node_is_400(agent: Agent) -> None:
+    raw = json.dumps({B: int((time.time() + 2 * 86400) * 1000)})
+    token = agent.token(images=[B], params={wire.PARAM_PULLS_BEGAN: raw})
+    code, objs = await get(agent, token, follow="false")
+    assert code == 400 and "a day from now" in objs[0]["message"], objs
+
+
+@given(st.one_of(st.text(max_size=200), st.builds(json.dumps, st.dictionaries(
+    st.sampled_from([A, B, "x"]), st.one_of(st.integers(), st.floats(), st.booleans(),
+                                           st.none(), st.text(max_size=5))))))
+def test_decoding_takes_only_the_tokens_images_at_sane_times(raw: str) -> None:
+    now = 2_000_000_000.0
+    try:
+        got = wire.decode_pulls_began(raw, frozenset({B}), now)
+    except ValueError:
+        return
+    assert set(got) <= {B}
+    assert all(0 < t <= now + 86400 for t in got.values())
+
+
+def test_a_start_too_long_to_read_is_refused() -> None:
+    with pytest.raises(ValueError, match="over"):
+        wire.decode_pulls_began('{"x": "' + "y" * 20000 + '"}', frozenset({B}), time.time())
