@@ -250,6 +250,18 @@ class Merger:
             return "Done"
         return None
 
+    def pulls_began(self) -> dict[str, float]:
+        """When each image this pod's own pull brought began to be pulled (kubelet's
+        Pulled; the earliest when two of its containers pulled it): the agent counts
+        a present layer committed since as brought by that pull, as the stream that
+        watched it did. Images kubelet found present, or still pulls, have none."""
+        out: dict[str, float] = {}
+        for c in self.containers:
+            v = self.k8s.get(who(c), K8sView())
+            if v.phase == PULLED and v.pull_began is not None:
+                out[c.image] = min(out.get(c.image, v.pull_began), v.pull_began)
+        return out
+
     def _summary(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         out = {**unknown_to_null(obj), "complete": True}
         images = [dict(i) for i in obj.get("images") or () if isinstance(i, Mapping)]
