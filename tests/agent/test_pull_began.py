@@ -16,6 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aggapi import wire
+from aggapi.agent.progress.layers import with_pulls_began
+from aggapi.agent.progress.model import ImageState, LayerState, NodeState
 from tests.agent.agentserver import Agent, pki, run_agent
 from tests.agent.fakectd import FakeContainerd, FakeImage, make_image, sha
 from tests.agent.test_agent_api import FakeCRI, sandbox
@@ -165,3 +167,18 @@ def test_decoding_takes_only_the_tokens_images_at_sane_times(raw: str) -> None:
 def test_a_start_too_long_to_read_is_refused() -> None:
     with pytest.raises(ValueError, match="over"):
         wire.decode_pulls_began('{"x": "' + "y" * 20000 + '"}', frozenset({B}), time.time())
+
+
+@pytest.mark.parametrize("phase", ["Done", "Downloading", "Resolving", "Extracting"])
+def test_a_pull_the_agent_watched_keeps_its_own_phases(phase: str) -> None:
+    """A layer there before a re-pull the agent watches (imagePullPolicy Always) stays
+    AlreadyPresent, whatever an earlier pull's start says: the start is only for an
+    image the agent found already there."""
+    layers = (LayerState("sha256:l0", "AlreadyPresent", 5, 5, present_since=110.0),
+              LayerState("sha256:l1", "Done", 7, 7, present_since=120.0))
+    state = NodeState("containerd", {B: ImageState(B, phase, layers, 7, 7)})
+    assert with_pulls_began(state, {B: 100.0}) is state
+    found = NodeState("containerd", {B: ImageState(B, "AlreadyPresent", layers[:1], 0, 0)})
+    st = with_pulls_began(found, {B: 100.0}).images[B]
+    assert (st.phase, [la.phase for la in st.layers], st.progress, st.total) == (
+        "Done", ["Done"], 5, 5)

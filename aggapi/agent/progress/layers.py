@@ -104,11 +104,12 @@ def with_pulls_began(state: NodeState, began: Mapping[str, float]) -> NodeState:
     """``state`` with each present layer of an image in ``began`` (image -> when its
     pull began, as kubelet said) whose snapshot was committed since counted as brought
     by that pull: Done, and in the image's bytes, as the stream that watched it said.
-    (An agent that did not watch the pull finds every layer already there.)"""
+    Only for an image the agent found already there (it did not watch the pull): of a
+    pull it watched, or watches now (a re-pull), its own phases stand."""
     images = dict(state.images)
     for ref, since in began.items():
         st = images.get(ref)
-        if st is not None:
+        if st is not None and st.phase == ALREADY_PRESENT:
             images[ref] = _began(st, since)
     return replace(state, images=images) if images != state.images else state
 
@@ -120,5 +121,4 @@ def _began(st: ImageState, since: float) -> ImageState:
     if layers == st.layers:
         return st
     prog, total = aggregate(layers)
-    return replace(st, layers=layers, progress=prog, total=total,
-                   phase=DONE if st.phase == ALREADY_PRESENT else st.phase)
+    return replace(st, layers=layers, progress=prog, total=total, phase=DONE)
