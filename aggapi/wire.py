@@ -7,6 +7,7 @@ defined once and imported by all three sides (and the tests).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from aggapi import GROUP, VERSION
 
@@ -36,24 +37,26 @@ AGENT_OPERATIONS: dict[tuple[str, str], str] = {
 
 
 # --- progress: what the apiserver vouches for in the token -----------------------
-# When each of the pod's own pulls began, as kubelet's Pulled event tells it (the
-# node's clock): {image: epoch milliseconds}, JSON, in the capability's params only
-# (never the query). An agent that did not watch a finished pull counts a present
-# layer whose snapshot was committed since as brought by it (Done), as the stream
-# that watched it said. It names only the token's own images and widens nothing.
+# When the pod's own finished pulls began, as kubelet's Pulled events tell it (the
+# node's clock): {"<index of the container in the token>": epoch milliseconds}, JSON,
+# in the capability's params only (never the query). An agent that did not watch a
+# pull counts a present layer of that container's image whose snapshot was committed
+# since as brought by it (Done), as the stream that watched it said. Indexes keep the
+# token small (the agent's header limit is 8 KiB) and name only the token's own.
 PARAM_PULLS_BEGAN = "pullsBegan"
-PULLS_BEGAN_MAX_BYTES = 16384
+PULLS_BEGAN_MAX_BYTES = 4096
 PULLS_BEGAN_AHEAD_MS = 86_400_000  # a start may be at most a day past the agent's clock
 
 
-def encode_pulls_began(began: dict[str, float]) -> str:
-    return json.dumps({k: int(v * 1000) for k, v in sorted(began.items())},
+def encode_pulls_began(began: Mapping[int, float]) -> str:
+    return json.dumps({str(i): int(t * 1000) for i, t in sorted(began.items())},
                       separators=(",", ":"))
 
 
-def decode_pulls_began(raw: str, images: frozenset[str], now: float) -> dict[str, float]:
-    """{image: epoch seconds}; ValueError naming what is wrong: not a JSON object of
-    integers, an image not in ``images``, or a time before 1970 or a day past ``now``."""
+def decode_pulls_began(raw: str, containers: int, now: float) -> dict[int, float]:
+    """{container index: epoch seconds}; ValueError naming what is wrong: not a JSON
+    object of integers by index, an index not below ``containers``, or a time before
+    1970 or a day past ``now``."""
     if len(raw) > PULLS_BEGAN_MAX_BYTES:
         raise ValueError(f"{PARAM_PULLS_BEGAN} is over {PULLS_BEGAN_MAX_BYTES} bytes")
     try:
@@ -62,15 +65,16 @@ def decode_pulls_began(raw: str, images: frozenset[str], now: float) -> dict[str
         raise ValueError(f"{PARAM_PULLS_BEGAN} is not JSON") from None
     if not isinstance(got, dict):
         raise ValueError(f"{PARAM_PULLS_BEGAN} must be an object")
-    out: dict[str, float] = {}
-    for image, ms in got.items():
-        if image not in images:
-            raise ValueError(f"{PARAM_PULLS_BEGAN} names {image!r}, not an image of the "
+    out: dict[int, float] = {}
+    for key, ms in got.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 4
+                and int(key) < containers):
+            raise ValueError(f"{PARAM_PULLS_BEGAN} names {key!r}, not a container of the "
                              "capability")
         if type(ms) is not int or not 0 < ms <= now * 1000 + PULLS_BEGAN_AHEAD_MS:
-            raise ValueError(f"{PARAM_PULLS_BEGAN}[{image!r}] must be epoch milliseconds "
+            raise ValueError(f"{PARAM_PULLS_BEGAN}[{key!r}] must be epoch milliseconds "
                              "up to a day from now")
-        out[image] = ms / 1000
+        out[int(key)] = ms / 1000
     return out
 
 

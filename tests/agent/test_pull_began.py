@@ -72,7 +72,8 @@ async def get(agent: Agent, token: str, **query: str) -> tuple[int, list[dict[st
         return resp.status, [json.loads(x) for x in body.splitlines()]
 
 
-def began_token(agent: Agent, began: dict[str, float], images: tuple[str, ...] = (B,)) -> str:
+def began_token(agent: Agent, began: dict[int, float], images: tuple[str, ...] = (B,)) -> str:
+    """A token for containers c0, c1... of ``images``; ``began`` by container index."""
     return agent.token(images=list(images), params={
         "granularity": "layer", wire.PARAM_PULLS_BEGAN: wire.encode_pulls_began(began)})
 
@@ -82,7 +83,7 @@ async def test_after_the_pull_its_own_layers_are_done_the_shared_one_present(
         agent: Agent, fake: FakeContainerd, follow: str) -> None:
     """At 44c707c every layer read AlreadyPresent: the agent had no pull start."""
     b, began = shared_then_own(fake)
-    code, objs = await get(agent, began_token(agent, {B: began}), follow=follow)
+    code, objs = await get(agent, began_token(agent, {0: began}), follow=follow)
     assert code == 200, objs
     layers = {o["layer"]: o["phase"] for o in objs if o["kind"] == "Progress"}
     assert layers == {BASE[0]: "AlreadyPresent", b.layers[1][0]: "Done",
@@ -91,7 +92,7 @@ async def test_after_the_pull_its_own_layers_are_done_the_shared_one_present(
     summary = objs[-1]
     assert summary["kind"] == "Summary" and summary["phase"] == "Done", summary
     assert summary["progress"] == summary["total"] == 500
-    code, objs = await get(agent, began_token(agent, {B: began}), follow="false",
+    code, objs = await get(agent, began_token(agent, {0: began}), follow="false",
                            granularity="image")
     assert [(o["phase"], o["total"]) for o in objs if o["kind"] == "Progress"] == [
         ("Done", 500)]
@@ -110,7 +111,7 @@ async def test_without_a_start_every_present_layer_stays_already_present(
 async def test_a_start_after_the_commits_leaves_them_present(
         agent: Agent, fake: FakeContainerd) -> None:
     _, began = shared_then_own(fake)
-    code, objs = await get(agent, began_token(agent, {B: began + 1}), follow="false")
+    code, objs = await get(agent, began_token(agent, {0: began + 1}), follow="false")
     assert code == 200, objs
     assert {o["phase"] for o in objs if o["kind"] == "Progress"} == {"AlreadyPresent"}
 
@@ -119,7 +120,7 @@ async def test_the_start_is_read_from_the_token_only(agent: Agent, fake: FakeCon
                                                     ) -> None:
     """The query cannot say it: only what the apiserver signed counts."""
     _, began = shared_then_own(fake)
-    raw = wire.encode_pulls_began({B: began})
+    raw = wire.encode_pulls_began({0: began})
     code, objs = await get(agent, agent.token(images=[B]), follow="false",
                            **{wire.PARAM_PULLS_BEGAN: raw})
     assert code == 200, objs
@@ -129,12 +130,16 @@ async def test_the_start_is_read_from_the_token_only(agent: Agent, fake: FakeCon
 @pytest.mark.parametrize(("raw", "needle"), [
     ("not json", "not JSON"),
     ("[1]", "must be an object"),
-    ('{"127.0.0.1:5000/a:1": 1}', "not an image of the capability"),
-    ('{"127.0.0.1:5000/b:1": true}', "epoch milliseconds"),
-    ('{"127.0.0.1:5000/b:1": 1.5}', "epoch milliseconds"),
-    ('{"127.0.0.1:5000/b:1": -1}', "epoch milliseconds"),
-    ('{"127.0.0.1:5000/b:1": 0}', "epoch milliseconds"),
-    ('{"127.0.0.1:5000/b:1": 99999999999999999999}', "epoch milliseconds"),
+    ('{"1": 1}', "not a container of the capability"),
+    ('{"-0": 1}', "not a container of the capability"),
+    ('{"0x0": 1}', "not a container of the capability"),
+    ('{"\u0660": 1}', "not a container of the capability"),  # an Arabic-Indic zero
+    ('{"127.0.0.1:5000/b:1": 1}', "not a container of the capability"),
+    ('{"0": true}', "epoch milliseconds"),
+    ('{"0": 1.5}', "epoch milliseconds"),
+    ('{"0": -1}', "epoch milliseconds"),
+    ('{"0": 0}', "epoch milliseconds"),
+    ('{"0": 99999999999999999999}', "epoch milliseconds"),
 ])
 async def test_a_bad_start_is_400(agent: Agent, fake: FakeContainerd, raw: str,
                                   needle: str) -> None:
@@ -145,28 +150,28 @@ async def test_a_bad_start_is_400(agent: Agent, fake: FakeContainerd, raw: str,
 
 
 async def test_a_start_a_day_ahead_of_the_node_is_400(agent: Agent) -> None:
-    raw = json.dumps({B: int((time.time() + 2 * 86400) * 1000)})
+    raw = json.dumps({"0": int((time.time() + 2 * 86400) * 1000)})
     token = agent.token(images=[B], params={wire.PARAM_PULLS_BEGAN: raw})
     code, objs = await get(agent, token, follow="false")
     assert code == 400 and "a day from now" in objs[0]["message"], objs
 
 
 @given(st.one_of(st.text(max_size=200), st.builds(json.dumps, st.dictionaries(
-    st.sampled_from([A, B, "x"]), st.one_of(st.integers(), st.floats(), st.booleans(),
-                                           st.none(), st.text(max_size=5))))))
-def test_decoding_takes_only_the_tokens_images_at_sane_times(raw: str) -> None:
+    st.one_of(st.sampled_from(["0", "1", "2", "00", "-1"]), st.text(max_size=6)),
+    st.one_of(st.integers(), st.floats(), st.booleans(), st.none(), st.text(max_size=5))))))
+def test_decoding_takes_only_the_tokens_containers_at_sane_times(raw: str) -> None:
     now = 2_000_000_000.0
     try:
-        got = wire.decode_pulls_began(raw, frozenset({B}), now)
+        got = wire.decode_pulls_began(raw, 2, now)
     except ValueError:
         return
-    assert set(got) <= {B}
+    assert set(got) <= {0, 1}
     assert all(0 < t <= now + 86400 for t in got.values())
 
 
 def test_a_start_too_long_to_read_is_refused() -> None:
     with pytest.raises(ValueError, match="over"):
-        wire.decode_pulls_began('{"x": "' + "y" * 20000 + '"}', frozenset({B}), time.time())
+        wire.decode_pulls_began('{"0": "' + "y" * 20000 + '"}', 1, time.time())
 
 
 @pytest.mark.parametrize("phase", ["Done", "Downloading", "Resolving", "Extracting"])
@@ -182,3 +187,15 @@ def test_a_pull_the_agent_watched_keeps_its_own_phases(phase: str) -> None:
     st = with_pulls_began(found, {B: 100.0}).images[B]
     assert (st.phase, [la.phase for la in st.layers], st.progress, st.total) == (
         "Done", ["Done"], 5, 5)
+
+
+async def test_two_containers_of_one_image_take_the_earlier_start(
+        agent: Agent, fake: FakeContainerd) -> None:
+    b, began = shared_then_own(fake)
+    code, objs = await get(agent, began_token(agent, {0: began + 1, 1: began}, (B, B)),
+                           follow="false")
+    assert code == 200, objs
+    assert {(o["container"], o["layer"]): o["phase"] for o in objs
+            if o["kind"] == "Progress"} == {
+        (c, la): "AlreadyPresent" if la == BASE[0] else "Done"
+        for c in ("c0", "c1") for la, _ in b.layers}

@@ -49,7 +49,7 @@ async def test_a_snapshot_after_the_pull_says_what_the_stream_said(
     assert live == {base.digest: "AlreadyPresent", own.digest: "Done"}
 
     token = agent.token(images=[ref], params={
-        wire.PARAM_PULLS_BEGAN: wire.encode_pulls_began({ref: began})})
+        wire.PARAM_PULLS_BEGAN: wire.encode_pulls_began({0: began})})
     objs = await snapshot(agent, token)
     assert last_phases(objs) == live
     assert objs[-1]["kind"] == "Summary" and objs[-1]["phase"] == "Done", objs[-1]

@@ -52,14 +52,19 @@ def _containers(request: web.Request, cap: Capability) -> list[ContainerRef]:
 
 
 def _pulls_began(cap: Capability) -> dict[str, float]:
+    """When each image's pull began, by image (the earliest of its containers')."""
     raw = cap.params.get(wire.PARAM_PULLS_BEGAN)
     if raw is None:
         return {}
     try:
-        return wire.decode_pulls_began(raw, frozenset(c.image for c in cap.containers),
-                                       time.time())
+        by_index = wire.decode_pulls_began(raw, len(cap.containers), time.time())
     except ValueError as err:
         raise StatusError(400, str(err)) from None
+    out: dict[str, float] = {}
+    for i, t in by_index.items():
+        image = cap.containers[i].image
+        out[image] = min(out.get(image, t), t)
+    return out
 
 
 def _seen(state: NodeState, began: Mapping[str, float]) -> NodeState:

@@ -250,17 +250,14 @@ class Merger:
             return "Done"
         return None
 
-    def pulls_began(self) -> dict[str, float]:
-        """When each image this pod's own pull brought began to be pulled (kubelet's
-        Pulled; the earliest when two of its containers pulled it): the agent counts
-        a present layer committed since as brought by that pull, as the stream that
-        watched it did. Images kubelet found present, or still pulls, have none."""
-        out: dict[str, float] = {}
-        for c in self.containers:
-            v = self.k8s.get(who(c), K8sView())
-            if v.phase == PULLED and v.pull_began is not None:
-                out[c.image] = min(out.get(c.image, v.pull_began), v.pull_began)
-        return out
+    def pulls_began(self) -> dict[int, float]:
+        """When each container's (or image volume's) own pull began, by its index in
+        ``containers`` (kubelet's Pulled): the agent counts a present layer of its
+        image committed since as brought by that pull, as the stream that watched it
+        did. One whose image kubelet found present, or still pulls, has none."""
+        return {i: v.pull_began for i, c in enumerate(self.containers)
+                if (v := self.k8s.get(who(c), K8sView())).phase == PULLED
+                and v.pull_began is not None}
 
     def _summary(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         out = {**unknown_to_null(obj), "complete": True}

@@ -94,7 +94,7 @@ def test_any_pulled_message_gives_a_start_no_later_than_the_event(message: str) 
     assert got is None or 0 < got <= T_S
 
 
-def test_the_merger_names_each_image_its_pod_pulled() -> None:
+def test_the_merger_names_each_container_whose_pull_kubelet_made() -> None:
     cs = (ContainerRef("app", IMG), ContainerRef("side", "reg/side:1"),
           ContainerRef("again", IMG))
     m = Merger(cs)
@@ -105,7 +105,7 @@ def test_the_merger_names_each_image_its_pod_pulled() -> None:
               "machine", T),
         event(pod, "Pulled", "again", f'Container image "{IMG}" already present on '
               "machine", T)])
-    assert m.pulls_began() == {IMG: pytest.approx(T_S - 2.3 - PULL_BEGAN_MARGIN)}
+    assert m.pulls_began() == {0: pytest.approx(T_S - 2.3 - PULL_BEGAN_MARGIN)}
 
 
 @pytest.mark.parametrize("follow", [False, True])
@@ -129,7 +129,7 @@ async def test_the_agent_is_told_when_the_pods_pull_began(kube: FakeKube,
     params = agent.opened[0]["params"]
     assert params["granularity"] == "layer"
     sent = json.loads(params[wire.PARAM_PULLS_BEGAN])
-    assert sent == {IMG: int((T_S - 2.3 - PULL_BEGAN_MARGIN) * 1000)}
+    assert sent == {"0": int((T_S - 2.3 - PULL_BEGAN_MARGIN) * 1000)}
     assert wire.PARAM_PULLS_BEGAN not in agent.opened[0]["query"]
     last = {o["layer"]: o["phase"] for o in got.objs if o.get("kind") == "Progress"}
     assert last == {"sha256:base": "AlreadyPresent", "sha256:top": "Done"}
