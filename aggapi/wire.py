@@ -6,6 +6,9 @@ defined once and imported by all three sides (and the tests).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 from aggapi import GROUP, VERSION
 
 GROUP_VERSION_PATH = f"/apis/{GROUP}/{VERSION}"
@@ -31,6 +34,48 @@ AGENT_OPERATIONS: dict[tuple[str, str], str] = {
     ("GET", AGENT_COPY_PATH): OP_COPY_DOWNLOAD,
     ("POST", AGENT_COPY_PATH): OP_COPY_UPLOAD,
 }
+
+
+# --- progress: what the apiserver vouches for in the token -----------------------
+# When the pod's own finished pulls began, as kubelet's Pulled events tell it (the
+# node's clock): {"<index of the container in the token>": epoch milliseconds}, JSON,
+# in the capability's params only (never the query). An agent that did not watch a
+# pull counts a present layer of that container's image whose snapshot was committed
+# since as brought by it (Done), as the stream that watched it said. Indexes keep the
+# token small (the agent's header limit is 8 KiB) and name only the token's own.
+PARAM_PULLS_BEGAN = "pullsBegan"
+PULLS_BEGAN_MAX_BYTES = 4096
+PULLS_BEGAN_AHEAD_MS = 86_400_000  # a start may be at most a day past the agent's clock
+
+
+def encode_pulls_began(began: Mapping[int, float]) -> str:
+    return json.dumps({str(i): int(t * 1000) for i, t in sorted(began.items())},
+                      separators=(",", ":"))
+
+
+def decode_pulls_began(raw: str, containers: int, now: float) -> dict[int, float]:
+    """{container index: epoch seconds}; ValueError naming what is wrong: not a JSON
+    object of integers by index, an index not below ``containers``, or a time before
+    1970 or a day past ``now``."""
+    if len(raw) > PULLS_BEGAN_MAX_BYTES:
+        raise ValueError(f"{PARAM_PULLS_BEGAN} is over {PULLS_BEGAN_MAX_BYTES} bytes")
+    try:
+        got = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"{PARAM_PULLS_BEGAN} is not JSON") from None
+    if not isinstance(got, dict):
+        raise ValueError(f"{PARAM_PULLS_BEGAN} must be an object")
+    out: dict[int, float] = {}
+    for key, ms in got.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 4
+                and int(key) < containers):
+            raise ValueError(f"{PARAM_PULLS_BEGAN} names {key!r}, not a container of the "
+                             "capability")
+        if type(ms) is not int or not 0 < ms <= now * 1000 + PULLS_BEGAN_AHEAD_MS:
+            raise ValueError(f"{PARAM_PULLS_BEGAN}[{key!r}] must be epoch milliseconds "
+                             "up to a day from now")
+        out[int(key)] = ms / 1000
+    return out
 
 
 def copy_operation(method: str) -> str:

@@ -281,7 +281,7 @@ class ContainerdBackend:
                 fresh = since is not None and (
                     la.digest in mem.high or (created is not None and created >= since))
                 layers.append(LayerState(la.digest, DONE if fresh else ALREADY_PRESENT,
-                                         la.size, la.size))
+                                         la.size, la.size, present_since=created))
         if phase == DONE and layers and all(la.phase == ALREADY_PRESENT for la in layers):
             phase = ALREADY_PRESENT  # nothing was downloaded: every layer was here
         tl = tuple(layers)

@@ -2,13 +2,16 @@
 
 GET /v1/imagepullprogress?granularity=layer|image|pod&follow=true|false[&container=C]
 GET /v1/imagepulls
+
+When the pod's own pulls began (``pullsBegan``, aggapi.wire) is read from the
+capability alone: the apiserver vouches for it from kubelet's events.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +20,7 @@ from aggapi import wire
 from aggapi.agent.auth import CAPABILITY
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.progress import view
+from aggapi.agent.progress.layers import with_pulls_began
 from aggapi.agent.progress.model import NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
 from aggapi.auth.capability import Capability, ContainerRef
@@ -45,6 +49,26 @@ def _containers(request: web.Request, cap: Capability) -> list[ContainerRef]:
     if not out:
         raise StatusError(400, "the capability names no container with an image")
     return out
+
+
+def _pulls_began(cap: Capability) -> dict[str, float]:
+    """When each image's pull began, by image (the earliest of its containers')."""
+    raw = cap.params.get(wire.PARAM_PULLS_BEGAN)
+    if raw is None:
+        return {}
+    try:
+        by_index = wire.decode_pulls_began(raw, len(cap.containers), time.time())
+    except ValueError as err:
+        raise StatusError(400, str(err)) from None
+    out: dict[str, float] = {}
+    for i, t in by_index.items():
+        image = cap.containers[i].image
+        out[image] = min(out.get(image, t), t)
+    return out
+
+
+def _seen(state: NodeState, began: Mapping[str, float]) -> NodeState:
+    return with_pulls_began(state, began) if began else state
 
 
 def _lines(objs: Sequence[dict[str, Any]]) -> bytes:
@@ -84,11 +108,12 @@ class ProgressHandlers:
             raise StatusError(400, f"granularity must be one of {', '.join(view.GRANULARITIES)}")
         follow = _flag(request, "follow", True)
         containers = _containers(request, cap)
+        began = _pulls_began(cap)
         images = {c.image for c in containers}
         poller = self.poller
 
         if not follow:
-            state = await poller.observe_once(images)
+            state = _seen(await poller.observe_once(images), began)
             objs = view.objects(containers, state, granularity)
             end = _closing(containers, state)
             return web.Response(body=_lines(objs + ([end] if end else [])), content_type=NDJSON)
@@ -107,8 +132,8 @@ class ProgressHandlers:
                     # Nothing changed for a while: say so (keeps proxies from idling out).
                     got, sent = NodeState(last.backend, last.images, last.pulls, last.error,
                                           time.time()), {}
-                state = got
-                last = state
+                last = got
+                state = _seen(got, began)
                 objs = view.objects(containers, state, granularity)
                 fresh = [o for o in objs if sent.get(view.key(o)) != view.without_time(o)]
                 for o in fresh:

@@ -3,13 +3,15 @@
 A layer is Downloading while an ingest ``layer-<digest>`` exists, Extracting
 while an active ``extract-<id> <chainID>`` snapshot exists (for a layer this pull
 fetched), and present once the committed snapshot ``<chainID>`` exists: Done if
-created after the pull began, otherwise AlreadyPresent.
+created after the pull began, otherwise AlreadyPresent. An agent that did not watch
+a finished pull knows its start only when the apiserver vouches for it (kubelet's
+Pulled event): ``with_pulls_began``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aggapi.agent.progress.leases import LeaseView
 from aggapi.agent.progress.model import (
@@ -18,7 +20,10 @@ from aggapi.agent.progress.model import (
     DOWNLOADING,
     EXTRACTING,
     WAITING,
+    ImageState,
     LayerState,
+    NodeState,
+    aggregate,
 )
 from aggapi.agent.progress.ocimanifest import ResolvedImage
 from aggapi.agent.progress.rate import Rates
@@ -75,9 +80,10 @@ def layer_states(resolved: ResolvedImage, view: LeaseView | None,
             out.append(LayerState(la.digest, DOWNLOADING, got, la.size,
                                   rates.rate(la.digest)))
         elif la.chain_id and la.chain_id in snaps.committed:
-            done = high > 0 or (since is not None and snaps.committed[la.chain_id] >= since)
+            at = snaps.committed[la.chain_id]
+            done = high > 0 or (since is not None and at >= since)
             out.append(LayerState(la.digest, DONE if done else ALREADY_PRESENT,
-                                  la.size, la.size))
+                                  la.size, la.size, present_since=at))
         elif in_lease and not fresh:
             out.append(LayerState(la.digest, ALREADY_PRESENT, la.size, la.size))
         elif fresh and la.chain_id and la.chain_id in snaps.extracting:
@@ -92,3 +98,27 @@ def layer_states(resolved: ResolvedImage, view: LeaseView | None,
         else:
             out.append(LayerState(la.digest, WAITING, 0, la.size))
     return tuple(out)
+
+
+def with_pulls_began(state: NodeState, began: Mapping[str, float]) -> NodeState:
+    """``state`` with each present layer of an image in ``began`` (image -> when its
+    pull began, as kubelet said) whose snapshot was committed since counted as brought
+    by that pull: Done, and in the image's bytes, as the stream that watched it said.
+    Only for an image the agent found already there (it did not watch the pull): of a
+    pull it watched, or watches now (a re-pull), its own phases stand."""
+    images = dict(state.images)
+    for ref, since in began.items():
+        st = images.get(ref)
+        if st is not None and st.phase == ALREADY_PRESENT:
+            images[ref] = _began(st, since)
+    return replace(state, images=images) if images != state.images else state
+
+
+def _began(st: ImageState, since: float) -> ImageState:
+    layers = tuple(replace(la, phase=DONE) if la.phase == ALREADY_PRESENT
+                   and la.present_since is not None and la.present_since >= since else la
+                   for la in st.layers)
+    if layers == st.layers:
+        return st
+    prog, total = aggregate(layers)
+    return replace(st, layers=layers, progress=prog, total=total, phase=DONE)

@@ -35,6 +35,8 @@ class LayerState:
     total: int
     bytes_per_second: float | None = None
     eta_seconds: float | None = None
+    # A present layer's: when its committed snapshot was made (containerd's clock).
+    present_since: float | None = None
 
 
 @dataclass(frozen=True)

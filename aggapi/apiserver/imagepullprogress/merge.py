@@ -250,6 +250,15 @@ class Merger:
             return "Done"
         return None
 
+    def pulls_began(self) -> dict[int, float]:
+        """When each container's (or image volume's) own pull began, by its index in
+        ``containers`` (kubelet's Pulled): the agent counts a present layer of its
+        image committed since as brought by that pull, as the stream that watched it
+        did. One whose image kubelet found present, or still pulls, has none."""
+        return {i: v.pull_began for i, c in enumerate(self.containers)
+                if (v := self.k8s.get(who(c), K8sView())).phase == PULLED
+                and v.pull_began is not None}
+
     def _summary(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         out = {**unknown_to_null(obj), "complete": True}
         images = [dict(i) for i in obj.get("images") or () if isinstance(i, Mapping)]

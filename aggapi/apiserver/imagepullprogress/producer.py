@@ -35,7 +35,7 @@ from aggapi.apiserver.imagepullprogress.podwatch import PodWatch
 from aggapi.apiserver.pods import PodTarget, target_from_pod
 from aggapi.auth.capability import ContainerRef
 from aggapi.status import StatusError
-from aggapi.wire import AGENT_PROGRESS_PATH, OP_PROGRESS
+from aggapi.wire import AGENT_PROGRESS_PATH, OP_PROGRESS, PARAM_PULLS_BEGAN, encode_pulls_began
 
 NODE_VIEW_INTERVAL = 2.0  # seconds between node-view fetches while a pull looks queued
 # After the agent said a pull failed: how soon to look again while kubelet retries
@@ -149,7 +149,7 @@ class Producer:
                     "GET", AGENT_PROGRESS_PATH, node=node, subject=self.user,
                     operation=OP_PROGRESS, pod_namespace=self.target.namespace,
                     pod_name=self.target.name, pod_uid=self.target.uid,
-                    containers=self.containers, params={"granularity": self.granularity},
+                    containers=self.containers, params=self._agent_params(),
                     query={"granularity": self.granularity,
                            "follow": "true" if self.follow else "false"})
             except StatusError as err:
@@ -176,6 +176,15 @@ class Producer:
                 continue
             if not await self._await_retry(node):
                 return
+
+    def _agent_params(self) -> dict[str, str]:
+        """What the token vouches for: the granularity, and when each of the pod's
+        finished pulls began (an agent that did not watch a pull cannot tell)."""
+        params = {"granularity": self.granularity}
+        began = self.merger.pulls_began()
+        if began:
+            params[PARAM_PULLS_BEGAN] = encode_pulls_began(began)
+        return params
 
     async def _await_retry(self, node: str) -> bool:
         """The agent said the pull failed: follow kubelet's back-off until it pulls

@@ -36,6 +36,17 @@ _RANK = {PULLING: 0, PULLED: 1, FAILED: 2, BACKOFF: 3}
 # client-go names a new Event '<object>.<UnixNano in hex>' (tools/record makeEvent).
 _COMBINED = "(combined from similar events): "
 _NAME_NANOS = re.compile(r"\.([0-9a-f]{1,16})$")
+# kubelet's 'Successfully pulled image "x" in 2.3s (4.1s including waiting)...': the
+# first figure is the pull alone (from its slot on), a Go duration.
+_PULLED_IN = re.compile(r'^Successfully pulled image "[^"]*" in ([0-9.hmsuµn]{1,32})(?: |$)')
+_GO_DURATION = re.compile(r"(?:[0-9]{1,9}(?:\.[0-9]{1,9})?(?:h|ms|m|s|µs|us|ns))+")
+_GO_UNIT = re.compile(r"([0-9.]+)(h|ms|m|s|µs|us|ns)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6,
+                 "ns": 1e-9}
+PULL_SECONDS_MAX = 86400.0  # a longer pull is not believed
+# kubelet measures the pull before it makes the event (a channel hand-off, and the
+# duration cut to milliseconds): the start is put this much earlier.
+PULL_BEGAN_MARGIN = 0.05
 
 
 # Whose pull a view is: (CONTAINER, name) or (VOLUME, name). An image volume may share
@@ -59,6 +70,9 @@ class K8sView:
     error: str = ""          # the registry's / kubelet's error text
     already_present: bool = False
     pulled_here: bool = False  # kubelet's Pulled event: it pulled the image for this pod
+    # When that pull began (epoch seconds, the node's clock; pulled_here only): no later
+    # than its first layer's commit, and no earlier than its wait for a pull slot.
+    pull_began: float | None = None
     since: str = ""          # timestamp of the event that set the phase
     attempt: int = 0         # pulls kubelet started (see _attempt)
     failures: int = 0        # pulls that failed (its 'Failed to pull image' events)
@@ -178,7 +192,9 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
             elif reason == PULLED:
                 present = "already present" in message
                 latest[name] = K8sView(phase=PULLED, since=when, already_present=present,
-                                       pulled_here=not present)
+                                       pulled_here=not present,
+                                       pull_began=None if present else _pull_began(
+                                           ev, message, when, prev))
             elif reason == FAILED and _pull_failure(message):
                 # kubelet follows 'Failed to pull image "x": <registry text>' with a bare
                 # 'Error: ErrImagePull': keep the registry's text, it is what users need.
@@ -242,6 +258,41 @@ def _attempt(v: K8sView, pulling: int, failures: int) -> int:
     drops repeats of a pod that fails often, so either count can fall short."""
     since_failure = 1 if failures and v.phase in (PULLING, PULLED) else 0
     return max(pulling, failures + since_failure)
+
+
+def _seconds(when: str) -> float | None:
+    try:
+        return datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _go_seconds(text: str) -> float | None:
+    """A Go duration as time.Duration prints it ('1m2.5s', '345ms'); None otherwise."""
+    if not _GO_DURATION.fullmatch(text):
+        return None
+    total = sum(float(n) * _UNIT_SECONDS[u] for n, u in _GO_UNIT.findall(text))
+    return total if total <= PULL_SECONDS_MAX else None
+
+
+def _pull_began(ev: Mapping[str, Any], message: str, when: str, prev: K8sView | None
+                ) -> float | None:
+    """When the pull kubelet's ``Pulled`` event ``ev`` reports began: the event's time
+    (within its second when client-go's name tells it, else the whole second, which is
+    earlier) less the pull's duration; without a duration (kubelet before 1.25), the
+    second of its ``Pulling`` event. None when neither is known."""
+    m = _PULLED_IN.match(message)
+    took = _go_seconds(m.group(1)) if m else None
+    at = _seconds(when)
+    if took is not None and at is not None:
+        frac = _subsecond(ev, when)
+        at = at + frac - took if frac >= 0 else int(at) - took
+    elif m is None and prev is not None and prev.phase == PULLING:
+        at = _seconds(prev.since)
+        at = None if at is None else int(at)
+    else:
+        at = None
+    return None if at is None or at <= PULL_BEGAN_MARGIN else at - PULL_BEGAN_MARGIN
 
 
 def _started_since(state: Mapping[str, Any], since: str) -> bool:

@@ -68,7 +68,30 @@ def test_real_pull_progress_from_first_bytes_to_pulled(control_plane: ControlPla
     assert event_time(pulled) >= downloading[-1] - 2
     summary_t = obj_time(objs[-1])
     assert summary_t >= event_time(pulled) - 2
+    # A snapshot after the pull tells each layer as the stream did: Done for those the
+    # pull brought (at 44c707c every layer of a snapshot read AlreadyPresent).
+    # (aggapi's event informer may be a moment behind the Pulled event read above.)
+    snaps: list[list[dict[str, Any]]] = []
+
+    def snapshot_agrees() -> bool:
+        out = cp.kubectl("get", "--raw", f"{GV}/namespaces/default/pods/kpull/"
+                         "imagepullprogress?follow=false").stdout
+        snaps.append([json.loads(line) for line in out.splitlines() if line.strip()])
+        return _layer_phases(snaps[-1]) == _layer_phases(objs)
+
+    try:
+        wait_for(snapshot_agrees, 20, "a snapshot whose layers agree with the stream")
+    except AssertionError as err:
+        raise AssertionError((str(err), snaps[-1:], _layer_phases(objs))) from None
+    snap = snaps[-1]
+    assert "Done" in _layer_phases(snap).values()
+    assert snap[-1]["kind"] == "Summary" and snap[-1]["phase"] == "Done", snap[-1]
     delete_pods(cp, "kpull")
+
+
+def _layer_phases(objs: list[dict[str, Any]]) -> dict[str, str]:
+    return {o["layer"]: o["phase"] for o in objs if o.get("kind") == "Progress"
+            and o.get("layer")}
 
 
 @pytest.mark.parametrize(("serialize", "max_parallel"), [
