@@ -222,7 +222,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             st.start_replica(r)
         for r in st.replicas:
             await st.wait_ready(r)
-        while st.leader() is None:  # noqa: ASYNC110
+        while await asyncio.to_thread(st.leader) is None:  # noqa: ASYNC110
             await asyncio.sleep(0.5)
         urls = await st.start_proxies()
         up_s = time.monotonic() - t_up
@@ -323,23 +323,27 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
 async def roll(st: Stack) -> dict[str, Any]:
     """SIGTERM the leader (it releases the Lease, as in a rolling update), start it
     again; how long until another led and until it was back."""
-    i = st.leader()
+    # The Lease is read in a thread: a blocking read here stalled every watcher of
+    # this process (they share its event loop) for as long as the world answered.
+    i = await asyncio.to_thread(st.leader)
     if i is None:
         return {"error": "no leader"}
     r = st.replicas[i]
     assert r.proc is not None
     t0 = time.monotonic()
     r.proc.terminate()
-    while st.leader() in (i, None):  # noqa: ASYNC110
+    while (now := await asyncio.to_thread(st.leader)) in (i, None):  # noqa: ASYNC110
         await asyncio.sleep(0.2)
     new_leader_s = time.monotonic() - t0
-    await asyncio.to_thread(r.proc.wait, 60)
+    exited = await asyncio.to_thread(r.proc.wait, 60)
+    exit_s = time.monotonic() - t0
     st.start_replica(r)
     await st.wait_ready(r)
-    print(f"rolled leader replica-{i}: replica-{st.leader()} led after {new_leader_s:.1f}s",
-          flush=True)
+    print(f"rolled leader replica-{i}: replica-{now} led after {new_leader_s:.1f}s "
+          f"(the old one exited {exited} after {exit_s:.1f}s)", flush=True)
     return {"replica": i, "new_leader_s": round(new_leader_s, 1),
-            "back_s": round(time.monotonic() - t0, 1), "new_leader": st.leader()}
+            "old_leader_exit_s": round(exit_s, 1),
+            "back_s": round(time.monotonic() - t0, 1), "new_leader": now}
 
 
 async def settle(replicas: Replicas, watchers: list[Watcher],
