@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 FLUSH_DELAY = 0.05  # seconds: changes within it are rebuilt together
 # Pods rebuilt per turn of the event loop (about 150 us each): a relist of 10,000 pods
 # would otherwise hold every request and watch for a second and more.
-FLUSH_BATCH = 500
+FLUSH_BATCH = 100
 FIRST_VIEWS = 2.0  # seconds a feed's first list waits for the nodes' first views
 NODE_LIST_EVERY = 5.0  # seconds between reads of which nodes have an agent
 SYNC_TIMEOUT = 10.0
@@ -46,18 +47,24 @@ class Feed(Protocol):
 
 
 class _Batcher:
-    """Dirty keys, rebuilt together FLUSH_DELAY after the first change."""
+    """Dirty keys, rebuilt together FLUSH_DELAY after the first change: kube's changes
+    (``urgent``: phases, new and gone pods) before those of the nodes' views (bytes),
+    each in the order marked. In a rollout thousands of pods wait for new bytes at
+    once; a Pulled pod taken from a set in any order waited behind them for seconds."""
 
     def __init__(self) -> None:
-        self.dirty: set[Any] = set()
+        self.urgent: OrderedDict[Any, None] = OrderedDict()
+        self.dirty: OrderedDict[Any, None] = OrderedDict()
         self.everything = False
         self._timer: asyncio.TimerHandle | None = None
 
-    def mark(self, keys: Iterable[Any] | None) -> None:
+    def mark(self, keys: Iterable[Any] | None, *, urgent: bool = False) -> None:
         if keys is None:
             self.everything = True
         else:
-            self.dirty.update(keys)
+            into = self.urgent if urgent else self.dirty
+            for key in keys:
+                into[key] = None
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._fire)
 
@@ -65,10 +72,28 @@ class _Batcher:
         self._timer = None
         self.flush()
 
-    def take(self) -> tuple[set[Any], bool]:
-        dirty, everything = self.dirty, self.everything
-        self.dirty, self.everything = set(), False
-        return dirty, everything
+    @property
+    def pending(self) -> bool:
+        return bool(self.urgent or self.dirty or self.everything)
+
+    def take(self, limit: int | None = None, *, urgent_only: bool = False
+             ) -> tuple[set[Any], bool]:
+        """The keys to rebuild now, at most ``limit`` (urgent first, oldest first; the
+        rest stay marked), and whether everything was marked."""
+        everything, self.everything = self.everything, False
+        if urgent_only:
+            keys = set(self.urgent)
+            self.urgent = OrderedDict()
+            return keys, everything
+        if limit is None or len(self.urgent) + len(self.dirty) <= limit:
+            keys = set(self.urgent) | set(self.dirty)
+            self.urgent, self.dirty = OrderedDict(), OrderedDict()
+            return keys, everything
+        keys = set()
+        for marked in (self.urgent, self.dirty):
+            while marked and len(keys) < limit:
+                keys.add(marked.popitem(last=False)[0])
+        return keys, everything
 
     def flush(self) -> None:
         raise NotImplementedError
@@ -113,7 +138,7 @@ class PodFeed(_Batcher):
         self.source.listeners.append(self._source_changed)
 
     def _source_changed(self, key: PodKey | None) -> None:
-        self.mark(None if key is None else (key,))
+        self.mark(None if key is None else (key,), urgent=True)
 
     def start(self) -> None:
         self._sync = asyncio.create_task(self._first_sync())
@@ -125,7 +150,7 @@ class PodFeed(_Batcher):
         # watch and Lease renewal of the replica for seconds.
         while True:
             self.flush(FLUSH_BATCH)
-            if not self.dirty and not self.everything:
+            if not self.pending:
                 break
             await asyncio.sleep(0)
         self.synced.set()
@@ -155,7 +180,12 @@ class PodFeed(_Batcher):
         if not self._viewed:
             await _first_views(self.polls, self._polled)
             self._viewed = True
-        self.flush()
+            self.flush()
+        else:
+            # kube's changes (new pods, phases) now; bytes waiting for a rebuild come
+            # as changes, as kube-apiserver lists its cache without waiting for it (in
+            # a rollout thousands wait: rebuilt here, each list stalled the loop).
+            self.flush(urgent_only=True)
 
     def _view_changed(self, node: str) -> None:
         # Only pods still pulling read the view, and of those only the ones whose part
@@ -206,25 +236,21 @@ class PodFeed(_Batcher):
         self._timer = None
         self.flush(FLUSH_BATCH)
 
-    def flush(self, limit: int | None = None) -> None:
-        """Rebuild the dirty pods: all of them, or ``limit`` now and the rest on the
-        loop's next turns (ready() flushes all: a list is a complete state)."""
+    def flush(self, limit: int | None = None, *, urgent_only: bool = False) -> None:
+        """Rebuild the dirty pods: all of them (or only kube's changes), or ``limit`` now
+        and the rest on the loop's next turns."""
         if not self.source.synced:
             return
-        dirty, everything = self.take()
-        if everything:
-            dirty |= {(str((p.get("metadata") or {}).get("namespace") or ""),
-                       str((p.get("metadata") or {}).get("name") or ""))
-                      for p in self.source.pods.items.values()}
-            dirty |= set(self.collection.objects)
-        if limit is not None and len(dirty) > limit:
-            # The batch out of the set, the rest left in it for later turns: at 50,000
-            # pods copying the rest at each turn was quadratic.
-            batch = {dirty.pop() for _ in range(limit)}
-            dirty |= self.dirty
-            self.dirty, dirty = dirty, batch
-            if self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(0, self._fire)
+        if self.everything:  # a relist: every pod, known or gone, behind kube's changes
+            self.everything = False
+            for p in self.source.pods.items.values():
+                meta = p.get("metadata") or {}
+                self.dirty[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = None
+            for key in self.collection.objects:
+                self.dirty[key] = None
+        dirty, _ = self.take(limit, urgent_only=urgent_only)
+        if self.pending and self._timer is None:  # the rest on the loop's next turns
+            self._timer = asyncio.get_running_loop().call_later(0, self._fire)
         # Only the nodes of the pods rebuilt can gain or lose a poll: not every node's
         # at each flush (5,000 nodes, twenty flushes a second in a rollout).
         touched: set[str] = set()

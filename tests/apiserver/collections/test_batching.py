@@ -1,0 +1,35 @@
+"""The feed's rebuild order: kube's changes (phases, new and gone pods) before the
+bytes of the nodes' views, whatever number of pods wait for new bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggapi.apiserver.collections import feeds
+from tests.framework.until import until
+
+from .conftest import Env
+from .fakes import pod
+
+N = 1000
+
+
+async def test_a_kube_change_is_rebuilt_before_a_thousand_waiting_for_bytes(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(feeds, "FLUSH_DELAY", 3600.0)  # flushed by hand below
+    for i in range(N):
+        env.kube.put("api/v1", "pods", pod(f"p{i:04d}"))
+    code, body = await env.get("/namespaces/ns1/podimagepulls")
+    assert code == 200 and len(body["items"]) == N
+    feed = env.feeds.pods.get("ns1")
+    assert feed is not None
+    # A rollout: every pod's node view moved (their bytes), waiting for a rebuild...
+    feed.mark(list(feed.collection.objects))
+    # ...when kubelet's view of one changes (here its image).
+    key = ("ns1", "p0500")
+    env.kube.put("api/v1", "pods", pod("p0500", image="registry.test/app:2"))
+    await until(lambda: (feed.source.pod(key) or {})["spec"]["containers"][0]["image"]
+                == "registry.test/app:2")
+    feed.flush(1)  # one pod's rebuild: the kube change's
+    obj = feed.collection.objects[key]
+    assert obj["status"]["images"][0]["image"] == "registry.test/app:2"
