@@ -169,7 +169,7 @@ class ContainerdBackend:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
         link = self.link.measure(wall, received)
-        timing = self.link.plan(pull_layers, ingests, link, waiting)
+        timing = self.link.plan(pull_layers, ingests, link, waiting, wall)
         images = {ref: self.link.timed(st, timing, link) for ref, st in images.items()}
         pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), link, timing.share)
                  for p in pulls]

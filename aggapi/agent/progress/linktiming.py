@@ -21,6 +21,7 @@ from aggapi.agent.progress.model import (
     LayerState,
     PullState,
 )
+from aggapi.agent.progress.peers import PeerBook, PeerLink
 from aggapi.agent.progress.rate import Trace
 from aggapi.runtime.containerd import IngestStatus
 
@@ -71,6 +72,7 @@ class LinkTiming:
         self.last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
         self.idle: set[str] = set()  # layer ingests open at offset 0, last poll
         self.received = ReceivedMeter()  # containerd's TCP bytes, when readable
+        self.peers = PeerBook()  # other nodes' pulls on this link (the leader's word)
 
     def record(self, statuses: Sequence[IngestStatus], ingests: Mapping[str, IngestStatus],
                wall: float, created: Mapping[str, float]) -> dict[str, float]:
@@ -132,7 +134,7 @@ class LinkTiming:
 
     def plan(self, pull_layers: Mapping[str, tuple[LayerState, ...]],
               ingests: Mapping[str, IngestStatus], link: float | None,
-              waiting: Mapping[str, float]) -> Plan:
+              waiting: Mapping[str, float], wall: float | None = None) -> Plan:
         """Seconds until each layer's last byte, and each running layer's share of the
         link now: the link shared among every layer the node downloads, queued layers
         of a pull starting as its running ones finish. Twice: when a sibling finished
@@ -146,12 +148,19 @@ class LinkTiming:
             running = sum(1 for la in layers if la.digest in ingests)
             self.slots[lease] = max(self.slots.get(lease, 0), running)
         pace = self._unstepped_pace(est, waiting, link)
-        first = plan(self._flows(pull_layers, ingests, waiting, pace), link, self.slots,
-                     self.sharing.conserve, self.counters.slots)
-        if not first.share:
+        peers = None if wall is None else self.peers.current(wall)
+        extra, whole = _peer_flows(peers), _whole_link(link, peers)
+        # Peers' flows run on their own nodes' download slots, not this node's.
+        slots = self.counters.slots + len(extra)
+        first = plan(self._flows(pull_layers, ingests, waiting, pace) + extra, whole,
+                     self.slots, self.sharing.conserve, slots)
+        if first.share:
+            first = plan(self._flows(pull_layers, ingests, waiting, pace, first.share)
+                         + extra, whole, self.slots, self.sharing.conserve, slots)
+        if not extra:
             return first
-        return plan(self._flows(pull_layers, ingests, waiting, pace, first.share), link,
-                    self.slots, self.sharing.conserve, self.counters.slots)
+        return Plan({k: v for k, v in first.finish.items() if not k.startswith(PEER)},
+                     {k: v for k, v in first.share.items() if not k.startswith(PEER)})
 
     def _unstepped_pace(self, est: Mapping[str, float | None], waiting: Mapping[str, float],
                         link: float | None) -> dict[str, float | None]:
@@ -268,6 +277,30 @@ class LinkTiming:
         if rate is not None and link is not None:
             rate = min(rate, link)
         return replace(p, bytes_per_second=_round(rate))
+
+
+PEER = "peer:"  # flow keys of other nodes' pulls (a digest starts with its algorithm)
+
+
+def _peer_flows(peers: PeerLink | None) -> list[Flow]:
+    """Each of the other nodes' pulls on the link: one running flow at its rate now
+    (its own layers' split is theirs to plan; what matters here is when its share
+    frees up)."""
+    if peers is None:
+        return []
+    return [Flow(f"{PEER}{node}:{i}", f"{PEER}{node}", p.remaining, p.rate or None, True)
+            for node, pulls in sorted(peers.peers.items())
+            for i, p in enumerate(pulls) if p.remaining > 0]
+
+
+def _whole_link(link: float | None, peers: PeerLink | None) -> float | None:
+    """The rate of the whole link the flows share: this node's rate plus its peers';
+    the leader's total when higher (just after a peer's end, this node's rate has not
+    caught up yet with the share it gets now)."""
+    if peers is None:
+        return link
+    own = (link or 0.0) + sum(p.rate for pulls in peers.peers.values() for p in pulls)
+    return max(own, peers.total or 0.0) or link
 
 
 def _moved(tr: Trace | None) -> bool:
