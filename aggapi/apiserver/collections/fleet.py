@@ -39,7 +39,7 @@ class RegistryFigures:
     waiting: int = 0
 
 
-def _registry(pull: Mapping[str, Any]) -> str:
+def registry_of(pull: Mapping[str, Any]) -> str:
     for repo in pull.get("repositories") or ():
         host = host_of_repository(str(repo))
         if host != UNKNOWN:
@@ -58,7 +58,7 @@ def fleet_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, A
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name") or "")
         for pull in (node.get("status") or {}).get("pulls") or ():
-            fig = out.setdefault(label(_registry(pull)), RegistryFigures())
+            fig = out.setdefault(label(registry_of(pull)), RegistryFigures())
             fig.in_flight += 1
             rate = pull.get("bytesPerSecond")
             if isinstance(rate, (int, float)) and not isinstance(rate, bool):

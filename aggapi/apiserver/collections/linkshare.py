@@ -1,0 +1,156 @@
+"""Do the nodes pulling from one registry host share one link? And what each of them
+should be told about the others (issue 37 item 3).
+
+The leader polls every node's view; per registry host it sums each node's pull rates
+on it. Whether those nodes share one link (one egress, one registry limit) or each has
+its own is measured, never assumed: at each change of the set of nodes pulling from
+the host (one starts or ends), the summed rate of the nodes that pulled throughout is
+compared over ``WINDOW`` s before and after (``SKIP`` s of the change left out: rates
+move over a poll or two). If the continuing nodes gave up (at a start) or took over (at
+an end) at least half the changing node's rate, the link is one (``conserve >= 0.5``).
+Two changes within one judgement say nothing clear and are dropped; until a first
+judgement the host is unknown and nothing is told (no guess without data).
+
+While a host is one link and more than one node pulls from it, each of them is told
+the others' pulls (bytes left, rates) and the link's total; once a single node is left,
+the total alone for ``REMEMBER`` s (its own rate catches up with the freed share only
+over its next steps). Pure: the caller gives the samples and the times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aggapi.agent.progress.peers import PeerLink, PeerPull
+from aggapi.apiserver.collections.fleet import registry_of
+from aggapi.registrylabels import UNKNOWN
+
+WINDOW = 4.0  # seconds of rates on each side of a change
+SKIP = 1.0  # seconds after a change left out
+REMEMBER = 60.0  # seconds the link's total is told after the last peer ended
+SHARED = 0.5  # conserve at or above: one link
+MAX_SAMPLES = 200  # per host (polls come every second or so)
+
+
+def _num(x: object) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
+
+
+def pulls_by_host(views: Mapping[str, Mapping[str, Any] | None]
+                  ) -> dict[str, dict[str, list[PeerPull]]]:
+    """host -> node -> its pulls there (bytes left, rate now), from the node views."""
+    out: dict[str, dict[str, list[PeerPull]]] = {}
+    for node, view in views.items():
+        for p in (view or {}).get("pulls") or ():
+            if not isinstance(p, Mapping):
+                continue
+            host = registry_of(p)
+            if host == UNKNOWN:
+                continue  # still resolving: no host to share yet
+            left = max(_num(p.get("total")) - _num(p.get("progress")), 0.0)
+            out.setdefault(host, {}).setdefault(node, []).append(
+                PeerPull(left, max(_num(p.get("bytesPerSecond")), 0.0)))
+    return out
+
+
+@dataclass
+class _Change:
+    at: float
+    node: str  # the node that started or ended pulling from the host
+    joined: bool
+    rate: float  # its rate: before it ended, or (judged later) after it started
+    stay: frozenset[str]  # the nodes pulling throughout
+
+
+@dataclass
+class HostLink:
+    """One registry host's judgement, across samples."""
+
+    conserve: float | None = None  # None: not measured yet
+    samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    change: _Change | None = None
+    total: float | None = None  # the link's rate while more than one node pulled
+    total_at: float = 0.0
+    seen: float = 0.0  # last sample with a node pulling
+
+    @property
+    def shared(self) -> bool | None:
+        return None if self.conserve is None else self.conserve >= SHARED
+
+    def add(self, now: float, rates: Mapping[str, float]) -> None:
+        """One sample: each node pulling from the host, with its summed pull rate."""
+        last = self.samples[-1][1] if self.samples else {}
+        if self.samples and set(rates) != set(last):
+            joined, left = set(rates) - set(last), set(last) - set(rates)
+            stay = frozenset(set(rates) & set(last))
+            if len(joined) + len(left) == 1 and stay and self.change is None:
+                node = next(iter(joined or left))
+                self.change = _Change(now, node, bool(joined), last.get(node, 0.0), stay)
+            else:
+                self.change = None  # two at once, or one still being judged
+        self.samples.append((now, dict(rates)))
+        while self.samples and (now - self.samples[0][0] > 2 * WINDOW + SKIP + 1.0
+                                or len(self.samples) > MAX_SAMPLES):
+            self.samples.pop(0)
+        if rates:
+            self.seen = now
+        if len(rates) > 1:
+            self.total, self.total_at = sum(rates.values()), now
+        self._judge(now)
+
+    def _judge(self, now: float) -> None:
+        c = self.change
+        if c is None or now < c.at + SKIP + WINDOW:
+            return
+        self.change = None
+        before = [r for t, r in self.samples if c.at - WINDOW <= t < c.at]
+        after = [r for t, r in self.samples if c.at + SKIP <= t <= c.at + SKIP + WINDOW]
+        was, now_in = (set(), {c.node}) if c.joined else ({c.node}, set())
+        if not before or not after or any(
+                set(r) != c.stay | was for r in before) or any(
+                set(r) != c.stay | now_in for r in after):
+            return  # the set moved again within the windows
+
+        def mean(rs: list[dict[str, float]], nodes: frozenset[str]) -> float:
+            return sum(sum(r.get(n, 0.0) for n in nodes) for r in rs) / len(rs)
+        s0, s1 = mean(before, c.stay), mean(after, c.stay)
+        if c.joined:
+            moved, by = s0 - s1, mean(after, frozenset({c.node}))
+        else:
+            moved, by = s1 - s0, mean(before, frozenset({c.node}))
+        if by > 0:
+            self.conserve = min(max(moved / by, 0.0), 1.0)
+
+
+class LinkShare:
+    """Every registry host's judgement; ``observe`` gives what to tell each node."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, HostLink] = {}
+
+    def observe(self, now: float, views: Mapping[str, Mapping[str, Any] | None]
+                ) -> dict[str, PeerLink]:
+        by_host = pulls_by_host(views)
+        for host in set(self.hosts) | set(by_host):
+            nodes = by_host.get(host, {})
+            hl = self.hosts.setdefault(host, HostLink())
+            hl.add(now, {n: sum(p.rate for p in ps) for n, ps in nodes.items()})
+            if not nodes and now - hl.seen > REMEMBER:
+                del self.hosts[host]  # forgotten: judged again when pulled from again
+        told: dict[str, PeerLink] = {}
+        for host, nodes in by_host.items():
+            hl = self.hosts[host]
+            if not hl.shared:
+                continue
+            if len(nodes) > 1:
+                for n in nodes:
+                    if n in told:
+                        continue  # pulls from two shared hosts: one link can be told
+                    told[n] = PeerLink({m: tuple(ps) for m, ps in nodes.items() if m != n},
+                                       hl.total)
+            elif hl.total is not None and now - hl.total_at <= REMEMBER:
+                n = next(iter(nodes))
+                told.setdefault(n, PeerLink({}, hl.total))
+        return told
