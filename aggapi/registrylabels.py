@@ -9,6 +9,9 @@ series never changes meaning); pulls from further hosts count under ``other``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from aggapi import imageref
 
 MAX_REGISTRIES = 32
@@ -47,3 +50,14 @@ class RegistryLabels:
             return OTHER
         self._hosts.add(host)
         return host
+
+
+def registry_of(pull: Mapping[str, Any]) -> str:
+    """The registry host of a node view's pull (its repositories', else its images')."""
+    for repo in pull.get("repositories") or ():
+        host = host_of_repository(str(repo))
+        if host != UNKNOWN:
+            return host
+    for image in pull.get("images") or ():
+        return host_of_image(str(image))
+    return UNKNOWN

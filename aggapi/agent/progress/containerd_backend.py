@@ -52,6 +52,7 @@ from aggapi.agent.progress.ocimanifest import (
     Platform,
     ResolvedImage,
 )
+from aggapi.agent.progress.peers import PeerLink
 from aggapi.runtime.containerd import (
     ContentInfo,
     ImageRecord,
@@ -175,6 +176,10 @@ class ContainerdBackend:
                  for p in pulls]
         return NodeState("containerd", images, tuple(pulls), time=wall, rates=self.link.rates,
                          link_bytes_per_second=_round(link), shares=timing.share)
+
+    def tell_peers(self, peers: PeerLink) -> None:
+        """The leader's word on the other nodes' pulls on this link (kept while fresh)."""
+        self.link.peers.put(peers, self._clock())
 
     async def _read_received(self) -> int | None:
         return None if self._received is None else await asyncio.to_thread(self._received)

@@ -24,7 +24,7 @@ from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.election import Election
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.shared import Shared
-from aggapi.registrylabels import UNKNOWN, RegistryLabels, host_of_image, host_of_repository
+from aggapi.registrylabels import RegistryLabels, host_of_image, registry_of
 from aggapi.status import StatusError
 
 HOLD = 300.0  # seconds the feeds stay up after the last scrape
@@ -37,16 +37,6 @@ class RegistryFigures:
     bytes_per_second: float = 0.0
     nodes: set[str] = field(default_factory=set)
     waiting: int = 0
-
-
-def registry_of(pull: Mapping[str, Any]) -> str:
-    for repo in pull.get("repositories") or ():
-        host = host_of_repository(str(repo))
-        if host != UNKNOWN:
-            return host
-    for image in pull.get("images") or ():
-        return host_of_image(str(image))
-    return UNKNOWN
 
 
 def fleet_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aggapi.agent.progress.peers import PeerLink, PeerPull
-from aggapi.apiserver.collections.fleet import registry_of
-from aggapi.registrylabels import UNKNOWN
+from aggapi.registrylabels import UNKNOWN, registry_of
 
 WINDOW = 4.0  # seconds of rates on each side of a change
 SKIP = 1.0  # seconds after a change left out
