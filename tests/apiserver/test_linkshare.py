@@ -104,3 +104,18 @@ def test_what_is_told_is_what_an_agent_takes(series: list[dict[str, float]]) -> 
         for node, link in ls.observe(i * 0.5, _views(rates)).items():
             assert node in rates
             assert parse(unparse(link)) == link
+
+
+def test_the_judgement_takes_the_measured_link_over_the_pulls_rates() -> None:
+    """An agent told its peers splits the whole link among them in its pulls' rates:
+    were those judged, the leader's word would confirm itself. The link rate the agent
+    measured (containerd's received bytes) says what the link did: here, separate."""
+    ls = LinkShare()
+    for i in range(40):
+        t = i * 0.5
+        split = 5.0 <= t < 15.0
+        views = {"a": {"pulls": [_pull(2e5 if split else 4e5)], "linkBytesPerSecond": 4e5}}
+        if split:
+            views["b"] = {"pulls": [_pull(2e5)], "linkBytesPerSecond": 3e5}
+        ls.observe(t, views)
+    assert ls.hosts[REG].shared is False

@@ -54,6 +54,16 @@ def pulls_by_host(views: Mapping[str, Mapping[str, Any] | None]
     return out
 
 
+def measured(view: Mapping[str, Any] | None, pulls: list[PeerPull], hosts: int) -> float:
+    """A node's rate on one host, for the judgement: the link rate its agent measured
+    (the bytes containerd received) when the node pulls from that host alone, else its
+    pulls' rates there. Never the pulls' rates alone when it can be helped: once told
+    its peers, an agent splits the whole link among them, so those would say what the
+    leader told it, not what the link did."""
+    link = _num((view or {}).get("linkBytesPerSecond"))
+    return link if hosts == 1 and link > 0 else sum(p.rate for p in pulls)
+
+
 @dataclass
 class _Change:
     at: float
@@ -132,10 +142,14 @@ class LinkShare:
     def observe(self, now: float, views: Mapping[str, Mapping[str, Any] | None]
                 ) -> dict[str, PeerLink]:
         by_host = pulls_by_host(views)
+        hosts_of: dict[str, int] = {}
+        for nodes in by_host.values():
+            for n in nodes:
+                hosts_of[n] = hosts_of.get(n, 0) + 1
         for host in set(self.hosts) | set(by_host):
             nodes = by_host.get(host, {})
             hl = self.hosts.setdefault(host, HostLink())
-            hl.add(now, {n: sum(p.rate for p in ps) for n, ps in nodes.items()})
+            hl.add(now, {n: measured(views.get(n), ps, hosts_of[n]) for n, ps in nodes.items()})
             if not nodes and now - hl.seen > REMEMBER:
                 del self.hosts[host]  # forgotten: judged again when pulled from again
         told: dict[str, PeerLink] = {}
