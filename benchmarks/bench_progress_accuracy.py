@@ -45,9 +45,10 @@ Two paths:
   throttle_for). Scenario ``2nodes-400k``: one pod pinned to each node (nodeName), each
   with its own image, pulling at once over the one link; each pod's real rate is its
   share. ``2nodes-400k-uneven``: node 2 pulls one 3 MiB layer, so its pull ends first and
-  node 1's share grows then. Each node's agent sees only its node's pulls, so nothing on a
-  node knows the other node shares the link. Single-pod 2.x scenarios run there too, on
-  node 1.
+  node 1's share grows then. Each node's agent sees only its node's pulls; the add-on is
+  installed with ``apiserver.linkPeers=true``, so the leader, once it has measured that
+  the nodes share the link (at a change of who pulls), tells each its peer's pull
+  (issue 37 item 3). Single-pod 2.x scenarios run there too, on node 1.
 
     python3 -m benchmarks.bench_progress_accuracy [--up] [--cluster]
         [--scenario NAME ...] [--quick] [--json FILE] [--instance NAME]
@@ -97,6 +98,8 @@ MiB = 1 << 20
 FRACTIONS = (0.25, 0.5, 0.75)
 WINDOW = 2.0  # real rate: the item's bytes in [T - WINDOW, T + WINDOW]
 GV = "/apis/subresources.aggapi.io/v1alpha1"
+# The leader tells nodes on one link their peers' pulls (--link-peers, issue 37 item 3).
+LINK_PEERS = ["apiserver.linkPeers=true"]
 GOAL_ETA_MEDIAN = 0.15
 GOAL_ETA_P90 = 0.30
 GOAL_RATE = 0.15
@@ -497,7 +500,7 @@ class ClusterStack:
             log(f"image loaded in {addon.load_image(CHECKOUT_ARCHIVE):.1f}s")
             addon.remove_harness_objects()
             self.brought.append("add-on")
-            log(addon.install().line())
+            log(addon.install(LINK_PEERS).line())
         self._describe()
 
     def attach(self) -> None:

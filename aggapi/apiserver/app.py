@@ -38,6 +38,7 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
                 tasks.append(asyncio.create_task(agent.key_publisher.run(),
                                                  name="token-key"))
         tasks.append(asyncio.create_task(parts.election.run(), name="leader-election"))
+        tasks.append(asyncio.create_task(parts.link_hold.run(), name="link-hold"))
         yield
         for task in tasks:
             task.cancel()

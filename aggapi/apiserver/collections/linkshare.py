@@ -29,6 +29,7 @@ from aggapi.registrylabels import UNKNOWN, registry_of
 WINDOW = 4.0  # seconds of rates on each side of a change
 SKIP = 1.0  # seconds after a change left out
 REMEMBER = 60.0  # seconds the link's total is told after the last peer ended
+FORGET = 600.0  # seconds a host's judgement outlives its last pull (links rarely change)
 SHARED = 0.5  # conserve at or above: one link
 MAX_SAMPLES = 200  # per host (polls come every second or so)
 
@@ -150,7 +151,7 @@ class LinkShare:
             nodes = by_host.get(host, {})
             hl = self.hosts.setdefault(host, HostLink())
             hl.add(now, {n: measured(views.get(n), ps, hosts_of[n]) for n, ps in nodes.items()})
-            if not nodes and now - hl.seen > REMEMBER:
+            if not nodes and now - hl.seen > FORGET:
                 del self.hosts[host]  # forgotten: judged again when pulled from again
         told: dict[str, PeerLink] = {}
         for host, nodes in by_host.items():

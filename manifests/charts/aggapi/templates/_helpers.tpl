@@ -280,6 +280,7 @@ container port it targets. */}}
 - --copy-require-exec={{ .Values.apiserver.copyRequireExec }}
 - --always-allow-metrics={{ .Values.apiserver.metricsAlwaysAllow }}
 - --fleet-metrics={{ .Values.apiserver.fleetMetrics }}
+- --link-peers={{ .Values.apiserver.linkPeers }}
 - --read-header-timeout={{ .Values.apiserver.readHeaderTimeout }}
 - --log-level={{ .Values.apiserver.logLevel }}
 {{- range .Values.apiserver.extraArgs }}
