@@ -90,7 +90,8 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
                     admit: Sequence[int] | None = None,
                     recorded: dict[str, object] | None = None,
                     idle_before: float | None = None, received: bool = False,
-                    elsewhere: Sequence[Pull] = (), peers_fed: bool = False) -> Errors:
+                    elsewhere: Sequence[Pull] = (), peers_fed: bool = False,
+                    peers_lag: int = 1) -> Errors:
     """Pull everything through the simulated link, observing every ``poll`` s.
     ``idle_before``: the same engine followed an earlier pull (8 MiB at ``rate``)
     that ended this long before, as on a node that pulls one image after another.
@@ -98,8 +99,8 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
     byte the link carried so far, as aggapi.agent.progress.sockbytes counts them).
     ``elsewhere``: pulls on another node that share the link; this node sees none of
     their bytes (2nodes-400k-uneven). ``peers_fed``: the apiserver's leader tells this
-    node those pulls (bytes left, rates) and the link's total, as it saw them one poll
-    before (aggapi.agent.progress.peers)."""
+    node those pulls (bytes left, rates) and the link's total, as it saw them
+    ``peers_lag`` polls before (aggapi.agent.progress.peers)."""
     fake = FakeContainerd(now=T0)
     link: SharedLink | RecordedLink | None = None
 
@@ -137,14 +138,14 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
                for key in keys}
     errs = Errors()
     committed: set[str] = set()
-    told: PeerLink | None = None
+    told: list[PeerLink] = []
     while not link.finished():
         link.run_until(link.t + poll)
         fake.now = T0 + link.t
-        if told is not None:
-            be.link.peers.put(told, fake.now)
+        if len(told) >= peers_lag:
+            be.link.peers.put(told[-peers_lag], fake.now)
         if peers_fed and isinstance(link, SharedLink):
-            told = _peers_seen(link, sizes, told)
+            told.append(_peers_seen(link, sizes, told[-1] if told else None))
         for ing in link.ingests():
             if ing.digest not in sizes:
                 continue  # another node's

@@ -26,15 +26,19 @@ def _at(scored: list[tuple[float, float]], c: float) -> list[float]:
     return sorted(x for at, x in scored if at == c)
 
 
+@pytest.mark.parametrize("lag", [1, 8])
 @pytest.mark.parametrize("weights", [[1.0, 1.0], [1.2, 0.8]])
-async def test_peer_pulls_fed_time_the_shared_link_across_nodes(weights: list[float]) -> None:
+async def test_peer_pulls_fed_time_the_shared_link_across_nodes(weights: list[float],
+                                                                 lag: int) -> None:
     """2nodes-400k-uneven as node 1 sees it: its 8 and 4 MiB layers share the link with
     a 3 MiB layer on node 2, whose end falls near node 1's half-way mark. Alone, node 1
     cannot foresee that end (its ETAs at 50% are ~48% off); told node 2's pull (as the
-    leader saw it one poll before), it plans the one link and foresees it."""
+    leader saw it ``lag`` polls of 0.25 s before: up to 2 s, an agent poll, a leader poll
+    and the PUT), it plans the one link and foresees it."""
     def run(fed: bool) -> Any:
         return run_trace(400 * KB, [Pull(A, [8 * MiB, 4 * MiB], weights)], received=True,
-                         elsewhere=[Pull(B, [3 * MiB], [1.0])], peers_fed=fed)
+                         elsewhere=[Pull(B, [3 * MiB], [1.0])], peers_fed=fed,
+                         peers_lag=lag)
 
     alone, fed = await run(False), await run(True)
     half_alone, half = _at(alone.scored, 0.5), _at(fed.scored, 0.5)
