@@ -10,7 +10,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -20,7 +20,10 @@ from aggapi.agent.app import PARTS
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.peerroute import MAX_BODY
 from aggapi.agent.progress.peers import PeerLink, PeerPull
-from tests.agent.agentserver import Agent, client_ssl, pki, run_agent
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.agents import AgentEndpoint
+from aggapi.apiserver.collections.linkfeed import LinkFeeder
+from tests.agent.agentserver import NODE, Agent, client_ssl, pki, run_agent
 from tests.agent.fakectd import FakeContainerd
 
 BODY = {"peers": {"node-b": [{"remaining": 3e6, "bytesPerSecond": 1.6e5}]}, "total": 4e5}
@@ -86,3 +89,24 @@ async def test_garbage_is_refused_whole(agent: Agent, body: Any) -> None:
     assert status in (400, 413), text
     assert json.loads(text)["kind"] == "Status"
     assert _told(agent) == before  # the last good word stands
+
+
+async def test_the_leaders_client_sends_what_the_agent_keeps(agent: Agent) -> None:
+    """The leader's own path: AgentClient (client certificate, capability signed for the
+    node) from LinkFeeder.send to the real route."""
+    ep = AgentEndpoint(NODE, "127.0.0.1", int(agent.url.rsplit(":", 1)[1]))
+
+    class _Dir:
+        async def endpoint(self, node: str) -> AgentEndpoint:
+            return ep
+
+    client = AgentClient(cast(Any, _Dir()), agent.signer, ca_file=str(agent.pki / "ca.crt"),
+                         cert_file=str(agent.pki / "agent-client.crt"),
+                         key_file=str(agent.pki / "agent-client.key"))
+    try:
+        feeder = LinkFeeder(client, cast(Any, None))
+        link = PeerLink({"node-b": (PeerPull(3e6, 1.6e5),)}, 4e5)
+        await feeder.send(NODE, link)
+        assert _told(agent) == link
+    finally:
+        await client.close()

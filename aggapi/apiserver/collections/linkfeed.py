@@ -54,7 +54,7 @@ class LinkFeeder:
         """One judgement over the latest views, and its sends; what was told."""
         views = {node: poll.view for node, poll in self.polls.parts().items()}
         told = self.share.observe(self.clock(), views)
-        await asyncio.gather(*(self._send(n, link) for n, link in told.items()))
+        await asyncio.gather(*(self.send(n, link) for n, link in told.items()))
         return told
 
     async def _run(self) -> None:
@@ -65,7 +65,7 @@ class LinkFeeder:
                 log.warning("link peers round: %r", exc)
             await asyncio.sleep(self.every)
 
-    async def _send(self, node: str, link: PeerLink) -> None:
+    async def send(self, node: str, link: PeerLink) -> None:
         async with self._gate:
             try:
                 resp = await self.agent.open(
