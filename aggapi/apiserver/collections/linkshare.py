@@ -70,7 +70,6 @@ class _Change:
     at: float
     node: str  # the node that started or ended pulling from the host
     joined: bool
-    rate: float  # its rate: before it ended, or (judged later) after it started
     stay: frozenset[str]  # the nodes pulling throughout
 
 
@@ -90,14 +89,14 @@ class HostLink:
         return None if self.conserve is None else self.conserve >= SHARED
 
     def add(self, now: float, rates: Mapping[str, float]) -> None:
-        """One sample: each node pulling from the host, with its summed pull rate."""
+        """One sample: each node pulling from the host, with its rate (``measured``)."""
         last = self.samples[-1][1] if self.samples else {}
         if self.samples and set(rates) != set(last):
             joined, left = set(rates) - set(last), set(last) - set(rates)
             stay = frozenset(set(rates) & set(last))
             if len(joined) + len(left) == 1 and stay and self.change is None:
                 node = next(iter(joined or left))
-                self.change = _Change(now, node, bool(joined), last.get(node, 0.0), stay)
+                self.change = _Change(now, node, bool(joined), stay)
             else:
                 self.change = None  # two at once, or one still being judged
         self.samples.append((now, dict(rates)))
