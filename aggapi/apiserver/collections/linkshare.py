@@ -19,12 +19,15 @@ over its next steps). Pure: the caller gives the samples and the times.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aggapi.agent.progress.peers import PeerLink, PeerPull
 from aggapi.registrylabels import UNKNOWN, registry_of
+
+log = logging.getLogger(__name__)
 
 WINDOW = 4.0  # seconds of rates on each side of a change
 SKIP = 1.0  # seconds after a change left out
@@ -131,6 +134,9 @@ class HostLink:
             moved, by = s1 - s0, mean(before, frozenset({c.node}))
         if by > 0:
             self.conserve = min(max(moved / by, 0.0), 1.0)
+            log.info("link judged at %s of %s: conserve %.2f (%s)", "start" if c.joined
+                     else "end", c.node, self.conserve, "one link" if self.shared
+                     else "links of their own")
 
 
 class LinkShare:
