@@ -9,7 +9,7 @@ series never changes meaning); pulls from further hosts count under ``other``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aggapi import imageref
@@ -26,6 +26,15 @@ def host_of_repository(repository: str) -> str:
     if not domain:
         return UNKNOWN
     return imageref.ImageRef(domain, "x").host.lower()
+
+
+def host_of_repositories(repositories: Iterable[str]) -> str:
+    """The host of the first repository that names one (``UNKNOWN`` if none does)."""
+    for repo in repositories:
+        host = host_of_repository(str(repo))
+        if host != UNKNOWN:
+            return host
+    return UNKNOWN
 
 
 def host_of_image(image: str) -> str:
@@ -54,10 +63,9 @@ class RegistryLabels:
 
 def registry_of(pull: Mapping[str, Any]) -> str:
     """The registry host of a node view's pull (its repositories', else its images')."""
-    for repo in pull.get("repositories") or ():
-        host = host_of_repository(str(repo))
-        if host != UNKNOWN:
-            return host
+    host = host_of_repositories(pull.get("repositories") or ())
+    if host != UNKNOWN:
+        return host
     for image in pull.get("images") or ():
         return host_of_image(str(image))
     return UNKNOWN

@@ -29,7 +29,7 @@ from aggapi.agent.kubeletconfig import PullLimits
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.model import NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
-from aggapi.registrylabels import UNKNOWN, RegistryLabels, host_of_repository
+from aggapi.registrylabels import UNKNOWN, RegistryLabels, host_of_repositories
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,7 @@ Limits = Callable[[], Awaitable[PullLimits]]
 def registry_of(pull: PullState) -> str:
     """The host of the pull's first repository ("host/repo" from containerd's
     distribution-source labels, which carry no port), lower-cased."""
-    for repo in pull.repositories:
-        host = host_of_repository(repo)
-        if host != UNKNOWN:
-            return host
-    return UNKNOWN
+    return host_of_repositories(pull.repositories)
 
 
 @dataclass

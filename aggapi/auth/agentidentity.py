@@ -189,28 +189,22 @@ class PinIndex:
         else:
             self.pins[uid] = best
 
-    def _drop(self, name: str) -> str | None:
-        """Forget CSR ``name``; the uid it pinned (to recompute)."""
-        old = self._parsed.pop(name, None)
-        if old is None or old[1] is None:
-            return None
-        uid = old[1][0]
-        self._by_uid.get(uid, set()).discard(name)
-        return uid
-
     def apply(self, kind: str, csr: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED) of one CSR."""
         name = str((csr.get("metadata") or {}).get("name") or "")
-        cached = self._parsed.get(name)
-        touched = {self._drop(name)}
-        if kind != "DELETED":
-            if cached is not None:  # reused by _parse if the CSR did not change
-                self._parsed[name] = cached
-            got = self._parse(name, csr)
-            if got is not None:
-                self._by_uid.setdefault(got[0], set()).add(name)
-                touched.add(got[0])
-        for uid in touched - {None}:
+        old = self._parsed.get(name)
+        old_uid = old[1][0] if old is not None and old[1] is not None else None
+        if kind == "DELETED":
+            self._parsed.pop(name, None)
+            got = None
+        else:
+            got = self._parse(name, csr)  # the cached result if the CSR did not change
+        new_uid = got[0] if got is not None else None
+        if old_uid is not None and old_uid != new_uid:
+            self._by_uid.get(old_uid, set()).discard(name)
+        if new_uid is not None:
+            self._by_uid.setdefault(new_uid, set()).add(name)
+        for uid in {old_uid, new_uid} - {None}:
             assert uid is not None
             self._newest(uid)
 

@@ -218,8 +218,8 @@ class KubeClient:
             return {}
         try:
             # A page of 500 pods is a megabyte: tens of ms of parsing, off the loop.
-            result = _parse(raw) if len(raw) < BIG_BODY \
-                else await asyncio.to_thread(_parse, raw)
+            result = loads(raw) if len(raw) < BIG_BODY \
+                else await asyncio.to_thread(loads, raw)
         except ValueError:
             result = None
         if not isinstance(result, dict):
@@ -267,11 +267,6 @@ class KubeClient:
                 event = json.loads(line)
                 obj = event.get("object")
                 yield str(event.get("type") or ""), obj if isinstance(obj, dict) else {}
-
-
-def _parse(raw: bytes) -> Any:
-    """An answer's JSON: on the loop below BIG_BODY bytes, in a thread from there."""
-    return loads(raw)
 
 
 def _param(value: str | int | bool) -> str:

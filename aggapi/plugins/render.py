@@ -134,16 +134,23 @@ class Aggregate:
     def update(self, o: Obj) -> None:
         self.rows[key(o)] = o
 
+    def _summed(self) -> list[Obj]:
+        """The rows the sum is over: an image's row (sent before its layers were known,
+        or standing for layers the server holds back) counts only while no layer of
+        that image has come; after that its layers do."""
+        layered = {k[:2] for k in self.rows if k[2]}
+        return [o for k, o in self.rows.items() if k[2] or k[:2] not in layered]
+
     def totals(self) -> tuple[int, int | None, float | None, float | None]:
-        done = sum(max(0, int(o.get("progress") or 0)) for o in self.rows.values())
-        totals = [t if isinstance(t := o.get("total"), int) else -1 for o in self.rows.values()]
+        rows = self._summed()
+        done = sum(max(0, int(o.get("progress") or 0)) for o in rows)
+        totals = [t if isinstance(t := o.get("total"), int) else -1 for o in rows]
         total = sum(totals) if totals and all(t >= 0 for t in totals) else None
-        rates = [float(o["bytesPerSecond"]) for o in self.rows.values()
-                 if o.get("bytesPerSecond") is not None]
+        rates = [float(o["bytesPerSecond"]) for o in rows if o.get("bytesPerSecond") is not None]
         rate = sum(rates) if rates else None
         # The sum ends with its last row (the server times an image by its last
         # layer too): the longest ETA, unknown while a row with bytes left has none.
-        left = [o for o in self.rows.values() if shown_phase(o) not in DONE_PHASES]
+        left = [o for o in rows if shown_phase(o) not in DONE_PHASES]
         etas = [e for o in left if isinstance(e := o.get("etaSeconds"), int | float)]
         eta = max(map(float, etas), default=0.0) if len(etas) == len(left) else None
         return done, total, rate, eta

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import yaml
 
 from aggapi.runtime.cri import CRIClient
+from aggapi.runtime.errors import RuntimeCallError, RuntimeNotFound
 from aggapi.tls import pki
 from tests.framework import nodestate
 from tests.framework.containerd import CGROUP_ROOT
@@ -529,6 +530,27 @@ def pod_manifest(name: str, containers: Sequence[Mapping[str, Any]], *, node: st
 DEMO_POD = "pull-demo"
 
 
+async def _remove_sandbox(cri: CRIClient, sandbox_id: str, timeout: float = 30.0) -> None:
+    """Stop and remove a sandbox that kubelet may be tearing down at the same moment: the
+    CNI delete of whichever stop comes second can fail ("failed to delete eth0: no such
+    device") while the first is still under way. A stop is idempotent once the first has
+    finished, so retry until it succeeds or the sandbox is gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await cri.stop_pod_sandbox(sandbox_id)
+            await cri.remove_pod_sandbox(sandbox_id)
+            return
+        except RuntimeNotFound:
+            return
+        except RuntimeCallError:
+            if sandbox_id not in {s.id for s in await cri.list_pod_sandboxes()}:
+                return
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def forget_images(cri_address: str, *repos: str) -> None:
     """Remove images (every tag and digest of these repositories) so the next pod pulls
     them again. Sandboxes whose containers use them (left by pods just deleted; kubelet
@@ -546,8 +568,7 @@ async def forget_images(cri_address: str, *repos: str) -> None:
         holders = {c.sandbox_id for c in await cri.list_containers()
                    if ours(c.image) or c.image_ref in ids or c.image in ids}
         for sb in holders:
-            await cri.stop_pod_sandbox(sb)
-            await cri.remove_pod_sandbox(sb)
+            await _remove_sandbox(cri, sb)
         for img in images:
             await cri.remove_image(img.id)
 

@@ -466,12 +466,12 @@ async def test_a_big_answer_is_parsed_off_the_event_loop(
                                           "data": {"x": "y" * 40_000}})
     await fake.start()
     threads: list[str] = []
-    real = kube._parse
+    real = kube.loads
 
     def recording(raw: bytes) -> Any:
         threads.append(threading.current_thread().name)
         return real(raw)
-    monkeypatch.setattr(kube, "_parse", recording)
+    monkeypatch.setattr(kube, "loads", recording)
     api = fake.kube_client()
     try:
         assert len((await api.get("/api/v1/namespaces/ns/configmaps"))["items"]) == 3

@@ -25,6 +25,18 @@ def test_aggregate_needs_every_total() -> None:
     assert agg.totals()[1] is None
 
 
+def test_an_images_row_gives_way_to_its_layers() -> None:
+    """An image's row (sent before its manifest was known, or standing for layers the
+    server holds back in a re-pull) has no total: once its layers come, the sum is
+    theirs. Failed at integ2 (CI): the plugin's total read 0 B through a whole re-pull."""
+    agg = Aggregate()
+    agg.update({**obj("", 0, -1, "Pulling"), "progress": None, "total": None})
+    assert agg.totals()[1] is None
+    agg.update(obj("a", 50, 100))
+    agg.update(obj("b", 25, 100))
+    assert agg.totals() == (75, 200, 20.0, 1.0)
+
+
 @pytest.mark.parametrize("granularity", ["layer", "pod"])
 def test_summary_ends_at_100(granularity: str) -> None:
     buf = io.StringIO()

@@ -137,9 +137,12 @@ class ContainerdBackend:
             self._forget = False
         refs = sorted(set(watched))
         wall = self._clock()
-        statuses, leases, snaps, received = await asyncio.gather(
+        statuses, leases, snaps = await asyncio.gather(
             self.client.list_statuses(), self.client.list_leases(),
-            self.client.list_snapshots(self.snapshotter), self._read_received())
+            self.client.list_snapshots(self.snapshotter))
+        # containerd's received bytes count only while it fetches (the link's meter keeps
+        # samples only then): an idle node's polls leave its sockets unread.
+        received = await self._read_received() if statuses else None
         # After the lease list: a record is created before its pull's lease is
         # deleted, so "lease gone and no record" below is never a race.
         records = await self._records(refs)

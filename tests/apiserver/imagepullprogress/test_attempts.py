@@ -99,6 +99,18 @@ async def reach(objs: list[dict[str, Any]], phase: str, attempt: int,
                              f"{steps(objs, container)}") from None
 
 
+def attempt_one(kube: FakeKube) -> tuple[dict[str, Any], Kubelet, Agent, Lines]:
+    """A pod whose image kubelet starts pulling (attempt 1), and the agent's first
+    stream for it."""
+    pod = pod_object()
+    kube.put("api/v1", "pods", pod)
+    k = Kubelet(kube, pod)
+    agent = Agent()
+    first = agent.stream()
+    k.emit("Pulling", f'Pulling image "{IMG}"', 1)
+    return pod, k, agent, first
+
+
 async def first_attempt_fails(k: Kubelet, first: Lines, objs: list[dict[str, Any]]) -> None:
     """Attempt 1 as kubelet and the agent show it: Pulling, the image not found (the
     agent's lease released), then the first 10 s back-off."""
@@ -122,12 +134,7 @@ async def test_each_attempt_has_its_own_pulling_and_attempts_move_only_then(
     """At b8a55c6: BackOff with attempt 2 while the first back-off ran (the status still
     said ImagePullBackOff when attempt 2's Failed came in), and attempt 2 never showed
     Pulling (its Pulling and Failed came together)."""
-    pod = pod_object()
-    kube.put("api/v1", "pods", pod)
-    k = Kubelet(kube, pod)
-    agent = Agent()
-    first = agent.stream()
-    k.emit("Pulling", f'Pulling image "{IMG}"', 1)
+    pod, k, agent, first = attempt_one(kube)
     async with running(kube, pod, agent, follow=True) as (got, _):
         await first_attempt_fails(k, first, got.objs)
         # 10-15 s later, attempt 2 fails at once; the status is still the back-off's
@@ -164,12 +171,7 @@ async def test_an_attempt_whose_pulling_was_not_seen_still_starts_pulling(
     """Attempt 2's Failed reaches the stream before its Pulling (or kubelet's spam
     filter dropped that Pulling): the stream still shows attempt 2 start with Pulling,
     then fail. At b8a55c6 attempt 2 went from BackOff straight to BackOff."""
-    pod = pod_object()
-    kube.put("api/v1", "pods", pod)
-    k = Kubelet(kube, pod)
-    agent = Agent()
-    first = agent.stream()
-    k.emit("Pulling", f'Pulling image "{IMG}"', 1)
+    pod, k, agent, first = attempt_one(kube)
     async with running(kube, pod, agent, follow=True) as (got, task):
         await first_attempt_fails(k, first, got.objs)
         k.emit("Failed", NOT_FOUND, 13)

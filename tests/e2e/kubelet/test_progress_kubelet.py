@@ -165,10 +165,21 @@ def test_missing_image_backoff_then_snapshot(control_plane: ControlPlane, node: 
                     == "ImagePullBackOff")
 
     wait_for(backoff_status, 90, "ImagePullBackOff")
-    r = cp.kubectl("get", "--raw", f"{GV}/namespaces/default/pods/kmiss/imagepullprogress"
-                   "?follow=false")
-    objs = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-    assert any(o.get("phase") == "BackOff" for o in objs), objs
+    snaps: list[list[dict[str, Any]]] = []
+
+    def snapshot_in_backoff() -> bool:
+        r = cp.kubectl("get", "--raw", f"{GV}/namespaces/default/pods/kmiss/imagepullprogress"
+                       "?follow=false")
+        snaps.append([json.loads(line) for line in r.stdout.splitlines() if line.strip()])
+        return any(o.get("phase") == "BackOff" for o in snaps[-1])
+
+    # kubelet's status lags its events: a snapshot taken as the status says
+    # ImagePullBackOff can fall in the next attempt's Failed, before its BackOff event
+    # (CI at integ2). Each snapshot ends with one Error; one shows the back-off.
+    wait_for(snapshot_in_backoff, 60, "a snapshot showing the BackOff")
+    for objs in snaps:
+        assert [o["kind"] for o in objs if o["kind"] != "Progress"] == ["Error"], objs
+    objs = snaps[-1]
     assert [o["kind"] for o in objs if o["kind"] != "Progress"] == ["Error"], objs
     assert objs[-1]["phase"] == "BackOff" and "not found" in objs[-1]["error"]
     # The same registry text as kubelet's Failed event.
