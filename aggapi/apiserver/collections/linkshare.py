@@ -11,6 +11,16 @@ an end) at least half the changing node's rate, the link is one (``conserve >= 0
 Two changes within one judgement say nothing clear and are dropped; until a first
 judgement the host is unknown and nothing is told (no guess without data).
 
+Nodes that start pulling from the host together (within one poll: two kubelets told to
+pull at once) leave no node pulling throughout. Their start is judged against the
+host's rate measured earlier while a single node pulled from it (over ``WINDOW`` s, once
+that node's rate no longer reaches back before it was alone): on links of their own
+the set would get the sum of each node's own alone rate (the host's where a node has
+none), on one link the best rate seen alone; the share of that difference the set
+did not get is the ``conserve`` (the same measure as at a join). Without an earlier
+single-node rate (a host first pulled from by several nodes at once) the start says
+nothing, and the host stays unknown until a change.
+
 While a host is one link and more than one node pulls from it, each of them is told
 the others' pulls (bytes left, rates) and the link's total; once a single node is left,
 the total alone for ``REMEMBER`` s (its own rate catches up with the freed share only
@@ -77,12 +87,22 @@ class _Change:
 
 
 @dataclass
+class _Start:
+    at: float
+    nodes: frozenset[str]  # the nodes that started together
+
+
+@dataclass
 class HostLink:
     """One registry host's judgement, across samples."""
 
     conserve: float | None = None  # None: not measured yet
     samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     change: _Change | None = None
+    start: _Start | None = None
+    alone: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (rate, at)
+    alone_since: tuple[str, float] | None = None  # the node pulling alone now, since
+    since: dict[str, float] = field(default_factory=dict)  # each node pulling now, since
     total: float | None = None  # the link's rate while more than one node pulled
     total_at: float = 0.0
     seen: float = 0.0  # last sample with a node pulling
@@ -97,12 +117,22 @@ class HostLink:
         if self.samples and set(rates) != set(last):
             joined, left = set(rates) - set(last), set(last) - set(rates)
             stay = frozenset(set(rates) & set(last))
-            if len(joined) + len(left) == 1 and stay and self.change is None:
+            self.start = None
+            # Nodes that started pulling within a judgement's time have no rate of
+            # their own yet to compare (their first bytes, or none yet): whoever joins
+            # them started together with them.
+            young = all(now - self.since[n] < SKIP + WINDOW for n in stay)
+            if joined and not left and young and len(rates) > 1:
+                self.change = None
+                self.start = _Start(now, frozenset(rates))
+            elif len(joined) + len(left) == 1 and stay and self.change is None:
                 node = next(iter(joined or left))
                 self.change = _Change(now, node, bool(joined), stay)
             else:
                 self.change = None  # two at once, or one still being judged
+        self.since = {n: self.since.get(n, now) for n in rates}
         self.samples.append((now, dict(rates)))
+        self._alone(now, rates)
         while self.samples and (now - self.samples[0][0] > 2 * WINDOW + SKIP + 1.0
                                 or len(self.samples) > MAX_SAMPLES):
             self.samples.pop(0)
@@ -112,7 +142,51 @@ class HostLink:
             self.total, self.total_at = sum(rates.values()), now
         self._judge(now)
 
+    def _alone(self, now: float, rates: Mapping[str, float]) -> None:
+        """Keep the rate of a node pulling alone from the host, once the window it is
+        measured over lies within its time alone (the mean of such samples)."""
+        if len(rates) != 1:
+            self.alone_since = None
+            return
+        node, rate = next(iter(rates.items()))
+        if self.alone_since is None or self.alone_since[0] != node:
+            self.alone_since = (node, now)
+        since = self.alone_since[1]
+        if now < since + SKIP + WINDOW or rate <= 0:
+            return
+        inside = [r[node] for t, r in self.samples
+                  if t >= since + SKIP + WINDOW and set(r) == {node} and r[node] > 0]
+        self.alone[node] = (sum(inside) / len(inside), now)
+        for n, (_, at) in list(self.alone.items()):
+            if now - at > FORGET:
+                del self.alone[n]
+
+    def _judge_start(self, now: float) -> None:
+        s = self.start
+        if s is None or now < s.at + SKIP + WINDOW:
+            return
+        self.start = None
+        after = [r for t, r in self.samples if s.at + SKIP <= t <= s.at + SKIP + WINDOW]
+        if not after or any(set(r) != s.nodes for r in after):
+            return  # the set moved again within the window
+        got = sum(sum(r.values()) for r in after) / len(after)
+        known = [rate for rate, at in self.alone.values() if now - at <= FORGET]
+        names = ",".join(sorted(s.nodes))
+        if not known:
+            log.info("link not judged at the start of %s together: no rate of one node "
+                     "alone from the host yet (got %.0f B/s)", names, got)
+            return
+        one = max(known)
+        apart = sum(self.alone[n][0] if n in self.alone else one for n in s.nodes)
+        if apart <= one:
+            return
+        self.conserve = min(max((apart - got) / (apart - one), 0.0), 1.0)
+        log.info("link judged at the start of %s together: %.0f B/s against %.0f alone, "
+                 "%.0f on links of their own: conserve %.2f (%s)", names, got, one, apart,
+                 self.conserve, "one link" if self.shared else "links of their own")
+
     def _judge(self, now: float) -> None:
+        self._judge_start(now)
         c = self.change
         if c is None or now < c.at + SKIP + WINDOW:
             return
@@ -134,9 +208,9 @@ class HostLink:
             moved, by = s1 - s0, mean(before, frozenset({c.node}))
         if by > 0:
             self.conserve = min(max(moved / by, 0.0), 1.0)
-            log.info("link judged at %s of %s: conserve %.2f (%s)", "start" if c.joined
-                     else "end", c.node, self.conserve, "one link" if self.shared
-                     else "links of their own")
+            log.info("link judged at %s of %s: %.0f B/s of %.0f moved: conserve %.2f (%s)",
+                     "start" if c.joined else "end", c.node, moved, by, self.conserve,
+                     "one link" if self.shared else "links of their own")
 
 
 class LinkShare:
