@@ -56,7 +56,8 @@ class Fleet:
         for i in range(nodes):
             self.nodes.append(self._node(f"n{i + 1}", i))
         self.share = LinkShare()
-        self.told: list[str] = []  # (debug) rounds' told nodes, in order
+        self.told: list[str] = []  # each round's told nodes, in order
+        self.read: list[tuple[float, str, dict[str, Any]]] = []  # the leader's reads
         self._tick = 0
 
     def _node(self, name: str, i: int) -> _Node:
@@ -155,6 +156,8 @@ class Fleet:
         if self._tick % per == 1:
             for node in self.nodes:
                 node.view = None if node.state is None else view_of(node.state)
+                if node.view is not None:
+                    self.read.append((self.now, node.name, node.view))
         if self.leader and self._tick % per == 3:
             views: Mapping[str, dict[str, Any] | None] = {n.name: n.view for n in self.nodes}
             told = self.share.observe(T0 + self.now, views)

@@ -19,7 +19,7 @@ def _at(errs: list[Errors], c: float) -> list[float]:
 
 
 async def _uneven(*, seen_alone: bool, leader: bool = True) -> tuple[list[str], list[Errors]]:
-    """The rounds' told nodes from the scored pulls' start, and their errors."""
+    """The rounds' told nodes from the scored pulls' start, and the nodes' errors."""
     fleet = Fleet(400 * KB, 2, leader=leader)
     if seen_alone:  # node 1 pulled from the host alone before (the leader watching)
         await fleet.run([[Pull("127.0.0.1:5000/w:1", [4 * MiB], [1.0])], []], "w",
@@ -38,6 +38,7 @@ async def test_a_shared_pull_on_a_host_seen_alone_is_timed_as_one_link() -> None
     assert half[len(half) // 2] <= 0.15, half
     assert p90(half) <= 0.30, half
     assert p90(_at(errs, 0.25)) <= 0.30, _at(errs, 0.25)
+    assert p90(_at(errs, 0.75)) <= 0.30, _at(errs, 0.75)  # node 2's end foreseen
     first = next(i for i, t in enumerate(told) if t) + 1  # rounds of 1 s
     assert first <= SKIP + WINDOW + 2, told  # told once the start is judged
 
@@ -48,3 +49,15 @@ async def test_a_start_together_on_a_host_never_seen_alone_tells_nothing_early()
     told, _ = await _uneven(seen_alone=False)
     first = next(i for i, t in enumerate(told) if t) + 1
     assert first > N2_END, told
+
+
+async def test_a_pulls_eta_in_the_node_view_counts_its_bytes_in_flight() -> None:
+    """Node 2's pull, one 3 MiB layer at a third of the link: its progress moves in
+    1 MiB steps (8 s apart), its ``etaSeconds`` says when its last byte comes (what the
+    leader tells node 1 of it)."""
+    fleet = Fleet(400 * KB, 2, leader=False)
+    await fleet.run(UNEVEN, "u", score=False)
+    etas = [(t, p["etaSeconds"]) for t, n, v in fleet.read if n == "n2"
+            for p in v["pulls"] if t >= 2.0]
+    assert etas and all(eta is not None for _, eta in etas), etas
+    assert all(abs(eta - (N2_END - t)) <= 0.15 * (N2_END - t) + 0.5 for t, eta in etas), etas

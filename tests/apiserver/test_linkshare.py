@@ -119,3 +119,13 @@ def test_the_judgement_takes_the_measured_link_over_the_pulls_rates() -> None:
             views["b"] = {"pulls": [_pull(2e5)], "linkBytesPerSecond": 3e5}
         ls.observe(t, views)
     assert ls.hosts[REG].shared is False
+
+
+def test_a_pulls_bytes_left_count_its_bytes_in_flight_by_its_eta() -> None:
+    """Its progress lags by the bytes since its last 1 MiB step; its agent's ETA does
+    not: bytes left = rate x ETA when that is fewer (never more than total - progress)."""
+    fresh = {**_pull(1e5, left=1e6), "etaSeconds": 4.0}
+    late = {**_pull(1e5, left=1e6), "etaSeconds": 40.0}
+    unknown = {**_pull(1e5, left=1e6), "etaSeconds": None}
+    by = pulls_by_host({"a": {"pulls": [fresh, late, unknown]}})
+    assert by == {REG: {"a": [PeerPull(4e5, 1e5), PeerPull(1e6, 1e5), PeerPull(1e6, 1e5)]}}

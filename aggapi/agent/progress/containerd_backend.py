@@ -175,7 +175,7 @@ class ContainerdBackend:
         link = self.link.measure(wall, received)
         timing = self.link.plan(pull_layers, ingests, link, waiting, wall)
         images = {ref: self.link.timed(st, timing, link) for ref, st in images.items()}
-        pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), link, timing.share)
+        pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), link, timing)
                  for p in pulls]
         return NodeState("containerd", images, tuple(pulls), time=wall, rates=self.link.rates,
                          link_bytes_per_second=_round(link), shares=timing.share)

@@ -64,7 +64,8 @@ def pull_json(p: PullState) -> dict[str, Any]:
     return {"lease": p.lease, "startedAt": view.rfc3339(p.started_at), "phase": p.phase,
             "repositories": list(p.repositories), "images": list(p.images),
             "digest": p.root_digest, "progress": p.progress, "total": p.total,
-            "bytesPerSecond": p.bytes_per_second, "downloadingLayers": p.downloading_layers}
+            "bytesPerSecond": p.bytes_per_second, "etaSeconds": p.eta_seconds,
+            "downloadingLayers": p.downloading_layers}
 
 
 class ProgressHandlers:

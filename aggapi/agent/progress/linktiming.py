@@ -267,16 +267,22 @@ class LinkTiming:
                        eta_seconds=None if last is None else round(last, 1))
 
     def timed_pull(self, p: PullState, layers: tuple[LayerState, ...],
-                    link: float | None, share: Mapping[str, float]) -> PullState:
+                    link: float | None, timing: Plan) -> PullState:
+        """A pull with its rate (its layers' share of the link) and its ETA (when its
+        last layer still to come is planned to end; null if any such is not known)."""
         if not layers:
             return p
         mine = [la.digest for la in layers if la.phase != ALREADY_PRESENT]
-        rate = share_rate(mine, share, self.rates)
+        rate = share_rate(mine, timing.share, self.rates)
         if rate is None:
             rate = self.rates.group(mine)
         if rate is not None and link is not None:
             rate = min(rate, link)
-        return replace(p, bytes_per_second=_round(rate))
+        left = [timing.finish.get(la.digest) for la in layers
+                if la.phase in (DOWNLOADING, WAITING) and la.progress < la.total]
+        eta = None if not left or None in left else max(x for x in left if x is not None)
+        return replace(p, bytes_per_second=_round(rate),
+                       eta_seconds=None if eta is None else round(eta, 1))
 
 
 PEER = "peer:"  # flow keys of other nodes' pulls (a digest starts with its algorithm)

@@ -65,6 +65,7 @@ class PullState:
     total: int | None = None
     bytes_per_second: float | None = None
     downloading_layers: int = 0
+    eta_seconds: float | None = None  # until its last layer's last byte (its layers' plan)
 
 
 @dataclass(frozen=True)
