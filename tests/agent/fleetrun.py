@@ -39,6 +39,7 @@ class _Node:
     got: float = 0.0  # bytes its containerd received, every pull so far
     state: NodeState | None = None
     view: dict[str, Any] | None = None  # what the leader read last
+    read_at: float = 0.0
 
 
 def view_of(state: NodeState) -> dict[str, Any]:
@@ -156,11 +157,13 @@ class Fleet:
         if self._tick % per == 1:
             for node in self.nodes:
                 node.view = None if node.state is None else view_of(node.state)
+                node.read_at = self.now
                 if node.view is not None:
                     self.read.append((self.now, node.name, node.view))
         if self.leader and self._tick % per == 3:
             views: Mapping[str, dict[str, Any] | None] = {n.name: n.view for n in self.nodes}
-            told = self.share.observe(T0 + self.now, views)
+            told = self.share.observe(T0 + self.now, views,
+                                      {n.name: self.now - n.read_at for n in self.nodes})
             for node in self.nodes:
                 if node.name in told:
                     node.be.tell_peers(told[node.name])

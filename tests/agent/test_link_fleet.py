@@ -39,6 +39,11 @@ async def test_a_shared_pull_on_a_host_seen_alone_is_timed_as_one_link() -> None
     assert p90(half) <= 0.30, half
     assert p90(_at(errs, 0.25)) <= 0.30, _at(errs, 0.25)
     assert p90(_at(errs, 0.75)) <= 0.30, _at(errs, 0.75)  # node 2's end foreseen
+    # Node 1's images and pod take the share node 2's end freed at once (its own
+    # measured rate lags it by its 4 s window), and no more than the link.
+    rates = [x for e in errs for x in e.image_rate + e.pod_rate]
+    assert max(rates) <= 0.15, rates
+    assert max(x for e in errs for x in e.layer_over_link) <= 1.02
     first = next(i for i, t in enumerate(told) if t) + 1  # rounds of 1 s
     assert first <= SKIP + WINDOW + 2, told  # told once the start is judged
 

@@ -53,7 +53,11 @@ def test_peers_expire_after_their_ttl() -> None:
     link = PeerLink({"n2": (PeerPull(1e6, 2e5),)}, 4e5)
     assert book.current(10.0) is None
     book.put(link, 10.0)
-    assert book.current(12.9) == link
+    assert book.current(10.0) == link
+    # Counted down at its rate since it came: the agent plans from now.
+    assert book.current(12.5) == PeerLink({"n2": (PeerPull(5e5, 2e5),)}, 4e5)
+    aged = book.current(12.9)
+    assert aged is not None and aged.peers["n2"][0].remaining == pytest.approx(4.2e5)
     assert book.current(13.1) is None
     assert book.current(9.0) is None  # a clock that went back: not trusted
 

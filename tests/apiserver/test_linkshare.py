@@ -129,3 +129,10 @@ def test_a_pulls_bytes_left_count_its_bytes_in_flight_by_its_eta() -> None:
     unknown = {**_pull(1e5, left=1e6), "etaSeconds": None}
     by = pulls_by_host({"a": {"pulls": [fresh, late, unknown]}})
     assert by == {REG: {"a": [PeerPull(4e5, 1e5), PeerPull(1e6, 1e5), PeerPull(1e6, 1e5)]}}
+
+
+def test_a_views_bytes_left_are_counted_down_by_its_age() -> None:
+    """A view read 1.5 s before the round: its pull has had 1.5 s at its rate since."""
+    by = pulls_by_host({"a": {"pulls": [_pull(1e5, left=1e6)]},
+                        "b": {"pulls": [_pull(1e5, left=1e5)]}}, {"a": 1.5, "b": 3.0})
+    assert by == {REG: {"a": [PeerPull(8.5e5, 1e5)], "b": [PeerPull(0.0, 1e5)]}}

@@ -174,11 +174,11 @@ class ContainerdBackend:
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
         link = self.link.measure(wall, received)
         timing = self.link.plan(pull_layers, ingests, link, waiting, wall)
-        images = {ref: self.link.timed(st, timing, link) for ref, st in images.items()}
-        pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), link, timing)
-                 for p in pulls]
+        room = self.link.room  # no rate above what the node may take of the link
+        images = {ref: self.link.timed(st, timing, room) for ref, st in images.items()}
+        pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), room, timing) for p in pulls]
         return NodeState("containerd", images, tuple(pulls), time=wall, rates=self.link.rates,
-                         link_bytes_per_second=_round(link), shares=timing.share)
+                         link_bytes_per_second=_round(link), shares=timing.share, room=room)
 
     def tell_peers(self, peers: PeerLink) -> None:
         """The leader's word on the other nodes' pulls on this link (kept while fresh)."""

@@ -73,6 +73,7 @@ class LinkTiming:
         self.idle: set[str] = set()  # layer ingests open at offset 0, last poll
         self.received = ReceivedMeter()  # containerd's TCP bytes, when readable
         self.peers = PeerBook()  # other nodes' pulls on this link (the leader's word)
+        self.room: float | None = None  # the node's rate cap, last plan (see plan)
 
     def record(self, statuses: Sequence[IngestStatus], ingests: Mapping[str, IngestStatus],
                wall: float, created: Mapping[str, float]) -> dict[str, float]:
@@ -157,6 +158,10 @@ class LinkTiming:
         if first.share:
             first = plan(self._flows(pull_layers, ingests, waiting, pace, first.share)
                          + extra, whole, self.slots, self.sharing.conserve, slots)
+        # What the node may take now: with peers told, the whole link less their
+        # shares (its own measured rate lags the share a peer's end freed).
+        self.room = link if peers is None else max(link or 0.0, (whole or 0.0) - sum(
+            v for k, v in first.share.items() if k.startswith(PEER))) or link
         if not extra:
             return first
         return Plan({k: v for k, v in first.finish.items() if not k.startswith(PEER)},
@@ -305,7 +310,8 @@ def _whole_link(link: float | None, peers: PeerLink | None) -> float | None:
     caught up yet with the share it gets now)."""
     if peers is None:
         return link
-    own = (link or 0.0) + sum(p.rate for pulls in peers.peers.values() for p in pulls)
+    own = (link or 0.0) + sum(p.rate for pulls in peers.peers.values() for p in pulls
+                              if p.remaining > 0)
     return max(own, peers.total or 0.0) or link
 
 

@@ -84,6 +84,9 @@ class NodeState:
     link_bytes_per_second: float | None = field(default=None, compare=False)
     # Each running layer's share of the link now (bytes per second), by digest.
     shares: Mapping[str, float] | None = field(default=None, compare=False)
+    # The most the node's pulls take of the link now: its link, or with other nodes'
+    # pulls on it told (linktiming), the whole link less their shares. None: its link.
+    room: float | None = field(default=None, compare=False)
 
 
 def aggregate(layers: tuple[LayerState, ...]) -> tuple[int | None, int | None]:

@@ -94,12 +94,18 @@ class PeerBook:
     def __init__(self, ttl: float = TTL) -> None:
         self.ttl = ttl
         self._link: PeerLink | None = None
-        self._at = 0.0
+        self.at = 0.0  # when the latest word came
 
     def put(self, link: PeerLink, now: float) -> None:
-        self._link, self._at = link, now
+        self._link, self.at = link, now
 
     def current(self, now: float) -> PeerLink | None:
-        if self._link is None or not 0 <= now - self._at <= self.ttl:
+        """The latest word while fresh, its pulls' bytes left counted down at their
+        rates since it came (the agent plans from now)."""
+        link, age = self._link, now - self.at
+        if link is None or not 0 <= age <= self.ttl:
             return None
-        return self._link
+        if age == 0:
+            return link
+        return PeerLink({n: tuple(PeerPull(max(p.remaining - p.rate * age, 0.0), p.rate)
+                                  for p in ps) for n, ps in link.peers.items()}, link.total)

@@ -52,8 +52,13 @@ class LinkFeeder:
 
     async def round(self) -> dict[str, PeerLink]:
         """One judgement over the latest views, and its sends; what was told."""
-        views = {node: poll.view for node, poll in self.polls.parts().items()}
-        told = self.share.observe(self.clock(), views)
+        polls = self.polls.parts()
+        views = {node: poll.view for node, poll in polls.items()}
+        # A view is up to a poll interval old: its pulls' bytes left are counted down
+        # (``clock`` is the polls' time.monotonic()).
+        now = self.clock()
+        told = self.share.observe(now, views, {node: now - poll.read_at
+                                               for node, poll in polls.items()})
         await asyncio.gather(*(self.send(n, link) for n, link in told.items()))
         return told
 

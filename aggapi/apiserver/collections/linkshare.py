@@ -51,11 +51,14 @@ def _num(x: object) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
 
 
-def pulls_by_host(views: Mapping[str, Mapping[str, Any] | None]
+def pulls_by_host(views: Mapping[str, Mapping[str, Any] | None],
+                  ages: Mapping[str, float] | None = None
                   ) -> dict[str, dict[str, list[PeerPull]]]:
-    """host -> node -> its pulls there (bytes left, rate now), from the node views."""
+    """host -> node -> its pulls there (bytes left, rate now), from the node views;
+    ``ages``: seconds since each view was read (its bytes left counted down since)."""
     out: dict[str, dict[str, list[PeerPull]]] = {}
     for node, view in views.items():
+        age = max((ages or {}).get(node, 0.0), 0.0)
         for p in (view or {}).get("pulls") or ():
             if not isinstance(p, Mapping):
                 continue
@@ -68,6 +71,7 @@ def pulls_by_host(views: Mapping[str, Mapping[str, Any] | None]
                 # Its agent's plan, bytes in flight since its last step included (the
                 # progress moves in containerd's 1 MiB steps: 8 s at 133 kB/s).
                 left = min(left, rate * max(float(eta), 0.0))
+            left = max(left - rate * age, 0.0)
             out.setdefault(host, {}).setdefault(node, []).append(PeerPull(left, rate))
     return out
 
@@ -223,9 +227,9 @@ class LinkShare:
     def __init__(self) -> None:
         self.hosts: dict[str, HostLink] = {}
 
-    def observe(self, now: float, views: Mapping[str, Mapping[str, Any] | None]
-                ) -> dict[str, PeerLink]:
-        by_host = pulls_by_host(views)
+    def observe(self, now: float, views: Mapping[str, Mapping[str, Any] | None],
+                ages: Mapping[str, float] | None = None) -> dict[str, PeerLink]:
+        by_host = pulls_by_host(views, ages)
         hosts_of: dict[str, int] = {}
         for nodes in by_host.values():
             for n in nodes:

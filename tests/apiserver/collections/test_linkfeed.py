@@ -19,15 +19,19 @@ REPO = "registry.test/app"
 
 
 class _Polls:
-    def __init__(self) -> None:
+    """Each view read at the feeder's clock ``now`` (its age is 0)."""
+
+    def __init__(self, now: list[float]) -> None:
         self.views: dict[str, Any] = {}
+        self.now = now
 
     def parts(self) -> dict[str, Any]:
-        return {n: SimpleNamespace(view=v) for n, v in self.views.items()}
+        return {n: SimpleNamespace(view=v, read_at=self.now[0]) for n, v in self.views.items()}
 
 
 def _feeder(agent: Any) -> tuple[LinkFeeder, _Polls, list[float]]:
-    polls, now = _Polls(), [0.0]
+    now = [0.0]
+    polls = _Polls(now)
     feeder = LinkFeeder(cast(AgentClient, agent), cast(Any, polls), clock=lambda: now[0])
     return feeder, polls, now
 
