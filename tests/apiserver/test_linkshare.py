@@ -136,3 +136,13 @@ def test_a_views_bytes_left_are_counted_down_by_its_age() -> None:
     by = pulls_by_host({"a": {"pulls": [_pull(1e5, left=1e6)]},
                         "b": {"pulls": [_pull(1e5, left=1e5)]}}, {"a": 1.5, "b": 3.0})
     assert by == {REG: {"a": [PeerPull(8.5e5, 1e5)], "b": [PeerPull(0.0, 1e5)]}}
+
+
+def test_pulls_with_no_rate_yet_take_their_nodes_measured_link() -> None:
+    """Before its layers have stepped twice a pull has no rate; its node's measured link
+    stands in (split among its pulls on the host), and not for a node on two hosts."""
+    one = {"pulls": [_pull(0.0, left=1e6), _pull(0.0, left=2e6)], "linkBytesPerSecond": 3e5}
+    two = {"pulls": [_pull(0.0, left=1e6), _pull(0.0, left=2e6, host=OTHER)],
+           "linkBytesPerSecond": 3e5}
+    assert pulls_by_host({"a": one})[REG]["a"] == [PeerPull(1e6, 1.5e5), PeerPull(2e6, 1.5e5)]
+    assert pulls_by_host({"a": two})[REG]["a"] == [PeerPull(1e6, 0.0)]

@@ -153,11 +153,12 @@ class LinkTiming:
         extra, whole = _peer_flows(peers), _whole_link(link, peers)
         # Peers' flows run on their own nodes' download slots, not this node's.
         slots = self.counters.slots + len(extra)
-        first = plan(self._flows(pull_layers, ingests, waiting, pace) + extra, whole,
-                     self.slots, self.sharing.conserve, slots)
+        first = plan(_paced(self._flows(pull_layers, ingests, waiting, pace), pace, extra)
+                     + extra, whole, self.slots, self.sharing.conserve, slots)
         if first.share:
-            first = plan(self._flows(pull_layers, ingests, waiting, pace, first.share)
-                         + extra, whole, self.slots, self.sharing.conserve, slots)
+            first = plan(_paced(self._flows(pull_layers, ingests, waiting, pace, first.share),
+                                pace, extra) + extra, whole, self.slots,
+                         self.sharing.conserve, slots)
         # What the node may take now: with peers told, the whole link less their
         # shares (its own measured rate lags the share a peer's end freed).
         self.room = link if peers is None else max(link or 0.0, (whole or 0.0) - sum(
@@ -302,6 +303,17 @@ def _peer_flows(peers: PeerLink | None) -> list[Flow]:
     return [Flow(f"{PEER}{node}:{i}", f"{PEER}{node}", p.remaining, p.rate or None, True)
             for node, pulls in sorted(peers.peers.items())
             for i, p in enumerate(pulls) if p.remaining > 0]
+
+
+def _paced(flows: list[Flow], pace: Mapping[str, float | None], extra: list[Flow]
+           ) -> list[Flow]:
+    """With peers' flows on the link, a running layer not measured yet weighs what the
+    node's own link leaves it (``pace``), not the flows' mean share: a peer's pull is
+    one flow at the rate of all its layers, whose mean would give this node too much."""
+    if not extra:
+        return flows
+    return [replace(f, weight=pace.get(f.key)) if f.weight is None and f.active else f
+            for f in flows]
 
 
 def _whole_link(link: float | None, peers: PeerLink | None) -> float | None:

@@ -59,14 +59,18 @@ def pulls_by_host(views: Mapping[str, Mapping[str, Any] | None],
     out: dict[str, dict[str, list[PeerPull]]] = {}
     for node, view in views.items():
         age = max((ages or {}).get(node, 0.0), 0.0)
-        for p in (view or {}).get("pulls") or ():
-            if not isinstance(p, Mapping):
-                continue
-            host = registry_of(p)
-            if host == UNKNOWN:
-                continue  # still resolving: no host to share yet
+        pulls = [(host, p) for p in (view or {}).get("pulls") or () if isinstance(p, Mapping)
+                 and (host := registry_of(p)) != UNKNOWN]  # resolving: no host to share yet
+        # Before its layers have stepped twice a pull has no rate of its own; a node
+        # pulling from one host then takes its link, as its agent measured it.
+        link = _num((view or {}).get("linkBytesPerSecond"))
+        alike = len({h for h, _ in pulls}) == 1 and not any(
+            _num(p.get("bytesPerSecond")) > 0 for _, p in pulls)
+        for host, p in pulls:
             left = max(_num(p.get("total")) - _num(p.get("progress")), 0.0)
             rate, eta = max(_num(p.get("bytesPerSecond")), 0.0), p.get("etaSeconds")
+            if alike and link > 0:
+                rate = link / len(pulls)
             if rate > 0 and isinstance(eta, (int, float)) and not isinstance(eta, bool):
                 # Its agent's plan, bytes in flight since its last step included (the
                 # progress moves in containerd's 1 MiB steps: 8 s at 133 kB/s).
