@@ -38,6 +38,7 @@ class LinkFeeder:
         self.share = LinkShare()
         self._gate = asyncio.Semaphore(AT_ONCE)
         self._task: asyncio.Task[None] | None = None
+        self._telling: set[str] = set()
 
     def start(self) -> None:
         if self._task is None:
@@ -59,6 +60,11 @@ class LinkFeeder:
         now = self.clock()
         told = self.share.observe(now, views, {node: now - poll.read_at
                                                for node, poll in polls.items()})
+        if set(told) != self._telling:  # once per change (the rounds come each second)
+            self._telling = set(told)
+            log.info("link peers: telling %s", ", ".join(
+                f"{n} ({len(link.peers)} peers, total {link.total or 0:.0f} B/s)"
+                for n, link in sorted(told.items())) or "no node")
         await asyncio.gather(*(self.send(n, link) for n, link in told.items()))
         return told
 
