@@ -69,3 +69,14 @@ def test_the_rate_alone_is_taken_once_its_window_lies_in_the_time_alone() -> Non
     _series(ls, 5.0, 10.0, {"a": 2e5})  # lagging: still the shared share
     _series(ls, 10.0, 14.0, {"a": 4e5})
     assert ls.hosts[REG].alone["a"][0] == pytest.approx(4e5)
+
+
+def test_a_node_with_no_rate_yet_does_not_pull_the_sum_toward_one_link() -> None:
+    """Links of their own, b's rate unknown for its first 4 s: counted as 0, the set's
+    mean over the window (0.53 MB/s) would read two thirds of the way to one link."""
+    ls = LinkShare()
+    _series(ls, 0.0, 12.0, {"a": 4e5})
+    _series(ls, 12.0, 30.0, {})
+    _series(ls, 30.0, 34.0, {"a": 4e5, "b": 0.0})
+    _series(ls, 34.0, 40.0, {"a": 4e5, "b": 4e5})
+    assert ls.hosts[REG].shared is False

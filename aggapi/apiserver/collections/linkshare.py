@@ -181,6 +181,13 @@ class HostLink:
         after = [r for t, r in self.samples if s.at + SKIP <= t <= s.at + SKIP + WINDOW]
         if not after or any(set(r) != s.nodes for r in after):
             return  # the set moved again within the window
+        # Samples where a node has no rate yet (its first second of bytes) would read
+        # the set's sum low, that is toward one link: left out.
+        after = [r for r in after if all(v > 0 for v in r.values())]
+        if len(after) < 2:
+            log.info("link not judged at the start of %s together: too few samples with "
+                     "every node's rate", ",".join(sorted(s.nodes)))
+            return
         got = sum(sum(r.values()) for r in after) / len(after)
         known = [rate for rate, at in self.alone.values() if now - at <= FORGET]
         names = ",".join(sorted(s.nodes))
