@@ -5,6 +5,7 @@ leader judges their start against the host's rate when one node pulled alone ear
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import pytest
@@ -43,11 +44,20 @@ def test_a_start_together_that_takes_each_node_its_own_rate_is_links_of_their_ow
     assert ls.observe(40.0, _views({"a": 4e5, "b": 3.6e5})) == {}
 
 
-def test_without_a_rate_alone_a_start_together_says_nothing() -> None:
-    """A host first pulled from by two nodes at once: no guess."""
+def test_without_a_rate_alone_a_start_together_says_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A host first pulled from by two nodes at once: no guess, and the log says why."""
     ls = LinkShare()
-    _series(ls, 0.0, 20.0, {"a": 2e5, "b": 2e5})
+    with caplog.at_level(logging.INFO, logger="aggapi.apiserver.collections.linkshare"):
+        _series(ls, 0.0, 20.0, {"a": 2e5, "b": 2e5})
     assert ls.hosts[REG].conserve is None
+    assert "no rate of one node alone" in caplog.text
+
+
+def test_the_total_is_taken_only_once_every_node_has_a_rate() -> None:
+    """At a start the nodes' first samples have no rate: no total of 0 is told."""
+    ls = _alone_then_together({"a": 0.0, "b": 0.0})
+    assert ls.hosts[REG].total is None
 
 
 def test_a_node_seen_one_poll_before_the_other_started_with_it() -> None:

@@ -126,7 +126,7 @@ class HostLink:
     def add(self, now: float, rates: Mapping[str, float]) -> None:
         """One sample: each node pulling from the host, with its rate (``measured``)."""
         last = self.samples[-1][1] if self.samples else {}
-        if self.samples and set(rates) != set(last):
+        if set(rates) != set(last):  # (a host's first sample: from no node)
             joined, left = set(rates) - set(last), set(last) - set(rates)
             stay = frozenset(set(rates) & set(last))
             self.start = None
@@ -150,7 +150,7 @@ class HostLink:
             self.samples.pop(0)
         if rates:
             self.seen = now
-        if len(rates) > 1:
+        if len(rates) > 1 and all(v > 0 for v in rates.values()):  # every node measured
             self.total, self.total_at = sum(rates.values()), now
         self._judge(now)
 
