@@ -9,7 +9,8 @@ series never changes meaning); pulls from further hosts count under ``other``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from aggapi import imageref
 
@@ -58,3 +59,13 @@ class RegistryLabels:
             return OTHER
         self._hosts.add(host)
         return host
+
+
+def registry_of(pull: Mapping[str, Any]) -> str:
+    """The registry host of a node view's pull (its repositories', else its images')."""
+    host = host_of_repositories(pull.get("repositories") or ())
+    if host != UNKNOWN:
+        return host
+    for image in pull.get("images") or ():
+        return host_of_image(str(image))
+    return UNKNOWN

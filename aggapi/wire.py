@@ -19,13 +19,16 @@ OP_NODE_PULLS = "imagepulls"
 OP_COPY_STAT = "copy.stat"
 OP_COPY_DOWNLOAD = "copy.download"
 OP_COPY_UPLOAD = "copy.upload"
+# The leader tells a node the other nodes' pulls on its link (issue 37 item 3).
+OP_LINK_PEERS = "linkpeers"
 OPERATIONS = frozenset({OP_PROGRESS, OP_NODE_PULLS, OP_COPY_STAT, OP_COPY_DOWNLOAD,
-                        OP_COPY_UPLOAD})
+                        OP_COPY_UPLOAD, OP_LINK_PEERS})
 
 # --- agent endpoints ---------------------------------------------------------------
 AGENT_PROGRESS_PATH = "/v1/imagepullprogress"
 AGENT_NODE_PULLS_PATH = "/v1/imagepulls"
 AGENT_COPY_PATH = "/v1/copy"
+AGENT_LINK_PEERS_PATH = "/v1/linkpeers"
 # (method, path) on the agent -> the operation its capability must name.
 AGENT_OPERATIONS: dict[tuple[str, str], str] = {
     ("GET", AGENT_PROGRESS_PATH): OP_PROGRESS,
@@ -33,6 +36,7 @@ AGENT_OPERATIONS: dict[tuple[str, str], str] = {
     ("HEAD", AGENT_COPY_PATH): OP_COPY_STAT,
     ("GET", AGENT_COPY_PATH): OP_COPY_DOWNLOAD,
     ("POST", AGENT_COPY_PATH): OP_COPY_UPLOAD,
+    ("PUT", AGENT_LINK_PEERS_PATH): OP_LINK_PEERS,
 }
 
 

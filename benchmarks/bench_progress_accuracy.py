@@ -45,12 +45,17 @@ Two paths:
   throttle_for). Scenario ``2nodes-400k``: one pod pinned to each node (nodeName), each
   with its own image, pulling at once over the one link; each pod's real rate is its
   share. ``2nodes-400k-uneven``: node 2 pulls one 3 MiB layer, so its pull ends first and
-  node 1's share grows then. Each node's agent sees only its node's pulls, so nothing on a
-  node knows the other node shares the link. Single-pod 2.x scenarios run there too, on
-  node 1.
+  node 1's share grows then. Each node's agent sees only its node's pulls; the add-on is
+  installed with ``apiserver.linkPeers=true``, so the leader, once it has measured that
+  the nodes share the link (at a change of who pulls, or at a start together against
+  the host's rate when one node pulled from it alone), tells each its peer's pull
+  (issue 37 item 3). Both nodes start together: on a fresh install nothing can be
+  judged before node 2's end; ``--rounds 2`` runs the scenario again after node 1's
+  last seconds alone (``2nodes-400k-uneven-r2``). Single-pod 2.x scenarios run there
+  too, on node 1.
 
     python3 -m benchmarks.bench_progress_accuracy [--up] [--cluster]
-        [--scenario NAME ...] [--quick] [--json FILE] [--instance NAME]
+        [--scenario NAME ...] [--quick] [--rounds N] [--json FILE] [--instance NAME]
 
 Without ``--up`` it uses the instance's running stack (default instance: local): for the
 host path the control plane, node, real kubelet, aggapi apiserver and agent; a scenario for
@@ -79,7 +84,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +102,8 @@ MiB = 1 << 20
 FRACTIONS = (0.25, 0.5, 0.75)
 WINDOW = 2.0  # real rate: the item's bytes in [T - WINDOW, T + WINDOW]
 GV = "/apis/subresources.aggapi.io/v1alpha1"
+# The leader tells nodes on one link their peers' pulls (--link-peers, issue 37 item 3).
+LINK_PEERS = ["apiserver.linkPeers=true"]
 GOAL_ETA_MEDIAN = 0.15
 GOAL_ETA_P90 = 0.30
 GOAL_RATE = 0.15
@@ -497,7 +504,7 @@ class ClusterStack:
             log(f"image loaded in {addon.load_image(CHECKOUT_ARCHIVE):.1f}s")
             addon.remove_harness_objects()
             self.brought.append("add-on")
-            log(addon.install().line())
+            log(addon.install(LINK_PEERS).line())
         self._describe()
 
     def attach(self) -> None:
@@ -564,6 +571,18 @@ class ClusterStack:
 
     def pulling_at_once(self, sc: Scenario) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # one pod per node: each kubelet pulls one image
+
+    def server_logs(self) -> str:
+        """Every aggapi apiserver replica's log so far, timestamped (the leader's link
+        judgements are INFO lines of aggapi.apiserver.collections.linkshare)."""
+        assert self.addon is not None
+        out = []
+        for p in self.addon.pods("apiserver"):
+            name = p["metadata"]["name"]
+            r = self.addon.kubectl("-n", self.addon.namespace, "logs", name, "--timestamps",
+                                   check=False)
+            out.append(f"--- {name}\n{r.stdout}{r.stderr}")
+        return "\n".join(out)
 
 
 def cluster_ready(cluster: Cluster) -> bool:
@@ -816,6 +835,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="on the two-node cluster with the helm-installed add-on (default "
                         f"scenarios: {', '.join(CLUSTER_DEFAULT)})")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="run each scenario N times in a row, fresh layers each time; "
+                        "round k >= 2 is reported as NAME-rk (on the cluster, round 1 is "
+                        "the first pull of the host the leader sees; round 2 follows "
+                        "round 1, whose last seconds one node pulled alone)")
     a = p.parse_args(argv)
     chosen = pick(a.scenario, quick=a.quick, cluster=a.cluster)
     instance = a.instance or ("accbench" if a.up else
@@ -838,7 +862,9 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="bench-acc-", dir=REPO / ".local") as d:
             cache = oci.BlobCache(Path(d))
             # 2.x scenarios first, then 1.6: one node restart at most.
-            for sc in sorted(chosen, key=lambda s: s.containerd != "2.x"):
+            runs = [sc if k == 1 else replace(sc, name=f"{sc.name}-r{k}")
+                    for sc in chosen for k in range(1, a.rounds + 1)]
+            for sc in sorted(runs, key=lambda s: s.containerd != "2.x"):
                 if why := stack.cannot_run(sc):
                     log(f"{sc.name}: skipped ({why})")
                     skipped.append(sc.name)
@@ -847,6 +873,10 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{sc.name}: {sc.layers_mib} MiB at {sc.rate} B/s "
                     f"(~{sc.seconds:.0f}s of bytes) on {stack.path}")
                 r = run_scenario(stack, sc, cache, nonce)
+                if (dump := os.environ.get("BENCH_ACC_DUMP")) and isinstance(stack,
+                                                                          ClusterStack):
+                    Path(dump.replace("{scenario}", sc.name) + ".apiserver.log").write_text(
+                        stack.server_logs())
                 print_scenario(r)
                 results.append(r)
     finally:

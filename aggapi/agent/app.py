@@ -38,6 +38,7 @@ from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.cri_backend import CRIBackend
 from aggapi.agent.progress.handlers import ProgressHandlers
 from aggapi.agent.progress.ocimanifest import Platform
+from aggapi.agent.progress.peerroute import PeerRoute
 from aggapi.agent.progress.poller import Backend, ProgressPoller
 from aggapi.agent.progress.sockbytes import SocketBytes
 from aggapi.agent.pullmetrics import PullTracker
@@ -193,6 +194,7 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
     app.router.add_get(wire.AGENT_PROGRESS_PATH, progress.imagepullprogress,
                        allow_head=False)
     app.router.add_get(wire.AGENT_NODE_PULLS_PATH, progress.imagepulls, allow_head=False)
+    app.router.add_put(wire.AGENT_LINK_PEERS_PATH, PeerRoute(parts.poller).put)
     app.router.add_route("HEAD", wire.AGENT_COPY_PATH, copy_api.stat)
     app.router.add_get(wire.AGENT_COPY_PATH, copy_api.download, allow_head=False)
     app.router.add_post(wire.AGENT_COPY_PATH, copy_api.upload)

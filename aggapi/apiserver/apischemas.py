@@ -198,6 +198,9 @@ def _node_image_pulls() -> dict[str, Any]:
         "digest": {**STR, "description": "the root manifest digest; empty until fetched"},
         "progress": {**INT, **NULLABLE}, "total": {**INT, **NULLABLE},
         "bytesPerSecond": {**NUM, **NULLABLE},
+        "etaSeconds": {**NUM, **NULLABLE,
+                       "description": "seconds until its last byte, as the node plans its "
+                                      "link; null while not known"},
         "downloadingLayers": {**INT, "description": "layers downloading now"},
         "pods": {"type": "array", "items": obj("A pod on the node whose image it brings.", {
             "namespace": STR, "name": STR, "container": STR, "image": STR})}})

@@ -40,6 +40,7 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
         tasks.append(asyncio.create_task(parts.election.run(), name="leader-election"))
         if not parts.config.leader_elect:
             parts.feeds.lead()  # alone: this replica leads from the start
+        tasks.append(asyncio.create_task(parts.link_hold.run(), name="link-hold"))
         yield
         for task in tasks:
             task.cancel()

@@ -81,6 +81,9 @@ class ApiServerConfig:
     # The leader's /metrics carries the fleet's pulls per registry host: each scrape
     # uses the nodeimagepulls collection (every node's view polled while scraped).
     fleet_metrics: bool = False
+    # The leader tells nodes pulling over one shared link each other's pulls, for
+    # their ETAs: it keeps the nodeimagepulls collection running while it leads.
+    link_peers: bool = False
     # More than one replica: one computes the collections (elected with this Lease in
     # --pod-namespace), the others forward to it at the address it advertises.
     leader_elect: bool = False
@@ -165,6 +168,9 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "fleet-metrics": (bool, "the leader's /metrics carries the fleet's image pulls per "
                             "registry host, from the collections (each scrape keeps every "
                             "node's view polled)"),
+    "link-peers": (bool, "the leader tells nodes that pull over one shared link (judged "
+                         "per registry host) each other's pulls, for their ETAs; it keeps "
+                         "every node's view polled while it leads"),
 }
 
 

@@ -20,6 +20,7 @@ from aggapi.apiserver.authn import ANONYMOUS_PATHS, Authenticator
 from aggapi.apiserver.authz import Authorizer
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.fleet import FleetMetrics
+from aggapi.apiserver.collections.linkhold import LinkHold
 from aggapi.apiserver.config import ApiServerConfig
 from aggapi.apiserver.election import Election, LeaseElection
 from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
@@ -56,6 +57,7 @@ class Parts:
     election: Election  # which replica computes the collections (standalone: this one)
     forwarder: Forwarder | None  # to the leader, while another replica leads
     fleet: FleetMetrics  # the leader's fleet gauges, set at each scrape (--fleet-metrics)
+    link_hold: LinkHold  # the leader's node feed held for link peers (--link-peers)
 
 
 def _signer(config: ApiServerConfig, kube_api: KubeClient
@@ -166,4 +168,5 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
         lifecycle=lifecycle, tls=tls, agent=agent,
         pod_watches=PodWatchHub(feeds.sources), progress_streams=new_progress_streams(),
         feeds=feeds, election=election, forwarder=forwarder,
-        fleet=FleetMetrics(metrics, feeds, election, enabled=config.fleet_metrics))
+        fleet=FleetMetrics(metrics, feeds, election, enabled=config.fleet_metrics),
+        link_hold=LinkHold(feeds, election, enabled=config.link_peers))

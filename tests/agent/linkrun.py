@@ -5,13 +5,14 @@ each layer's, image's and pod's bytes compared with the truth the simulation kno
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.model import NodeState
 from aggapi.agent.progress.ocimanifest import Platform
+from aggapi.agent.progress.peers import PeerLink, PeerPull
 from aggapi.agent.progress.view import objects
 from aggapi.auth.capability import ContainerRef
 from tests.agent.fakectd import FakeContainerd, FakeImage, make_image
@@ -89,14 +90,17 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
                     admit: Sequence[int] | None = None,
                     recorded: dict[str, object] | None = None,
                     idle_before: float | None = None, received: bool = False,
-                    elsewhere: Sequence[Pull] = ()) -> Errors:
+                    elsewhere: Sequence[Pull] = (), peers_fed: bool = False,
+                    peers_lag: int = 1) -> Errors:
     """Pull everything through the simulated link, observing every ``poll`` s.
     ``idle_before``: the same engine followed an earlier pull (8 MiB at ``rate``)
     that ended this long before, as on a node that pulls one image after another.
     ``received``: the engine also reads the bytes containerd received over TCP (every
     byte the link carried so far, as aggapi.agent.progress.sockbytes counts them).
     ``elsewhere``: pulls on another node that share the link; this node sees none of
-    their bytes (2nodes-400k-uneven)."""
+    their bytes (2nodes-400k-uneven). ``peers_fed``: the apiserver's leader tells this
+    node those pulls (bytes left, rates) and the link's total, as it saw them
+    ``peers_lag`` polls before (aggapi.agent.progress.peers)."""
     fake = FakeContainerd(now=T0)
     link: SharedLink | RecordedLink | None = None
 
@@ -134,9 +138,14 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
                for key in keys}
     errs = Errors()
     committed: set[str] = set()
+    told: list[PeerLink] = []
     while not link.finished():
         link.run_until(link.t + poll)
         fake.now = T0 + link.t
+        if len(told) >= peers_lag:
+            be.link.peers.put(told[-peers_lag], fake.now)
+        if peers_fed and isinstance(link, SharedLink):
+            told.append(_peers_seen(link, sizes, told[-1] if told else None))
         for ing in link.ingests():
             if ing.digest not in sizes:
                 continue  # another node's
@@ -153,6 +162,16 @@ async def run_trace(rate: float, pulls: Sequence[Pull], *, step: int = MiB,
         _check(state, link, finish, of_image, sizes, total_all, pod, pending, errs,
                exact_times, min_moves)
     return errs
+
+
+def _peers_seen(link: SharedLink, mine: Container[str], last: PeerLink | None) -> PeerLink:
+    """What the leader sees of the other node now: each of its running layers' bytes
+    left and rate, and the whole link's rate (remembered once the peer is done)."""
+    shares = link.shares()
+    pulls = {d: PeerPull(link.layers[d].size - link.got[d], r)
+             for d, r in shares.items() if d not in mine}
+    total = sum(shares.values()) if pulls else (last.total if last else None)
+    return PeerLink({"N0": tuple(pulls.values())} if pulls else {}, total)
 
 
 async def _earlier_pull(fake: FakeContainerd, be: ContainerdBackend, rate: float,

@@ -52,6 +52,7 @@ from aggapi.agent.progress.ocimanifest import (
     Platform,
     ResolvedImage,
 )
+from aggapi.agent.progress.peers import PeerLink
 from aggapi.runtime.containerd import (
     ContentInfo,
     ImageRecord,
@@ -172,12 +173,16 @@ class ContainerdBackend:
                 del self._memory[ref]
         pulls, pull_layers = await self._pulls(images, ingests, snapshots, wall)
         link = self.link.measure(wall, received)
-        timing = self.link.plan(pull_layers, ingests, link, waiting)
-        images = {ref: self.link.timed(st, timing, link) for ref, st in images.items()}
-        pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), link, timing.share)
-                 for p in pulls]
+        timing = self.link.plan(pull_layers, ingests, link, waiting, wall)
+        room = self.link.room  # no rate above what the node may take of the link
+        images = {ref: self.link.timed(st, timing, room) for ref, st in images.items()}
+        pulls = [self.link.timed_pull(p, pull_layers.get(p.lease, ()), room, timing) for p in pulls]
         return NodeState("containerd", images, tuple(pulls), time=wall, rates=self.link.rates,
-                         link_bytes_per_second=_round(link), shares=timing.share)
+                         link_bytes_per_second=_round(link), shares=timing.share, room=room)
+
+    def tell_peers(self, peers: PeerLink) -> None:
+        """The leader's word on the other nodes' pulls on this link (kept while fresh)."""
+        self.link.peers.put(peers, self._clock())
 
     async def _read_received(self) -> int | None:
         return None if self._received is None else await asyncio.to_thread(self._received)

@@ -84,11 +84,12 @@ def _closing(containers: Sequence[ContainerRef], state: NodeState) -> dict[str, 
     return None
 
 
-def _pull_json(p: PullState) -> dict[str, Any]:
+def pull_json(p: PullState) -> dict[str, Any]:
     return {"lease": p.lease, "startedAt": view.rfc3339(p.started_at), "phase": p.phase,
             "repositories": list(p.repositories), "images": list(p.images),
             "digest": p.root_digest, "progress": p.progress, "total": p.total,
-            "bytesPerSecond": p.bytes_per_second, "downloadingLayers": p.downloading_layers}
+            "bytesPerSecond": p.bytes_per_second, "etaSeconds": p.eta_seconds,
+            "downloadingLayers": p.downloading_layers}
 
 
 class ProgressHandlers:
@@ -164,7 +165,7 @@ class ProgressHandlers:
             # limit null: unlimited, or (with an error) not known.
             "slots": limits.slots_json(),
             "inFlight": in_flight,
-            "pulls": None if pulls is None else [_pull_json(p) for p in pulls],
+            "pulls": None if pulls is None else [pull_json(p) for p in pulls],
             "slotsFree": None if slots is None or in_flight is None else max(slots - in_flight, 0),
             "linkBytesPerSecond": state.link_bytes_per_second,
             # The images on the node: the apiserver's collections tell "already

@@ -21,6 +21,7 @@ from aggapi.agent.progress.model import (
     LayerState,
     PullState,
 )
+from aggapi.agent.progress.peers import PeerBook, PeerLink
 from aggapi.agent.progress.rate import Trace
 from aggapi.runtime.containerd import IngestStatus
 
@@ -71,6 +72,8 @@ class LinkTiming:
         self.last_est: dict[str, float | None] = {}  # each layer's likely rate, last poll
         self.idle: set[str] = set()  # layer ingests open at offset 0, last poll
         self.received = ReceivedMeter()  # containerd's TCP bytes, when readable
+        self.peers = PeerBook()  # other nodes' pulls on this link (the leader's word)
+        self.room: float | None = None  # the node's rate cap, last plan (see plan)
 
     def record(self, statuses: Sequence[IngestStatus], ingests: Mapping[str, IngestStatus],
                wall: float, created: Mapping[str, float]) -> dict[str, float]:
@@ -132,7 +135,7 @@ class LinkTiming:
 
     def plan(self, pull_layers: Mapping[str, tuple[LayerState, ...]],
               ingests: Mapping[str, IngestStatus], link: float | None,
-              waiting: Mapping[str, float]) -> Plan:
+              waiting: Mapping[str, float], wall: float | None = None) -> Plan:
         """Seconds until each layer's last byte, and each running layer's share of the
         link now: the link shared among every layer the node downloads, queued layers
         of a pull starting as its running ones finish. Twice: when a sibling finished
@@ -146,12 +149,24 @@ class LinkTiming:
             running = sum(1 for la in layers if la.digest in ingests)
             self.slots[lease] = max(self.slots.get(lease, 0), running)
         pace = self._unstepped_pace(est, waiting, link)
-        first = plan(self._flows(pull_layers, ingests, waiting, pace), link, self.slots,
-                     self.sharing.conserve, self.counters.slots)
-        if not first.share:
+        peers = None if wall is None else self.peers.current(wall)
+        extra, whole = _peer_flows(peers), _whole_link(link, peers)
+        # Peers' flows run on their own nodes' download slots, not this node's.
+        slots = self.counters.slots + len(extra)
+        first = plan(_paced(self._flows(pull_layers, ingests, waiting, pace), pace, extra)
+                     + extra, whole, self.slots, self.sharing.conserve, slots)
+        if first.share:
+            first = plan(_paced(self._flows(pull_layers, ingests, waiting, pace, first.share),
+                                pace, extra) + extra, whole, self.slots,
+                         self.sharing.conserve, slots)
+        # What the node may take now: with peers told, the whole link less their
+        # shares (its own measured rate lags the share a peer's end freed).
+        self.room = link if peers is None else max(link or 0.0, (whole or 0.0) - sum(
+            v for k, v in first.share.items() if k.startswith(PEER))) or link
+        if not extra:
             return first
-        return plan(self._flows(pull_layers, ingests, waiting, pace, first.share), link,
-                    self.slots, self.sharing.conserve, self.counters.slots)
+        return Plan({k: v for k, v in first.finish.items() if not k.startswith(PEER)},
+                     {k: v for k, v in first.share.items() if not k.startswith(PEER)})
 
     def _unstepped_pace(self, est: Mapping[str, float | None], waiting: Mapping[str, float],
                         link: float | None) -> dict[str, float | None]:
@@ -258,16 +273,58 @@ class LinkTiming:
                        eta_seconds=None if last is None else round(last, 1))
 
     def timed_pull(self, p: PullState, layers: tuple[LayerState, ...],
-                    link: float | None, share: Mapping[str, float]) -> PullState:
+                    link: float | None, timing: Plan) -> PullState:
+        """A pull with its rate (its layers' share of the link) and its ETA (when its
+        last layer still to come is planned to end; null if any such is not known)."""
         if not layers:
             return p
         mine = [la.digest for la in layers if la.phase != ALREADY_PRESENT]
-        rate = share_rate(mine, share, self.rates)
+        rate = share_rate(mine, timing.share, self.rates)
         if rate is None:
             rate = self.rates.group(mine)
         if rate is not None and link is not None:
             rate = min(rate, link)
-        return replace(p, bytes_per_second=_round(rate))
+        left = [timing.finish.get(la.digest) for la in layers
+                if la.phase in (DOWNLOADING, WAITING) and la.progress < la.total]
+        eta = None if not left or None in left else max(x for x in left if x is not None)
+        return replace(p, bytes_per_second=_round(rate),
+                       eta_seconds=None if eta is None else round(eta, 1))
+
+
+PEER = "peer:"  # flow keys of other nodes' pulls (a digest starts with its algorithm)
+
+
+def _peer_flows(peers: PeerLink | None) -> list[Flow]:
+    """Each of the other nodes' pulls on the link: one running flow at its rate now
+    (its own layers' split is theirs to plan; what matters here is when its share
+    frees up)."""
+    if peers is None:
+        return []
+    return [Flow(f"{PEER}{node}:{i}", f"{PEER}{node}", p.remaining, p.rate or None, True)
+            for node, pulls in sorted(peers.peers.items())
+            for i, p in enumerate(pulls) if p.remaining > 0]
+
+
+def _paced(flows: list[Flow], pace: Mapping[str, float | None], extra: list[Flow]
+           ) -> list[Flow]:
+    """With peers' flows on the link, a running layer not measured yet weighs what the
+    node's own link leaves it (``pace``), not the flows' mean share: a peer's pull is
+    one flow at the rate of all its layers, whose mean would give this node too much."""
+    if not extra:
+        return flows
+    return [replace(f, weight=pace.get(f.key)) if f.weight is None and f.active else f
+            for f in flows]
+
+
+def _whole_link(link: float | None, peers: PeerLink | None) -> float | None:
+    """The rate of the whole link the flows share: this node's rate plus its peers';
+    the leader's total when higher (just after a peer's end, this node's rate has not
+    caught up yet with the share it gets now)."""
+    if peers is None:
+        return link
+    own = (link or 0.0) + sum(p.rate for pulls in peers.peers.values() for p in pulls
+                              if p.remaining > 0)
+    return max(own, peers.total or 0.0) or link
 
 
 def _moved(tr: Trace | None) -> bool:

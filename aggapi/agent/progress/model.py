@@ -67,6 +67,7 @@ class PullState:
     total: int | None = None
     bytes_per_second: float | None = None
     downloading_layers: int = 0
+    eta_seconds: float | None = None  # until its last layer's last byte (its layers' plan)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ class NodeState:
     link_bytes_per_second: float | None = field(default=None, compare=False)
     # Each running layer's share of the link now (bytes per second), by digest.
     shares: Mapping[str, float] | None = field(default=None, compare=False)
+    # The most the node's pulls take of the link now: its link, or with other nodes'
+    # pulls on it told (linktiming), the whole link less their shares. None: its link.
+    room: float | None = field(default=None, compare=False)
 
 
 def aggregate(layers: tuple[LayerState, ...]) -> tuple[int | None, int | None]:

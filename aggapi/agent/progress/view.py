@@ -70,8 +70,9 @@ def _pod_rate(state: NodeState, need: Sequence[ImageState]) -> float | None:
     rate = share_rate(mine, state.shares, state.rates) if state.shares else None
     if rate is None:
         rate = state.rates.group(mine)
-    if rate is not None and state.link_bytes_per_second is not None:
-        rate = min(rate, state.link_bytes_per_second)
+    cap = state.link_bytes_per_second if state.room is None else state.room
+    if rate is not None and cap is not None:
+        rate = min(rate, cap)
     return None if rate is None else round(rate, 1)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections.linkfeed import LinkFeeder
 from aggapi.apiserver.collections.nodeimagepulls import node_image_pull
 from aggapi.apiserver.collections.nodepolls import NodePoll
 from aggapi.apiserver.collections.podimagepulls import (
@@ -302,6 +303,8 @@ class NodeFeed(_Batcher):
         self._listed = asyncio.Event()  # the first read of which nodes have an agent
         self._viewed = False
         self._task: asyncio.Task[None] | None = None
+        # Other nodes' pulls on each node's link, told to its agent (issue 37 item 3).
+        self.links = LinkFeeder(agent, polls)
 
     def _pod_changed(self, ev: Event) -> None:
         node = str((ev.obj.get("spec") or {}).get("nodeName") or "")
@@ -312,6 +315,7 @@ class NodeFeed(_Batcher):
         self._feed = self.pods.acquire("")
         self._feed.collection.listeners.append(self._pod_changed)
         self._task = asyncio.create_task(self._follow_nodes())
+        self.links.start()
 
     async def _follow_nodes(self) -> None:
         with contextlib.suppress(TimeoutError):
@@ -345,6 +349,7 @@ class NodeFeed(_Batcher):
 
     async def stop(self) -> None:
         self.cancel()
+        await self.links.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -24,7 +24,7 @@ from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.election import Election
 from aggapi.apiserver.metrics import Metrics
 from aggapi.apiserver.shared import Shared
-from aggapi.registrylabels import UNKNOWN, RegistryLabels, host_of_image, host_of_repositories
+from aggapi.registrylabels import RegistryLabels, host_of_image, registry_of
 from aggapi.status import StatusError
 
 HOLD = 300.0  # seconds the feeds stay up after the last scrape
@@ -39,16 +39,6 @@ class RegistryFigures:
     waiting: int = 0
 
 
-def _registry(pull: Mapping[str, Any]) -> str:
-    """As the agents label it (``pullmetrics.registry_of``), else by the pull's image."""
-    host = host_of_repositories(pull.get("repositories") or ())
-    if host != UNKNOWN:
-        return host
-    for image in pull.get("images") or ():
-        return host_of_image(str(image))
-    return UNKNOWN
-
-
 def fleet_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                label: RegistryLabels) -> dict[str, RegistryFigures]:
     """Per registry label: NodeImagePulls' pulls (in flight, bytes/s, nodes) and
@@ -58,7 +48,7 @@ def fleet_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, A
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name") or "")
         for pull in (node.get("status") or {}).get("pulls") or ():
-            fig = out.setdefault(label(_registry(pull)), RegistryFigures())
+            fig = out.setdefault(label(registry_of(pull)), RegistryFigures())
             fig.in_flight += 1
             rate = pull.get("bytesPerSecond")
             if isinstance(rate, (int, float)) and not isinstance(rate, bool):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ class NodePoll:
                  interval: float | Callable[[], float]) -> None:
         self.agent, self.node, self.interval = agent, node, interval
         self.view: dict[str, Any] | None = None
+        self.read_at = 0.0  # time.monotonic() of the last read
         self.error = ""
         self.polled = asyncio.Event()  # one answer (or failure) came
         self.listeners: list[Callable[[str], None]] = []
@@ -64,7 +66,7 @@ class NodePoll:
                 log.warning("node view of %s: %r", self.node, exc)
                 view, error = None, repr(exc)
             changed = _bare(view) != _bare(self.view) or error != self.error
-            self.view, self.error = view, error
+            self.view, self.error, self.read_at = view, error, time.monotonic()
             self.polled.set()
             if changed:
                 for fn in self.listeners:

@@ -42,8 +42,13 @@ class FakeAgent:
         self.reads: dict[str, int] = {}
         self.stalled: set[str] = set()  # nodes whose agent never answers
         self.directory = FakeDirectory(self)
+        # PUTs (the leader's link peers): (node, path, operation, body)
+        self.puts: list[tuple[str, str, str, Any]] = []
 
-    async def open(self, method: str, path: str, *, node: str, **_kw: Any) -> _Response:
+    async def open(self, method: str, path: str, *, node: str, **kw: Any) -> _Response:
+        if method == "PUT":
+            self.puts.append((node, path, str(kw.get("operation")), kw.get("data")))
+            return _Response(None)
         self.reads[node] = self.reads.get(node, 0) + 1
         if node in self.stalled:
             await asyncio.Event().wait()

@@ -281,6 +281,7 @@ container port it targets. */}}
 - --always-allow-metrics={{ .Values.apiserver.metricsAlwaysAllow }}
 - --fleet-metrics={{ .Values.apiserver.fleetMetrics }}
 - --collection-warm={{ .Values.apiserver.collectionWarm }}
+- --link-peers={{ .Values.apiserver.linkPeers }}
 - --read-header-timeout={{ .Values.apiserver.readHeaderTimeout }}
 - --log-level={{ .Values.apiserver.logLevel }}
 {{- range .Values.apiserver.extraArgs }}

@@ -1,0 +1,88 @@
+"""The leader tells each node the other nodes' pulls on its link (issue 37 item 3).
+
+Runs beside the NodeImagePulls feed, which polls every node's view: after each round
+of views, ``LinkShare`` judges per registry host whether the nodes pulling from it share
+one link, and each node it names gets its peers by PUT /v1/linkpeers, signed as every
+call to an agent (capability for that node, operation ``linkpeers``). Sent every round:
+the agent keeps the word three seconds only. A failed send is logged and dropped; the
+next round sends afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from aggapi.agent.progress.peers import PeerLink, unparse
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections.linkshare import LinkShare
+from aggapi.apiserver.collections.nodepolls import POLL_SUBJECT, NodePoll
+from aggapi.apiserver.shared import Shared
+from aggapi.status import StatusError
+from aggapi.wire import AGENT_LINK_PEERS_PATH, OP_LINK_PEERS
+
+log = logging.getLogger(__name__)
+
+EVERY = 1.0  # seconds between rounds (the agent keeps the word 3 s)
+AT_ONCE = 16  # sends in flight at once
+
+
+class LinkFeeder:
+    def __init__(self, agent: AgentClient, polls: Shared[str, NodePoll], *,
+                 every: float = EVERY, clock: Callable[[], float] = time.monotonic) -> None:
+        self.agent, self.polls, self.every, self.clock = agent, polls, every, clock
+        self.share = LinkShare()
+        self._gate = asyncio.Semaphore(AT_ONCE)
+        self._task: asyncio.Task[None] | None = None
+        self._telling: set[str] = set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="linkfeeder")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def round(self) -> dict[str, PeerLink]:
+        """One judgement over the latest views, and its sends; what was told."""
+        polls = self.polls.parts()
+        views = {node: poll.view for node, poll in polls.items()}
+        # A view is up to a poll interval old: its pulls' bytes left are counted down
+        # (``clock`` is the polls' time.monotonic()).
+        now = self.clock()
+        told = self.share.observe(now, views, {node: now - poll.read_at
+                                               for node, poll in polls.items()})
+        if set(told) != self._telling:  # once per change (the rounds come each second)
+            self._telling = set(told)
+            log.info("link peers: telling %s", ", ".join(
+                f"{n} ({len(link.peers)} peers, total {link.total or 0:.0f} B/s)"
+                for n, link in sorted(told.items())) or "no node")
+        await asyncio.gather(*(self.send(n, link) for n, link in told.items()))
+        return told
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except Exception as exc:  # a bad round must not end the feed
+                log.warning("link peers round: %r", exc)
+            await asyncio.sleep(self.every)
+
+    async def send(self, node: str, link: PeerLink) -> None:
+        async with self._gate:
+            try:
+                resp = await self.agent.open(
+                    "PUT", AGENT_LINK_PEERS_PATH, node=node, subject=POLL_SUBJECT,
+                    operation=OP_LINK_PEERS, data=json.dumps(unparse(link)).encode(),
+                    headers={"Content-Type": "application/json"})
+                resp.release()
+            except StatusError as exc:  # an older agent (404), or one not reachable
+                log.debug("link peers to %s: %s", node, exc.message)

@@ -1,0 +1,103 @@
+"""Other nodes' pulls on this node's link, as the leader tells them (issue 37 item 3):
+the planner plans them as flows on the one link; the input is bounded and expires."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aggapi.agent.progress.peers import (
+    MAX_PEERS,
+    MAX_PULLS,
+    BadPeers,
+    PeerBook,
+    PeerLink,
+    PeerPull,
+    parse,
+    unparse,
+)
+from tests.agent.linkrun import KB, A, B, MiB, Pull, p90, run_trace
+
+
+def _at(scored: list[tuple[float, float]], c: float) -> list[float]:
+    return sorted(x for at, x in scored if at == c)
+
+
+@pytest.mark.parametrize("lag", [1, 8])
+@pytest.mark.parametrize("weights", [[1.0, 1.0], [1.2, 0.8]])
+async def test_peer_pulls_fed_time_the_shared_link_across_nodes(weights: list[float],
+                                                                 lag: int) -> None:
+    """2nodes-400k-uneven as node 1 sees it: its 8 and 4 MiB layers share the link with
+    a 3 MiB layer on node 2, whose end falls near node 1's half-way mark. Alone, node 1
+    cannot foresee that end (its ETAs at 50% are ~48% off); told node 2's pull (as the
+    leader saw it ``lag`` polls of 0.25 s before: up to 2 s, an agent poll, a leader poll
+    and the PUT), it plans the one link and foresees it."""
+    def run(fed: bool) -> Any:
+        return run_trace(400 * KB, [Pull(A, [8 * MiB, 4 * MiB], weights)], received=True,
+                         elsewhere=[Pull(B, [3 * MiB], [1.0])], peers_fed=fed,
+                         peers_lag=lag)
+
+    alone, fed = await run(False), await run(True)
+    half_alone, half = _at(alone.scored, 0.5), _at(fed.scored, 0.5)
+    assert half_alone[len(half_alone) // 2] > 0.4, alone.scored  # the harness sees the gap
+    assert half[len(half) // 2] <= 0.15, fed.scored
+    assert p90(half) <= 0.30, fed.scored
+    assert p90(_at(fed.scored, 0.25)) <= 0.15, fed.scored
+
+
+def test_peers_expire_after_their_ttl() -> None:
+    book = PeerBook(ttl=3.0)
+    link = PeerLink({"n2": (PeerPull(1e6, 2e5),)}, 4e5)
+    assert book.current(10.0) is None
+    book.put(link, 10.0)
+    assert book.current(10.0) == link
+    # Counted down at its rate since it came: the agent plans from now.
+    assert book.current(12.5) == PeerLink({"n2": (PeerPull(5e5, 2e5),)}, 4e5)
+    aged = book.current(12.9)
+    assert aged is not None and aged.peers["n2"][0].remaining == pytest.approx(4.2e5)
+    assert book.current(13.1) is None
+    assert book.current(9.0) is None  # a clock that went back: not trusted
+
+
+def test_parse_reads_what_unparse_writes() -> None:
+    link = PeerLink({"n2": (PeerPull(1e6, 2e5), PeerPull(0.0, 0.0)), "n3": ()}, 4e5)
+    assert parse(unparse(link)) == link
+    assert parse({"peers": {}, "total": None}) == PeerLink({}, None)
+
+
+@pytest.mark.parametrize("body", [
+    None, [], "x", {"peers": [], "total": 1}, {"peers": {}, "extra": 1},
+    {"peers": {"": []}}, {"peers": {"n" * 254: []}}, {"peers": {"n": {}}},
+    {"peers": {"n": [{"remaining": 1}]}},
+    {"peers": {"n": [{"remaining": 1, "bytesPerSecond": 1, "x": 1}]}},
+    {"peers": {"n": [{"remaining": -1, "bytesPerSecond": 1}]}},
+    {"peers": {"n": [{"remaining": float("nan"), "bytesPerSecond": 1}]}},
+    {"peers": {"n": [{"remaining": 1, "bytesPerSecond": float("inf")}]}},
+    {"peers": {"n": [{"remaining": True, "bytesPerSecond": 1}]}},
+    {"peers": {"n": [{"remaining": "1", "bytesPerSecond": 1}]}},
+    {"peers": {}, "total": 1e300},
+    {"peers": {f"n{i}": [] for i in range(MAX_PEERS + 1)}},
+    {"peers": {"n": [{"remaining": 1, "bytesPerSecond": 1}] * (MAX_PULLS + 1)}},
+])
+def test_parse_rejects_garbage(body: object) -> None:
+    with pytest.raises(BadPeers):
+        parse(body)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(),
+                     lambda kids: st.lists(kids, max_size=4)
+                     | st.dictionaries(st.text(max_size=5), kids, max_size=4), max_leaves=20)
+
+
+@given(_json)
+def test_parse_takes_or_rejects_any_json(body: object) -> None:
+    """Anything at all: a PeerLink within bounds, or BadPeers (never another error)."""
+    try:
+        link = parse(body)
+    except BadPeers:
+        return
+    assert len(link.peers) <= MAX_PEERS
+    assert all(len(ps) <= MAX_PULLS for ps in link.peers.values())
