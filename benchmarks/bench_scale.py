@@ -202,6 +202,8 @@ def measure(sc: ScaleCluster, pods: int, timeout: float, bin_dir: Path,
     cpu_s = cpu_seconds(pid) - cpu0
     hollow_cpu_s = cpu_seconds(hollow_pid) - hollow_cpu0
     sampler.stop()
+    # kubectl's own CPU: a watcher that cannot keep up with the events prints late.
+    kubectl_cpu_s = cpu_seconds(watch.proc.pid) if watch.proc.poll() is None else None
     watch.stop()
     # Cold on the settled cluster: the replica restarted (SIGTERM, as a roll sends) and
     # listed as soon as the aggregator serves it again. With --collection-warm (the
@@ -274,6 +276,8 @@ def measure(sc: ScaleCluster, pods: int, timeout: float, bin_dir: Path,
         "harness_lag_p50_s": _pct(lag, 0.5), "harness_lag_p99_s": _pct(lag, 0.99),
         "hollow_cpu_mean": round(hollow_cpu_s / follow_s, 3),
         "plugin_cpu": round(plugin_cpu_s / follow_s, 3),
+        "kubectl_watch_cpu": None if kubectl_cpu_s is None
+        else round(kubectl_cpu_s / follow_s, 3),
         "plugin_lines": plugin.lines,
         "plugin_exit": plugin_rc,  # None: still following when the watch saw all Done
     }
