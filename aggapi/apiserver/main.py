@@ -14,7 +14,7 @@ from aggapi import eventloop
 from aggapi.apiserver.app import LIFECYCLE, build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.kube import client as kube
-from aggapi.serve import logs
+from aggapi.serve import gctune, logs
 from aggapi.serve import site as serving
 from aggapi.tls.serving import ServingTLS
 
@@ -55,7 +55,7 @@ async def serve(config: ApiServerConfig, stop: asyncio.Event | None = None) -> N
                     "(libssl callback unavailable): untrusted certs fail the handshake")
     api = await kube.load_client(config.kubeconfig or None)
     try:
-        app = build_app(config, kube_api=api, tls=tls)
+        app = build_app(config, kube_api=api, tls=tls, on_warm=gctune.freeze)
         runner, _site = await listen(app, config, tls)
         log.info("serving", extra={"address": config.bind_address, "port": config.secure_port})
         await stop.wait()
@@ -73,6 +73,7 @@ async def serve(config: ApiServerConfig, stop: asyncio.Event | None = None) -> N
 def main(argv: Sequence[str]) -> int:
     config = parse_args(argv)
     logs.configure(config.log_level)
+    gctune.tune()
     if not config.tls_cert_file or not config.tls_private_key_file:
         log.error("--tls-cert-file and --tls-private-key-file are required")
         return 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +130,8 @@ def _election(config: ApiServerConfig, kube_api: KubeClient, feeds: Feeds,
 
 
 def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS | None = None,
-             auth_source: AuthConfigSource | None = None) -> Parts:
+             auth_source: AuthConfigSource | None = None,
+             on_warm: Callable[[], None] | None = None) -> Parts:
     """Every part of the server, from its configuration."""
     metrics = Metrics()
     source = auth_source or AuthConfigSource(kube_api, config.auth_configmap_namespace,
@@ -149,7 +151,7 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                   linger=config.collection_linger,
                   poll_interval=config.collection_poll_interval,
                   polls_per_second=config.collection_polls_per_second,
-                  warm=config.collection_warm)
+                  warm=config.collection_warm, on_warm=on_warm)
     metrics.collection_watches.set_function(feeds.watches)
     lifecycle = Lifecycle(metrics)
     election, forwarder = _election(config, kube_api, feeds, lifecycle)

@@ -6,9 +6,10 @@ resourceVersion clock and feeds.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feeds import NodeFeed, PodFeed
@@ -23,12 +24,13 @@ class Feeds:
 
     def __init__(self, sources: Sources, agent: AgentClient | None, *, linger: float,
                  poll_interval: float, polls_per_second: float = 0.0,
-                 warm: bool = False) -> None:
+                 warm: bool = False, on_warm: Callable[[], None] | None = None) -> None:
         self.clock = Clock()
         self.sources = sources
         self.agent = agent
         self.linger = linger
-        self.warm = warm
+        self.warm, self._on_warm = warm, on_warm
+        self._warming: asyncio.Task[None] | None = None
         self._held: Shared[str, PodFeed] | None = None  # the term's warm feed's owner
         self.poll_interval, self.polls_per_second = poll_interval, polls_per_second
         self.polls: Shared[str, NodePoll] | None = None
@@ -83,8 +85,15 @@ class Feeds:
         next term), as kube-apiserver's watch cache is filled at start, not at the first
         list: the first list then finds every object built."""
         if self.warm and self._held is not self.pods:
-            self.pods.acquire("")
+            feed = self.pods.acquire("")
             self._held = self.pods
+            if self._on_warm is not None:
+                self._warming = asyncio.create_task(self._built(feed, self._on_warm))
+
+    @staticmethod
+    async def _built(feed: PodFeed, then: Callable[[], None]) -> None:
+        await feed.synced.wait()
+        then()
 
     @contextlib.asynccontextmanager
     async def pods_of(self, namespace: str, rv: int | None = None
@@ -114,6 +123,8 @@ class Feeds:
         return len(self.polls) if self.polls is not None else 0
 
     async def close(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
         if self.nodes is not None:
             await self.nodes.close()
         await self.pods.close()

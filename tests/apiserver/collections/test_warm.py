@@ -20,9 +20,9 @@ from .fakes import FakeAgent, pod
 LINGER = 0.2
 
 
-def warm_feeds(parts: Parts) -> Feeds:
+def warm_feeds(parts: Parts, on_warm: Any = None) -> Feeds:
     return Feeds(Sources(parts.kube_api, linger=LINGER), cast(AgentClient, FakeAgent()),
-                 linger=LINGER, poll_interval=0.05, warm=True)
+                 linger=LINGER, poll_interval=0.05, warm=True, on_warm=on_warm)
 
 
 def built(feeds: Feeds) -> set[str]:
@@ -58,15 +58,18 @@ async def test_each_term_starts_its_feed_and_a_lost_term_lets_it_go(
         make_server: Any, kube: FakeKube) -> None:
     kube.put("api/v1", "pods", pod("a"))
     server: Server = await make_server()
-    feeds = warm_feeds(server.parts)
+    warmed: list[set[str]] = []  # what was built each time on_warm ran (the GC freeze)
+    feeds: Feeds = warm_feeds(server.parts, lambda: warmed.append(built(feeds)))
     try:
         await feeds.new_term(1000)
         await until(lambda: built(feeds) == {"a"})
+        await until(lambda: warmed == [{"a"}])
         await feeds.new_term(None)  # another replica leads now
         assert feeds.pods.get("") is None
         await until(lambda: kube.watching("pods") == 0)
         kube.put("api/v1", "pods", pod("c"))
         await feeds.new_term(1001)  # leads again: a new feed, its own history
         await until(lambda: built(feeds) == {"a", "c"})
+        await until(lambda: warmed == [{"a"}, {"a", "c"}])
     finally:
         await feeds.close()
