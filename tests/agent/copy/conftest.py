@@ -300,7 +300,7 @@ def snapshot(path: Path) -> dict[str, bytes | str]:
 
 def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 1 << 20,
                 headers_digest: str | None = None, fast: bool = True,
-                pieces: int = 1) -> TarSink:
+                pieces: int = 1, params: UploadParams | None = None) -> TarSink:
     """Extract ``raw`` into ``root_dir``/dst (built privately and published if missing)
     as upload_tar does, fed ``chunk`` bytes at a time (each in ``pieces`` received
     pieces), in this thread; raises its refusal, else returns the sink. With
@@ -310,7 +310,7 @@ def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 
                   container_id="extract")
     record = InflightRecord(limits.state_dir, root)
     target_fd, made = open_target_dir(root, "/dst", record)
-    ex = TarExtractor(root, record, target_fd, "/dst", UploadParams(), fresh=made)
+    ex = TarExtractor(root, record, target_fd, "/dst", params or UploadParams(), fresh=made)
     sink = TarSink(ex, root, limits, headers_only=headers_digest is not None, fast=fast)
     ok = False
     try:
