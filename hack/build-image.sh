@@ -2,7 +2,8 @@
 # Build the Dockerfile's image on this machine with no Docker engine and no Docker Hub:
 #   1. a Debian root filesystem (suite SUITE, default trixie) from Debian packages
 #      (mmdebstrap), made into a base image with buildah (cached, keyed by the suite, the
-#      package list and options);
+#      package list and options); and a second one with gcc and python3-dev for the
+#      Dockerfile's compile stage (the agent's compiled copy loop; only its .so is kept);
 #   2. a wheelhouse of aggapi with its "server" extra for the base's Python, made on the
 #      host (the build container cannot verify the package index's certificate, and this
 #      keeps the image build offline; the host's CA never goes into the image): `pip
