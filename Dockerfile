@@ -3,7 +3,7 @@
 #   aggapi apiserver   Deployment: runs as 65532 (the image default), read-only root filesystem
 #   aggapi agent       DaemonSet: the pod spec runs it as root, privileged, hostPID
 # It holds the server only: aggapi with its "server" extra (no test harness, no
-# aggapi[plugins] extra, no compilers), and the agent's compiled copy loop built in the
+# aggapi[plugins] extra, no compilers), and the agent's compiled copy loops built in the
 # compile stage.
 #
 # Two ways to build it:
@@ -30,21 +30,25 @@ ARG PYTHON_IMAGE=docker.io/library/python:3.13-slim-trixie@sha256:9d2e5553305c7c
 # headers, and gets gcc from apt in that stage.
 ARG COMPILE_IMAGE=${PYTHON_IMAGE}
 
-# ---- compile: the agent's compiled copy loop, for the image's Python -----------------
-# aggapi.agent.copy._fastuntar (optional: the agent logs which path it takes, and without
-# the .so runs its Python path). Only the built .so leaves this stage: no compiler and no
-# headers in the image.
+# ---- compile: the agent's compiled copy loops, for the image's Python ----------------
+# aggapi.agent.copy._fastuntar (a tar upload's plain files) and aggapi.tar._fastheader
+# (the tar writer's header blocks, a directory download's). Both optional: the agent logs
+# which path it takes, and without them runs its Python paths. Only the built .so files
+# leave this stage: no compiler and no headers in the image.
 FROM ${COMPILE_IMAGE} AS compile
 WORKDIR /src
-COPY aggapi/agent/copy/_fastuntar.c ./
+COPY aggapi/agent/copy/_fastuntar.c aggapi/agent/copy/
+COPY aggapi/tar/_fastheader.c aggapi/tar/
 RUN if ! command -v gcc >/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev; fi \
  && py() { python3 -c "import sys, sysconfig; print($1)"; } \
- && out="/out/opt/aggapi/lib/python$(py '"%d.%d" % sys.version_info[:2]')/site-packages/aggapi/agent/copy" \
- && mkdir -p "$out" \
- && gcc -O2 -Wall -shared -fPIC -I"$(py 'sysconfig.get_paths()["include"]')" _fastuntar.c \
-      -o "$out/_fastuntar$(py 'sysconfig.get_config_var("EXT_SUFFIX")')" \
- && cd "$out" && python3 -c "import _fastuntar; print(_fastuntar.__doc__)"
+ && site="/out/opt/aggapi/lib/python$(py '"%d.%d" % sys.version_info[:2]')/site-packages" \
+ && for c in aggapi/agent/copy/_fastuntar.c aggapi/tar/_fastheader.c; do \
+      mkdir -p "$site/${c%/*}" \
+      && gcc -O2 -Wall -shared -fPIC -I"$(py 'sysconfig.get_paths()["include"]')" "$c" \
+           -o "$site/${c%.c}$(py 'sysconfig.get_config_var("EXT_SUFFIX")')" || exit 1; \
+    done \
+ && cd "$site" && python3 -c "import aggapi.agent.copy._fastuntar, aggapi.tar._fastheader"
 
 # ---- build: a self-contained virtualenv with aggapi and its dependencies ------------
 FROM ${PYTHON_IMAGE} AS build

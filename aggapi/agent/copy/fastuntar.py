@@ -26,6 +26,7 @@ from typing import Any
 
 from aggapi.agent.copy.atomic import WRITEBACK_STEP, sha256_mismatch
 from aggapi.fs import syncfs
+from aggapi.tar import stream
 from aggapi.tar.entrydigest import ALGORITHM, ANNOUNCE_RECORD
 
 _native: ModuleType | None
@@ -43,12 +44,15 @@ def loaded() -> bool:
 
 
 def describe() -> str:
-    """Which path tar uploads take here, for the agent's start-up log line."""
-    if _native is None:
-        return "python (the compiled loop aggapi.agent.copy._fastuntar is not built)"
-    if not loaded():
-        return f"python ({ENV} is set)"
-    return "compiled (aggapi.agent.copy._fastuntar, for plain files of new targets)"
+    """Which paths this agent's tar copies take, for its start-up log line: the upload
+    loop here, and the tar writer's header builders (aggapi.tar.stream, downloads)."""
+    def which(native: ModuleType | None, name: str) -> str:
+        if os.environ.get(ENV, "") not in ("", "0"):
+            return f"python ({ENV} is set)"
+        return f"compiled ({name})" if native is not None else f"python ({name} is not built)"
+
+    return (f"tar uploads: {which(_native, 'aggapi.agent.copy._fastuntar')}; "
+            f"tar headers: {which(stream._native, 'aggapi.tar._fastheader')}")
 
 
 class FastUntar:
