@@ -8,10 +8,12 @@ Run with ``-s`` to see how many cases ran and how many entries the loop applied.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -313,3 +315,24 @@ def test_the_container_is_polled_as_often(tmp_path: Path, monkeypatch: pytest.Mo
         assert sink.entries == 200 and (sink.fast is not None) == fast
         seen.append(dict(calls))
     assert seen[0] == seen[1] and seen[0]["alive"] >= 200 // 32
+
+
+@pytest.mark.parametrize("kib", [64, 200])
+def test_a_full_file_system_fails_alike(tmp_path: Path, kib: int) -> None:
+    """A write the kernel refuses mid-run (ENOSPC on a small tmpfs): the same error, and
+    nothing left, both ways."""
+    raw = ANNOUNCEMENT + b"".join(_file(f"d/f{i}", b"z" * 4000) for i in range(60)) + END
+    seen = []
+    for fast in (False, True):
+        mnt = tmp_path / str(fast)
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(mnt)],
+                           capture_output=True)
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+        try:
+            seen.append(outcome(mnt, raw, {}, 1 << 20, 2, False, fast))
+        finally:
+            subprocess.run(["umount", str(mnt)], check=True)
+    assert seen[0] == seen[1]
+    assert seen[0][0][0] == "OSError" and seen[0][0][3] == errno.ENOSPC, seen[0][0]
