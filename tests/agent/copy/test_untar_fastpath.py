@@ -336,3 +336,24 @@ def test_a_full_file_system_fails_alike(tmp_path: Path, kib: int) -> None:
             subprocess.run(["umount", str(mnt)], check=True)
     assert seen[0] == seen[1]
     assert seen[0][0][0] == "OSError" and seen[0][0][3] == errno.ENOSPC, seen[0][0]
+
+
+async def test_the_agent_takes_the_loop_for_a_new_target(cc: Any, plain: tuple[Path, Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upload handler's TarSink runs the loop (a new target), not only the tests'."""
+    taken: list[int] = []
+    real = fastuntar.FastUntar.run
+
+    def counted(self: fastuntar.FastUntar, data: bytes, pos: int) -> int:
+        before = self.taken
+        try:
+            return real(self, data, pos)
+        finally:
+            taken.append(self.taken - before)
+
+    monkeypatch.setattr(fastuntar.FastUntar, "run", counted)
+    raw = ANNOUNCEMENT + b"".join(_file(f"d/f{i}", b"%d" % i) for i in range(100)) + END
+    r = await cc.post("/new", raw, format="tar")
+    assert r.status == 200, await r.text()
+    assert sum(taken) >= 90
+    assert (plain[0] / "new/d/f99").read_bytes() == b"99"
