@@ -3,7 +3,8 @@
 #   aggapi apiserver   Deployment: runs as 65532 (the image default), read-only root filesystem
 #   aggapi agent       DaemonSet: the pod spec runs it as root, privileged, hostPID
 # It holds the server only: aggapi with its "server" extra (no test harness, no
-# aggapi[plugins] extra, no compilers).
+# aggapi[plugins] extra, no compilers), and the agent's compiled copy loops built in the
+# compile stage.
 #
 # Two ways to build it:
 # - docker/podman, from the public Python base (PYTHON_IMAGE below) and a plain checkout:
@@ -24,6 +25,30 @@
 # tests/manifests/test_image.py builds the image with hack/build-image.sh and runs it
 # under containerd.
 ARG PYTHON_IMAGE=docker.io/library/python:3.13-slim-trixie@sha256:9d2e5553305c7c7b0097999bb17187c69b921ccd6bc9d40e4bb5ebe652c00285
+# The compile stage's base: the same Python with a C compiler. hack/build-image.sh passes
+# a Debian base of the same suite with gcc and python3-dev; docker's python image has the
+# headers, and gets gcc from apt in that stage.
+ARG COMPILE_IMAGE=${PYTHON_IMAGE}
+
+# ---- compile: the agent's compiled copy loops, for the image's Python ----------------
+# aggapi.agent.copy._fastuntar (a tar upload's plain files) and aggapi.tar._fastheader
+# (the tar writer's header blocks, a directory download's). Both optional: the agent logs
+# which path it takes, and without them runs its Python paths. Only the built .so files
+# leave this stage: no compiler and no headers in the image.
+FROM ${COMPILE_IMAGE} AS compile
+WORKDIR /src
+COPY aggapi/agent/copy/_fastuntar.c aggapi/agent/copy/
+COPY aggapi/tar/_fastheader.c aggapi/tar/
+RUN if ! command -v gcc >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev; fi \
+ && py() { python3 -c "import sys, sysconfig; print($1)"; } \
+ && site="/out/opt/aggapi/lib/python$(py '"%d.%d" % sys.version_info[:2]')/site-packages" \
+ && for c in aggapi/agent/copy/_fastuntar.c aggapi/tar/_fastheader.c; do \
+      mkdir -p "$site/${c%/*}" \
+      && gcc -O2 -Wall -shared -fPIC -I"$(py 'sysconfig.get_paths()["include"]')" "$c" \
+           -o "$site/${c%.c}$(py 'sysconfig.get_config_var("EXT_SUFFIX")')" || exit 1; \
+    done \
+ && cd "$site" && python3 -c "import aggapi.agent.copy._fastuntar, aggapi.tar._fastheader"
 
 # ---- build: a self-contained virtualenv with aggapi and its dependencies ------------
 FROM ${PYTHON_IMAGE} AS build
@@ -52,6 +77,7 @@ LABEL org.opencontainers.image.title="aggapi" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/aggapi/aggapi"
 COPY --from=build /opt/aggapi /opt/aggapi
+COPY --from=compile /out/opt/aggapi /opt/aggapi
 ENV PATH=/opt/aggapi/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

@@ -1,9 +1,18 @@
-"""The one compiled part: the ncp client's per-file extraction loop (aggapi.client.fastpath).
+"""The compiled parts: the per-file loops of a directory copy, each optional.
 
-Optional: a machine without a C compiler builds aggapi without it (setuptools warns) and
-the client uses its Python path. AGGAPI_PURE_PYTHON=1 leaves it out on purpose: the image
-(whose servers do not use it; its wheel is built by the host's Python for the image's) and
-the kubectl plugin archives (one zipapp for every platform) are pure Python.
+- ``aggapi.client._fastextract``: the ncp client's extraction of a directory download
+  (aggapi.client.fastpath);
+- ``aggapi.agent.copy._fastuntar``: the agent's extraction of a tar upload
+  (aggapi.agent.copy.fastuntar);
+- ``aggapi.tar._fastheader``: the tar writer's header blocks (aggapi.tar.stream), for the
+  agent's directory downloads and ncp's uploads.
+The image compiles the agent's two in its own build stage (the Dockerfile's "compile"),
+since its wheel is built by the host's Python.
+
+Optional: a machine without a C compiler builds aggapi without them (setuptools warns)
+and both sides use their Python paths. AGGAPI_PURE_PYTHON=1 leaves them out on purpose:
+the image's wheel (built by the host's Python for the image's) and the kubectl plugin
+archives (one zipapp for every platform) are pure Python.
 """
 
 import os
@@ -12,6 +21,8 @@ from setuptools import Extension, setup
 
 pure = os.environ.get("AGGAPI_PURE_PYTHON", "") not in ("", "0")
 setup(ext_modules=[] if pure else [
-    Extension("aggapi.client._fastextract", ["aggapi/client/_fastextract.c"],
-              optional=True, extra_compile_args=["-O2", "-Wall"]),
+    Extension(name, [src], optional=True, extra_compile_args=["-O2", "-Wall"])
+    for name, src in [("aggapi.client._fastextract", "aggapi/client/_fastextract.c"),
+                      ("aggapi.agent.copy._fastuntar", "aggapi/agent/copy/_fastuntar.c"),
+                      ("aggapi.tar._fastheader", "aggapi/tar/_fastheader.c")]
 ])

@@ -2,7 +2,8 @@
 # Build the Dockerfile's image on this machine with no Docker engine and no Docker Hub:
 #   1. a Debian root filesystem (suite SUITE, default trixie) from Debian packages
 #      (mmdebstrap), made into a base image with buildah (cached, keyed by the suite, the
-#      package list and options);
+#      package list and options); and a second one with gcc and python3-dev for the
+#      Dockerfile's compile stage (the agent's compiled copy loop; only its .so is kept);
 #   2. a wheelhouse of aggapi with its "server" extra for the base's Python, made on the
 #      host (the build container cannot verify the package index's certificate, and this
 #      keeps the image build offline; the host's CA never goes into the image): `pip
@@ -79,6 +80,14 @@ BASE_OPTS=(--variant=essential --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
 BASE_KEY=$(printf '%s\n' "$SUITE" "${BASE_OPTS[@]}" | sha256sum | cut -c1-16)
 BASE_TAR="$CACHE/base-$BASE_KEY.tar"
 BASE_IMAGE="localhost/aggapi-base:$BASE_KEY"
+# The compile stage's base: the same suite's Python with its headers and a C compiler,
+# for the agent's compiled copy loop (the Dockerfile's "compile" stage; only the built
+# .so goes into the image).
+CC_OPTS=("${BASE_OPTS[@]}")
+CC_OPTS[2]=--include=python3,python3-dev,gcc,libc6-dev
+CC_KEY=$(printf '%s\n' "$SUITE" "${CC_OPTS[@]}" | sha256sum | cut -c1-16)
+CC_TAR="$CACHE/base-$CC_KEY.tar"
+CC_IMAGE="localhost/aggapi-base:$CC_KEY"
 
 # The context, as .dockerignore lets docker see it (pyproject.toml, README.md, aggapi/
 # without bytecode and without the test harness), as a reproducible tar stream.
@@ -121,27 +130,34 @@ if ((!FORCE)); then
   done
 fi
 
-# --- 1. base image ---------------------------------------------------------------------
-if [[ ! -f "$BASE_TAR" ]]; then
-  log "mmdebstrap ${BASE_OPTS[*]} $SUITE"
-  # mmdebstrap picks the output format from the name: keep the .tar suffix.
-  tmp="$CACHE/base-$BASE_KEY.tmp.tar"
-  if ! mmdebstrap "${BASE_OPTS[@]}" "$SUITE" "$tmp" >"$CACHE/mmdebstrap.log" 2>&1; then
-    tail -30 "$CACHE/mmdebstrap.log" >&2
-    exit 1
+# --- 1. base images ---------------------------------------------------------------------
+base_image() {  # TAR IMAGE OPTS...: a root filesystem made by mmdebstrap, as an image
+  local tar=$1 image=$2 tmp
+  shift 2
+  if [[ ! -f "$tar" ]]; then
+    log "mmdebstrap $* $SUITE"
+    # mmdebstrap picks the output format from the name: keep the .tar suffix.
+    tmp="${tar%.tar}.tmp.tar"
+    if ! mmdebstrap "$@" "$SUITE" "$tmp" >"$CACHE/mmdebstrap.log" 2>&1; then
+      tail -30 "$CACHE/mmdebstrap.log" >&2
+      exit 1
+    fi
+    mv "$tmp" "$tar"
+  else
+    log "base root filesystem cached: $tar"
   fi
-  mv "$tmp" "$BASE_TAR"
-else
-  log "base root filesystem cached: $BASE_TAR"
-fi
-if ! buildah inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
-  log "base image $BASE_IMAGE"
-  c=$(buildah from scratch)
-  buildah add --quiet "$c" "$BASE_TAR" / >/dev/null
-  buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    --env LANG=C.UTF-8 --cmd python3 "$c"
-  buildah commit --quiet --rm "$c" "$BASE_IMAGE" >/dev/null
-fi
+  if ! buildah inspect --type image "$image" >/dev/null 2>&1; then
+    log "base image $image"
+    local c
+    c=$(buildah from scratch)
+    buildah add --quiet "$c" "$tar" / >/dev/null
+    buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      --env LANG=C.UTF-8 --cmd python3 "$c"
+    buildah commit --quiet --rm "$c" "$image" >/dev/null
+  fi
+}
+base_image "$BASE_TAR" "$BASE_IMAGE" "${BASE_OPTS[@]}"
+base_image "$CC_TAR" "$CC_IMAGE" "${CC_OPTS[@]}"
 
 # --- 2. context and wheelhouse ---------------------------------------------------------
 CTX=$(mktemp -d "$CACHE/ctx.XXXXXX")
@@ -198,8 +214,9 @@ cp "$DEPS"/*.whl "$CTX/wheels/"
 rm -rf "$CTX/build" "$CTX"/*.egg-info "$CTX"/aggapi.egg-info
 
 # --- 3. build --------------------------------------------------------------------------
-log "buildah bud (PYTHON_IMAGE=$BASE_IMAGE)"
+log "buildah bud (PYTHON_IMAGE=$BASE_IMAGE, COMPILE_IMAGE=$CC_IMAGE)"
 buildah bud --quiet --isolation chroot --pull=never --build-arg "PYTHON_IMAGE=$BASE_IMAGE" \
+  --build-arg "COMPILE_IMAGE=$CC_IMAGE" \
   -t "$IMAGE" -f "$CTX/Dockerfile" "$CTX" >/dev/null
 buildah rmi --prune >/dev/null 2>&1 || true  # the image this one replaced
 

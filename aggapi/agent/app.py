@@ -17,6 +17,7 @@ TokenReview and SubjectAccessReview, see aggapi.auth.delegated).
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from aggapi.agent import pullmetrics
 from aggapi.agent.auth import SandboxLister, auth_middleware
 from aggapi.agent.config import AgentConfig
 from aggapi.agent.copy import engine as copy_engine
+from aggapi.agent.copy import fastuntar
 from aggapi.agent.copy.handlers import CopyHandlers
 from aggapi.agent.copy.send import bytes_sent
 from aggapi.agent.copy.state import CopyState, Resolver
@@ -51,6 +53,8 @@ from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.serve.drain import Drain, Handler
 from aggapi.status import status_middleware
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,6 +148,8 @@ def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClie
 async def connect(config: AgentConfig, identity: Identity | None = None) -> AgentParts:
     """The production parts: the node's runtime sockets, and the token key from disk or
     the watch of the apiserver replicas' published keys."""
+    # Which tar upload loop this image runs (its compiled one is optional).
+    log.info("copy extraction", extra={"path": fastuntar.describe()})
     kube = None
     if config.token_key_set or identity is not None or (
             config.metrics_port and config.metrics_auth == "delegated"):

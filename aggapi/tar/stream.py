@@ -10,8 +10,11 @@ data is pulled in bounded chunks. All parsing is in :mod:`aggapi.tar.parse`
 from __future__ import annotations
 
 import asyncio
+import importlib
+import os
 from collections import deque
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Protocol
 
 from aggapi.tar.parse import (
@@ -48,9 +51,32 @@ __all__ = ["ARCHIVE_END", "BLK", "BLOCK", "CHR", "CONT", "DIR", "END", "FIFO", "
 
 # --- writer -----------------------------------------------------------------------------
 
+# The compiled builders of the two blocks below (aggapi/tar/_fastheader.c), where built:
+# the same bytes (the Python ones are the reference); AGGAPI_PURE_PYTHON=1 leaves them.
+_native: ModuleType | None = None
+if os.environ.get("AGGAPI_PURE_PYTHON", "") in ("", "0"):
+    try:
+        _native = importlib.import_module("aggapi.tar._fastheader")
+    except ImportError:
+        pass
+
+
 def _octal(value: int, width: int) -> bytes | None:
     s = b"%0*o" % (width - 1, value)
     return s + b"\0" if len(s) == width - 1 else None
+
+
+def _records(records: Mapping[str, str]) -> bytes:
+    if _native is not None:
+        try:
+            return bytes(_native.records(records))
+        except UnicodeEncodeError:  # the reference raises it, naming its own position
+            pass
+    return _records_py(records)
+
+
+def _records_py(records: Mapping[str, str]) -> bytes:
+    return b"".join(_pax_record(k, v) for k, v in records.items())
 
 
 def _pax_record(key: str, value: str) -> bytes:
@@ -73,6 +99,15 @@ def _field(value: int, width: int) -> bytes:
 
 def _ustar(name: bytes, typeflag: bytes, size: int, mode: int, uid: int, gid: int,
            mtime: int, linkname: bytes = b"") -> bytes:
+    if _native is not None:
+        hdr: bytes | None = _native.ustar(name, typeflag, size, mode, uid, gid, mtime, linkname)
+        if hdr is not None:
+            return hdr
+    return _ustar_py(name, typeflag, size, mode, uid, gid, mtime, linkname)
+
+
+def _ustar_py(name: bytes, typeflag: bytes, size: int, mode: int, uid: int, gid: int,
+              mtime: int, linkname: bytes = b"") -> bytes:
     # One join of the fixed-width fields (a block per entry: a tree of small files
     # builds thousands), the checksum computed over its spaces, then put in place.
     if 0 <= min(mode, uid, gid, size, mtime) and max(mode, uid, gid) < _MAX8 \
@@ -149,7 +184,7 @@ def header_size(name: str, *, size: int = 0, uid: int = 0, gid: int = 0, mtime_n
 
 
 def pax_header(name: str, records: Mapping[str, str], *, typeflag: bytes = GPAX) -> bytes:
-    data = b"".join(_pax_record(k, v) for k, v in records.items())
+    data = _records(records)
     return _ustar(name.encode("utf-8", "surrogateescape")[:100], typeflag, len(data), 0o644,
                   0, 0, 0) + data + pad(len(data))
 

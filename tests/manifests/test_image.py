@@ -72,10 +72,14 @@ def test_multistage_pinned_non_root() -> None:
     args = dict(a.split("=", 1) for i, a in ins if i == "ARG" and "=" in a)
     assert re.search(r"@sha256:[0-9a-f]{64}$", args["PYTHON_IMAGE"]), args["PYTHON_IMAGE"]
     stages = _stages()
-    assert list(stages) == ["build", "runtime"]
+    assert list(stages) == ["compile", "build", "runtime"]
+    assert stages["compile"][0][1].startswith("${COMPILE_IMAGE}")
     runtime = stages["runtime"]
     assert runtime[0][1].startswith("${PYTHON_IMAGE}")
     assert any(i == "COPY" and a.startswith("--from=build ") for i, a in runtime)
+    # From the compile stage only its output tree (the .so), never its compiler.
+    assert [a for i, a in runtime if i == "COPY" and "--from=compile" in a] == [
+        "--from=compile /out/opt/aggapi /opt/aggapi"]
     user = [a for i, a in runtime if i == "USER"]
     assert user and user[-1].split(":")[0] not in ("0", "root")
     assert ("ENTRYPOINT", '["aggapi"]') in runtime
@@ -209,6 +213,10 @@ def test_image_holds_the_server_only(archive: Archive) -> None:
                            r"|lib/gcc(/.*)?)$")
     assert not [p for p in archive.files if compilers.match(p)]
     assert not {"pip", "setuptools"} & site
+    # The agent's compiled copy loops, built for the image's Python by the compile stage.
+    for mod in ("agent/copy/_fastuntar", "tar/_fastheader"):
+        assert [p for p in aggapi_files
+                if re.fullmatch(rf"aggapi/{mod}\.cpython-3\d+-[\w-]+\.so", p)], mod
 
 
 @pytest.mark.slow
@@ -289,6 +297,17 @@ def test_image_runs_under_containerd(imported: list[str], containerd: Any) -> No
     r = run_in_image(imported, containerd, "aggapi", "agent", "--help")
     assert r.returncode == 0, r.stderr
     assert "--cri-address" in r.stdout
+    # The compiled copy loops load there (the line the agent logs at start), and the
+    # agent's switch turns them off.
+    which = "from aggapi.agent.copy import fastuntar; print(fastuntar.describe())"
+    r = run_in_image(imported, containerd, "python3", "-c", which)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("tar uploads: compiled (aggapi.agent.copy._fastuntar); "
+                                "tar headers: compiled (aggapi.tar._fastheader)"), r.stdout
+    r = run_in_image(imported, containerd, "env", "AGGAPI_PURE_PYTHON=1", "python3", "-c", which)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("tar uploads: python (AGGAPI_PURE_PYTHON is set); "
+                                "tar headers: python (AGGAPI_PURE_PYTHON is set)"), r.stdout
     # What the interpreter in the image can import: the server, not the harness or the
     # plugin-only packages; and it runs as the non-root default user.
     probe = ("import importlib.util as u, os, aggapi.apiserver.app, aggapi.agent; "

@@ -123,9 +123,7 @@ class AtomicFile:
             raise StatusError(400, f"{self.path}: received {self.size} bytes, expected "
                               f"{expect_size}; target unchanged")
         if expect_sha256 is not None and digest != expect_sha256.lower():
-            raise StatusError(400, f"{self.path}: sha256 mismatch: received {digest}, "
-                              f"expected {expect_sha256}; target unchanged",
-                              reason="Invalid")
+            raise sha256_mismatch(self.path, digest, expect_sha256)
         uid, gid, mode = self._attrs(owner, replaced)
         os.fchown(self.fd, uid, gid)
         os.fchmod(self.fd, mode)
@@ -173,6 +171,13 @@ class AtomicFile:
         self.close()
         if not self.committed:
             unlink_quiet(self.dir_fd, self.tmp)
+
+
+def sha256_mismatch(path: str, digest: str, expected: str) -> StatusError:
+    """A file's data is not what its sender's sha256 says (also the compiled loop's,
+    aggapi.agent.copy.fastuntar: the same words either way)."""
+    return StatusError(400, f"{path}: sha256 mismatch: received {digest}, expected "
+                       f"{expected}; target unchanged", reason="Invalid")
 
 
 def rename(dir_fd: int, tmp: str, name: str, path: str, overwrite: bool) -> None:

@@ -97,6 +97,8 @@ class _Pending:
 class TarExtractor:
     """Blocking per-entry operations, relative to an open target directory fd."""
 
+    pending_type = _Pending  # what the compiled loop records its files as (fastuntar)
+
     def __init__(self, root: FsRoot, record: InflightRecord, target_fd: int, target: str,
                  params: UploadParams, *, fresh: str | None = None) -> None:
         self.root = root
@@ -126,7 +128,7 @@ class TarExtractor:
             raise StatusError(413, f"tar needs more than {self.max_ops} metadata operations "
                               "(its entries and the directories made for them)")
 
-    def _full(self, rel: str) -> str:
+    def full(self, rel: str) -> str:
         return f"{self.target}/{rel}" if rel else self.target or "/"
 
     def _ids(self, uid: int | None, gid: int | None) -> tuple[int, int]:
@@ -175,7 +177,7 @@ class TarExtractor:
         except FileExistsError:
             st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
-                raise StatusError(409, f"{self._full(rel)}: exists and is not a directory") \
+                raise StatusError(409, f"{self.full(rel)}: exists and is not a directory") \
                     from None
             return
         self.created.append(rel)
@@ -192,7 +194,7 @@ class TarExtractor:
         pfd = self.open_parent(parent)
         try:
             if self.fresh is None:  # a private tree holds only this tar's entries
-                check_replaceable(pfd, name, self._full(rel), self.params.overwrite)
+                check_replaceable(pfd, name, self.full(rel), self.params.overwrite)
             old = self.pending.pop(rel, None)  # a later entry of the same name wins
             if old is not None:
                 unlink_quiet(pfd, old.tmp)
@@ -204,13 +206,13 @@ class TarExtractor:
 
     def _new_name(self, parent: str) -> str | None:
         """A temp name for a new entry in ``parent``; None in a private tree (its own)."""
-        return self.record.temp_name(self._full(parent)) if self.fresh is None else None
+        return self.record.temp_name(self.full(parent)) if self.fresh is None else None
 
     def _taken(self, pfd: int, rel: str) -> None:
         """A new entry's name exists in a private tree: only a directory entry of this
         tar can be there, refused as in an existing target; anything else is re-raised."""
         name = rel.rpartition("/")[2]
-        check_replaceable(pfd, name, self._full(rel), self.params.overwrite)
+        check_replaceable(pfd, name, self.full(rel), self.params.overwrite)
 
     def mkdir(self, rel: str, mode: int) -> None:
         parent, _, name = rel.rpartition("/")
@@ -223,7 +225,7 @@ class TarExtractor:
     def begin_file(self, rel: str) -> AtomicFile:
         pfd, parent, name = self._slot(rel)
         try:
-            af = AtomicFile(self.root, self.record, pfd, self._full(parent), name,
+            af = AtomicFile(self.root, self.record, pfd, self.full(parent), name,
                             temp=self.fresh is None)
         except FileExistsError:
             try:
@@ -322,7 +324,7 @@ class TarExtractor:
                 try:
                     o2.renameat2(pfd, p.tmp, pfd, p.name, o2.RENAME_NOREPLACE)
                 except FileExistsError:
-                    check_replaceable(pfd, p.name, self._full(rel), self.params.overwrite)
+                    check_replaceable(pfd, p.name, self.full(rel), self.params.overwrite)
                     o2.renameat2(pfd, p.tmp, pfd, p.name)
             finally:
                 os.close(pfd)

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aggapi.agent.copy.atomic import SETID, AtomicFile
+from aggapi.agent.copy.atomic import SETID, WRITEBACK_STEP, AtomicFile
+from aggapi.agent.copy.fastuntar import FastUntar
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.agent.copy.tarextract import TarExtractor, entry_parts
@@ -59,7 +60,7 @@ class TarSink:
     def __init__(self, ex: TarExtractor, root: FsRoot, limits: CopyLimits,
                  tar_limits: TarLimits | None = None,
                  pause: Callable[[], None] = yield_gil, *,
-                 headers_only: bool = False) -> None:
+                 headers_only: bool = False, fast: bool = True) -> None:
         self.ex = ex
         self.pause = pause
         ex.max_ops = limits.max_entries  # --copy-max-entries bounds the metadata work too
@@ -77,34 +78,64 @@ class TarSink:
         self.digests = EntryDigests()  # each file's AGGAPI.sha256, checked before commit
         self.want: str | None = None  # the current file's
         self.pieces: list[bytes] = []
+        self.entries_per_yield = ENTRIES_PER_YIELD
+        self.headers_only = headers_only
+        # The compiled loop, where built (fastuntar; fast=False: the reference alone).
+        self.fast = FastUntar.make(self) if fast else None
 
     def feed_many(self, batch: list[bytes]) -> None:
         headers = self.hash if isinstance(self.hash, HeadersHash) else None
+        fast = self.fast
+        big = self.entry is not None and self.entry.size >= WRITEBACK_STEP
+        if fast is not None and len(batch) > 1 and not big:
+            # Entries cut between received pieces go the Python way: one piece per batch
+            # (a copy of about a MiB) lets the compiled loop take nearly all of them. A
+            # big file's data is left as it comes.
+            batch = [b"".join(batch)]
         for data in batch:
             if headers is None:
                 self.hash.update(data)
             else:
                 headers.piece(data)
             self.size += len(data)
-            for ev in self.parser.feed(data):
-                if isinstance(ev, bytes):
-                    if self.af is not None:
-                        self.pieces.append(ev)
-                        if headers is not None and self.want is not None:
-                            headers.skip(self.parser.data_at, len(ev))
-                elif isinstance(ev, TarEntry):
-                    if self.entries % ENTRIES_PER_YIELD == 0:
-                        # A container that exited stops the copy within a slice of
-                        # entries (a poll per entry cost as much as its parse).
-                        self.root.ensure_alive()
-                    self._begin(ev)
-                    if self.entries % ENTRIES_PER_YIELD == 0:
-                        self.pause()
-                elif ev is ENTRY_END:
-                    self._end()
+            if fast is None:
+                self._events(data, 0, stop=False)
+            else:  # the compiled loop, then one entry in Python, alternately
+                pos, end, parser = 0, len(data), self.parser
+                while (pos := parser.skip_pad(pos, end)) < end:
+                    if parser.at_boundary():
+                        pos = fast.run(data, pos)
+                        if pos >= end:
+                            break
+                    pos = self._events(data, pos, stop=True)
             if headers is not None:
                 headers.done()
         self._flush()
+
+    def _events(self, data: bytes, pos: int, stop: bool) -> int:
+        """Apply the events of ``data[pos:]``, to the end of the piece or, with
+        ``stop``, to the end of the next entry; where it stopped."""
+        headers = self.hash if self.headers_only else None
+        parser = self.parser
+        for ev in parser.feed(data, pos):
+            if isinstance(ev, bytes):
+                if self.af is not None:
+                    self.pieces.append(ev)
+                    if headers is not None and self.want is not None:
+                        headers.skip(parser.data_at, len(ev))
+            elif isinstance(ev, TarEntry):
+                if self.entries % self.entries_per_yield == 0:
+                    # A container that exited stops the copy within a slice of
+                    # entries (a poll per entry cost as much as its parse).
+                    self.root.ensure_alive()
+                self._begin(ev)
+                if self.entries % self.entries_per_yield == 0:
+                    self.pause()
+            elif ev is ENTRY_END:
+                self._end()
+                if stop:
+                    return parser.pos
+        return len(data)
 
     def finish(self) -> None:
         """After the last batch: the stream must have held a whole archive."""

@@ -299,21 +299,25 @@ def snapshot(path: Path) -> dict[str, bytes | str]:
 
 
 def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 1 << 20,
-                headers_digest: str | None = None) -> None:
+                headers_digest: str | None = None, fast: bool = True,
+                pieces: int = 1, params: UploadParams | None = None) -> TarSink:
     """Extract ``raw`` into ``root_dir``/dst (built privately and published if missing)
-    as upload_tar does, fed ``chunk`` bytes at a time, in this thread; raises its
-    refusal. With ``headers_digest``, as under sha256=headers:<it>: the stream's headers
-    digest is compared before the commit."""
+    as upload_tar does, fed ``chunk`` bytes at a time (each in ``pieces`` received
+    pieces), in this thread; raises its refusal, else returns the sink. With
+    ``headers_digest``, as under sha256=headers:<it>: the stream's headers digest is
+    compared before the commit. ``fast=False``: the Python path alone (fastuntar)."""
     root = FsRoot(os.open(root_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
                   container_id="extract")
     record = InflightRecord(limits.state_dir, root)
     target_fd, made = open_target_dir(root, "/dst", record)
-    ex = TarExtractor(root, record, target_fd, "/dst", UploadParams(), fresh=made)
-    sink = TarSink(ex, root, limits, headers_only=headers_digest is not None)
+    ex = TarExtractor(root, record, target_fd, "/dst", params or UploadParams(), fresh=made)
+    sink = TarSink(ex, root, limits, headers_only=headers_digest is not None, fast=fast)
     ok = False
     try:
         for i in range(0, len(raw), chunk):
-            sink.feed_many([raw[i:i + chunk]])
+            part = raw[i:i + chunk]
+            step = max(1, -(-len(part) // pieces))
+            sink.feed_many([part[j:j + step] for j in range(0, len(part), step)])
         sink.finish()
         if headers_digest is not None and sink.hash.hexdigest() != headers_digest:
             raise StatusError(400, "sha256 mismatch")
@@ -328,3 +332,4 @@ def extract_tar(root_dir: Path, raw: bytes, limits: CopyLimits, *, chunk: int = 
         os.close(target_fd)
         record.done()
         os.close(root.root_fd)
+    return sink

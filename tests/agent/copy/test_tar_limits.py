@@ -104,9 +104,9 @@ def feed_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     seen: list[int] = []
     real = tarparse.TarParser.feed
 
-    def spy(self: tarparse.TarParser, data: bytes) -> Iterator[tarparse.Event]:
+    def spy(self: tarparse.TarParser, data: bytes, start: int = 0) -> Iterator[tarparse.Event]:
         seen.append(threading.get_ident())
-        return real(self, data)
+        return real(self, data, start)
 
     monkeypatch.setattr(tarparse.TarParser, "feed", spy)
     yield seen
