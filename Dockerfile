@@ -38,7 +38,7 @@ ARG COMPILE_IMAGE=${PYTHON_IMAGE}
 FROM ${COMPILE_IMAGE} AS compile
 WORKDIR /src
 COPY aggapi/agent/copy/_fastuntar.c aggapi/agent/copy/
-COPY aggapi/tar/_fastheader.c aggapi/tar/
+COPY aggapi/tar/_fastheader.c aggapi/tar/_ustar.h aggapi/tar/
 RUN if ! command -v gcc >/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev; fi \
  && py() { python3 -c "import sys, sysconfig; print($1)"; } \

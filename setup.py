@@ -21,7 +21,8 @@ from setuptools import Extension, setup
 
 pure = os.environ.get("AGGAPI_PURE_PYTHON", "") not in ("", "0")
 setup(ext_modules=[] if pure else [
-    Extension(name, [src], optional=True, extra_compile_args=["-O2", "-Wall"])
+    Extension(name, [src], depends=["aggapi/tar/_ustar.h"], optional=True,
+              extra_compile_args=["-O2", "-Wall"])
     for name, src in [("aggapi.client._fastextract", "aggapi/client/_fastextract.c"),
                       ("aggapi.agent.copy._fastuntar", "aggapi/agent/copy/_fastuntar.c"),
                       ("aggapi.tar._fastheader", "aggapi/tar/_fastheader.c")]
