@@ -18,6 +18,8 @@ from aggapi.apiserver.collections.store import Clock
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.shared import Shared
 
+WARM_SETTLE = 10.0  # seconds after the warm feed is built before ``on_warm`` runs
+
 
 class Feeds:
     """The shared feeds, built once (parts.py) and handed to the collection handlers."""
@@ -93,6 +95,9 @@ class Feeds:
     @staticmethod
     async def _built(feed: PodFeed, then: Callable[[], None]) -> None:
         await feed.synced.wait()
+        # Not at once: the lists that waited for the build go first (a GC freeze at
+        # 10,000 pods holds the loop ~1 s; right after the build it delayed them).
+        await asyncio.sleep(WARM_SETTLE)
         then()
 
     @contextlib.asynccontextmanager

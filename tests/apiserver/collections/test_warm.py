@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+import pytest
+
 from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections import feedset
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.parts import Parts
 from aggapi.apiserver.podsources import Sources
@@ -55,8 +58,9 @@ async def test_a_lone_replica_builds_every_object_before_the_first_request(
 
 
 async def test_each_term_starts_its_feed_and_a_lost_term_lets_it_go(
-        make_server: Any, kube: FakeKube) -> None:
+        make_server: Any, kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
     kube.put("api/v1", "pods", pod("a"))
+    monkeypatch.setattr(feedset, "WARM_SETTLE", 0.0)
     server: Server = await make_server()
     warmed: list[set[str]] = []  # what was built each time on_warm ran (the GC freeze)
     feeds: Feeds = warm_feeds(server.parts, lambda: warmed.append(built(feeds)))
