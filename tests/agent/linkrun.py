@@ -12,9 +12,9 @@ from pathlib import Path
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.model import NodeState
 from aggapi.agent.progress.ocimanifest import Platform
-from aggapi.agent.progress.peers import PeerLink, PeerPull
 from aggapi.agent.progress.view import objects
 from aggapi.auth.capability import ContainerRef
+from aggapi.linkpeers import PeerLink, PeerPull
 from tests.agent.fakectd import FakeContainerd, FakeImage, make_image
 from tests.agent.linksim import MiB, RecordedLink, SharedLink, SimLayer
 

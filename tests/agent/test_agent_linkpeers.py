@@ -19,10 +19,10 @@ from aggapi import wire
 from aggapi.agent.app import PARTS
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.peerroute import MAX_BODY
-from aggapi.agent.progress.peers import PeerLink, PeerPull
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentEndpoint
 from aggapi.apiserver.collections.linkfeed import LinkFeeder
+from aggapi.linkpeers import PeerLink, PeerPull
 from tests.agent.agentserver import NODE, Agent, client_ssl, pki, run_agent
 from tests.agent.fakectd import FakeContainerd
 

@@ -9,16 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggapi.agent.progress.peers import (
-    MAX_PEERS,
-    MAX_PULLS,
-    BadPeers,
-    PeerBook,
-    PeerLink,
-    PeerPull,
-    parse,
-    unparse,
-)
+from aggapi.agent.progress.peers import PeerBook
+from aggapi.linkpeers import MAX_PEERS, MAX_PULLS, BadPeers, PeerLink, PeerPull, parse, unparse
 from tests.agent.linkrun import KB, A, B, MiB, Pull, p90, run_trace
 
 

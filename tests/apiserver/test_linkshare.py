@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggapi.agent.progress.peers import PeerLink, PeerPull, parse, unparse
 from aggapi.apiserver.collections.linkshare import REMEMBER, LinkShare, pulls_by_host
+from aggapi.linkpeers import PeerLink, PeerPull, parse, unparse
 
 REG, OTHER = "reg.example", "other.example"
 

@@ -52,7 +52,7 @@ from aggapi.agent.progress.ocimanifest import (
     Platform,
     ResolvedImage,
 )
-from aggapi.agent.progress.peers import PeerLink
+from aggapi.linkpeers import PeerLink
 from aggapi.runtime.containerd import (
     ContentInfo,
     ImageRecord,

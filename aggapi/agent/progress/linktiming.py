@@ -21,8 +21,9 @@ from aggapi.agent.progress.model import (
     LayerState,
     PullState,
 )
-from aggapi.agent.progress.peers import PeerBook, PeerLink
+from aggapi.agent.progress.peers import PeerBook
 from aggapi.agent.progress.rate import Trace
+from aggapi.linkpeers import PeerLink
 from aggapi.runtime.containerd import IngestStatus
 
 NODE_SLOTS = 3  # containerd's default max_concurrent_downloads

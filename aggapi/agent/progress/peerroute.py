@@ -11,8 +11,8 @@ import json
 from aiohttp import web
 
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
-from aggapi.agent.progress.peers import BadPeers, PeerLink, parse
 from aggapi.agent.progress.poller import ProgressPoller
+from aggapi.linkpeers import BadPeers, PeerLink, parse
 from aggapi.status import StatusError
 
 MAX_BODY = 256 * 1024  # 64 peers x 32 pulls fit several times over

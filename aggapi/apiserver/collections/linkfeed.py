@@ -17,11 +17,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from aggapi.agent.progress.peers import PeerLink, unparse
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.linkshare import LinkShare
 from aggapi.apiserver.collections.nodepolls import POLL_SUBJECT, NodePoll
 from aggapi.apiserver.shared import Shared
+from aggapi.linkpeers import PeerLink, unparse
 from aggapi.status import StatusError
 from aggapi.wire import AGENT_LINK_PEERS_PATH, OP_LINK_PEERS
 

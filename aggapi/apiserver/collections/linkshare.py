@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggapi.agent.progress.peers import PeerLink, PeerPull
+from aggapi.linkpeers import PeerLink, PeerPull
 from aggapi.registrylabels import UNKNOWN, registry_of
 
 log = logging.getLogger(__name__)

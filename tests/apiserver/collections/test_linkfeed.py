@@ -7,9 +7,9 @@ import json
 from types import SimpleNamespace
 from typing import Any, cast
 
-from aggapi.agent.progress.peers import PeerLink, PeerPull, parse
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.linkfeed import LinkFeeder
+from aggapi.linkpeers import PeerLink, PeerPull, parse
 from aggapi.status import StatusError
 from aggapi.wire import AGENT_LINK_PEERS_PATH, OP_LINK_PEERS
 
