@@ -14,25 +14,19 @@ the Python way, with the same result.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import os
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
+from aggapi import native
 from aggapi.client.errors import IntegrityError
 from aggapi.tar.entrydigest import ALGORITHM, ANNOUNCE_RECORD, TRAILING
 
-_native: ModuleType | None
-try:
-    _native = importlib.import_module("aggapi.client._fastextract")
-except ImportError:  # not built here: the Python path alone
-    _native = None
+_native = native.optional("aggapi.client._fastextract")
 
 
 def loaded() -> bool:
     """The compiled loop is there and not switched off."""
-    return _native is not None and os.environ.get("AGGAPI_PURE_PYTHON", "") in ("", "0")
+    return _native is not None and not native.switched_off()
 
 
 class FastPath:

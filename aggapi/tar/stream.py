@@ -10,13 +10,11 @@ data is pulled in bounded chunks. All parsing is in :mod:`aggapi.tar.parse`
 from __future__ import annotations
 
 import asyncio
-import importlib
-import os
 from collections import deque
 from collections.abc import Mapping
-from types import ModuleType
 from typing import Protocol
 
+from aggapi import native
 from aggapi.tar.parse import (
     ARCHIVE_END,
     BLK,
@@ -53,12 +51,7 @@ __all__ = ["ARCHIVE_END", "BLK", "BLOCK", "CHR", "CONT", "DIR", "END", "FIFO", "
 
 # The compiled builders of the two blocks below (aggapi/tar/_fastheader.c), where built:
 # the same bytes (the Python ones are the reference); AGGAPI_PURE_PYTHON=1 leaves them.
-_native: ModuleType | None = None
-if os.environ.get("AGGAPI_PURE_PYTHON", "") in ("", "0"):
-    try:
-        _native = importlib.import_module("aggapi.tar._fastheader")
-    except ImportError:
-        pass
+_native = None if native.switched_off() else native.optional("aggapi.tar._fastheader")
 
 
 def _octal(value: int, width: int) -> bytes | None:

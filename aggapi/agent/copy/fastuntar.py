@@ -18,38 +18,33 @@ agent's environment, every entry goes the Python way, with the same result.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from aggapi import native
 from aggapi.agent.copy.atomic import WRITEBACK_STEP, sha256_mismatch
 from aggapi.fs import syncfs
 from aggapi.tar import stream
 from aggapi.tar.entrydigest import ALGORITHM, ANNOUNCE_RECORD
 
-_native: ModuleType | None
-try:
-    _native = importlib.import_module("aggapi.agent.copy._fastuntar")
-except ImportError:  # not built here: the Python path alone
-    _native = None
-
-ENV = "AGGAPI_PURE_PYTHON"
+_native = native.optional("aggapi.agent.copy._fastuntar")
+ENV = native.ENV
 
 
 def loaded() -> bool:
     """The compiled loop is there and not switched off."""
-    return _native is not None and os.environ.get(ENV, "") in ("", "0")
+    return _native is not None and not native.switched_off()
 
 
 def describe() -> str:
     """Which paths this agent's tar copies take, for its start-up log line: the upload
     loop here, and the tar writer's header builders (aggapi.tar.stream, downloads)."""
-    def which(native: ModuleType | None, name: str) -> str:
-        if os.environ.get(ENV, "") not in ("", "0"):
+    def which(mod: ModuleType | None, name: str) -> str:
+        if native.switched_off():
             return f"python ({ENV} is set)"
-        return f"compiled ({name})" if native is not None else f"python ({name} is not built)"
+        return f"compiled ({name})" if mod is not None else f"python ({name} is not built)"
 
     return (f"tar uploads: {which(_native, 'aggapi.agent.copy._fastuntar')}; "
             f"tar headers: {which(stream._native, 'aggapi.tar._fastheader')}")
@@ -114,7 +109,7 @@ class FastUntar:
                    (ex.max_ops if ex.max_ops is not None else 1 << 62) - ex.ops)
         if take <= 0:
             return pos
-        skip = sink.hash.skip if sink.headers_only else None
+        skip = sink.headers.skip if sink.headers is not None else None
         pos, taken, mismatch, err = self.run_native(
             data, pos, self._prefix[1], pfd, parent, bool(sink.digests.required), skip,
             take, lim.size_limit, WRITEBACK_STEP, tl.max_meta, tl.max_pax_records,
