@@ -69,7 +69,8 @@ class TarSink:
         self.parser = TarParser(tar_limits or TarLimits())
         # The whole stream's sha256, or with headers_only its headers digest (a file's
         # data is hashed once, for its own record: aggapi.tar.entrydigest).
-        self.hash: Any = HeadersHash() if headers_only else hashlib.sha256()
+        self.headers = HeadersHash() if headers_only else None
+        self.hash: Any = self.headers if self.headers is not None else hashlib.sha256()
         self.size = 0
         self.entries = 0  # every entry, "./" included
         self.af: AtomicFile | None = None
@@ -79,12 +80,11 @@ class TarSink:
         self.want: str | None = None  # the current file's
         self.pieces: list[bytes] = []
         self.entries_per_yield = ENTRIES_PER_YIELD
-        self.headers_only = headers_only
         # The compiled loop, where built (fastuntar; fast=False: the reference alone).
         self.fast = FastUntar.make(self) if fast else None
 
     def feed_many(self, batch: list[bytes]) -> None:
-        headers = self.hash if isinstance(self.hash, HeadersHash) else None
+        headers = self.headers
         fast = self.fast
         big = self.entry is not None and self.entry.size >= WRITEBACK_STEP
         if fast is not None and len(batch) > 1 and not big:
@@ -115,7 +115,7 @@ class TarSink:
     def _events(self, data: bytes, pos: int, stop: bool) -> int:
         """Apply the events of ``data[pos:]``, to the end of the piece or, with
         ``stop``, to the end of the next entry; where it stopped."""
-        headers = self.hash if self.headers_only else None
+        headers = self.headers
         parser = self.parser
         for ev in parser.feed(data, pos):
             if isinstance(ev, bytes):
