@@ -42,7 +42,7 @@ def _pull_event(ev: dict[str, Any]) -> dict[str, Any] | None:
     return _slim(ev) if ev.get("reason") in PULL_REASONS else None
 
 
-def _pod_key(obj: Mapping[str, Any]) -> PodKey:
+def pod_key(obj: Mapping[str, Any]) -> PodKey:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
@@ -112,8 +112,8 @@ class Source:
 
     def _pod_changed(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "DELETED":
-            self._by_pod.pop(_pod_key(obj), None)
-        self._notify(None if kind == "RELIST" else _pod_key(obj))
+            self._by_pod.pop(pod_key(obj), None)
+        self._notify(None if kind == "RELIST" else pod_key(obj))
 
     def _event_changed(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "RELIST":

@@ -26,7 +26,7 @@ from aggapi.apiserver.collections.podimagepulls import (
     view_slice,
 )
 from aggapi.apiserver.collections.store import Clock, Collection, Event
-from aggapi.apiserver.podsources import PodKey, Source, Sources
+from aggapi.apiserver.podsources import PodKey, Source, Sources, pod_key
 from aggapi.apiserver.shared import Shared
 from aggapi.status import StatusError
 
@@ -245,8 +245,7 @@ class PodFeed(_Batcher):
         if self.everything:  # a relist: every pod, known or gone, behind kube's changes
             self.everything = False
             for p in self.source.pods.items.values():
-                meta = p.get("metadata") or {}
-                self.dirty[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = None
+                self.dirty[pod_key(p)] = None
             for key in self.collection.objects:
                 self.dirty[key] = None
         dirty, _ = self.take(limit, urgent_only=urgent_only)

@@ -151,9 +151,8 @@ def _subsecond(ev: Mapping[str, Any], when: str) -> float:
     m = _NAME_NANOS.search(str((ev.get("metadata") or {}).get("name") or ""))
     if m is None:
         return -1.0
-    try:
-        second = datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    second = _seconds(when)
+    if second is None:
         return -1.0
     ns = int(m.group(1), 16)
     return (ns % 10**9) / 1e9 if ns // 10**9 == int(second) else -1.0
