@@ -15,7 +15,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +157,8 @@ def outcome(base: Path, raw: bytes, limits: dict[str, int], chunk: int, pieces: 
     return result, tree(root)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def report() -> Iterator[None]:
-    """Counts the entries the loop applied, refused streams' too (the loop must run)."""
+def _counting(note: Callable[[int], None]) -> Callable[..., int]:
+    """FastUntar.run that also passes ``note`` the entries each call applied."""
     real = fastuntar.FastUntar.run
 
     def counted(self: fastuntar.FastUntar, data: bytes, pos: int) -> int:
@@ -167,10 +166,18 @@ def report() -> Iterator[None]:
         try:
             return real(self, data, pos)
         finally:
-            SEEN["taken"] += self.taken - before
+            note(self.taken - before)
+    return counted
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Iterator[None]:
+    """Counts the entries the loop applied, refused streams' too (the loop must run)."""
+    def note(n: int) -> None:
+        SEEN["taken"] += n
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fastuntar.FastUntar, "run", counted)
+        mp.setattr(fastuntar.FastUntar, "run", _counting(note))
         yield
     print(f"\ncompiled upload loop: {SEEN}")
     if SEEN["cases"]:
@@ -342,16 +349,7 @@ async def test_the_agent_takes_the_loop_for_a_new_target(cc: Any, plain: tuple[P
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The upload handler's TarSink runs the loop (a new target), not only the tests'."""
     taken: list[int] = []
-    real = fastuntar.FastUntar.run
-
-    def counted(self: fastuntar.FastUntar, data: bytes, pos: int) -> int:
-        before = self.taken
-        try:
-            return real(self, data, pos)
-        finally:
-            taken.append(self.taken - before)
-
-    monkeypatch.setattr(fastuntar.FastUntar, "run", counted)
+    monkeypatch.setattr(fastuntar.FastUntar, "run", _counting(taken.append))
     raw = ANNOUNCEMENT + b"".join(_file(f"d/f{i}", b"%d" % i) for i in range(100)) + END
     r = await cc.post("/new", raw, format="tar")
     assert r.status == 200, await r.text()
