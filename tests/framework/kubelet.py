@@ -39,292 +39,45 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 import yaml
 
 from aggapi.runtime.cri import CRIClient
-from aggapi.runtime.errors import RuntimeCallError, RuntimeNotFound
-from aggapi.tls import pki
 from tests.framework import nodestate
-from tests.framework.containerd import CGROUP_ROOT
 from tests.framework.controlplane import (
-    APISERVER_KUBELET_CLIENT_CN,
     INSTANCES,
     ControlPlane,
     binary,
-    kubeconfig,
 )
-from tests.framework.kubetools import feature_gates, has, lacks
+from tests.framework.forgetimages import forget_images
+from tests.framework.kubeletapiserver import (  # noqa: F401
+    KubeletAPIServerSide,
+    apiserver_flags,
+    apiserver_kubelet_client_paths,
+    ensure_apiserver_client_cert,
+)
+from tests.framework.kubeletfiles import KubeletFiles
+from tests.framework.kubelethostchanges import KERNEL_TUNABLES, HostChanges  # noqa: F401
+from tests.framework.kubeletlayout import (  # noqa: F401
+    HEALTHZ_PORT,
+    KUBELET_PORT,
+    KubeletHost,
+    log,
+    pod_subnet,
+)
+from tests.framework.kubeletpods import HARNESS_LABEL, pod_manifest
 from tests.framework.node import Node, ensure_node
-from tests.framework.nodestate import NodeInfo
-from tests.framework.procs import HarnessError, Proc, spawn
-
-KUBELET_PORT = 10250
-HEALTHZ_PORT = 10248
-# Sysctls kubelet sets when protectKernelDefaults is false (pkg/kubelet/cm, setupKernelTunables):
-# recorded before it starts, restored after it stops.
-KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
-                   "kernel/panic_on_oops", "kernel/keys/root_maxkeys",
-                   "kernel/keys/root_maxbytes")
-HARNESS_LABEL = "aggapi.io/harness"
+from tests.framework.procs import HarnessError, spawn
 
 
-def log(msg: str) -> None:
-    print(f"kubelet: {msg}", file=sys.stderr, flush=True)
-
-
-def pod_subnet(cp: ControlPlane) -> str:
-    return f"10.251.{64 + INSTANCES[cp.instance]}.0/24"
-
-
-def apiserver_kubelet_client_paths(cp: ControlPlane) -> tuple[Path, Path]:
-    return cp.pki_dir / "apiserver-kubelet-client.crt", cp.pki_dir / "apiserver-kubelet-client.key"
-
-
-def apiserver_flags(cp: ControlPlane) -> list[str]:
-    """kube-apiserver flags for talking to kubelet (exec, attach, port-forward, logs, cp):
-    ControlPlane.kubelet_client_flags, which the control plane passes from the start."""
-    return cp.kubelet_client_flags()
-
-
-def ensure_apiserver_client_cert(cp: ControlPlane) -> None:
-    crt, key = apiserver_kubelet_client_paths(cp)
-    if crt.exists() and key.exists():
-        return
-    ca = pki.load_pair(cp.pki_dir / "ca.crt", cp.pki_dir / "ca.key")
-    pki.issue(ca, APISERVER_KUBELET_CLIENT_CN, client=True).write(crt, key)
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-class KubeletHost(Protocol):
-    """What a kubelet needs of its node: tests.framework.node.Node, or a node of a
-    multi-node cluster (tests.framework.clusternode)."""
-
-    dir: Path
-    info: NodeInfo
-
-    @property
-    def cri_address(self) -> str: ...
-
-
-class Kubelet:
+# The concerns live in their modules (kubeletlayout: names and paths, kubeletfiles,
+# kubeletapiserver, kubelethostchanges); __init__ is KubeletLayout's.
+class Kubelet(KubeletFiles, KubeletAPIServerSide, HostChanges):
     """Start/stop one kubelet for ``cp``'s node; ``restart`` with other pull settings.
 
     ``node_name`` and ``workdir`` default to the control plane's node and
     ``<state>/kubelet``; a cluster node passes its own (tests.framework.clusternode)."""
-
-    def __init__(self, cp: ControlPlane, node: KubeletHost, *,
-                 serialize_image_pulls: bool = True,
-                 max_parallel_image_pulls: int | None = None,
-                 extra_config: Mapping[str, Any] | None = None, verbosity: int = 2,
-                 node_name: str | None = None, workdir: Path | None = None) -> None:
-        self.cp = cp
-        self.node = node
-        self.node_name = node_name or cp.node_name
-        self.serialize_image_pulls = serialize_image_pulls
-        self.max_parallel_image_pulls = max_parallel_image_pulls
-        self.extra_config = dict(extra_config or {})
-        self.verbosity = verbosity
-        self.dir = workdir or cp.state / "kubelet"
-        self._sysctls: dict[str, str] = {}
-        self._prev_config: str | None = None  # the node's kubelet.yaml before ours
-
-    # --- names -------------------------------------------------------------------------
-    @property
-    def address(self) -> str:
-        return self.cp.net.host_address
-
-    @property
-    def config_path(self) -> Path:
-        """The file the aggapi agent reads: the node's kubelet.yaml."""
-        return self.node.dir / "kubelet.yaml"
-
-    @property
-    def root_dir(self) -> Path:
-        return self.dir / "root"
-
-    @property
-    def pod_logs_dir(self) -> Path:
-        return self.dir / "pod-logs"
-
-    @property
-    def kubeconfig_path(self) -> Path:
-        return self.dir / "kubelet.kubeconfig"
-
-    @property
-    def cni_bridge(self) -> str:
-        return f"agg{self.cp.instance[0]}-cni0"
-
-    @property
-    def cni_conf(self) -> Path:
-        return Path(self.node.info.containerd_dir) / "cni/net.d/10-aggapi.conflist"
-
-    @property
-    def pod_subnet(self) -> str:
-        return pod_subnet(self.cp)
-
-    def proc(self) -> Proc:
-        return self.cp.proc("kubelet")
-
-    # --- files -------------------------------------------------------------------------
-    def write_pki(self) -> None:
-        d = self.dir / "pki"
-        d.mkdir(parents=True, exist_ok=True)
-        ca = pki.load_pair(self.cp.pki_dir / "ca.crt", self.cp.pki_dir / "ca.key")
-        if not (d / "kubelet.crt").exists():
-            pki.issue(ca, self.node_name, server=True, dns=[self.node_name, "localhost"],
-                      ips=[self.address, "127.0.0.1"]).write(d / "kubelet.crt", d / "kubelet.key")
-        user = f"system:node:{self.node_name}"
-        if not (d / "client.crt").exists():
-            pki.issue(ca, user, orgs=["system:nodes"], client=True).write(
-                d / "client.crt", d / "client.key")
-        client = pki.load_pair(d / "client.crt", d / "client.key")
-        pki.write_file(self.kubeconfig_path, kubeconfig(
-            self.cp.server, ca.cert_pem, client.cert_pem, client.key_pem, user).encode(),
-            mode=0o600)
-        ensure_apiserver_client_cert(self.cp)
-
-    def config(self) -> dict[str, Any]:
-        """The KubeletConfiguration (see docs/kubelet-harness.md for each choice)."""
-        sock = f"unix://{self.node.cri_address}"
-        cfg: dict[str, Any] = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            # Serving: on the host bridge, where kube-apiserver is; certs from the cluster CA.
-            "address": self.address, "port": KUBELET_PORT, "readOnlyPort": 0,
-            "healthzBindAddress": self.address, "healthzPort": HEALTHZ_PORT,
-            "tlsCertFile": str(self.dir / "pki/kubelet.crt"),
-            "tlsPrivateKeyFile": str(self.dir / "pki/kubelet.key"),
-            "authentication": {"anonymous": {"enabled": False},
-                               "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": str(self.cp.pki_dir / "ca.crt")}},
-            "authorization": {"mode": "Webhook"},
-            # Runtime: the harness's containerd, CRI v1.
-            "containerRuntimeEndpoint": sock, "imageServiceEndpoint": sock,
-            # cgroup v1 host, containerd's runc uses cgroupfs (SystemdCgroup unset).
-            "cgroupDriver": "cgroupfs",
-            "cgroupsPerQOS": True, "cgroupRoot": self.node.info.cgroup_parent,
-            "failSwapOn": False,
-            # No CAP_SYS_RESOURCE on this VM: kubelet could not lower its own score.
-            "oomScoreAdj": 0,
-            # KEP-3673, read by the aggapi agent from this same file.
-            "serializeImagePulls": self.serialize_image_pulls,
-            # Leave big test images and a shared disk alone.
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
-            "podLogsDir": str(self.pod_logs_dir),
-            "volumePluginDir": str(self.dir / "volume-plugins"),  # else /usr/libexec/...
-            # Pods get no resolver of the host's (traffic stays here): dnsPolicy Default
-            # with an empty resolv.conf.
-            "resolvConf": "",
-            "registerNode": True,
-            "nodeStatusUpdateFrequency": "5s", "nodeStatusReportFrequency": "10s",
-            "syncFrequency": "10s",
-            "shutdownGracePeriod": "0s",
-        }
-        if gates := feature_gates():
-            cfg["featureGates"] = gates
-        if has("kubelet-failCgroupV1"):  # older kubelets take cgroup v1 as it is
-            cfg["failCgroupV1"] = False
-        if self.max_parallel_image_pulls is not None:
-            if not has("kubelet-maxParallelImagePulls"):
-                raise HarnessError(lacks("kubelet-maxParallelImagePulls"))
-            cfg["maxParallelImagePulls"] = self.max_parallel_image_pulls
-        cfg.update(self.extra_config)
-        return cfg
-
-    def write_config(self) -> None:
-        if self._prev_config is None:
-            self._prev_config = (self.config_path.read_text() if self.config_path.exists()
-                                 else "")
-        tmp = self.config_path.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(self.config(), sort_keys=False))
-        tmp.replace(self.config_path)  # the agent re-reads it on change
-
-    def cni_config(self) -> dict[str, Any]:
-        return {
-            "cniVersion": "1.0.0", "name": f"aggapi-{self.cp.instance}",
-            "plugins": [{
-                "type": "bridge", "bridge": self.cni_bridge,
-                # No address on the host and no default route: pods talk to each other only.
-                "isGateway": False, "isDefaultGateway": False, "ipMasq": False,
-                "hairpinMode": True,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_subnet}]],
-                         "dataDir": str(self.dir / "cni-ipam")},
-            }],
-        }
-
-    def write_cni(self) -> None:
-        conf = self.cni_config()
-        self.cni_conf.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cni_conf.with_suffix(".tmp")
-        tmp.write_text(json.dumps(conf, indent=2))
-        tmp.replace(self.cni_conf)
-
-    def make_cgroup_root(self) -> None:
-        """kubelet refuses a cgroupRoot that does not exist: create it in every v1
-        hierarchy (cpuset needs its cpus and mems filled before tasks can join)."""
-        rel = self.node.info.cgroup_parent.lstrip("/")
-        if not rel:
-            raise HarnessError("the node has no cgroup parent (node.json)")
-        for hier in CGROUP_ROOT.iterdir():
-            if not hier.is_dir() or hier.name == "unified" or hier.is_symlink():
-                continue
-            d = hier / rel
-            d.mkdir(exist_ok=True)
-            if hier.name == "cpuset":
-                for f in ("cpuset.cpus", "cpuset.mems"):
-                    if not (d / f).read_text().strip():
-                        (d / f).write_text((hier / f).read_text())
-
-    # --- kube-apiserver side ------------------------------------------------------------
-    def ensure_apiserver(self) -> bool:
-        """Restart kube-apiserver with :func:`apiserver_flags` unless it runs with them.
-
-        Returns True if it restarted. A no-op once controlplane.py passes the flags."""
-        ensure_apiserver_client_cert(self.cp)
-        proc = self.cp.proc("kube-apiserver")
-        pid = proc.pid()
-        args = _cmdline(pid) if pid else []
-        names = {f.split("=", 1)[0] for f in apiserver_flags(self.cp)}
-        if args and names <= {a.split("=", 1)[0] for a in args}:
-            return False
-        log("restarting kube-apiserver with the --kubelet-* flags")
-        proc.stop()
-        argv = [a for a in self.cp.kube_apiserver_args() if a.split("=", 1)[0] not in names]
-        p = spawn("kube-apiserver", [*argv, *apiserver_flags(self.cp)], self.cp.state)
-        self.cp._wait(self.cp.readyz, 120, "kube-apiserver /readyz", p)
-        return True
-
-    def rbac(self) -> list[dict[str, Any]]:
-        # kube-root-ca.crt (every pod's projected service-account volume reads it) is
-        # published by kube-controller-manager (tests.framework.controllers).
-        def crb(name: str, role: str, user: str) -> dict[str, Any]:
-            return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                    "metadata": {"name": name, "labels": {HARNESS_LABEL: "kubelet"}},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                "name": role},
-                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                                  "name": user}]}
-
-        return [
-            # kube-apiserver -> kubelet: nodes/proxy, nodes/log, ... (kubelet's SAR).
-            crb("aggapi-harness:apiserver-kubelet-client", "system:kubelet-api-admin",
-                APISERVER_KUBELET_CLIENT_CN),
-            # kubelet's authentication/authorization webhooks: TokenReview + SAR.
-            crb("aggapi-harness:kubelet-auth-delegator", "system:auth-delegator",
-                f"system:node:{self.node_name}"),
-        ]
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self, *, wait: float = 90.0) -> float:
@@ -348,12 +101,6 @@ class Kubelet:
             self.cp._wait(lambda: self.node_ready(since=started), wait, "kubelet: Node Ready",
                           self.proc())
         return time.monotonic() - t0
-
-    def prepare_host(self) -> None:
-        """Record what kubelet changes on this host (sysctls, /var/lib/kubelet)."""
-        self._record_sysctls()
-        if not Path("/var/lib/kubelet").exists():
-            (self.dir / "made-var-lib-kubelet").touch()
 
     def argv(self, kubelet_bin: str) -> list[str]:
         return [kubelet_bin, f"--config={self.config_path}",
@@ -452,125 +199,12 @@ class Kubelet:
                 with contextlib.suppress(Exception):
                     await cri.remove_pod_sandbox(sb.id)
 
-    @staticmethod
-    def _unmount_under(d: Path) -> None:
-        prefix = str(d) + "/"
-        with open("/proc/self/mountinfo") as f:
-            points = [line.split()[4] for line in f]
-        for mp in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
-            subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
-
-    def _remove_container_log_links(self) -> None:
-        """kubelet links /var/log/containers/*.log (a fixed path) into podLogsDir."""
-        links = Path("/var/log/containers")
-        if not links.is_dir():
-            return
-        for link in links.iterdir():
-            with contextlib.suppress(OSError):
-                if link.is_symlink() and os.readlink(link).startswith(str(self.pod_logs_dir)):
-                    link.unlink()
-        with contextlib.suppress(OSError):
-            links.rmdir()  # only if empty
-
-    def _record_sysctls(self) -> None:
-        if self._sysctls:
-            return
-        saved = self.dir / "sysctls.json"
-        if saved.exists():  # a previous run died before restoring: keep the originals
-            self._sysctls = json.loads(saved.read_text())
-            return
-        for k in KERNEL_TUNABLES:
-            with contextlib.suppress(OSError):
-                self._sysctls[k] = Path("/proc/sys", k).read_text().strip()
-        saved.write_text(json.dumps(self._sysctls))
-
-    def _restore_sysctls(self) -> None:
-        saved = self.dir / "sysctls.json"
-        if not self._sysctls and saved.exists():
-            self._sysctls = json.loads(saved.read_text())
-        for k, v in self._sysctls.items():
-            with contextlib.suppress(OSError):
-                Path("/proc/sys", k).write_text(v)
-        saved.unlink(missing_ok=True)
-        self._sysctls = {}
-
     def tail(self, n: int = 40) -> str:
         return self.proc().tail(n)
 
 
-# --- pods ------------------------------------------------------------------------------
-
-def pod_manifest(name: str, containers: Sequence[Mapping[str, Any]], *, node: str,
-                 namespace: str = "default", init_containers: Sequence[Mapping[str, Any]] = (),
-                 host_network: bool = False, pull_policy: str = "IfNotPresent",
-                 labels: Mapping[str, str] | None = None,
-                 volumes: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """A pod bound to ``node`` (kube-scheduler not asked), quick to delete, no token."""
-
-    def fill(c: Mapping[str, Any]) -> dict[str, Any]:
-        return {"imagePullPolicy": pull_policy, **c}
-
-    spec: dict[str, Any] = {
-        "nodeName": node, "containers": [fill(c) for c in containers],
-        "terminationGracePeriodSeconds": 0, "automountServiceAccountToken": False,
-        "enableServiceLinks": False, "restartPolicy": "Always", "dnsPolicy": "Default",
-    }
-    if init_containers:
-        spec["initContainers"] = [fill(c) for c in init_containers]
-    if host_network:
-        spec["hostNetwork"] = True
-    if volumes:
-        spec["volumes"] = [dict(v) for v in volumes]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {HARNESS_LABEL: "pod", **(labels or {})}},
-            "spec": spec}
-
 
 DEMO_POD = "pull-demo"
-
-
-async def _remove_sandbox(cri: CRIClient, sandbox_id: str, timeout: float = 30.0) -> None:
-    """Stop and remove a sandbox that kubelet may be tearing down at the same moment: the
-    CNI delete of whichever stop comes second can fail ("failed to delete eth0: no such
-    device") while the first is still under way. A stop is idempotent once the first has
-    finished, so retry until it succeeds or the sandbox is gone."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await cri.stop_pod_sandbox(sandbox_id)
-            await cri.remove_pod_sandbox(sandbox_id)
-            return
-        except RuntimeNotFound:
-            return
-        except RuntimeCallError:
-            if sandbox_id not in {s.id for s in await cri.list_pod_sandboxes()}:
-                return
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
-async def forget_images(cri_address: str, *repos: str) -> None:
-    """Remove images (every tag and digest of these repositories) so the next pod pulls
-    them again. Sandboxes whose containers use them (left by pods just deleted; kubelet
-    tears them down in its own time) go first: their snapshots would otherwise keep the
-    layers, and containerd's next pull would skip them (nothing downloaded)."""
-
-    def ours(name: str) -> bool:
-        return any(name.split("/", 1)[-1].split("@")[0].split(":")[0] == r.split(":")[0]
-                   for r in repos)
-
-    async with CRIClient(cri_address) as cri:
-        images = [img for img in await cri.list_images()
-                  if any(ours(n) for n in (*img.repo_tags, *img.repo_digests))]
-        ids = {img.id for img in images}
-        holders = {c.sandbox_id for c in await cri.list_containers()
-                   if ours(c.image) or c.image_ref in ids or c.image in ids}
-        for sb in holders:
-            await _remove_sandbox(cri, sb)
-        for img in images:
-            await cri.remove_image(img.id)
 
 
 def demo(cp: ControlPlane, seconds: float = 35.0) -> None:
