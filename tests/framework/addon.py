@@ -32,17 +32,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from tests.framework.addonbase import PSA, AddonBase, InstallTimes  # noqa: F401
+from tests.framework.addonimage import (  # noqa: F401
+    CHECKOUT_ARCHIVE,
+    IMAGE_ARCHIVE,
+    IMAGE_REPOSITORY,
+    IMAGE_TAG,
+    NodeRuntime,
+    build_image,
+)
+from tests.framework.addonstate import AddonState, wait_for
 from tests.framework.cluster import Cluster
 from tests.framework.controlplane import APISERVICE, GROUP, VERSION, ControlPlane, binary
 from tests.framework.kubelet import forget_images, pod_manifest
@@ -52,15 +59,6 @@ from tests.framework.release import RegistryLogin, Release, publish, verify_rele
 from tests.framework.repo import REPO
 
 CHART = REPO / "manifests/charts/aggapi"
-IMAGE_ARCHIVE = Path(os.environ.get("AGGAPI_IMAGE_CACHE", "/var/cache/aggapi-image")) \
-    / "aggapi-dev.oci.tar"
-# This checkout's image, in an archive of its own: the default one is shared by every
-# checkout on the machine, and another branch's build may replace it at any time.
-CHECKOUT_ARCHIVE = IMAGE_ARCHIVE.with_name(
-    f"aggapi-{hashlib.sha256(str(REPO).encode()).hexdigest()[:8]}.oci.tar")
-IMAGE_REPOSITORY = "localhost/aggapi"
-IMAGE_TAG = "dev"
-PSA = "pod-security.kubernetes.io"
 PULL_SECRET = "aggapi-registry"
 
 
@@ -68,99 +66,10 @@ def log(msg: str) -> None:
     print(f"addon: {msg}", file=sys.stderr, flush=True)
 
 
-def build_image(archive: Path = CHECKOUT_ARCHIVE) -> float:
-    """hack/build-image.sh into ``archive`` (no work when its inputs are unchanged);
-    the seconds it took."""
-    t0 = time.monotonic()
-    subprocess.run(["bash", str(REPO / "hack/build-image.sh"), "-o", str(archive)], check=True,
-                   stdout=subprocess.DEVNULL)
-    return time.monotonic() - t0
-
-
-@dataclass(frozen=True)
-class NodeRuntime:
-    """One node's containerd as seen from this host: ``ctr`` runs with ``prefix`` (e.g. an
-    nsenter into the node's namespaces) against ``socket``."""
-
-    name: str
-    socket: str
-    prefix: tuple[str, ...] = ()
-
-    def ctr(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        argv = [*self.prefix, "ctr", f"--address={self.socket}", "--namespace=k8s.io", *args]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise HarnessError(f"{' '.join(argv)}: {r.stderr.strip()}")
-        return r
-
-
-@dataclass(frozen=True)
-class InstallTimes:
-    """Seconds from the start of ``helm install`` (helm returns before pods run)."""
-
-    helm: float
-    available: float
-    ready: float
-
-    def line(self) -> str:
-        return (f"helm install {self.helm:.1f}s, APIService Available after "
-                f"{self.available:.1f}s, all pods Ready after {self.ready:.1f}s")
-
-
-def wait_for(ok: Callable[[], Any], timeout: float, what: str, *,
-             detail: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = ok()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise HarnessError(f"{what}: not within {timeout:.0f}s. {detail()}")
-        time.sleep(0.25)
-
-
-@dataclass
-class Addon:
+# The fields and the helm/kubectl commands are AddonBase's (addonbase.py), the pods and
+# their readiness AddonState's (addonstate.py).
+class Addon(AddonState):
     """One helm release of the chart on the cluster of ``cp`` with nodes ``nodes``."""
-
-    cp: ControlPlane
-    nodes: Sequence[NodeRuntime]
-    release: str = "aggapi"
-    namespace: str = "aggapi"
-    # A local tag of the imported image (imagePullPolicy Never); None: the published
-    # release's image, by digest, pulled from its registry.
-    image_tag: str | None = IMAGE_TAG
-    # Extra ``--set`` values (e.g. hostNetwork for a cluster without pod routes).
-    values: list[str] = field(default_factory=list)
-    # Extra ``--set-string`` values (e.g. environment variables that look like numbers).
-    string_values: list[str] = field(default_factory=list)
-    # Labels put on the namespace before install (Pod Security); None: none.
-    namespace_labels: Mapping[str, str] | None = field(
-        default_factory=lambda: {f"{PSA}/enforce": "privileged"})
-    install_times: InstallTimes | None = None
-    # Imports the archive into every node (e.g. tests.framework.cluster's); None: ``ctr
-    # images import`` on each of ``nodes``.
-    importer: Callable[[Path], float] | None = None
-    # Installs come from this release (hack/release.sh) when set, pulled with ``login``.
-    published: Release | None = None
-    login: RegistryLogin | None = None
-
-    # --- commands --------------------------------------------------------------------------
-    def helm(self, *args: str, check: bool = True,
-             timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        argv = [binary("helm"), f"--kubeconfig={self.cp.admin_kubeconfig}", *args]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        if check and r.returncode != 0:
-            raise HarnessError(f"helm {' '.join(args)}: {r.stdout}\n{r.stderr}")
-        return r
-
-    def kubectl(self, *args: str, check: bool = True,
-                input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return self.cp.kubectl(*args, check=check, input=input)
-
-    def get_json(self, *args: str) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(self.kubectl("get", "-o", "json", *args).stdout)
-        return out
 
     # --- the image -------------------------------------------------------------------------
     @property
@@ -307,115 +216,6 @@ class Addon:
     def installed(self) -> bool:
         r = self.helm("status", self.release, "-n", self.namespace, check=False)
         return r.returncode == 0
-
-    # --- state -----------------------------------------------------------------------------
-    @property
-    def fullname(self) -> str:
-        return self.release if "aggapi" in self.release else f"{self.release}-aggapi"
-
-    @property
-    def agent_name(self) -> str:
-        return f"{self.fullname}-agent"
-
-    def pods(self, component: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.get_json(
-            "pods", "-n", self.namespace,
-            f"-l=app.kubernetes.io/instance={self.release},"
-            f"app.kubernetes.io/component={component}")["items"]
-        return items
-
-    @staticmethod
-    def ready(pod: Mapping[str, Any]) -> bool:
-        if pod["metadata"].get("deletionTimestamp"):
-            return False
-        conds = (pod.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
-
-    def apiserver_pods(self) -> list[dict[str, Any]]:
-        return self.pods("apiserver")
-
-    def agent_pod(self, node: str) -> dict[str, Any]:
-        for p in self.pods("agent"):
-            if p["spec"].get("nodeName") == node and not p["metadata"].get("deletionTimestamp"):
-                return p
-        raise HarnessError(f"no agent pod on {node}")
-
-    def node_names(self) -> list[str]:
-        """The nodes the add-on runs on (the cluster's, not a stand-in's)."""
-        return [n.name for n in self.nodes]
-
-    def available(self) -> bool:
-        """Available=True, served through the chart's Service, and discovery answers."""
-        r = self.kubectl("get", "apiservice", APISERVICE, "-o", "json", check=False)
-        if r.returncode != 0:
-            return False
-        svc = json.loads(r.stdout)["spec"].get("service") or {}
-        if svc.get("namespace") != self.namespace or svc.get("name") != self.fullname:
-            return False
-        return self.cp.apiservice_available()
-
-    def _ready_state(self) -> str | None:
-        """None when everything is Ready, else what is not yet."""
-        dep = self.get_json("deployment", "-n", self.namespace, self.fullname)
-        want = dep["spec"]["replicas"]
-        st = dep.get("status") or {}
-        if st.get("observedGeneration") != dep["metadata"]["generation"]:
-            return "deployment change not yet observed"
-        if (st.get("readyReplicas") or 0) != want or (st.get("updatedReplicas") or 0) != want \
-                or (st.get("replicas") or 0) != want:
-            return f"deployment {st.get('readyReplicas') or 0}/{want} ready"
-        ready = [p for p in self.apiserver_pods() if self.ready(p)]
-        nodes = self.node_names()
-        spread = {p["spec"]["nodeName"] for p in ready}
-        if len(spread) < min(want, len(nodes)):
-            return f"apiserver pods not spread: {sorted(spread)}"
-        ds = self.get_json("daemonset", "-n", self.namespace, self.agent_name)
-        ds_st = ds.get("status") or {}
-        if ds_st.get("observedGeneration") != ds["metadata"]["generation"]:
-            return "daemonset change not yet observed"
-        agents = {p["spec"].get("nodeName") for p in self.pods("agent") if self.ready(p)}
-        if ds_st.get("numberReady") != len(nodes) or agents != set(nodes) \
-                or ds_st.get("updatedNumberScheduled") != len(nodes):
-            return f"agents ready on {sorted(a for a in agents if a)} of {nodes}"
-        gone = [p["metadata"]["name"] for c in ("apiserver", "agent") for p in self.pods(c)
-                if p["metadata"].get("deletionTimestamp")]
-        if gone:
-            return f"pods still terminating: {gone}"
-        return None
-
-    def wait_ready(self, *, timeout: float = 300) -> None:
-        state: list[str | None] = [None]
-
-        def ok() -> bool:
-            state[0] = self._ready_state()
-            return state[0] is None
-
-        wait_for(ok, timeout, "aggapi pods Ready", detail=lambda: f"{state[0]}; {self.diagnose()}")
-
-    def describe(self) -> str:
-        """Pods and their node, for failure messages and hack/local-up.sh."""
-        r = self.kubectl("-n", self.namespace, "get", "pods", "-o", "wide", check=False)
-        return r.stdout + r.stderr
-
-    def logs(self, pod: str, *, previous: bool = False, tail: int = 30) -> str:
-        r = self.kubectl("-n", self.namespace, "logs", pod, f"--tail={tail}",
-                         *(["--previous"] if previous else []), check=False)
-        return r.stdout + r.stderr
-
-    def diagnose(self) -> str:
-        """Pods, then the logs of every pod that is not Ready (for failure messages)."""
-        out = [self.describe()]
-        for comp in ("apiserver", "agent"):
-            for p in self.pods(comp):
-                if not self.ready(p) and p["spec"].get("nodeName"):
-                    name = p["metadata"]["name"]
-                    restarted = any(c.get("restartCount") for c in
-                                    (p.get("status") or {}).get("containerStatuses") or [])
-                    out.append(f"--- {name}:\n{self.logs(name, previous=restarted)}")
-        return "\n".join(out)
-
-    def group_path(self) -> str:
-        return f"/apis/{GROUP}/{VERSION}"
 
 
 def addon_of(cluster: Cluster) -> Addon:
