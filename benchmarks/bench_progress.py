@@ -51,8 +51,7 @@ import aiohttp
 
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
-from benchmarks._procstats import CpuWindow, usage
-from benchmarks.bench_copy import (
+from benchmarks._copyrig import (
     GV,
     NODE,
     PROXY_TOKEN,
@@ -65,6 +64,7 @@ from benchmarks.bench_copy import (
     stop_process,
     wait_ready,
 )
+from benchmarks._procstats import CpuWindow, usage
 from tests.framework import oci
 from tests.framework.containerd import Containerd
 from tests.framework.fakekube import FakeKube

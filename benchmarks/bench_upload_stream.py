@@ -51,18 +51,11 @@ from aggapi.auth.capability import ContainerRef
 from aggapi.client import packtar
 from aggapi.client.connection import Connection
 from aggapi.client.copy import RemotePath, build_first, pack_dir, upload_dir
+from benchmarks._copyclient import ncp_kubeconfig
+from benchmarks._copyrig import GV, NODE, USER, apiserver_process, endpoint_slice, fake_pod
+from benchmarks._copyservers import child
 from benchmarks._procstats import cpu_seconds
 from benchmarks._sourcetree import source_tree
-from benchmarks.bench_copy import (
-    GV,
-    NODE,
-    USER,
-    apiserver_process,
-    child,
-    endpoint_slice,
-    fake_pod,
-    ncp_kubeconfig,
-)
 
 GOAL = 1.1
 SETTLE_S = 35.0
