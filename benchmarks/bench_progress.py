@@ -31,19 +31,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import json
-import math
 import shutil
-import ssl
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +45,6 @@ import aiohttp
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from benchmarks._copyrig import (
-    GV,
-    NODE,
     PROXY_TOKEN,
     USER,
     Pki,
@@ -61,224 +52,24 @@ from benchmarks._copyrig import (
     endpoint_slice,
     pod_object,
     start_fakekube,
-    stop_process,
-    wait_ready,
 )
 from benchmarks._procstats import CpuWindow, usage
+from benchmarks._progresslatency import (
+    LineLog,
+    Tracker,
+    lat_summary,
+    latencies,
+    pct,
+    read_stream,
+    watch_path,
+)
+from benchmarks._progressprocs import agent_process, read_tagged, watchers_main, watchers_process
 from tests.framework import oci
 from tests.framework.containerd import Containerd
 from tests.framework.fakekube import FakeKube
 from tests.framework.frontproxy import FrontProxy, ProxyUser
-from tests.framework.procs import free_port
 from tests.framework.registry import Registry
 from tests.framework.throttle import ThrottleProxy
-
-
-def watch_path(pod: str, ns: str = "default") -> str:
-    return f"{GV}/watch/namespaces/{ns}/pods/{pod}/imagepullprogress"
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
-
-
-# --- containerd side: when did each offset first show up ------------------------------
-
-@dataclass
-class Tracker:
-    """Polls ListStatuses; per layer digest, (monotonic time, offset) at each change."""
-
-    client: ContainerdClient
-    every: float
-    seen: dict[str, tuple[list[float], list[int]]] = field(default_factory=dict)
-    polls: int = 0
-    poll_seconds: list[float] = field(default_factory=list)
-
-    async def run(self) -> None:
-        while True:
-            t0 = time.monotonic()
-            statuses = await self.client.list_statuses()
-            t = time.monotonic()
-            self.polls += 1
-            self.poll_seconds.append(t - t0)
-            for s in statuses:
-                if not s.digest:
-                    continue
-                times, offsets = self.seen.setdefault(s.digest, ([], []))
-                if not offsets or s.offset > offsets[-1]:
-                    # The offset reached this value at some point in (t0, t]: t is when
-                    # it was first visible to a caller of containerd.
-                    times.append(t)
-                    offsets.append(s.offset)
-            await asyncio.sleep(max(0.0, self.every - (time.monotonic() - t0)))
-
-    def first_at_least(self, digest: str, offset: int) -> float | None:
-        entry = self.seen.get(digest)
-        if entry is None:
-            return None
-        times, offsets = entry
-        i = bisect.bisect_left(offsets, offset)
-        return times[i] if i < len(offsets) else None
-
-
-@dataclass
-class LineLog:
-    arrivals: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
-    first_line: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-async def read_stream(session: aiohttp.ClientSession, path: str, log: LineLog) -> None:
-    async with session.get(path) as resp:
-        assert resp.status == 200, (resp.status, await resp.text())
-        async for line in resp.content:
-            if line.strip():
-                log.arrivals.append((time.monotonic(), json.loads(line)))
-                log.first_line.set()
-
-
-def latencies(log: LineLog, tracker: Tracker) -> tuple[list[float], int]:
-    """(latency of each Downloading line whose progress moved, lines not matched)."""
-    last: dict[str, int] = {}
-    out: list[float] = []
-    unmatched = 0
-    for arrival, o in log.arrivals:
-        layer, prog = str(o.get("layer") or ""), int(o.get("progress") or 0)
-        if o.get("kind") != "Progress" or not layer.startswith("sha256:"):
-            continue
-        if o.get("phase") != "Downloading" or prog <= 0 or prog == last.get(layer):
-            continue
-        last[layer] = prog
-        shown = tracker.first_at_least(layer, prog)
-        if shown is None:
-            unmatched += 1
-            continue
-        out.append(arrival - shown)
-    return out, unmatched
-
-
-def lat_summary(values: list[float], unmatched: int, lines: int) -> dict[str, float]:
-    if not values:
-        return {"lines": lines, "samples": 0, "unmatched": unmatched}
-    return {"lines": lines, "samples": len(values), "unmatched": unmatched,
-            "p50_s": pct(values, 50), "p90_s": pct(values, 90), "p99_s": pct(values, 99),
-            "max_s": max(values), "mean_s": statistics.fmean(values)}
-
-
-# --- the 1,000 watchers: a child process ------------------------------------------
-
-async def watchers_main(url: str, pki_dir: str, pods: list[str], n: int) -> None:
-    """n streams over ``pods`` (round robin); prints READY once every stream has its
-    first line, then DONE with counts when all streams ended (or on stdin EOF)."""
-    ctx = ssl.create_default_context(cafile=f"{pki_dir}/ca.crt")
-    ctx.load_cert_chain(f"{pki_dir}/user.crt", f"{pki_dir}/user.key")
-    counts = {"lines": 0, "summaries": 0, "errors": 0, "status_not_200": 0}
-    ready = 0
-    all_ready = asyncio.Event()
-
-    async def one(pod: str) -> None:
-        nonlocal ready
-        first = True
-        try:
-            async with session.get(watch_path(pod)) as resp:
-                if resp.status != 200:
-                    counts["status_not_200"] += 1
-                    return
-                async for line in resp.content:
-                    counts["lines"] += 1
-                    if first:
-                        first = False
-                        ready += 1
-                        if ready == n:
-                            all_ready.set()
-                    if b'"kind": "Summary"' in line or b'"kind":"Summary"' in line:
-                        counts["summaries"] += 1
-        except (aiohttp.ClientError, OSError):
-            counts["errors"] += 1
-        finally:
-            if first:
-                ready += 1
-                if ready == n:
-                    all_ready.set()
-
-    async with aiohttp.ClientSession(
-            url, connector=aiohttp.TCPConnector(ssl=ctx, limit=0),
-            timeout=aiohttp.ClientTimeout(total=None)) as session:
-        tasks = [asyncio.create_task(one(pods[i % len(pods)])) for i in range(n)]
-        await all_ready.wait()
-        print("READY", flush=True)
-        loop = asyncio.get_running_loop()
-        eof = loop.run_in_executor(None, sys.stdin.readline)
-        done = asyncio.gather(*tasks)
-        await asyncio.wait([done, eof], return_when=asyncio.FIRST_COMPLETED)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    print("DONE " + json.dumps(counts), flush=True)
-
-
-@asynccontextmanager
-async def watchers_process(url: str, p: Pki, pods: list[str], n: int
-                           ) -> AsyncIterator[asyncio.subprocess.Process]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.bench_progress", "--watchers-child", url,
-        str(p.dir), ",".join(pods), str(n),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    try:
-        yield proc
-    finally:
-        if proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 15)
-        except TimeoutError:
-            await stop_process(proc)
-
-
-async def read_tagged(proc: asyncio.subprocess.Process, tag: str, within: float) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + within
-    while True:
-        line = await asyncio.wait_for(proc.stdout.readline(),
-                                      max(0.1, deadline - time.monotonic()))
-        if not line:
-            raise RuntimeError(f"watchers process ended before {tag}")
-        text = line.decode().strip()
-        if text.startswith(tag):
-            return text[len(tag):].strip()
-
-
-# --- the agent process -------------------------------------------------------------
-
-def agent_listen_flags(port: int) -> list[str]:
-    """--bind-address/--secure-port, or the older --host/--port: whatever --help shows."""
-    help_text = subprocess.run([sys.executable, "-m", "aggapi", "agent", "--help"],
-                               capture_output=True, text=True, check=False).stdout
-    if "--secure-port" in help_text:
-        return ["--bind-address=127.0.0.1", f"--secure-port={port}"]
-    return ["--host=127.0.0.1", f"--port={port}"]
-
-
-@asynccontextmanager
-async def agent_process(p: Pki, ctd: Containerd, work: Path, poll_interval: float
-                        ) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
-    port = free_port()
-    log = await asyncio.to_thread((work / "agent.log").open, "wb")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aggapi", "agent", "--node-name", NODE, "--certs-dir",
-        str(p.dir), *agent_listen_flags(port), "--cri-address", ctd.address,
-        "--containerd-address", ctd.address, "--snapshotter", ctd.snapshotter,
-        "--kubelet-config", "/nonexistent", "--copy-state-dir", str(work / "inflight"),
-        f"--poll-interval={poll_interval}", "--log-level=warning", stdout=log, stderr=log)
-    url = f"https://127.0.0.1:{port}"
-    try:
-        await wait_ready(url + "/healthz", p.agent_client_ssl(), proc)
-        yield url, proc
-    finally:
-        await stop_process(proc)
-        log.close()
-
 
 # --- phases ------------------------------------------------------------------------
 
