@@ -12,21 +12,38 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.e2e.kubectlrun import (  # noqa: F401
+    ApiReply,
+    KubectlRun,
+    Streamed,
+    api_get,
+    kubectl,
+    kubectl_argv,
+    kubectl_stream,
+)
+from tests.e2e.standinpods import (  # noqa: F401
+    GROUP_VERSION,
+    E2EPod,
+    PullingPod,
+    begin_pull,
+    delete_pod,
+    finish_pulling_pod,
+    remove_big_image,
+    run_pod,
+    start_pulling_pod,
+)
 from tests.framework.cluster import Cluster
-from tests.framework.controlplane import ControlPlane, binary
+from tests.framework.controlplane import ControlPlane
 from tests.framework.kubelet import Kubelet
 from tests.framework.node import Node
-from tests.framework.pods import ContainerSpec
 from tests.framework.procs import Proc
 from tests.framework.repo import REPO
-from tests.framework.standin import StandinKubelet, StandinPod, SyncStandin
+from tests.framework.standin import SyncStandin
 
 APISERVER_MAIN = REPO / "aggapi/apiserver/main.py"
 
@@ -118,8 +135,7 @@ def aggapi_agent(control_plane: ControlPlane) -> Iterator[Proc]:
 # (tests.framework.node / tests.framework.standin). No kubelet runs: the stand-in creates Pod
 # objects bound to the node, drives containerd through CRI with kubelet's labels, and posts
 # kubelet's events and container statuses.
-
-GROUP_VERSION = "/apis/subresources.aggapi.io/v1alpha1"
+# The pods it runs: tests.e2e.standinpods.
 
 
 @pytest.fixture(scope="session")
@@ -194,43 +210,6 @@ def standin(node: Node) -> Iterator[SyncStandin]:
     s.close()
 
 
-@dataclass
-class E2EPod:
-    namespace: str
-    name: str
-    container: str
-    image: str
-    pod: StandinPod
-
-    def path(self, sub: str, query: Mapping[str, str] | None = None, /, *,
-             watch: bool = False, **params: str) -> str:
-        """The ``sub`` subresource's URL path with the query ``query`` then ``params``
-        (a mapping goes positionally, so no key of it can be mistaken for ``watch``)."""
-        base = (f"{GROUP_VERSION}{'/watch' if watch else ''}/namespaces/{self.namespace}"
-                f"/pods/{self.name}/{sub}")
-        qs = "&".join(f"{k}={v}" for k, v in {**(query or {}), **params}.items())
-        return f"{base}?{qs}" if qs else base
-
-
-def run_pod(standin: SyncStandin, name: str, image: str, *,
-            command: tuple[str, ...] = ()) -> E2EPod:
-    spec = ContainerSpec("app", image, command=command)
-
-    async def go(k: StandinKubelet) -> StandinPod:
-        return await k.run(name, [spec])
-
-    pod = standin.call(go)
-    assert pod.running is not None, pod.pull_errors
-    return E2EPod("default", name, "app", image, pod)
-
-
-def delete_pod(standin: SyncStandin, pod: StandinPod) -> None:
-    async def go(k: StandinKubelet) -> None:
-        await k.delete(pod)
-
-    standin.call(go)
-
-
 @pytest.fixture(scope="module")
 def workload_pod(request: pytest.FixtureRequest, standin: SyncStandin, node: Node,
                  node_agent: Proc) -> Iterator[E2EPod]:
@@ -243,56 +222,6 @@ def workload_pod(request: pytest.FixtureRequest, standin: SyncStandin, node: Nod
         delete_pod(standin, pod.pod)
 
 
-def remove_big_image(standin: SyncStandin, node: Node) -> None:
-    """Forget the big image under both names, so the next pull downloads every byte."""
-    async def go(k: StandinKubelet) -> None:
-        for ref in (node.via_throttle(node.images.big), node.via_registry(node.images.big)):
-            await k.remove_image(ref)
-
-    standin.call(go)
-
-
-@dataclass
-class PullingPod(E2EPod):
-    pull: Any = None  # concurrent.futures.Future of the stand-in's pull + start
-
-
-def start_pulling_pod(standin: SyncStandin, node: Node, name: str, rate: float, *,
-                      start: bool = True) -> PullingPod:
-    """A pod whose big image is being pulled through the throttle at ``rate`` bytes/s
-    (``start=False``: the Pod object only; call ``begin_pull`` when ready)."""
-    remove_big_image(standin, node)
-    node.set_rate(rate)
-    image = node.via_throttle(node.images.big)
-    spec = ContainerSpec("app", image)
-
-    async def create(k: StandinKubelet) -> StandinPod:
-        return await k.create(name, [spec])
-
-    p = PullingPod("default", name, "app", image, standin.call(create))
-    if start:
-        begin_pull(standin, p)
-    return p
-
-
-def begin_pull(standin: SyncStandin, p: PullingPod) -> None:
-    """The stand-in pulls (events, CRI) and starts the pod, in the background."""
-    async def start(k: StandinKubelet) -> StandinPod:
-        return await k.start(p.pod)
-
-    p.pull = standin.spawn(start)
-
-
-def finish_pulling_pod(standin: SyncStandin, node: Node, p: PullingPod) -> None:
-    node.set_rate(None)
-    try:
-        if p.pull is not None:
-            p.pull.result(120)
-    finally:
-        delete_pod(standin, p.pod)
-        remove_big_image(standin, node)
-
-
 @pytest.fixture
 def pulling_pod(standin: SyncStandin, node: Node, node_agent: Proc) -> Iterator[PullingPod]:
     """A pod whose ~150 MB image is being pulled through the throttle proxy (~10 s)."""
@@ -302,123 +231,6 @@ def pulling_pod(standin: SyncStandin, node: Node, node_agent: Proc) -> Iterator[
         yield p
     finally:
         finish_pulling_pod(standin, node, p)
-
-
-# --- real kubectl --------------------------------------------------------------------------
-
-@dataclass
-class KubectlRun:
-    rc: int
-    out: bytes
-    err: str
-    seconds: float
-
-    def objects(self) -> list[dict[str, Any]]:
-        """stdout as NDJSON; every line must parse (a truncated stream would not)."""
-        import json
-
-        return [json.loads(line) for line in self.out.decode().splitlines() if line.strip()]
-
-
-def kubectl_argv(cp: ControlPlane, user: str | None, *args: str,
-                 kubeconfig: Path | None = None) -> list[str]:
-    kc = kubeconfig or (cp.admin_kubeconfig if user is None else cp.user_kubeconfig(user))
-    return [binary("kubectl", build=False), f"--kubeconfig={kc}", *args]
-
-
-async def kubectl(cp: ControlPlane, *args: str, user: str | None = "alice",
-                  stdin: bytes | None = None, timeout: float = 120,
-                  kubeconfig: Path | None = None) -> KubectlRun:
-    """Run real kubectl as ``user`` (None: admin); binary-safe stdout."""
-    import asyncio
-
-    t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *kubectl_argv(cp, user, *args, kubeconfig=kubeconfig),
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return KubectlRun(proc.returncode, out, err.decode(errors="replace"),
-                      time.monotonic() - t0)
-
-
-@dataclass
-class ApiReply:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-
-async def api_get(cp: ControlPlane, path: str, *, user: str = "alice",
-                  timeout: float = 30) -> ApiReply:
-    """GET ``path`` on kube-apiserver over HTTPS as ``user`` (their kubeconfig's client
-    certificate), once: status, headers and body as they came, with no client retry."""
-    import asyncio
-
-    import aiohttp
-
-    from aggapi.kube.kubeconfig import load_kubeconfig
-
-    cfg = await asyncio.to_thread(load_kubeconfig, str(cp.user_kubeconfig(user)))
-    assert cfg.ssl_context is not None  # the harness's kube-apiserver speaks only HTTPS
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s, \
-            s.get(cfg.server + path, ssl=cfg.ssl_context) as r:
-        return ApiReply(r.status, dict(r.headers), await r.read())
-
-
-@dataclass
-class Streamed:
-    """A ``kubectl get --raw`` stream read line by line: (seconds since start, object)."""
-
-    rc: int
-    lines: list[tuple[float, dict[str, Any]]]
-    raw: bytes
-    err: str
-    seconds: float
-
-    @property
-    def objects(self) -> list[dict[str, Any]]:
-        return [o for _, o in self.lines]
-
-
-async def kubectl_stream(cp: ControlPlane, path: str, *, user: str = "alice",
-                         timeout: float = 300) -> Streamed:
-    import asyncio
-    import json
-
-    t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *kubectl_argv(cp, user, "get", "--raw", path), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=1 << 22)
-    assert proc.stdout is not None and proc.stderr is not None
-    lines: list[tuple[float, dict[str, Any]]] = []
-    raw = bytearray()
-
-    async def read() -> None:
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            raw.extend(line)
-            if line.strip():
-                # json.loads fails loudly on a line cut in the middle.
-                lines.append((time.monotonic() - t0, json.loads(line)))
-
-    try:
-        _, err = await asyncio.wait_for(asyncio.gather(read(), proc.stderr.read()), timeout)
-        await proc.wait()
-    except BaseException:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return Streamed(proc.returncode, lines, bytes(raw), err.decode(errors="replace"),
-                    time.monotonic() - t0)
 
 
 @pytest.fixture(scope="session")
