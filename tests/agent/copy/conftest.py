@@ -254,6 +254,16 @@ async def cc(plain: tuple[Path, Path], serve: Any, limits: CopyLimits) -> Any:
     return await serve(DirResolver(plain[0]), limits)
 
 
+# The host directories of the runc-container tests (test_runc_paths.py,
+# test_runc_failures.py): data (the container's /data), outside, the agent's state.
+@pytest.fixture
+def agent_dirs(tmp_path: Path) -> dict[str, Path]:
+    dirs = {n: tmp_path / n for n in ("data", "outside", "state")}
+    for d in dirs.values():
+        d.mkdir()
+    return dirs
+
+
 @dataclass
 class HeldBody:
     """An upload body that sends ``first`` MiB, sets ``sent``, then waits for ``release``

@@ -20,7 +20,7 @@ import pytest_asyncio
 from aggapi.agent.copy.quotas import CopyLimits
 from aggapi.runtime.cri import CRIClient
 from tests.agent.agentserver import pki, run_agent
-from tests.agent.copy.test_runc_containers import POD, container_pid
+from tests.agent.copy.runcsupport import POD, container_pid
 from tests.framework.pods import ContainerSpec, PodRunner, RunningPod
 from tests.tarcraft import pax_tar
 
