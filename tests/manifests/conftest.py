@@ -22,6 +22,8 @@ from tests.framework.repo import REPO
 
 CHART = REPO / "manifests/charts/aggapi"
 BASE = REPO / "manifests/base"
+GROUP = "subresources.aggapi.io"
+APISERVICE = f"v1alpha1.{GROUP}"
 
 # Every TLS mode, with the values that select it (helm --set).
 TLS_MODES: dict[str, list[str]] = {
@@ -107,3 +109,8 @@ def find(docs: Sequence[dict[str, Any]], kind: str, name: str | None = None) -> 
             and (name is None or d["metadata"]["name"] == name)]
     assert len(hits) == 1, f"expected one {kind} {name or ''}, found {len(hits)}"
     return hits[0]
+
+
+def pod_spec(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    spec: dict[str, Any] = find(docs, kind)["spec"]["template"]["spec"]
+    return spec
