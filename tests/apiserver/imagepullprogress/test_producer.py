@@ -1,80 +1,26 @@
 """The Producer's stream as kubelet lives a pull: the pod and its events come from
-the fake kube-apiserver through the real PodWatch; the agent is scripted."""
+the fake kube-apiserver through the real PodWatch; the agent is scripted.
+
+Here: following and snapshots, what they end with. Tenants: test_producer_tenants.py;
+the agent's word against kubelet's: test_producer_agent_kubelet.py."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggapi.apiserver.authz import Authorizer, Permits
-from aggapi.apiserver.imagepullprogress.handler import SEE_NODE_PULLS
-from aggapi.apiserver.imagepullprogress.podwatch import PodWatch
-from aggapi.apiserver.imagepullprogress.producer import Producer
-from aggapi.apiserver.metrics import Metrics
-from aggapi.apiserver.pods import target_from_pod
-from aggapi.apiserver.requestinfo import RequestInfo
-from aggapi.auth.delegated import UserInfo
 from tests.framework.fakekube import FakeKube
 from tests.framework.until import until
 
-from .scripted import (
-    Collected,
-    ScriptedAgent,
-    done_summary,
-    event,
-    new_broadcast,
-    pod_object,
-    progress,
-    read_all,
-    watch_of,
-)
-
-IMG = "reg/app:1"
-
+from .producerrun import IMG, running
+from .scripted import Collected, ScriptedAgent, done_summary, event, pod_object, progress
 
 # conftest.py: the fake kube-apiserver, and agent retries made quick.
 pytestmark = pytest.mark.usefixtures("quick_retry")
-
-
-@contextlib.asynccontextmanager
-async def running(kube: FakeKube, pod: dict[str, Any], agent: ScriptedAgent, *,
-                  follow: bool, granularity: str = "image",
-                  **kw: Any) -> AsyncIterator[tuple[Collected, asyncio.Task[None]]]:
-    async with contextlib.asynccontextmanager(watch_of)(kube, pod) as pw:
-        assert isinstance(pw, PodWatch)
-        target = target_from_pod(pw.pod or pod)
-        bc = new_broadcast()
-        prod = Producer(bc, agent, pw, target, target.containers, granularity,  # type: ignore[arg-type]
-                        follow, "alice", **kw)
-        got = Collected([])
-        task = asyncio.create_task(prod.run())
-        reader = asyncio.create_task(read_all(bc, got.objs))
-        try:
-            yield got, task
-            await asyncio.wait({task}, timeout=10)
-            assert task.done()
-            if not task.cancelled():
-                task.result()
-            bc.finish()
-            await asyncio.wait_for(reader, 5)
-        finally:
-            for t in (task, reader):
-                t.cancel()
-                with contextlib.suppress(BaseException):
-                    await t
-
-
-def node_busy_with(image: str, repo: str) -> dict[str, Any]:
-    return {"kind": "NodeImagePulls", "inFlight": 1, "slotsFree": 0,
-            "slots": {"limit": 1, "serialize": True, "source": "kubelet.yaml", "error": ""},
-            "pulls": [{"lease": "l1", "images": [image], "repositories": [repo],
-                       "phase": "Downloading", "progress": 1, "total": 9}]}
 
 
 def set_status(kube: FakeKube, pod: dict[str, Any], reason: str, message: str = "") -> None:
@@ -211,134 +157,6 @@ async def test_unknown_sizes_are_null(kube: FakeKube) -> None:
     assert all(o["progress"] is None and o["total"] is None for o in prog)
 
 
-@pytest.mark.parametrize(("user", "sees"), [("bob", False), ("node-admin", True)])
-async def test_two_tenants_waiting_for_a_slot(kube: FakeKube, user: str, sees: bool) -> None:
-    """alice's pod (namespace tenant-a) holds the node's one pull slot; bob's pod
-    (tenant-b) waits. bob, who may read his own pod's progress but not the node's
-    pulls, sees a count; a user granted get nodes/imagepulls (SubjectAccessReview
-    through the real Authorizer, against the fake kube-apiserver) sees the pull.
-    At 622964a the Waiting object listed alice's image to anyone."""
-    alice_img, bob_img = "reg.example/tenant-a/payroll:3", "reg.example/tenant-b/web:1"
-    kube.put("api/v1", "pods", pod_object("payroll", (("app", alice_img),),
-                                          namespace="tenant-a"))
-    pod = pod_object("web", (("app", bob_img),), namespace="tenant-b")
-    kube.put("api/v1", "pods", pod)
-    kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{bob_img}"',
-                                       "2026-01-01T00:00:01Z"))
-
-    def policy(spec: dict[str, Any]) -> bool:
-        ra = spec.get("resourceAttributes") or {}
-        if (ra.get("resource"), ra.get("subresource")) == ("nodes", "imagepulls"):
-            return bool(spec["user"] == "node-admin" and ra.get("verb") == "get")
-        return ra.get("namespace") == "tenant-b"
-
-    kube.sar_policy = policy
-    agent = ScriptedAgent(node_view=node_busy_with(alice_img, "reg.example/tenant-a/payroll"))
-    lines = agent.stream()
-    async with kube.kube_client() as api:
-        info = RequestInfo(path="/x", verb="get", is_resource_request=True,
-                           api_group="subresources.aggapi.io", api_version="v1alpha1",
-                           resource="pods", subresource="imagepullprogress",
-                           namespace="tenant-b", name="web")
-        permits = Permits(Authorizer(api, Metrics()), UserInfo(user), info, "GET",
-                          (SEE_NODE_PULLS,))
-        async with running(kube, pod, agent, follow=True,
-                           may_see_node_pulls=lambda: permits.allows(SEE_NODE_PULLS)
-                           ) as (got, task):
-            lines.send(progress("app", bob_img, "Waiting"))
-            await until(lambda: any(o.get("phase") == "Waiting" for o in got.objs))
-            task.cancel()
-    waiting = next(o for o in got.objs if o.get("phase") == "Waiting")["waiting"]
-    assert waiting["inFlightCount"] == 1 and waiting["limit"] == 1
-    assert ("payroll" in repr(waiting)) is sees
-    assert len(waiting["inFlight"]) == (1 if sees else 0)
-    node_reviews = [c for c in kube.sar_calls
-                    if c["spec"]["resourceAttributes"]["resource"] == "nodes"]
-    assert len(node_reviews) == 1
-    assert node_reviews[0]["spec"]["resourceAttributes"]["namespace"] == ""
-
-
-async def test_snapshot_ends_with_the_agents_failure_when_kubelet_has_not_said(
-        kube: FakeKube) -> None:
-    """The runtime saw the pull fail before kubelet's events arrived: the snapshot's one
-    final object is the agent's Error."""
-    pod = pod_object()
-    kube.put("api/v1", "pods", pod)
-    kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
-                                       "2026-01-01T00:00:01Z"))
-    agent = ScriptedAgent()
-    lines = agent.stream()
-    lines.send(progress("app", IMG, "Failed", error="lease released"),
-               {"kind": "Error", "container": "app", "image": IMG, "phase": "Failed",
-                "error": "lease released"})
-    lines.end()
-    async with running(kube, pod, agent, follow=False) as (got, _):
-        pass
-    assert got.phases() == ["Failed"]
-    assert [(o["kind"], o["error"]) for o in got.finals()] == [("Error", "lease released")]
-    assert got.objs[-1]["kind"] == "Error"
-
-
-async def test_agent_failure_contradicted_by_kubelet_is_asked_again(kube: FakeKube) -> None:
-    """The agent saw a lease go without an image, but kubelet says Pulled: the
-    stream asks the agent again (not after RETRY_POLL) and ends with its Summary."""
-    pod = pod_object()
-    kube.put("api/v1", "pods", pod)
-    kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
-                                       "2026-01-01T00:00:01Z"))
-    agent = ScriptedAgent()
-    first = agent.stream()
-    async with running(kube, pod, agent, follow=True) as (got, _):
-        first.send(progress("app", IMG, "Failed", error="lease released"),
-                   {"kind": "Error", "container": "app", "image": IMG, "phase": "Failed",
-                    "error": "lease released"})
-        first.end()
-        await until(lambda: "Failed" in got.phases())
-        second = agent.stream()
-        kube.put("api/v1", "events", event(
-            pod, "Pulled", "app", f'Successfully pulled image "{IMG}" in 1s',
-            "2026-01-01T00:00:02Z"))
-        await until(lambda: len(agent.opened) == 2, within=3)
-        second.send(progress("app", IMG, "Done", 5, 5),
-                    done_summary("app", IMG, 5, 5))
-        second.end()
-    assert [o["kind"] for o in got.finals()] == ["Summary"]
-
-
-async def test_always_repull_of_a_present_image_is_followed(kube: FakeKube) -> None:
-    """imagePullPolicy Always and the image is there: the agent's first answer is
-    AlreadyPresent and a Summary, but kubelet pulls again. The stream follows that pull
-    and ends with the agent's Summary once it saw the bytes. At 622964a the first
-    Summary ended it."""
-    pod = pod_object()
-    pod["spec"]["containers"][0]["imagePullPolicy"] = "Always"
-    kube.put("api/v1", "pods", pod)
-    present = {"kind": "Summary", "phase": "AlreadyPresent", "progress": None, "total": None,
-               "images": [{"container": "app", "image": IMG, "phase": "AlreadyPresent"}]}
-    agent = ScriptedAgent()
-    first = agent.stream()
-    first.send(progress("app", IMG, "AlreadyPresent", 9, 9), present)
-    first.end()
-    async with running(kube, pod, agent, follow=True) as (got, _):
-        await until(lambda: got.phases() == ["Pending"] and len(agent.opened) == 2)
-        kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
-                                           "2026-01-01T00:00:01Z"))
-        # the agent, asked again, still finds the old record (no lease seen yet)
-        again = agent.stream()
-        again.send(progress("app", IMG, "AlreadyPresent", 9, 9), present)
-        again.end()
-        await until(lambda: got.phases()[-1:] == ["Pulling"])
-        pull = agent.stream()
-        pull.send(progress("app", IMG, "Downloading", 3, 12))
-        await until(lambda: got.phases()[-1:] == ["Downloading"])
-        pull.send(progress("app", IMG, "Done", 12, 12),
-                  {**present, "phase": "Done",
-                   "images": [{"container": "app", "image": IMG, "phase": "Done"}]})
-        pull.end()
-    assert got.phases() == ["Pending", "Pulling", "Downloading", "Done"]
-    assert [o["phase"] for o in got.finals()] == ["Done"]
-
-
 AGENT_PHASES = ("Waiting", "Unknown", "Resolving", "Downloading", "Extracting", "Done",
                 "AlreadyPresent", "Failed")
 KUBELET = st.lists(st.sampled_from(["Pulling", "Failed", "BackOff", "Pulled"]), max_size=4)
@@ -384,57 +202,3 @@ def test_a_snapshot_always_ends_with_exactly_one_final_object(
     assert len(got.finals()) == 1, got.objs
     assert got.objs[-1] is got.finals()[0]
     assert all(o.get("phase") != "Waiting" or "waiting" in o for o in got.objs)
-
-
-async def test_a_present_layer_ends_present_when_the_summary_beats_kubelets_pulled(
-        kube: FakeKube) -> None:
-    """A pull whose base layer was already on the node: while kubelet pulls, that
-    layer's AlreadyPresent reads as Pulling. The agent's Summary often arrives before
-    kubelet's Pulled event; the stream then ends on the runtime's word, so every
-    layer's last object is final. At dd35495 the base layer's last object stayed
-    Pulling (a CI failure of test_long_pull_on_watch_path_and_plain_path, now
-    follow_long_pull in tests/e2e/test_long_streams_e2e.py)."""
-    pod = pod_object()
-    kube.put("api/v1", "pods", pod)
-    kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
-                                       "2026-01-01T00:00:01Z"))
-    agent = ScriptedAgent()
-    lines = agent.stream()
-    async with running(kube, pod, agent, follow=True, granularity="layer") as (got, _):
-        lines.send(progress("app", IMG, "AlreadyPresent", 4, 4, layer="sha256:base"),
-                   progress("app", IMG, "Downloading", 2, 8, layer="sha256:top"))
-        await until(lambda: any(o.get("layer") == "sha256:top" for o in got.objs))
-        lines.send(progress("app", IMG, "Done", 8, 8, layer="sha256:top"),
-                   done_summary("app", IMG, 12, 12))
-        lines.end()
-    last: dict[str, str] = {}
-    for o in got.objs:
-        if o.get("kind") == "Progress" and o.get("layer"):
-            last[o["layer"]] = o["phase"]
-    assert last == {"sha256:base": "AlreadyPresent", "sha256:top": "Done"}, got.objs
-    assert [o["kind"] for o in got.finals()] == ["Summary"]
-    assert got.objs[-1]["kind"] == "Summary"
-
-
-async def test_kubelets_pulling_while_the_agent_stream_opens_is_not_missed(
-        kube: FakeKube) -> None:
-    """kubelet's Pulling event lands while the producer opens the agent's stream (after
-    it read the pod, before it waits for the pod's next change). The stream must still
-    show it: Pulling, not Pending until the bytes move. At dd35495 that event was
-    skipped, and a pod waiting for the node's only slot never showed Waiting (a
-    CI failure of test_other_tenants_pulls_are_a_count)."""
-    pod = pod_object()
-    kube.put("api/v1", "pods", pod)
-    agent = ScriptedAgent()
-    async with running(kube, pod, agent, follow=True) as (got, _):
-        await until(lambda: len(agent.opened) == 1)  # inside open(): no stream queued yet
-        kube.put("api/v1", "events", event(pod, "Pulling", "app", f'Pulling image "{IMG}"',
-                                           "2026-01-01T00:00:01Z"))
-        await asyncio.sleep(0.3)  # the pod watch has the event
-        lines = agent.stream()
-        lines.send(progress("app", IMG, "Waiting"))
-        await until(lambda: got.phases()[-1:] == ["Pulling"], within=3)
-        lines.send(progress("app", IMG, "Done", 5, 5),
-                   done_summary("app", IMG, 5, 5))
-        lines.end()
-    assert got.phases()[-2:] == ["Pulling", "Done"]
