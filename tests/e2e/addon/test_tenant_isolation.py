@@ -18,27 +18,21 @@ what does not depend on the machine's load (no failure for B, A's abuses refused
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import http.client
 import json
 import os
-import select
-import socket
-import ssl
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlencode, urlsplit
 
 import pytest
 
-from tests import tarcraft as tc
-from tests.e2e.addon.helpers import GV, SLEEPER, MiB
+from tests.e2e.addon.helpers import SLEEPER, MiB
+from tests.e2e.addon.tenantapi import Api, _copy
+from tests.e2e.addon.tenantattack import NS_A, RATE_WINDOW, Attack
 from tests.framework.addon import Addon
 from tests.framework.cluster import Cluster
 from tests.framework.controlplane import ControlPlane
@@ -46,7 +40,7 @@ from tests.framework.kubelet import pod_manifest
 
 pytestmark = pytest.mark.e2e
 
-NS_A, NS_B = "tenant-a", "tenant-b"
+NS_B = "tenant-b"
 USER_A, USER_B = "tenant-a-user", "tenant-b-user"
 PODS_A = [f"a{i}" for i in range(4)]
 POD_B = "b0"
@@ -54,99 +48,6 @@ SMALL = os.urandom(1024)
 BIG = 64 * MiB
 P95_MAX = 0.200
 SPEED_MIN = 0.5
-RATE_WINDOW = 30.0  # the chart's agent.copyRateWindow
-FLOOD = b"".join(tc.entry(b"./", typeflag=b"5") for _ in range(100_001)) + tc.ZERO2
-
-
-class Api:
-    """One user's HTTPS requests to kube-apiserver (client certificate from their
-    kubeconfig), on a kept-alive connection per thread."""
-
-    def __init__(self, kubeconfig: Path, tmp: Path) -> None:
-        kc = json.loads(kubeconfig.read_text())
-        user = kc["users"][0]["user"]
-        cluster = kc["clusters"][0]["cluster"]
-        u = urlsplit(cluster["server"])
-        self.host, self.port = u.hostname or "", u.port or 443
-        cert, key = tmp / f"{kubeconfig.stem}.crt", tmp / f"{kubeconfig.stem}.key"
-        cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
-        key.write_bytes(base64.b64decode(user["client-key-data"]))
-        key.chmod(0o600)
-        self.ctx = ssl.create_default_context(
-            cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
-        self.ctx.load_cert_chain(cert, key)
-        self.local = threading.local()
-
-    def connect(self, timeout: float = 120.0) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(self.host, self.port, context=self.ctx,
-                                           timeout=timeout)
-
-    def post_watching(self, target: str, body: bytes, timeout: float = 120.0) -> int:
-        """POST ``body`` on a connection of its own, reading while it sends: an answer
-        that comes before the body is all sent (a refusal: 429 for a tenant beyond its
-        share, or a 413 while the last bytes are still in flight) is read and the rest
-        not sent, as kubectl's Go client does. http.client goes on sending into the
-        server's close (kube-apiserver closes a connection whose unread body is over
-        256 KiB) and sees only a reset. The status."""
-        raw = socket.create_connection((self.host, self.port), timeout=timeout)
-        sock = self.ctx.wrap_socket(raw, server_hostname=self.host)
-        try:
-            sock.sendall((f"POST {target} HTTP/1.1\r\nHost: {self.host}\r\n"
-                          f"Content-Type: application/octet-stream\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n").encode())
-            got, view, off = b"", memoryview(body), 0
-            sock.setblocking(False)  # never blocked in a send while the answer waits
-            while off < len(body) and not got:
-                readable, writable, _ = select.select([sock], [sock], [], timeout)
-                if not readable and not writable:
-                    raise TimeoutError("no progress sending the body")
-                if readable or sock.pending():
-                    try:
-                        got = sock.recv(65536)
-                        if not got:
-                            break  # closed: no answer (reported below)
-                    except ssl.SSLWantReadError:
-                        pass  # a TLS record without data (a session ticket)
-                if writable and not got:
-                    try:
-                        off += sock.send(view[off:off + 65536])
-                    except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                        pass
-                    except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError):
-                        break  # the answer may be in the receive buffer still
-            sock.settimeout(timeout)
-            while b"\r\n" not in got:
-                piece = sock.recv(4096)
-                if not piece:
-                    raise http.client.RemoteDisconnected("closed without an answer")
-                got += piece
-            return int(got.split(b" ", 2)[1])
-        finally:
-            sock.close()
-
-    def request(self, method: str, target: str, body: bytes | None = None,
-                timeout: float = 120.0) -> tuple[int, bytes, http.client.HTTPResponse]:
-        conn: http.client.HTTPSConnection | None = getattr(self.local, "conn", None)
-        for attempt in (0, 1):  # a kept-alive connection the server closed: one retry
-            if conn is None:
-                conn = self.local.conn = self.connect(timeout)
-            try:
-                conn.request(method, target, body=body, headers={
-                    "Content-Type": "application/octet-stream"} if body is not None else {})
-                resp = conn.getresponse()
-                data = resp.read()
-                return resp.status, data, resp
-            except (http.client.HTTPException, OSError):
-                conn.close()
-                conn = self.local.conn = None
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
-
-def _copy(ns: str, pod: str, p: str, **q: str) -> str:
-    return f"{GV}/namespaces/{ns}/pods/{pod}/copy?" + urlencode(
-        {"container": "c", "path": p, **q})
 
 
 def _tenant(cp: ControlPlane, ns: str, user: str, pods: list[str], node: str) -> None:
@@ -223,121 +124,6 @@ def _measure_b(api: Api, seconds: float, big_digest: str) -> Figures:
         f.failures.append(f"GET big: {status} {len(data)} bytes")
     f.big_mib_s = len(data) / MiB / took
     return f
-
-
-@dataclass
-class Attack:
-    """Tenant A's abuse, each kind in its own threads, with what became of it."""
-
-    api: Api
-    stop: threading.Event = field(default_factory=threading.Event)
-    stop_flood: threading.Event = field(default_factory=threading.Event)
-    threads: list[threading.Thread] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    slow_uploads: list[tuple[int, float]] = field(default_factory=list)  # (status, after s)
-    unread: list[int] = field(default_factory=list)  # bytes received in all
-    floods: list[tuple[int, float]] = field(default_factory=list)
-    flood_errors: list[str] = field(default_factory=list)
-    heads: list[str] = field(default_factory=list)
-
-    def spawn(self, fn: Any, *args: Any) -> None:
-        t = threading.Thread(target=fn, args=args, daemon=True)
-        t.start()
-        self.threads.append(t)
-
-    def slow_upload(self, pod: str, n: int) -> None:
-        """POST announcing 1 MiB, then 10 B/s: holds a slot until the agent cuts it. Raw
-        TLS, so that a reply arriving mid-body is seen (its status line is parsed)."""
-        tls = self.api.ctx.wrap_socket(
-            socket.create_connection((self.api.host, self.api.port), timeout=30),
-            server_hostname=self.api.host)
-        t0 = time.monotonic()
-        status, reply = -1, b""
-        try:
-            tls.sendall(f"POST {_copy(NS_A, pod, f'/tmp/slow{n}')} HTTP/1.1\r\n"
-                        f"Host: {self.api.host}\r\nContent-Type: application/octet-stream\r\n"
-                        f"Content-Length: {MiB}\r\n\r\n".encode())
-            tls.settimeout(1.0)
-            while not self.stop.is_set() and time.monotonic() - t0 < RATE_WINDOW * 3:
-                try:
-                    tls.sendall(b"s" * 10)
-                    data = tls.recv(4096)  # waits 1 s: the pace of the trickle
-                except TimeoutError:
-                    continue
-                except OSError:
-                    break
-                reply += data
-                if not data or b"\r\n" in reply:
-                    break
-            first = reply.split(b"\r\n", 1)[0].split()
-            if len(first) >= 2 and first[1].isdigit():
-                status = int(first[1])
-        finally:
-            tls.close()
-        with self.lock:
-            self.slow_uploads.append((status, time.monotonic() - t0))
-
-    def unread_download(self, pod: str) -> None:
-        """GET a 512 MiB file and read nothing for RATE_WINDOW + 20 s, so the agent's
-        writes wait on full buffers; then drain: a download the agent cut ends short."""
-        s = socket.create_connection((self.api.host, self.api.port), timeout=30)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        tls = self.api.ctx.wrap_socket(s, server_hostname=self.api.host)
-        got = 0
-        try:
-            tls.sendall(f"GET {_copy(NS_A, pod, '/tmp/huge')} HTTP/1.1\r\n"
-                        f"Host: {self.api.host}\r\nConnection: close\r\n\r\n".encode())
-            self.stop.wait(RATE_WINDOW + 20)
-            # Drained through a wide window: through the 4 KiB one, what the path had
-            # buffered trickled in at ~35 KB/s (zero-window probes), for two minutes.
-            tls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            while True:
-                try:
-                    data = tls.recv(1 << 20)
-                except OSError:
-                    break
-                if not data:
-                    break
-                got += len(data)
-        finally:
-            tls.close()
-        with self.lock:
-            self.unread.append(got)
-
-    def flood(self, pod: str) -> None:
-        while not self.stop_flood.is_set():
-            t = time.monotonic()
-            try:
-                status = self.api.post_watching(_copy(NS_A, pod, "/tmp/flood",
-                                                      format="tar"), FLOOD)
-            except (http.client.HTTPException, OSError) as exc:
-                status = -1  # no answer: what the connection said, for the report
-                with self.lock:
-                    self.flood_errors.append(f"{type(exc).__name__}: {exc}")
-            with self.lock:
-                self.floods.append((status, time.monotonic() - t))
-
-    def head(self, pod: str) -> None:
-        while not self.stop.is_set():
-            conn = self.api.connect(timeout=5)
-            try:
-                conn.request("HEAD", _copy(NS_A, pod, "/tmp/sparse"))
-                r = conn.getresponse()
-                r.read()
-                what = f"{r.status} digest={'Digest' in r.headers}"
-            except (http.client.HTTPException, OSError) as exc:
-                what = f"abandoned ({type(exc).__name__})"
-            finally:
-                conn.close()
-            with self.lock:
-                self.heads.append(what)
-            self.stop.wait(0.5)
-
-    def join(self) -> None:
-        self.stop.set()
-        self.stop_flood.set()
-        for t in self.threads:
-            t.join(RATE_WINDOW * 3 + 30)
 
 
 @pytest.fixture
