@@ -20,30 +20,25 @@ peak of the watches aggapi holds on kube-apiserver.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import re
-import ssl
-import subprocess
-import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.addon.followers import PRESENT, Drained, JsonWatch
 from tests.e2e.addon.helpers import kubectl_argv
+from tests.e2e.addon.watchcounts import WatchCounts
 from tests.framework import oci
 from tests.framework.addon import Addon, wait_for
 from tests.framework.cluster import Cluster
-from tests.framework.controlplane import APISERVICE, ControlPlane
+from tests.framework.controlplane import ControlPlane
 from tests.framework.kubelet import forget_images
 from tests.framework.node import OCI_CACHE
-from tests.framework.procs import stop_child
 from tests.plugins.helpers import KUBECTL, install_plugins, plugin_env
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +48,6 @@ IMAGE = "aggapi-test/rollout200:1"
 KiB, MiB = 1 << 10, 1 << 20
 LAYER = 6 * MiB  # on top of busybox's: each node downloads it once
 RATE = 512 * KiB  # shared by both nodes' pulls: ~25 s of pulling in all
-PRESENT = ("Done", "AlreadyPresent")
 HEADER = re.compile(r"^(\d+) pods: (\d+) done, (\d+) pulling, (\d+) waiting for a slot, "
                     r"(\d+) stuck")
 FOLLOW_TIMEOUT = 420.0
@@ -123,68 +117,6 @@ def listed_phases(cp: ControlPlane) -> dict[str, int]:
     return dict(Counter(str(o["status"]["phase"]) for o in items))
 
 
-@dataclass
-class JsonWatch:
-    """``kubectl get ... -w -o json``: the objects it prints (indented, one after
-    another), each with its receive time."""
-
-    argv: list[str]
-    objects: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
-    proc: subprocess.Popen[str] | None = None
-    _thread: threading.Thread | None = None
-    _err: str = ""
-
-    def start(self) -> JsonWatch:
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-        return self
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        buf: list[str] = []
-        for line in self.proc.stdout:
-            buf.append(line)
-            if line.startswith("}"):  # the end of a top-level object (indented output)
-                self.objects.append((time.monotonic(), json.loads("".join(buf))))
-                buf = []
-
-    def state(self) -> str:
-        """For failure messages: how far it got."""
-        assert self.proc is not None
-        last = self.latest()
-        phases = Counter(str((o.get("status") or {}).get("phase")) for o in last.values())
-        ended = "running" if self.proc.poll() is None else \
-            f"exited {self.proc.poll()}: {self.stderr()[-500:]!r}"
-        return (f"kubectl -w {ended}: {len(self.objects)} objects, {len(last)} pods, "
-                f"last phases {dict(phases)}; not present: "
-                + "; ".join(f"{n} {json.dumps(o.get('status'))}" for n, o in last.items()
-                            if (o.get("status") or {}).get("phase") not in PRESENT)[:3000])
-
-    def stderr(self) -> str:
-        """What it printed on stderr (once it has exited; "" while it runs)."""
-        assert self.proc is not None and self.proc.stderr is not None
-        if self.proc.poll() is not None and not self._err:
-            self._err = self.proc.stderr.read() or "(nothing)"
-        return self._err
-
-    def latest(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for _, o in list(self.objects):
-            out[str((o.get("metadata") or {}).get("name"))] = o
-        return out
-
-    def stop(self) -> tuple[int | None, str]:
-        """(exit code if it had exited by itself, stderr)."""
-        assert self.proc is not None and self.proc.stderr is not None
-        rc = self.proc.poll()
-        stop_child(self.proc)
-        if self._thread is not None:
-            self._thread.join(10)
-        return rc, self._err or self.proc.stderr.read()
-
-
 def start_watch(cp: ControlPlane) -> JsonWatch:
     """``kubectl get podimagepulls -w -o json`` watching (it lists, then watches from
     the list's resourceVersion), still running 5 s later.
@@ -203,103 +135,6 @@ def start_watch(cp: ControlPlane) -> JsonWatch:
         time.sleep(0.1)
     assert watch.proc is not None and watch.proc.poll() is None, watch.state()
     return watch
-
-
-@dataclass
-class Drained:
-    """A process whose stdout and stderr are read as they come (a full pipe would
-    stall it), kept whole."""
-
-    argv: list[str]
-    env: dict[str, str]
-    proc: subprocess.Popen[str] | None = None
-    _out: list[str] = field(default_factory=list)
-    _err: list[str] = field(default_factory=list)
-    _threads: list[threading.Thread] = field(default_factory=list)
-
-    def start(self) -> Drained:
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for stream, into in ((self.proc.stdout, self._out), (self.proc.stderr, self._err)):
-            t = threading.Thread(target=lambda s=stream, i=into: i.extend(s), daemon=True)
-            t.start()
-            self._threads.append(t)
-        return self
-
-    def wait(self, timeout: float) -> bool:
-        """Whether it exited within ``timeout`` seconds."""
-        assert self.proc is not None
-        try:
-            self.proc.wait(max(timeout, 1.0))
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-
-    def stop(self) -> tuple[str, str]:
-        """Killed if still running; (stdout, stderr)."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for t in self._threads:
-            t.join(10)
-        return "".join(self._out), "".join(self._err)
-
-
-class WatchCounts:
-    """Samples, every few seconds, the watches aggapi holds on kube-apiserver (its own
-    gauge, summed over the apiserver replicas) and kube-apiserver's WATCH requests on
-    pods and events; keeps the peaks. Best effort: a failed sample is skipped."""
-
-    def __init__(self, addon: Addon, every: float = 5.0) -> None:
-        self.addon, self.every = addon, every
-        self.aggapi_peak = 0.0
-        self.kube_peak = 0.0
-        self.kube_before = self.kube_watches()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        ca = base64.b64decode(addon.get_json("apiservice", APISERVICE)["spec"]["caBundle"])
-        self._ctx = ssl.create_default_context(cadata=ca.decode())
-        self._ctx.check_hostname = False  # the serving certificate names the Service
-        pki = addon.cp.pki_dir
-        self._ctx.load_cert_chain(pki / "admin.crt", pki / "admin.key")
-
-    def kube_watches(self) -> float:
-        code, body = self.addon.cp.get("/metrics", timeout=20)
-        if code != 200:
-            return 0.0
-        return sum(float(ln.rsplit(" ", 1)[1]) for ln in body.decode().splitlines()
-                   if ln.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in ln
-                   and re.search(r'resource="(pods|events)"', ln))
-
-    def aggapi_watches(self) -> float:
-        total = 0.0
-        for p in self.addon.apiserver_pods():
-            ip = (p.get("status") or {}).get("podIP")
-            if not ip:
-                continue
-            url = f"https://{ip}:8443/metrics"
-            with urllib.request.urlopen(url, context=self._ctx, timeout=5) as r:
-                m = re.search(r"^aggapi_apiserver_collection_watches (\S+)$",
-                              r.read().decode(), re.M)
-            total += float(m.group(1)) if m else 0.0
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                self.aggapi_peak = max(self.aggapi_peak, self.aggapi_watches())
-                self.kube_peak = max(self.kube_peak, self.kube_watches())
-            except (OSError, ValueError, subprocess.SubprocessError):
-                continue
-
-    def __enter__(self) -> WatchCounts:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 @pytest.fixture
