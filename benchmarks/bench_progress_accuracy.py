@@ -47,12 +47,12 @@ Two paths:
   share. ``2nodes-400k-uneven``: node 2 pulls one 3 MiB layer, so its pull ends first and
   node 1's share grows then. Each node's agent sees only its node's pulls; the add-on is
   installed with ``apiserver.linkPeers=true``, so the leader, once it has measured that
-  the nodes share the link (at a change of who pulls, or at a start together against
+  the nodes share the link (while they pull, from their bytes at the agents' ticks
+  moving against each other; at a change of who pulls; or at a start together against
   the host's rate when one node pulled from it alone), tells each its peer's pull
-  (issue 37 item 3). Both nodes start together: on a fresh install nothing can be
-  judged before node 2's end; ``--rounds 2`` runs the scenario again after node 1's
-  last seconds alone (``2nodes-400k-uneven-r2``). Single-pod 2.x scenarios run there
-  too, on node 1.
+  (issue 37 item 3). Both nodes start together, on a fresh install a host never seen;
+  ``--rounds 2`` runs the scenario again after node 1's last seconds alone
+  (``2nodes-400k-uneven-r2``). Single-pod 2.x scenarios run there too, on node 1.
 
     python3 -m benchmarks.bench_progress_accuracy [--up] [--cluster]
         [--scenario NAME ...] [--quick] [--rounds N] [--json FILE] [--instance NAME]

@@ -13,7 +13,7 @@ every node has:
 is near 0 on one link and near 1 on links of their own (above 1 when a common cause
 slows both). Measured (notes s39/linkcov), through the bench's throttle and through a
 kernel token bucket (tbf in a netns, MTU-sized packets): one link judged 4-5 s after
-both start in 36 of 38 recorded pulls, links of their own in none of 38.
+both start in 40 of 42 recorded pulls, links of their own in none of 42.
 Read by the ticks' own instants, not interpolated: two agents polling on their own
 phases blur exactly the movement that tells (R near 1 either way).
 
