@@ -1,6 +1,6 @@
-"""The pure parts of benchmarks/bench_progress_accuracy.py on synthetic byte logs and
-streams: where 25/50/75% of an item's bytes fall, the real rate around a moment, the
-object a user saw then, and how errors and goals are scored."""
+"""The pure parts of benchmarks/bench_progress_accuracy.py (its _accuracy_* modules) on
+synthetic byte logs and streams: where 25/50/75% of an item's bytes fall, the real rate
+around a moment, the object a user saw then, and how errors and goals are scored."""
 
 from __future__ import annotations
 
@@ -11,25 +11,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.bench_progress_accuracy import (
-    SCENARIOS,
+from benchmarks._accuracy_scenarios import SCENARIOS, pick
+from benchmarks._accuracy_score import (
     ByteLog,
-    ClusterStack,
     MiB,
-    Stack,
     bytes_at,
     checks_for,
     eta_error,
     latest_before,
     merge_logs,
     peak_rate,
-    pick,
     quantile,
     rate_error,
     real_rate,
     summarize,
     time_at_fraction,
 )
+from benchmarks._accuracy_stacks import ClusterStack, Stack
 from tests.framework.cluster import Cluster
 from tests.framework.controlplane import ControlPlane
 from tests.framework.node import Node

@@ -39,6 +39,7 @@ from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.containerd_backend import ContainerdBackend
 from aggapi.agent.progress.cri_backend import CRIBackend
 from aggapi.agent.progress.handlers import ProgressHandlers
+from aggapi.agent.progress.linkticks import LinkTicks
 from aggapi.agent.progress.ocimanifest import Platform
 from aggapi.agent.progress.peerroute import PeerRoute
 from aggapi.agent.progress.poller import Backend, ProgressPoller
@@ -82,6 +83,9 @@ class AgentParts:
     identity: IdentityPublisher | None = None
     # Copies in flight at SIGTERM, and the refusal of new ones (aggapi/agent/main.py).
     drain: Drain = field(default_factory=Drain)
+    # containerd's received bytes at wall-clock ticks, for the leader's link judgement
+    # (None without a containerd backend).
+    ticks: LinkTicks | None = None
 
     async def close_clients(self) -> None:
         """Close the runtime and API connections (after the apps are cleaned up)."""
@@ -132,8 +136,8 @@ def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClie
     backend and ``copy_resolver`` the CRI container lookup (tests and benchmarks);
     ``kube`` answers the metrics port's reviews."""
     metrics = AgentMetrics()
-    poller = ProgressPoller(backend or make_backend(config, cri, containerd),
-                            config.poll_interval, on_poll=metrics.observe_poll)
+    backend = backend or make_backend(config, cri, containerd)
+    poller = ProgressPoller(backend, config.poll_interval, on_poll=metrics.observe_poll)
     metrics.bind(subscribers=lambda: poller.subscribers,
                  runtime_calls=lambda: getattr(containerd, "rpc_count", 0), sent=bytes_sent)
     return AgentParts(config=config, cri=cri, containerd=containerd, verifier=verifier,
@@ -142,7 +146,17 @@ def new_parts(config: AgentConfig, *, cri: CRIClient, containerd: ContainerdClie
                                                 as_root=config.copy_as_root),
                       metrics=metrics,
                       readiness=runtime_checks(cri, containerd, token_keys, identity),
-                      kube=kube, token_keys=token_keys, identity=identity)
+                      kube=kube, token_keys=token_keys, identity=identity,
+                      ticks=link_ticks(config, backend))
+
+
+def link_ticks(config: AgentConfig, backend: Backend) -> LinkTicks | None:
+    """Ticks read while the containerd backend's layers download (its received-bytes
+    meter then has samples), with a counter of their own (reads from two threads)."""
+    if not isinstance(backend, ContainerdBackend):
+        return None
+    meter = backend.link.received
+    return LinkTicks(SocketBytes(config.containerd_address).read, lambda: bool(meter.samples))
 
 
 async def connect(config: AgentConfig, identity: Identity | None = None) -> AgentParts:
@@ -194,7 +208,7 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
         drain_copies(parts.drain),
     ])
     app[PARTS] = parts
-    progress = ProgressHandlers(parts.poller, parts.pull_limits, config.node_name)
+    progress = ProgressHandlers(parts.poller, parts.pull_limits, config.node_name, parts.ticks)
     copy_api = CopyHandlers(parts.copy)
 
     app.router.add_get(wire.AGENT_PROGRESS_PATH, progress.imagepullprogress,
@@ -215,6 +229,8 @@ def build_app(parts: AgentParts, *, pod_check: SandboxLister | bool | None = Tru
             parts.token_keys.start()
         if parts.identity is not None:
             tasks.append(asyncio.create_task(parts.identity.run(), name="agent-identity"))
+        if parts.ticks is not None:
+            tasks.append(asyncio.create_task(parts.ticks.run(), name="agent-link-ticks"))
         await copy_engine.startup(parts.copy)
 
     async def stop(_app: web.Application) -> None:

@@ -120,6 +120,14 @@ async def test_node_view_has_kubelet_limits(agent: Agent, fake: FakeContainerd) 
     assert doc["presentImages"] == [REF]
 
 
+async def test_node_view_has_no_link_ticks_while_nothing_downloads(agent: Agent) -> None:
+    """The ticks of containerd's received bytes (the leader's link judgement) are read
+    only while layers download: none here, and the member says so."""
+    code, body = await status(agent, agent.token("imagepulls"), "/v1/imagepulls")
+    assert code == 200, body
+    assert json.loads(body)["linkTicks"] == []
+
+
 async def test_node_view_with_an_unreadable_kubelet_config(tmp_path: Path,
                                                            fake: FakeContainerd) -> None:
     """The limit is not known, and says why: never one slot as fact."""

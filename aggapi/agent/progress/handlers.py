@@ -21,6 +21,7 @@ from aggapi.agent.auth import CAPABILITY
 from aggapi.agent.kubeletconfig import KubeletConfigReader
 from aggapi.agent.progress import view
 from aggapi.agent.progress.layers import with_pulls_began
+from aggapi.agent.progress.linkticks import LinkTicks
 from aggapi.agent.progress.model import NodeState, PullState
 from aggapi.agent.progress.poller import ProgressPoller
 from aggapi.auth.capability import Capability, ContainerRef
@@ -97,10 +98,11 @@ class ProgressHandlers:
     pull limits and the node's name."""
 
     def __init__(self, poller: ProgressPoller, pull_limits: KubeletConfigReader,
-                 node_name: str) -> None:
+                 node_name: str, ticks: LinkTicks | None = None) -> None:
         self.poller = poller
         self.pull_limits = pull_limits
         self.node_name = node_name
+        self.ticks = ticks
 
     async def imagepullprogress(self, request: web.Request) -> web.StreamResponse:
         cap: Capability = request[CAPABILITY]
@@ -168,6 +170,9 @@ class ProgressHandlers:
             "pulls": None if pulls is None else [pull_json(p) for p in pulls],
             "slotsFree": None if slots is None or in_flight is None else max(slots - in_flight, 0),
             "linkBytesPerSecond": state.link_bytes_per_second,
+            # containerd's received bytes at wall-clock ticks while layers download
+            # (aggapi/agent/progress/linkticks.py): the leader's link judgement.
+            "linkTicks": self._ticks(),
             # The images on the node: the apiserver's collections tell "already
             # present" from "kubelet has not asked yet" by it before kubelet's event.
             "presentImages": None if present is None else list(present),
@@ -175,3 +180,9 @@ class ProgressHandlers:
             "time": view.rfc3339(state.time),
         }
         return web.json_response(body)
+
+    def _ticks(self) -> list[list[float]] | None:
+        if self.ticks is None:
+            return None
+        self.ticks.want()
+        return self.ticks.view()

@@ -19,7 +19,8 @@ the set would get the sum of each node's own alone rate (the host's where a node
 none), on one link the best rate seen alone; the share of that difference the set
 did not get is the ``conserve`` (the same measure as at a join). Without an earlier
 single-node rate (a host first pulled from by several nodes at once) the start says
-nothing, and the host stays unknown until a change.
+nothing from the rates alone; while they pull, their bytes per agent tick are compared
+(``linkcov``): one link when those move against each other, the sum keeping its pace.
 
 While a host is one link and more than one node pulls from it, each of them is told
 the others' pulls (bytes left, rates) and the link's total; once a single node is left,
@@ -34,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggapi.apiserver.collections import linkcov
 from aggapi.linkpeers import PeerLink, PeerPull
 from aggapi.registrylabels import UNKNOWN, registry_of
 
@@ -249,6 +251,8 @@ class LinkShare:
             nodes = by_host.get(host, {})
             hl = self.hosts.setdefault(host, HostLink())
             hl.add(now, {n: measured(views.get(n), ps, hosts_of[n]) for n, ps in nodes.items()})
+            if hl.conserve is None and len(nodes) > 1 and all(hosts_of[n] == 1 for n in nodes):
+                self._while_pulling(host, hl, {n: linkcov.series_of(views.get(n)) for n in nodes})
             if not nodes and now - hl.seen > FORGET:
                 del self.hosts[host]  # forgotten: judged again when pulled from again
         told: dict[str, PeerLink] = {}
@@ -266,3 +270,15 @@ class LinkShare:
                 n = next(iter(nodes))
                 told.setdefault(n, PeerLink({}, hl.total))
         return told
+
+    @staticmethod
+    def _while_pulling(host: str, hl: HostLink, series: dict[str, linkcov.Series]) -> None:
+        """A host not judged yet, pulled from by several nodes (each from it alone, so
+        each node's received bytes are this host's): one link if their bytes per tick
+        move against each other (``linkcov``). Nodes that started together leave no
+        other measure until one of them ends."""
+        one, r = linkcov.one_link(series)
+        if one:
+            hl.conserve = 1.0
+            log.info("link judged while %s pull from %s: their bytes per tick move against "
+                     "each other, R %.3f (one link)", ",".join(sorted(series)), host, r)

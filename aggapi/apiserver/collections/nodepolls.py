@@ -26,7 +26,10 @@ POLL_SUBJECT = "aggapi:collections"
 
 
 def _bare(view: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if view is None else {k: v for k, v in view.items() if k != "time"}
+    # linkTicks move every tick while layers download: the link judgement reads them
+    # from the latest view; they change nothing a collection shows.
+    return None if view is None else {k: v for k, v in view.items()
+                                      if k not in ("time", "linkTicks")}
 
 
 class NodePoll:

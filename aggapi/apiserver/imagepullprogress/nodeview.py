@@ -55,7 +55,9 @@ async def require_node(directory: Directory, node: str) -> None:
 
 def node_pulls_object(node: str, view: Mapping[str, Any], created: str) -> dict[str, Any]:
     """The NodeImagePulls object of ``node`` from its agent's view (pods added)."""
-    rest = {k: v for k, v in view.items() if k not in ("apiVersion", "kind", "metadata")}
+    # linkTicks: the agent's received bytes for the leader's link judgement, not the API's.
+    rest = {k: v for k, v in view.items()
+            if k not in ("apiVersion", "kind", "metadata", "linkTicks")}
     return {"apiVersion": GROUP_VERSION, "kind": KIND_NODE_IMAGE_PULLS,
             "metadata": {"name": node, **({"creationTimestamp": created} if created else {})},
             **rest, "node": node, "slots": slots_of(view)}

@@ -62,7 +62,9 @@ def test_node_imagepulls_is_an_object_its_schema_describes() -> None:
     view["presentImages"] = ["registry.test/base:1"]
     view["pulls"][0]["pods"] = [{"namespace": "ns1", "name": "w", "container": "app",
                                  "image": "registry.test/app:1"}]
+    view["linkTicks"] = [[1000.0, 5]]  # the leader's link judgement reads it, not users
     body = node_pulls_object("node-a", view, "2026-01-01T00:00:00Z")
+    assert "linkTicks" not in body
     assert (body["apiVersion"], body["kind"]) == ("subresources.aggapi.io/v1alpha1",
                                                   "NodeImagePulls")
     assert body["metadata"] == {"name": "node-a", "creationTimestamp": "2026-01-01T00:00:00Z"}

@@ -11,13 +11,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.bench_progress_accuracy import (
-    Scenario,
-    Stack,
-    print_scenario,
-    run_scenario,
-    running_containerd,
-)
+from benchmarks._accuracy_report import print_scenario
+from benchmarks._accuracy_run import run_scenario
+from benchmarks._accuracy_scenarios import Scenario
+from benchmarks._accuracy_stacks import Stack, running_containerd
 from tests.framework import oci
 from tests.framework.controlplane import ControlPlane
 from tests.framework.kubelet import Kubelet
