@@ -176,12 +176,10 @@ static PyObject *files(PyObject *self, PyObject *args)
     if (PyUnicode_IS_ASCII(prefix) && (pre = PyUnicode_AsUTF8AndSize(prefix, &plen)) == NULL)
         return NULL;
     Py_INCREF(owed);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, budget + CHUNK + 16 * BLOCK);
-    if (out == NULL) {
-        Py_DECREF(owed);
-        return NULL;
-    }
-    char *o = PyBytes_AS_STRING(out);
+    /* Made for the first file taken: a call that takes none (a directory, a link) costs
+     * no buffer. */
+    PyObject *out = NULL;
+    char *o = NULL;
     Py_ssize_t used = 0, i = start;
     char rel[4096 + 256];
     if (!PyUnicode_IS_ASCII(prefix) || plen > 4096)
@@ -218,6 +216,14 @@ static PyObject *files(PyObject *self, PyObject *args)
             size + sz > size_limit) {
             close(fd); /* records, or a 413: the Python path's */
             break;
+        }
+        if (out == NULL) {
+            out = PyBytes_FromStringAndSize(NULL, budget + CHUNK + 16 * BLOCK);
+            if (out == NULL) {
+                close(fd);
+                goto fail;
+            }
+            o = PyBytes_AS_STRING(out);
         }
         PyObject *data = PyBytes_FromStringAndSize(NULL, sz);
         if (data == NULL) {
@@ -298,14 +304,18 @@ static PyObject *files(PyObject *self, PyObject *args)
         size += sz;
     }
 stop:
-    if (_PyBytes_Resize(&out, used) != 0) {
+    if (out == NULL)
+        out = PyBytes_FromStringAndSize(NULL, 0);
+    else if (_PyBytes_Resize(&out, used) != 0)
+        out = NULL; /* (freed by the resize) */
+    if (out == NULL) {
         Py_DECREF(owed);
         return NULL;
     }
     PyObject *res = Py_BuildValue("(nNLLN)", i, out, entries, size, owed);
     return res;
 fail:
-    Py_DECREF(out);
+    Py_XDECREF(out);
     Py_DECREF(owed);
     return NULL;
 }
