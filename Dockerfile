@@ -31,24 +31,27 @@ ARG PYTHON_IMAGE=docker.io/library/python:3.13-slim-trixie@sha256:9d2e5553305c7c
 ARG COMPILE_IMAGE=${PYTHON_IMAGE}
 
 # ---- compile: the agent's compiled copy loops, for the image's Python ----------------
-# aggapi.agent.copy._fastuntar (a tar upload's plain files) and aggapi.tar._fastheader
-# (the tar writer's header blocks, a directory download's). Both optional: the agent logs
+# aggapi.agent.copy._fastuntar (a tar upload's plain files), aggapi.agent.copy._fastwalk (a
+# directory download's plain small files) and aggapi.tar._fastheader (the tar writer's
+# header blocks, a directory download's). All optional: the agent logs
 # which path it takes, and without them runs its Python paths. Only the built .so files
 # leave this stage: no compiler and no headers in the image.
 FROM ${COMPILE_IMAGE} AS compile
 WORKDIR /src
-COPY aggapi/agent/copy/_fastuntar.c aggapi/agent/copy/
+COPY aggapi/agent/copy/_fastuntar.c aggapi/agent/copy/_fastwalk.c aggapi/agent/copy/
 COPY aggapi/tar/_fastheader.c aggapi/tar/_ustar.h aggapi/tar/
 RUN if ! command -v gcc >/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev; fi \
  && py() { python3 -c "import sys, sysconfig; print($1)"; } \
  && site="/out/opt/aggapi/lib/python$(py '"%d.%d" % sys.version_info[:2]')/site-packages" \
- && for c in aggapi/agent/copy/_fastuntar.c aggapi/tar/_fastheader.c; do \
+ && for c in aggapi/agent/copy/_fastuntar.c aggapi/agent/copy/_fastwalk.c \
+      aggapi/tar/_fastheader.c; do \
       mkdir -p "$site/${c%/*}" \
       && gcc -O2 -Wall -shared -fPIC -I"$(py 'sysconfig.get_paths()["include"]')" "$c" \
            -o "$site/${c%.c}$(py 'sysconfig.get_config_var("EXT_SUFFIX")')" || exit 1; \
     done \
- && cd "$site" && python3 -c "import aggapi.agent.copy._fastuntar, aggapi.tar._fastheader"
+ && cd "$site" && python3 -c "import aggapi.agent.copy._fastuntar, aggapi.agent.copy._fastwalk, \
+      aggapi.tar._fastheader"
 
 # ---- build: a self-contained virtualenv with aggapi and its dependencies ------------
 FROM ${PYTHON_IMAGE} AS build

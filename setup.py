@@ -25,5 +25,6 @@ setup(ext_modules=[] if pure else [
               extra_compile_args=["-O2", "-Wall"])
     for name, src in [("aggapi.client._fastextract", "aggapi/client/_fastextract.c"),
                       ("aggapi.agent.copy._fastuntar", "aggapi/agent/copy/_fastuntar.c"),
-                      ("aggapi.tar._fastheader", "aggapi/tar/_fastheader.c")]
+                      ("aggapi.tar._fastheader", "aggapi/tar/_fastheader.c"),
+                      ("aggapi.agent.copy._fastwalk", "aggapi/agent/copy/_fastwalk.c")]
 ])

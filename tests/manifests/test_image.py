@@ -214,7 +214,7 @@ def test_image_holds_the_server_only(archive: Archive) -> None:
     assert not [p for p in archive.files if compilers.match(p)]
     assert not {"pip", "setuptools"} & site
     # The agent's compiled copy loops, built for the image's Python by the compile stage.
-    for mod in ("agent/copy/_fastuntar", "tar/_fastheader"):
+    for mod in ("agent/copy/_fastuntar", "agent/copy/_fastwalk", "tar/_fastheader"):
         assert [p for p in aggapi_files
                 if re.fullmatch(rf"aggapi/{mod}\.cpython-3\d+-[\w-]+\.so", p)], mod
 
@@ -303,10 +303,12 @@ def test_image_runs_under_containerd(imported: list[str], containerd: Any) -> No
     r = run_in_image(imported, containerd, "python3", "-c", which)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == ("tar uploads: compiled (aggapi.agent.copy._fastuntar); "
+                                "tar walks: compiled (aggapi.agent.copy._fastwalk); "
                                 "tar headers: compiled (aggapi.tar._fastheader)"), r.stdout
     r = run_in_image(imported, containerd, "env", "AGGAPI_PURE_PYTHON=1", "python3", "-c", which)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == ("tar uploads: python (AGGAPI_PURE_PYTHON is set); "
+                                "tar walks: python (AGGAPI_PURE_PYTHON is set); "
                                 "tar headers: python (AGGAPI_PURE_PYTHON is set)"), r.stdout
     # What the interpreter in the image can import: the server, not the harness or the
     # plugin-only packages; and it runs as the non-root default user.

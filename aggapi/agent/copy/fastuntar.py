@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from aggapi import native
+from aggapi.agent.copy import fastwalk
 from aggapi.agent.copy.atomic import WRITEBACK_STEP, sha256_mismatch
 from aggapi.fs import syncfs
 from aggapi.tar import stream
@@ -40,13 +41,15 @@ def loaded() -> bool:
 
 def describe() -> str:
     """Which paths this agent's tar copies take, for its start-up log line: the upload
-    loop here, and the tar writer's header builders (aggapi.tar.stream, downloads)."""
+    loop here, the download walk's (aggapi.agent.copy.fastwalk), and the tar writer's
+    header builders (aggapi.tar.stream, downloads)."""
     def which(mod: ModuleType | None, name: str) -> str:
         if native.switched_off():
             return f"python ({ENV} is set)"
         return f"compiled ({name})" if mod is not None else f"python ({name} is not built)"
 
     return (f"tar uploads: {which(_native, 'aggapi.agent.copy._fastuntar')}; "
+            f"tar walks: {which(fastwalk._native, 'aggapi.agent.copy._fastwalk')}; "
             f"tar headers: {which(stream._native, 'aggapi.tar._fastheader')}")
 
 

@@ -177,19 +177,27 @@ async def send_dir(request: web.Request, state: CopyState, root: FsRoot,
                 **stat_header(root, t), "Content-Type": "application/x-tar"})
         walker = tarwalk.TarWalker(root, dfd, state.limits, trailing=trailing, plain=plain)
         gen = walker.chunks()
+        nxt: asyncio.Future[bytes | None] | None = None
         try:
             resp = web.StreamResponse(status=200, headers={
                 **stat_header(root, t), "Content-Type": "application/x-tar"})
             resp.enable_chunked_encoding()
             await resp.prepare(request)
+            # One walk step ahead, as a file's range is read one chunk ahead: the next
+            # MiB of the tar is built in a worker while this one is written, so the
+            # walk's file system work overlaps the loop's TLS and the client's pace (two
+            # chunks in memory at most).
+            nxt = state.workers.submit(next, gen, None)
             while True:
                 try:
-                    # call: a cancelled step is waited out before gen.close and dfd's close
-                    chunk = await call(state.workers, next, gen, None)
+                    # shield: a cancelled step is waited out (finally) before gen.close
+                    chunk = await asyncio.shield(nxt)
                 except (OSError, StatusError) as exc:
                     raise abort(request, f"directory walk failed: {exc}") from exc
+                nxt = None
                 if chunk is None:
                     break
+                nxt = state.workers.submit(next, gen, None)
                 if not root.alive():
                     raise abort(request, "container exited during the download")
                 if chunk:  # empty: a step of hashing a big file (tarwalk.TarWalker)
@@ -197,5 +205,7 @@ async def send_dir(request: web.Request, state: CopyState, root: FsRoot,
             await resp.write_eof()
             return resp
         finally:
+            if nxt is not None:  # the generator cannot close while a step runs
+                await wait_out(nxt)
             # Closes the fds of the directories and file the walk is in.
             await settle(state.workers.run(gen.close))

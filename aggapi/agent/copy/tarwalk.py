@@ -40,6 +40,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggapi.agent.copy import fastwalk
 from aggapi.agent.copy.download import file_type, reopen
 from aggapi.agent.copy.fsroot import FsRoot
 from aggapi.agent.copy.pseudofs import pseudo_fs
@@ -136,6 +137,12 @@ class TarWalker:
     # no AGGAPI.* record and no closing "./" entry, which would set the mode, owner and
     # time of the directory the user extracts into; each file read once.
     plain: bool = False
+    # The compiled loop of plain small files (aggapi.agent.copy.fastwalk), where built:
+    # digest=trailer walks only (ncp's); the Python path below is the reference.
+    fast: bool = field(default_factory=fastwalk.loaded)
+
+    def __post_init__(self) -> None:
+        self.fast = self.fast and self.trailing and not self.plain
 
     def _header(self, name: str, typeflag: bytes, *, records: dict[str, str] | None = None,
                 **kw: Any) -> bytes:
@@ -197,7 +204,17 @@ class TarWalker:
     def _walk(self, dfd: int, prefix: str, depth: int) -> Iterator[bytes | None]:
         """The tar's pieces; None after each MiB a big file's hash read (a step)."""
         dev = os.fstat(dfd).st_dev  # a real file system's (pseudo ones are not walked)
-        for name in _names(dfd, self.limits, self.entries):
+        names = _names(dfd, self.limits, self.entries)
+        taken = 0  # the names before this one went through the compiled loop
+        for i, name in enumerate(names):
+            if i < taken:
+                continue
+            if self.fast:  # the run of plain small files from here, if any (fastwalk)
+                taken, piece = fastwalk.files(self, dfd, dev, names, i, prefix)
+                if piece:
+                    yield piece
+                if taken > i:
+                    continue
             rel = prefix + name
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
