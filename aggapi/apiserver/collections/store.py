@@ -150,9 +150,9 @@ class Collection:
         obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
         self.rv = rv
         ev = Event(rv, kind, obj, old, key)
-        if not record:
+        if not record:  # the collection starts again from here
             self._history.clear()
-            self._rvs = {rv}
+            self.start_rv, self._rvs = rv, {rv}
         else:
             # An evicted change's version no longer names a point whose later changes
             # are all known here (nor does the start's, once any change left).
