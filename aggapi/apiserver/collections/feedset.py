@@ -36,12 +36,10 @@ class Feeds:
         self._held: Shared[str, PodFeed] | None = None  # the term's warm feed's owner
         self._standby = False  # holds the cluster-wide pod/event informers for life
         self.poll_interval, self.polls_per_second = poll_interval, polls_per_second
-        self._first_slot = 0.0  # loop time of the next free first read (the budget's)
         self.polls: Shared[str, NodePoll] | None = None
         if agent is not None:
             polls: Shared[str, NodePoll] = Shared(
-                lambda node: NodePoll(agent, node, interval=self.poll_delay,
-                                      first=self.first_read_delay), linger=0)
+                lambda node: NodePoll(agent, node, interval=self.poll_delay), linger=0)
             self.polls = polls
         self.pods, self.nodes = self._new_feeds()
 
@@ -65,20 +63,6 @@ class Feeds:
             return self.poll_interval
         pace = polled / self.polls_per_second
         return pace * (0.75 + random.random() / 2)  # spread: polls started together
-
-    def first_read_delay(self) -> float:
-        """Seconds a node poll starting now waits before its first read: first reads
-        come at most ``polls_per_second``, in the order asked (0: no bound). A new
-        leader's build starts a poll of every node with a pull to follow at once: 5,000
-        first reads (each a TLS request with a signed token) together held the loop
-        through the build, and the first list waited for both."""
-        if self.polls_per_second <= 0:
-            return 0.0
-        now = asyncio.get_running_loop().time()
-        self._first_slot = max(self._first_slot, now)
-        wait = self._first_slot - now
-        self._first_slot += 1.0 / self.polls_per_second
-        return wait
 
     async def new_term(self, epoch: int | None) -> None:
         """Leadership changed: this replica leads from ``epoch`` on (None: it no longer

@@ -34,11 +34,8 @@ class NodePoll:
     ``interval``: seconds between reads, or a function giving them (the feeds' pace)."""
 
     def __init__(self, agent: AgentClient, node: str, *,
-                 interval: float | Callable[[], float],
-                 first: Callable[[], float] | None = None) -> None:
-        """``first``: seconds to wait before the first read (asked at start)."""
+                 interval: float | Callable[[], float]) -> None:
         self.agent, self.node, self.interval = agent, node, interval
-        self._first = first
         self.view: dict[str, Any] | None = None
         self.read_at = 0.0  # time.monotonic() of the last read
         self.error = ""
@@ -58,8 +55,6 @@ class NodePoll:
             self._task = None
 
     async def _run(self) -> None:
-        if self._first is not None and (wait := self._first()) > 0:
-            await asyncio.sleep(wait)
         while True:
             try:
                 view: dict[str, Any] | None = await fetch_node_view(

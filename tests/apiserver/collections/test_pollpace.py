@@ -5,8 +5,6 @@ second would take more than the leader's core)."""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from statistics import mean
 from typing import cast
 
@@ -46,27 +44,3 @@ def test_the_budget_is_a_flag_and_zero_means_none() -> None:
                   cast(AgentClient, FakeAgent()), linger=1.0, poll_interval=1.0,
                   polls_per_second=0)
     assert feeds.poll_delay() == 1.0
-
-
-async def test_first_reads_started_together_come_within_the_budget() -> None:
-    """A new leader's build starts a poll of each node with a pull to follow at once:
-    their first reads are spaced by the budget (in the order asked), not all at once."""
-    agent = FakeAgent()
-    feeds = Feeds(Sources(cast(KubeClient, None), linger=1.0), cast(AgentClient, agent),
-                  linger=1.0, poll_interval=1.0, polls_per_second=10)
-    assert feeds.polls is not None
-    try:
-        for i in range(30):
-            feeds.polls.acquire(f"n{i}")
-        for _ in range(20):
-            await asyncio.sleep(0)
-        # The first node's read at once; the 30th's no sooner than 2.9 s later.
-        assert agent.reads.get("n0") == 1 and "n29" not in agent.reads
-        delays = [feeds.first_read_delay() for _ in range(10)]
-        assert delays == sorted(delays) and delays[0] >= 2.5
-        assert all(0.09 < b - a < 0.11 for a, b in itertools.pairwise(delays))
-    finally:
-        await feeds.close()
-    unbounded = Feeds(Sources(cast(KubeClient, None), linger=1.0), cast(AgentClient, agent),
-                      linger=1.0, poll_interval=1.0, polls_per_second=0)
-    assert unbounded.first_read_delay() == 0.0
