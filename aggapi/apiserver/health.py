@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from aiohttp import web
 
 from aggapi.apiserver.agentclient import AgentClient
@@ -17,21 +15,15 @@ async def healthz(_request: web.Request) -> web.Response:
 
 
 def readyz(auth_source: AuthConfigSource, lifecycle: Lifecycle,
-           agent: AgentClient | None,
-           informers: Callable[[], bool | None] | None = None) -> Handler:
+           agent: AgentClient | None) -> Handler:
     """Ready once the authentication config is loaded and the agents' endpoints are
-    known, and (``informers`` not None: a standby's) the cluster-wide pod and event
-    informers have listed, as kube-apiserver's informer-sync check: traffic does not
-    reach a replica whose first list would wait for them. Not while draining."""
+    known; not while draining."""
 
     async def ready(request: web.Request) -> web.StreamResponse:
         checks = [
             ("authentication-config", auth_source.ready.is_set()),
             ("shutdown", not lifecycle.draining.is_set()),
         ]
-        synced = informers() if informers is not None else None
-        if synced is not None:
-            checks.append(("pod-informers", synced))
         if agent is not None:
             checks.append(("agent-endpoints", agent.directory.synced))
             checks.append(("token-key", agent.key_published))

@@ -174,10 +174,6 @@ class Sources:
     def release(self, namespace: str) -> None:
         self._shared.release(namespace)
 
-    def get(self, namespace: str) -> Source | None:
-        """The running source of ``namespace``, if any (not acquired)."""
-        return self._shared.get(namespace)
-
     @contextlib.asynccontextmanager
     async def of(self, namespace: str) -> AsyncIterator[Source]:
         """A source holding ``namespace``'s pods: the cluster-wide one while it runs

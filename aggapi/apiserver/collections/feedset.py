@@ -92,13 +92,6 @@ class Feeds:
             self._standby = True
             self.sources.acquire("")  # released by close(): the sources stop then
 
-    def standby_synced(self) -> bool | None:
-        """Whether the standby's informers have listed; None without a standby."""
-        if not self._standby:
-            return None
-        source = self.sources.get("")
-        return source is not None and source.synced
-
     def lead(self) -> None:
         """This replica leads (a new term, or alone): with ``warm``, start the
         cluster-wide pod feed now and hold it for the term (its Shared closes at the

@@ -4,23 +4,16 @@ by the first request, and held for the whole term (never stopped by the linger).
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
 
-from aggapi.apiserver import health
 from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.authconfig import AuthConfigSource
 from aggapi.apiserver.collections import feedset
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.parts import Parts
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.routes import Route
-from aggapi.apiserver.shutdown import Lifecycle
-from aggapi.kube.client import KubeClient
 from tests.framework.fakekube import FakeKube
 from tests.framework.until import until
 
@@ -116,28 +109,3 @@ async def test_a_standby_holds_the_informers_and_leads_without_relisting(
     finally:
         await feeds.close()
     await until(lambda: kube.watching("pods") == 0 and kube.watching("events") == 0)
-
-
-async def test_a_standby_is_ready_only_once_its_informers_have_listed(
-        make_server: Any, kube: FakeKube) -> None:
-    """As kube-apiserver's informer-sync check: the Service sends no request to a
-    replica whose first list would wait for every pod and event to be listed."""
-    done = asyncio.Event()
-    done.set()
-    auth, life = SimpleNamespace(ready=done), SimpleNamespace(draining=asyncio.Event())
-    unreachable = Feeds(Sources(cast(KubeClient, None), linger=LINGER), None,
-                        linger=LINGER, poll_interval=1.0, warm=True)
-    assert unreachable.standby_synced() is None  # no standby: no check
-    try:
-        unreachable.standby()  # its lists fail (no kube): never synced
-        ready = health.readyz(cast(AuthConfigSource, auth), cast(Lifecycle, life), None,
-                              unreachable.standby_synced)
-        resp = await ready(make_mocked_request("GET", "/readyz?verbose"))
-        assert resp.status == 503
-        assert "[-]pod-informers failed" in (cast(web.Response, resp).text or "")
-    finally:
-        await unreachable.close()
-    kube.put("api/v1", "pods", pod("a"))
-    server: Server = await make_server(collection_warm=True)
-    async with server.session().get("/readyz?verbose") as got:
-        assert got.status == 200 and "[+]pod-informers ok" in await got.text()
