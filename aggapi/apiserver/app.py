@@ -37,7 +37,6 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
             if agent.key_publisher is not None:
                 tasks.append(asyncio.create_task(agent.key_publisher.run(),
                                                  name="token-key"))
-        parts.feeds.standby()  # (with --collection-warm) before any term starts
         tasks.append(asyncio.create_task(parts.election.run(), name="leader-election"))
         if not parts.config.leader_elect:
             parts.feeds.lead()  # alone: this replica leads from the start

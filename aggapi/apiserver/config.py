@@ -158,8 +158,7 @@ _FLAGS: dict[str, tuple[type, str]] = {
                                  "polls outlive their last request"),
     "collection-warm": (bool, "the leader keeps the cluster-wide podimagepulls feed (one "
                               "pod and one event watch, every pod's object) for its whole "
-                              "term, not only while requests use it; the other "
-                              "replicas hold its two watches from start (a standby)"),
+                              "term, not only while requests use it"),
     "collection-poll-interval": (float, "seconds between reads of a node's pulls while "
                                         "a collection follows a pod there"),
     "collection-polls-per-second": (float, "node reads per second at most, all nodes "

@@ -34,7 +34,6 @@ class Feeds:
         self.warm, self._on_warm = warm, on_warm
         self._warming: asyncio.Task[None] | None = None
         self._held: Shared[str, PodFeed] | None = None  # the term's warm feed's owner
-        self._standby = False  # holds the cluster-wide pod/event informers for life
         self.poll_interval, self.polls_per_second = poll_interval, polls_per_second
         self.polls: Shared[str, NodePoll] | None = None
         if agent is not None:
@@ -81,16 +80,6 @@ class Feeds:
         await old_pods.close()
         if epoch is not None:
             self.lead()
-
-    def standby(self) -> None:
-        """With ``warm``, every replica, leader or not: hold the cluster-wide pod and
-        event informers (2 watches, no agent polls, no objects) from start to exit.
-        A replica elected later (a failover) then builds its objects at once instead
-        of first relisting every pod and event (at 50,000 pods, seconds of a
-        leaderless collection); per-pod streams served here share them."""
-        if self.warm and not self._standby:
-            self._standby = True
-            self.sources.acquire("")  # released by close(): the sources stop then
 
     def lead(self) -> None:
         """This replica leads (a new term, or alone): with ``warm``, start the

@@ -77,35 +77,3 @@ async def test_each_term_starts_its_feed_and_a_lost_term_lets_it_go(
         await until(lambda: warmed == [{"a"}, {"a", "c"}])
     finally:
         await feeds.close()
-
-
-def pod_lists(kube: FakeKube) -> int:
-    """Lists of pods (not watches) kube has answered."""
-    return sum(1 for method, path in kube.requests
-               if method == "GET" and path.startswith("/api/v1/pods") and "watch=" not in path)
-
-
-async def test_a_standby_holds_the_informers_and_leads_without_relisting(
-        make_server: Any, kube: FakeKube) -> None:
-    kube.put("api/v1", "pods", pod("a"))
-    kube.put("api/v1", "pods", pod("b", namespace="ns2"))
-    server: Server = await make_server()
-    feeds = warm_feeds(server.parts)
-    try:
-        feeds.standby()  # a follower: the informers from start, no feed, no polls
-        await until(lambda: kube.watching("pods") == 1 and kube.watching("events") == 1)
-        assert feeds.pods.get("") is None and feeds.agent_polls() == 0
-        lists = pod_lists(kube)
-        await feeds.new_term(1000)  # elected: builds from the informers it holds
-        await until(lambda: built(feeds) == {"a", "b"})
-        assert pod_lists(kube) == lists and kube.watching("pods") == 1
-        await feeds.new_term(None)  # the term lost: the informers stay
-        await asyncio.sleep(LINGER * 3)
-        assert feeds.pods.get("") is None and kube.watching("pods") == 1
-        kube.put("api/v1", "pods", pod("c"))
-        await feeds.new_term(1001)
-        await until(lambda: built(feeds) == {"a", "b", "c"})
-        assert pod_lists(kube) == lists and kube.watching("events") == 1
-    finally:
-        await feeds.close()
-    await until(lambda: kube.watching("pods") == 0 and kube.watching("events") == 0)
