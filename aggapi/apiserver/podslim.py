@@ -2,7 +2,7 @@
 per-pod progress streams read, nothing else (as client-go's SetTransform).
 
 A cluster's worth of pods is held for as long as a source runs (the leader's whole
-term, and a standby's whole life): parsed, a Deployment's pod of 1.2 KB of JSON took
+term): parsed, a Deployment's pod of 1.2 KB of JSON took
 about 8.6 KiB of Python objects (418 MiB for 50,000 pods), most of it env, ports,
 resources, conditions and owner references nobody here reads; slim, 2.9 KiB. Readers:
 ``pods.target_from_pod``/``containers_of`` (names, images, image volumes),
