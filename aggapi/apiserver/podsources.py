@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from aggapi.apiserver.podslim import slim_pod
 from aggapi.apiserver.shared import Shared
 from aggapi.kube.client import KubeClient, KubeError, path_segment
 from aggapi.kube.informer import Informer
@@ -27,9 +28,8 @@ PULL_REASONS = frozenset({"Pulling", "Pulled", "Failed", "BackOff"})
 
 
 def _slim(obj: dict[str, Any]) -> dict[str, Any]:
-    """The object without its managedFields (server-side apply's bookkeeping, often
-    the bulk of a pod's metadata): nothing here reads them, and a cluster's worth of
-    pods is held."""
+    """The event without its managedFields (server-side apply's bookkeeping): nothing
+    here reads them. (Pods keep only the fields read: ``podslim``.)"""
     meta = obj.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
         obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
@@ -60,7 +60,7 @@ class Source:
         self.namespace = namespace
         self._api = api
         base = f"/api/v1/namespaces/{path_segment(namespace)}" if namespace else "/api/v1"
-        self.pods = Informer(api, f"{base}/pods", transform=_slim)
+        self.pods = Informer(api, f"{base}/pods", transform=slim_pod)
         self._events = Informer(api, f"{base}/events",
                                 {"fieldSelector": "involvedObject.kind=Pod"},
                                 transform=_pull_event)

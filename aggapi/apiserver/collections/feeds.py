@@ -249,6 +249,9 @@ class PodFeed(_Batcher):
             for key in self.collection.objects:
                 self.dirty[key] = None
         dirty, _ = self.take(limit, urgent_only=urgent_only)
+        # The first build is not recorded in the history: no reader holds a version of
+        # this collection before it is synced (ready() waits), so none watches from it.
+        record = self.synced.is_set()
         if self.pending and self._timer is None:  # the rest on the loop's next turns
             self._timer = asyncio.get_running_loop().call_later(0, self._fire)
         # Only the nodes of the pods rebuilt can gain or lose a poll: not every node's
@@ -260,7 +263,7 @@ class PodFeed(_Batcher):
             pod = self.source.pod(key)
             if pod is None:
                 self._index(key, None, False)
-                self.collection.set(key, None)
+                self.collection.set(key, None, record=record)
                 continue
             node = str((pod.get("spec") or {}).get("nodeName") or "")
             poll = self.polls.get(node) if self.polls is not None and node in self._polled \
@@ -275,7 +278,7 @@ class PodFeed(_Batcher):
                 self._slices[key] = (images, view_slice(images, view))
             self._index(key, node, needs)
             touched.add(node)
-            self.collection.set(key, obj)
+            self.collection.set(key, obj, record=record)
         for node in touched:
             if self._needs.get(node):
                 if node not in self._polled:

@@ -59,6 +59,13 @@ class BoundedHistory(Generic[E]):
             self.evicted = True
         return gone
 
+    def clear(self) -> None:
+        """Drop every event (each counts as evicted)."""
+        self.evicted = self.evicted or bool(self._events)
+        self._events.clear()
+        self._sizes.clear()
+        self.bytes = 0
+
     @property
     def full(self) -> bool:
         """Whether changes may have left it: some did, or its count is at the bound

@@ -85,10 +85,10 @@ async def test_limit_with_selectors_and_tables(env: Env) -> None:
 
 
 def _roll_history(env: Env) -> Collection:
-    """As many changes as the history holds: it no longer covers an earlier version
-    (a 10,000-pod rollout does this in seconds)."""
+    """One change more than the history holds: it no longer covers an earlier version
+    (a 10,000-pod rollout does this in seconds; the first build is not in it)."""
     col = next(iter(env.feeds.pods.parts().values())).collection
-    for i in range(col._history.max_events):
+    for i in range(col._history.max_events + 1):
         col.set(("ns1", f"filler-{i}"), {"metadata": {"name": f"filler-{i}",
                                                       "namespace": "ns1"}})
     return col

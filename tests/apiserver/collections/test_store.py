@@ -192,3 +192,29 @@ def test_the_history_is_bounded_in_bytes_not_only_in_events() -> None:
     for v in range(20):
         small.set("a", {"metadata": {"name": "a"}, "v": v})
     assert len(small._history) == 8  # and in events, as before
+
+
+def test_an_unrecorded_change_expires_every_version_before_it() -> None:
+    col = Collection(Clock(1))
+    start = col.start_rv
+    col.set("a", {"metadata": {"name": "a"}, "v": 0})
+    before = col.rv
+    col.set("b", {"metadata": {"name": "b"}, "v": 0}, record=False)
+    built = col.rv
+    assert col.start_rv == built  # the collection starts again from there
+    for rv in (start, before):
+        with pytest.raises(StatusError) as exc:
+            col.since(rv)
+        assert exc.value.code == 410
+    assert col.since(built) == [] and set(col.objects) == {"a", "b"}
+    col.set("a", None)  # recorded again from there on
+    assert [(ev.type, ev.key) for ev in col.since(built)] == [("DELETED", "a")]
+
+
+def test_an_unrecorded_changes_version_leaves_with_the_first_eviction() -> None:
+    col = Collection(Clock(1), history=2)
+    col.set("a", {"metadata": {"name": "a"}, "v": 0}, record=False)
+    built = col.rv
+    for v in range(3):
+        col.set("b", {"metadata": {"name": "b"}, "v": v})
+    assert not col.owns(built)
