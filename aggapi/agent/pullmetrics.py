@@ -16,7 +16,6 @@ its progress has not moved for ``stall_after`` seconds while it had layers to fe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from aggapi import tasks
 from aggapi.agent.kubeletconfig import PullLimits
 from aggapi.agent.metrics import AgentMetrics
 from aggapi.agent.progress.model import NodeState, PullState
@@ -127,9 +127,7 @@ def following(poller: ProgressPoller, tracker: PullTracker, limits: Limits | Non
     async def ctx(_app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(run(poller, tracker, limits), name="pull-metrics")
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await tasks.cancel(task)
     return ctx
 
 

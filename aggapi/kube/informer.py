@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from aggapi import tasks
 from aggapi.kube.client import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
@@ -66,11 +67,8 @@ class Informer:
             self._task = asyncio.create_task(self._run(), name=f"informer:{self.path}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.cancel(self._task)
+        self._task = None
 
     def _notify(self, kind: str, obj: Mapping[str, Any]) -> None:
         for fn in self._listeners:

@@ -10,13 +10,13 @@ grow with slowness, and backend calls do not grow with the subscriber count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from aggapi import tasks
 from aggapi.agent.progress.model import NodeState
 
 log = logging.getLogger(__name__)
@@ -143,11 +143,8 @@ class ProgressPoller:
             return state
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.cancel(self._task)
+        self._task = None
 
     def _publish(self, state: NodeState) -> None:
         if state == self.state:  # time is not compared: nothing new to tell

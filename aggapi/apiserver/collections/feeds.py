@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from aggapi import tasks
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.linkfeed import LinkFeeder
 from aggapi.apiserver.collections.nodeimagepulls import node_image_pull
@@ -158,10 +159,7 @@ class PodFeed(_Batcher):
 
     async def stop(self) -> None:
         self.cancel()
-        if self._sync is not None:
-            self._sync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync
+        await tasks.cancel(self._sync)
         for node in list(self._polled):
             self._unpoll(node)
         with contextlib.suppress(ValueError):
@@ -352,10 +350,7 @@ class NodeFeed(_Batcher):
     async def stop(self) -> None:
         self.cancel()
         await self.links.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await tasks.cancel(self._task)
         for node in self._nodes:
             self._release(node)
         self._nodes = set()

@@ -11,12 +11,12 @@ next round sends afresh.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable
 
+from aggapi import tasks
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.linkshare import LinkShare
 from aggapi.apiserver.collections.nodepolls import POLL_SUBJECT, NodePoll
@@ -45,11 +45,8 @@ class LinkFeeder:
             self._task = asyncio.create_task(self._run(), name="linkfeeder")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.cancel(self._task)
+        self._task = None
 
     async def round(self) -> dict[str, PeerLink]:
         """One judgement over the latest views, and its sends; what was told."""

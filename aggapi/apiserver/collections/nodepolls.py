@@ -9,12 +9,12 @@ same endpoint nodes/imagepulls and the per-pod stream's slot check read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from aggapi import tasks
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
 from aggapi.status import StatusError
@@ -51,11 +51,8 @@ class NodePoll:
             self._task = asyncio.create_task(self._run(), name=f"nodepoll:{self.node}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.cancel(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

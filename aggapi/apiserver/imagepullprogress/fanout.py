@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Hashable, Mappin
 from dataclasses import dataclass
 from typing import Any
 
+from aggapi import tasks
+
 log = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
@@ -140,9 +142,7 @@ class SharedStreams:
             if entry.refs == 0:
                 if self._entries.get(key) is entry:
                     del self._entries[key]
-                entry.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await entry.task
+                await tasks.cancel(entry.task)
 
     async def _run(self, producer: Producer, bc: Broadcast) -> None:
         try:
