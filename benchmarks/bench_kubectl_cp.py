@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("--settle", type=float, default=0.0, metavar="S",
                       help="wait S seconds before each directory upload (35 lets ext4 "
                       "without a journal forget inodes freed just before; see "
-                      "benchmarks._installed.UPLOAD_SETTLE_S); 0 by default: a fresh "
+                      "benchmarks._kcpbench.UPLOAD_SETTLE_S); 0 by default: a fresh "
                       "file system has no deletions to forget")
     inst.add_argument("--json", type=Path, metavar="FILE",
                       help="write the ratios per scenario and goal_met")
