@@ -211,7 +211,7 @@ def run(cp: ControlPlane, size: int, rounds: int, workdir: Path,
         for _ in range(rounds):
             for tool in tools:  # uploads, each checked from inside the container
                 key = f"{tool} upload"
-                os.sync()  # start on clean file systems, as in _installed.Bench.scenario
+                os.sync()  # start on clean file systems, as in _kcpbench.Bench.scenario
                 with profiled(spy if tool == "kubectl ncp" else None, key, spied), \
                         meter.window(cpu.setdefault(key, {})):
                     t = timed(client(tool, key, up_argv[tool](remote[tool])))
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("--settle", type=float, default=0.0, metavar="S",
                       help="wait S seconds before each directory upload (35 lets ext4 "
                       "without a journal forget inodes freed just before; see "
-                      "benchmarks._installed.UPLOAD_SETTLE_S); 0 by default: a fresh "
+                      "benchmarks._kcpbench.UPLOAD_SETTLE_S); 0 by default: a fresh "
                       "file system has no deletions to forget")
     inst.add_argument("--json", type=Path, metavar="FILE",
                       help="write the ratios per scenario and goal_met")
@@ -353,9 +353,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def installed_main(a: argparse.Namespace) -> int:
-    from benchmarks import _installed
+    from benchmarks import _installed, _kcpbench
 
-    _installed.UPLOAD_SETTLE_S = a.settle
+    _kcpbench.UPLOAD_SETTLE_S = a.settle
     scs = _installed.scenarios(a.size_mib, a.small_files, a.medium_files,
                                [s for s in a.scenario.split(",") if s])
     results = _installed.run_installed(a.instance, a.up, a.node, scs, a.rounds, a.variant,

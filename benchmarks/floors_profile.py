@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from benchmarks import _installed, bench_kubectl_cp
+from benchmarks import _kcpbench, bench_kubectl_cp
 
 
 def with_system_perf(out: Path, inner: object) -> object:
@@ -42,7 +42,7 @@ def with_system_perf(out: Path, inner: object) -> object:
 def main() -> int:
     out = Path(sys.argv[1]).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    _installed.profiled = with_system_perf(out, _installed.profiled)  # type: ignore[assignment]
+    _kcpbench.profiled = with_system_perf(out, _kcpbench.profiled)  # type: ignore[assignment]
     return bench_kubectl_cp.main(sys.argv[2:])
 
 

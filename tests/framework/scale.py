@@ -25,146 +25,23 @@ import asyncio
 import contextlib
 import functools
 import json
-import re
-import ssl
-import subprocess
 import sys
-import threading
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aggapi.kube.client import KubeError, load_client
-from tests.framework.controlplane import (
-    AGGAPI_PORT,
-    GROUP,
-    NAMESPACE,
-    VERSION,
-    ControlPlane,
-    binary,
-)
-from tests.framework.hollow import DONE_LOG
-from tests.framework.procs import HarnessError, Proc, spawn, stop_child, wait_ready
+from tests.framework.controlplane import NAMESPACE, ControlPlane, binary
+from tests.framework.kwokstages import STAGES
+from tests.framework.procs import HarnessError, Proc, spawn, wait_ready
 from tests.framework.repo import python_env
+from tests.framework.scalemeasure import ScaleMeasures
+from tests.framework.tablewatch import TableWatch  # noqa: F401  (its users import it here)
 
 HOLLOW_LABEL = "aggapi.io/hollow"
 ROLLOUT_LABEL = "scale.aggapi.io/rollout"
 IMAGE_HOST = "registry.scale.test"
 CREATORS = 16  # pods created concurrently
-
-# kwok's stages (kwok.x-k8s.io/v1alpha1 Stage; selectors are jq expressions). Node:
-# Ready once. Pod: bound -> Pending with its conditions and a waiting container; the
-# hollow kubelet's annotation -> Running with the image's digest; deleted -> gone.
-STAGES = """\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: hollow-node-ready
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: NotIn
-      values: ['True']
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      phase: Running
-      addresses:
-      - {type: InternalIP, address: "@ADDRESS@"}
-      - {type: Hostname, address: {{ .metadata.name | Quote }}}
-      conditions:
-      {{ range NodeConditions }}
-      - type: {{ .type | Quote }}
-        status: {{ .status | Quote }}
-        reason: {{ .reason | Quote }}
-        message: {{ .message | Quote }}
-        lastHeartbeatTime: {{ $now | Quote }}
-        lastTransitionTime: {{ $now | Quote }}
-      {{ end }}
-      allocatable: {cpu: "1k", memory: "1Ti", pods: "1M"}
-      capacity: {cpu: "1k", memory: "1Ti", pods: "1M"}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: hollow-pod-pending
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.hostIP', operator: DoesNotExist}
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      phase: Pending
-      hostIP: "@ADDRESS@"
-      startTime: {{ $now | Quote }}
-      conditions:
-      - {type: PodScheduled, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      - {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      - {type: Ready, status: "False", reason: ContainersNotReady,
-         lastTransitionTime: {{ $now | Quote }}}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - name: {{ .name | Quote }}
-        image: {{ .image | Quote }}
-        imageID: ""
-        ready: false
-        restartCount: 0
-        state: {waiting: {reason: ContainerCreating}}
-      {{ end }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: hollow-pod-running
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Pending]}
-    - {key: '.status.hostIP', operator: Exists}
-    - {key: '.metadata.annotations["@PULLED@"]', operator: Exists}
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      {{ $digest := index .metadata.annotations "@PULLED@" }}
-      phase: Running
-      conditions:
-      - {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      - {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - name: {{ .name | Quote }}
-        image: {{ .image | Quote }}
-        imageID: {{ $digest | Quote }}
-        ready: true
-        started: true
-        restartCount: 0
-        state: {running: {startedAt: {{ $now | Quote }}}}
-      {{ end }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: hollow-pod-delete
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: Exists}
-  next:
-    finalizers: {empty: true}
-    delete: true
-"""
 
 
 def image_of(index: int) -> str:
@@ -173,7 +50,7 @@ def image_of(index: int) -> str:
 
 
 @dataclass
-class ScaleCluster:
+class ScaleCluster(ScaleMeasures):
     cp: ControlPlane
     nodes: int
     slots: int = 2
@@ -195,10 +72,6 @@ class ScaleCluster:
 
     def namespace(self, index: int) -> str:
         return f"scale-{index % self.namespaces}"
-
-    @property
-    def hollow_dir(self) -> Path:
-        return self.cp.state / "hollow"
 
     # --- lifecycle -------------------------------------------------------------------
     def up(self) -> dict[str, float]:
@@ -345,142 +218,3 @@ class ScaleCluster:
     def pod_keys(self, count: int | None = None) -> set[tuple[str, str]]:
         n = self.created if count is None else count
         return {(self.namespace(i), f"app-{i}") for i in range(n)}
-
-    # --- what is measured ---------------------------------------------------------------
-    def list_podimagepulls(self, namespace: str = "") -> tuple[float, float, list[dict[str, Any]]]:
-        """(seconds to the head, seconds to the last byte, items) of one list through
-        the aggregator, as admin."""
-        where = f"/namespaces/{namespace}" if namespace else ""
-        t0 = time.monotonic()
-        for _ in range(10):  # client-go retries a 503 with Retry-After (aggapi's: 1-2 s)
-            code, head, took, body = self.cp.timed_get(
-                f"/apis/{GROUP}/{VERSION}{where}/podimagepulls", timeout=60)
-            if code != 503:
-                break
-            time.sleep(1.0)
-        if code != 200:
-            raise HarnessError(f"list podimagepulls{where}: {code} {body[:300]!r}")
-        waited = time.monotonic() - t0 - took  # the 503s before, and the pauses
-        return head + waited, took + waited, list(json.loads(body).get("items") or ())
-
-    def list_pages(self, path: str, limit: int = 500) -> tuple[float, int]:
-        """(seconds, items) of a complete list of ``path`` (from the root, as admin) in
-        pages of ``limit``, as kubectl get and client-go's reflector list."""
-        t0, items, cont = time.monotonic(), 0, ""
-        sep = "&" if "?" in path else "?"
-        while True:
-            query = f"{sep}limit={limit}"
-            if cont:
-                query += f"&continue={urllib.parse.quote(cont)}"
-            code, body = self.cp.get(path + query, timeout=60)
-            if code != 200:
-                raise HarnessError(f"list {path}: {code} {body[:300]!r}")
-            page = json.loads(body)
-            items += len(page.get("items") or ())
-            cont = str((page.get("metadata") or {}).get("continue") or "")
-            if not cont:
-                return time.monotonic() - t0, items
-
-    def kube_watches(self) -> dict[str, float]:
-        """kube-apiserver's WATCH requests in flight, by resource."""
-        code, body = self.cp.get("/metrics", timeout=20)
-        if code != 200:
-            raise HarnessError(f"kube-apiserver /metrics: {code}")
-        out: dict[str, float] = {}
-        for line in body.decode().splitlines():
-            if line.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in line:
-                res = re.search(r'resource="([^"]*)"', line)
-                key = res.group(1) if res else ""
-                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-        return out
-
-    def aggapi_metrics(self) -> dict[str, float]:
-        """aggapi's own gauges (``aggapi_*``, unlabelled samples), read with the admin
-        client certificate (aggapi authenticates the cluster CA's certificates)."""
-        ctx = ssl.create_default_context(cafile=str(self.cp.aggapi_certs / "ca.crt"))
-        ctx.load_cert_chain(self.cp.pki_dir / "admin.crt", self.cp.pki_dir / "admin.key")
-        url = f"https://{self.cp.api_host.address}:{AGGAPI_PORT}/metrics"
-        with urllib.request.urlopen(url, context=ctx, timeout=10) as r:
-            text = r.read().decode()
-        return {name: float(value) for name, value in
-                (line.split(" ", 1) for line in text.splitlines()
-                 if line.startswith("aggapi_") and "{" not in line.split(" ", 1)[0])}
-
-    def restart_aggapi(self, wait: float = 90.0) -> float:
-        """SIGTERM the aggapi apiserver (as a roll does) and start it again with the same
-        flags, until the aggregator serves it: the seconds that took. Its next list is
-        the first of a replica that starts (or newly leads) with nothing built."""
-        t0 = time.monotonic()
-        self.cp.proc("aggapi-apiserver").stop(timeout=30)
-        self.cp.start_apiserver(wait=wait)
-        return time.monotonic() - t0
-
-    def done_times(self, log: str = DONE_LOG) -> dict[tuple[str, str], float]:
-        """When each pod's pull finished in the simulation (CLOCK_MONOTONIC); with
-        ``hollow.POSTED_LOG``, when its Pulled Event was written."""
-        path = self.hollow_dir / log
-        out: dict[tuple[str, str], float] = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                t, _, key = line.partition(" ")
-                ns, _, name = key.partition("/")
-                out.setdefault((ns, name), float(t))
-        return out
-
-
-class TableWatch:
-    """``kubectl get podimagepulls -A -w``: the Table rows kubectl prints, the latest
-    phase of each pod, and when kubectl first printed it Done (CLOCK_MONOTONIC)."""
-
-    def __init__(self, cp: ControlPlane, args: Sequence[str] = ("-A",)) -> None:
-        self.proc = subprocess.Popen(
-            [binary("kubectl"), f"--kubeconfig={cp.admin_kubeconfig}", "get",
-             "podimagepulls", *args, "-w"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
-        self.columns: list[str] = []
-        self.phase: dict[tuple[str, str], str] = {}
-        self.node: dict[tuple[str, str], str] = {}
-        self.done_at: dict[tuple[str, str], float] = {}
-        self.seen_phases: dict[tuple[str, str], set[str]] = {}
-        self.rows = 0
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            now = time.monotonic()
-            cells = line.split()
-            if not self.columns:
-                self.columns = cells
-                continue
-            if len(cells) < len(self.columns) - 1:  # REASON may be wide: not needed
-                continue
-            row = dict(zip(self.columns, cells, strict=False))
-            key = (row.get("NAMESPACE", ""), row.get("NAME", ""))
-            with self._lock:
-                self.rows += 1
-                self.phase[key] = row.get("PHASE", "")
-                self.seen_phases.setdefault(key, set()).add(self.phase[key])
-                self.node[key] = row.get("NODE", "")
-                if row.get("PHASE") == "Done":
-                    self.done_at.setdefault(key, now)
-
-    def done(self, keys: set[tuple[str, str]]) -> int:
-        with self._lock:
-            return len(keys & self.done_at.keys())
-
-    def wait_done(self, keys: set[tuple[str, str]], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.done(keys) == len(keys):
-                return True
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read() if self.proc.stderr else ""
-                raise HarnessError(f"kubectl get -w exited {self.proc.returncode}: {err}")
-            time.sleep(0.25)
-        return False
-
-    def stop(self) -> None:
-        stop_child(self.proc)
