@@ -15,6 +15,11 @@ def switched_off() -> bool:
     return os.environ.get(ENV, "") not in ("", "0")
 
 
+def enabled(module: ModuleType | None) -> bool:
+    """A compiled module is there (``optional``'s answer) and not switched off."""
+    return module is not None and not switched_off()
+
+
 def optional(name: str) -> ModuleType | None:
     """The compiled module ``name``, or None where it is not built."""
     try:

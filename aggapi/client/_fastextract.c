@@ -91,30 +91,15 @@ static PyObject *run(PyObject *self, PyObject *args)
             if (std_header(b, &mode, &size, &mtime))
                 break;
         }
-        if (b[156] != '0' || memcmp(b + 257, "ustar\0", 6) != 0 ||
-            memcmp(b + 329, "0000000\0" "0000000\0", 16) != 0 || memcmp(b + 345, zeros, 155) != 0)
+        const unsigned char *leaf;
+        Py_ssize_t llen;
+        if (!plain_leaf(b, recs, &prefix, &leaf, &llen))
             break;
         Py_ssize_t span = (Py_ssize_t)((size + BLOCK - 1) / BLOCK * BLOCK);
         if (size > (unsigned long long)end || end - at - BLOCK < span) {
             shortp = 1; /* not whole in this piece */
             break;
         }
-        const unsigned char *raw = b;
-        Py_ssize_t rawlen = 0;
-        while (rawlen < 100 && raw[rawlen])
-            rawlen++;
-        const unsigned char *name = recs[R_PATH].set ? recs[R_PATH].p : raw;
-        Py_ssize_t nlen = recs[R_PATH].set ? recs[R_PATH].n : rawlen;
-        if (has(name, nlen, "GNUSparseFile.") || has(raw, rawlen, "GNUSparseFile."))
-            break;
-        Py_ssize_t plen = prefix.len;
-        if (nlen <= plen || memcmp(name, prefix.buf, (size_t)plen) != 0)
-            break;
-        const unsigned char *leaf = name + plen;
-        Py_ssize_t llen = nlen - plen;
-        if (memchr(leaf, '/', (size_t)llen) || memchr(leaf, 0, (size_t)llen) ||
-            (llen == 1 && leaf[0] == '.') || (llen == 2 && leaf[0] == '.' && leaf[1] == '.'))
-            break;
         long long mtime_ns = (long long)mtime * NS;
         if (recs[R_MTIME].set && pax_mtime(&recs[R_MTIME], &mtime_ns))
             break;
@@ -168,7 +153,8 @@ static PyObject *run(PyObject *self, PyObject *args)
         Py_XDECREF(view);
         got = h ? PyObject_CallMethod(h, "hexdigest", NULL) : NULL;
         Py_XDECREF(h);
-        full = got ? PyUnicode_DecodeUTF8((const char *)name, nlen, "surrogateescape") : NULL;
+        full = got ? PyUnicode_DecodeUTF8((const char *)leaf - prefix.len,
+                                           llen + prefix.len, "surrogateescape") : NULL;
         leafname = full ? PyUnicode_DecodeUTF8((const char *)leaf, llen, "surrogateescape")
                         : NULL;
         if (leafname == NULL)

@@ -26,7 +26,7 @@ _native = native.optional("aggapi.client._fastextract")
 
 def loaded() -> bool:
     """The compiled loop is there and not switched off."""
-    return _native is not None and not native.switched_off()
+    return native.enabled(_native)
 
 
 class FastPath:

@@ -147,4 +147,33 @@ static int hex64(const Rec *r) /* entrydigest._HEX64 */
     return 1;
 }
 
+/* A plain regular file in ustar form (header block ``b``, its x records ``recs``) named
+ * one leaf directly below ``prefix``, as both loops take it: its leaf; 0: not taken here
+ * (sparse, a link, a deeper or odd name: the Python path's). */
+static int plain_leaf(const unsigned char *b, const Rec *recs, const Py_buffer *prefix,
+                      const unsigned char **leaf, Py_ssize_t *llen)
+{
+    if (b[156] != '0' || memcmp(b + 257, "ustar\0", 6) != 0 ||
+        memcmp(b + 329, "0000000\0" "0000000\0", 16) != 0 || memcmp(b + 345, zeros, 155) != 0)
+        return 0;
+    Py_ssize_t rawlen = 0;
+    while (rawlen < 100 && b[rawlen])
+        rawlen++;
+    const unsigned char *name = recs[R_PATH].set ? recs[R_PATH].p : b;
+    Py_ssize_t nlen = recs[R_PATH].set ? recs[R_PATH].n : rawlen;
+    if (has(name, nlen, "GNUSparseFile.") || has(b, rawlen, "GNUSparseFile."))
+        return 0;
+    Py_ssize_t plen = prefix->len;
+    if (nlen <= plen || memcmp(name, prefix->buf, (size_t)plen) != 0)
+        return 0;
+    const unsigned char *l = name + plen;
+    Py_ssize_t n = nlen - plen;
+    if (memchr(l, '/', (size_t)n) || memchr(l, 0, (size_t)n) || (n == 1 && l[0] == '.') ||
+        (n == 2 && l[0] == '.' && l[1] == '.'))
+        return 0;
+    *leaf = l;
+    *llen = n;
+    return 1;
+}
+
 #endif

@@ -93,29 +93,16 @@ static PyObject *run(PyObject *self, PyObject *args)
             if (std_header(b, &mode, &size, &mtime))
                 break;
         }
-        if (b[156] != '0' || memcmp(b + 257, "ustar\0", 6) != 0 ||
-            memcmp(b + 329, "0000000\0" "0000000\0", 16) != 0 || memcmp(b + 345, zeros, 155) != 0)
+        const unsigned char *leaf;
+        Py_ssize_t llen;
+        if (!plain_leaf(b, recs, &prefix, &leaf, &llen))
             break;
         if (size > (unsigned long long)size_limit || size >= (unsigned long long)small)
             break;
         Py_ssize_t span = (Py_ssize_t)((size + BLOCK - 1) / BLOCK * BLOCK);
         if (end - at - BLOCK < span)
             break; /* not whole in this piece */
-        const unsigned char *raw = b;
-        Py_ssize_t rawlen = 0;
-        while (rawlen < 100 && raw[rawlen])
-            rawlen++;
-        const unsigned char *name = recs[R_PATH].set ? recs[R_PATH].p : raw;
-        Py_ssize_t nlen = recs[R_PATH].set ? recs[R_PATH].n : rawlen;
-        if (has(name, nlen, "GNUSparseFile.") || has(raw, rawlen, "GNUSparseFile."))
-            break;
-        Py_ssize_t plen = prefix.len;
-        if (nlen <= plen || memcmp(name, prefix.buf, (size_t)plen) != 0)
-            break;
-        const unsigned char *leaf = name + plen;
-        Py_ssize_t llen = nlen - plen;
-        if (llen > 255 || memchr(leaf, '/', (size_t)llen) || memchr(leaf, 0, (size_t)llen) ||
-            (llen == 1 && leaf[0] == '.') || (llen == 2 && leaf[0] == '.' && leaf[1] == '.'))
+        if (llen > 255) /* the copy below, and NAME_MAX */
             break;
         long long mtime_ns = (long long)mtime * NS;
         if (recs[R_MTIME].set && pax_mtime(&recs[R_MTIME], &mtime_ns))

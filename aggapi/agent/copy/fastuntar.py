@@ -36,7 +36,7 @@ ENV = native.ENV
 
 def loaded() -> bool:
     """The compiled loop is there and not switched off."""
-    return _native is not None and not native.switched_off()
+    return native.enabled(_native)
 
 
 def describe() -> str:

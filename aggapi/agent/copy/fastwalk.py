@@ -30,7 +30,7 @@ BUDGET = 1 << 20
 
 def loaded() -> bool:
     """The compiled loop is there and not switched off."""
-    return _native is not None and not native.switched_off()
+    return native.enabled(_native)
 
 
 def files(walker: Any, dfd: int, dev: int, names: list[str], start: int, prefix: str
