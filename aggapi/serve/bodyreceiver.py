@@ -254,6 +254,21 @@ class ResponseBody:
             parts[-1], self._head = last[:cut], last[cut:]
         return b"".join(parts)
 
+    async def pieces(self, n: int) -> list[bytes | memoryview]:
+        """What has arrived, at least a byte and about ``n`` (more by at most one
+        piece), as the pieces received: no copy; [] at the end."""
+        if self.receiver is None and not self._head:
+            data = await self._resp.content.read(n)
+            return [data] if data else []
+        first = await self.next_piece()
+        if not first:
+            return []
+        parts, size = [first], len(first)
+        while size < n and (piece := self._ready()) is not None:
+            parts.append(piece)
+            size += len(piece)
+        return parts
+
     async def readexactly(self, n: int) -> bytes:
         data = bytearray()
         while len(data) < n:
