@@ -266,9 +266,7 @@ class TarParser:
                 continue
             need = self._need
             if not self._buf and need <= end - pos:
-                # The whole block is here: no gathering (a view's, as bytes: headers
-                # are parsed as bytes; a bytes slice is bytes already, not copied again).
-                block = bytes(data[pos:pos + need])
+                block = bytes(data[pos:pos + need])  # all here: no gathering (bytes of a view)
                 pos += need
             else:
                 take = min(need - len(self._buf), end - pos)
