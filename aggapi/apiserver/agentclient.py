@@ -20,6 +20,7 @@ from aggapi.apiserver.agents import AgentDirectory
 from aggapi.auth.agentidentity import IdentityPins
 from aggapi.auth.capability import CapabilitySigner, ContainerRef
 from aggapi.auth.tokenkeys import KeyPublisher
+from aggapi.serve.chunktakeover import takeover_connector
 from aggapi.serve.site import READ_BUFSIZE
 from aggapi.status import StatusError
 from aggapi.wire import RELAYED_ERROR_HEADERS
@@ -82,7 +83,8 @@ class AgentClient:
         if self._session is None or self._session.closed:
             # No total timeout: progress streams and copies are long-lived by design.
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+                # A directory download's chunked tar is decrypted into our own buffers.
+                connector=takeover_connector(limit=0, enable_cleanup_closed=True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
                 auto_decompress=False,
                 read_bufsize=READ_BUFSIZE,  # see aggapi.serve.site: fewer, larger pieces

@@ -44,6 +44,7 @@ from aggapi.kube.kubeconfig import (
     parse_document,
     ssl_context,
 )
+from aggapi.serve.chunktakeover import takeover_connector
 from aggapi.wire import GROUP_VERSION_PATH
 
 http_log = logging.getLogger("aggapi.client.http")
@@ -249,8 +250,9 @@ class Connection:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            conn = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True,
-                                        limit=8)
+            # A directory download's chunked tar is decrypted into buffers of our own.
+            conn = takeover_connector(ssl=self._ssl if self._ssl is not None else True,
+                                      limit=8)
             # No total timeout: progress streams and large copies last as long as they last.
             self._session = aiohttp.ClientSession(
                 connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),

@@ -239,7 +239,13 @@ def _check_origin(resp: aiohttp.ClientResponse, rp: RemotePath, partial: Partial
 async def _receive_dir(resp: aiohttp.ClientResponse, dest: Path, st: dict[str, Any],
                        progress: Progress) -> Result:
     progress.start(None)
-    res = await extract_dir(TarReader(resp.content), dest, progress.advance)
+    # The chunked tar is decrypted straight into our buffers (aggapi.serve.chunktakeover).
+    body = ResponseBody(resp)
+    try:
+        res = await extract_dir(TarReader(body), dest, progress.advance)
+    finally:
+        if body.receiver is not None:
+            resp.close()  # its connection is ours now: not reusable
     return Result(res.path, "dir", res.bytes, "", entries=res.entries, skipped=res.skipped,
                   refused=res.refused, verified=res.verified)
 

@@ -110,15 +110,19 @@ async def _feed_all(ex: Extractor, stream: ByteStream, on_bytes: Callable[[int],
     A read takes whatever has arrived, up to READ_SIZE (bounded memory): while the
     worker applies one piece, the loop keeps receiving the next, so a busy worker is
     handed bigger pieces and the hand-offs per file fall as the load rises."""
+    # A body in our own buffers (aggapi.serve.bodyreceiver.ResponseBody) is handed over
+    # as the views received, not joined.
+    pieces = getattr(stream, "pieces", None)
     while not ex.parser.ended:
         try:
-            data = await stream.read(READ_SIZE)
+            data = await (pieces(READ_SIZE) if pieces is not None else stream.read(READ_SIZE))
         except Exception as exc:  # a broken connection: a truncated tar
             raise TarError("tar stream ended early") from exc
         if not data:  # raises: the stream ended before the archive did
             await _in_worker(ex.end_of_stream)
             return
-        if n := await _in_worker(ex.feed, data):
+        feed = ex.feed_pieces if pieces is not None else ex.feed
+        if n := await _in_worker(feed, data):
             on_bytes(n)
             early.wrote(n)  # writeback starts during the transfer, not after it
 

@@ -133,12 +133,13 @@ class Extractor:
         if last is not None:
             os.close(last[1])
 
-    def feed(self, data: bytes) -> int:
-        """Parse ``data`` (the next piece of the stream) and apply what it completes;
-        the data bytes written. Work is linear in ``len(data)``: a refused entry's data
-        is dropped, a big file's is written a piece at a time. Where the compiled loop
-        is built (:mod:`aggapi.client.fastpath`), it applies the plain files and this
-        the rest, one entry at a time."""
+    def feed(self, data: bytes | memoryview) -> int:
+        """Parse ``data`` (the next piece of the stream; a view of a receive buffer
+        too) and apply what it completes; the data bytes written. Work is linear in
+        ``len(data)``: a refused entry's data is dropped, a big file's is written a
+        piece at a time. Where the compiled loop is built
+        (:mod:`aggapi.client.fastpath`), it applies the plain files and this the rest,
+        one entry at a time."""
         fast = self._fast
         if fast is None:
             written = self._events(data, 0, stop=False)[1]
@@ -155,7 +156,7 @@ class Extractor:
                     # A small entry cut by the piece's end waits for the next piece (at
                     # most once: each byte is copied once more at most).
                     if short and end - pos <= CARRY_MAX and not (carried and pos == 0):
-                        self._carry = data[pos:]
+                        self._carry = bytes(data[pos:])  # (a view's bytes: + needs bytes)
                         break
                     if pos >= end:
                         break
@@ -172,14 +173,19 @@ class Extractor:
             self.result.bytes += self._events(carry, 0, stop=False)[1]
         self.parser.close()
 
-    def _events(self, data: bytes, pos: int, stop: bool) -> tuple[int, int]:
+    def feed_pieces(self, pieces: list[bytes | memoryview]) -> int:
+        """:meth:`feed` each piece in turn (what arrived while the last batch was
+        applied): one hand-off to a worker, no join."""
+        return sum(self.feed(piece) for piece in pieces)
+
+    def _events(self, data: bytes | memoryview, pos: int, stop: bool) -> tuple[int, int]:
         """Apply the events of ``data[pos:]``, to the end of the piece or, with
         ``stop``, to the end of the next entry: where it stopped, and the data bytes
         written."""
         written = 0
         parser = self.parser
         for ev in parser.feed(data, pos):
-            if isinstance(ev, bytes):
+            if isinstance(ev, bytes | memoryview):
                 out = self._out
                 if out is not None:
                     _write_all(out.fd, ev)
@@ -367,7 +373,7 @@ class Extractor:
 
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

@@ -61,7 +61,7 @@ class FastPath:
             return not dg.required
         return bool(dg.required) and ann in (ALGORITHM, TRAILING)
 
-    def run(self, data: bytes, pos: int) -> tuple[int, int, bool]:
+    def run(self, data: bytes | memoryview, pos: int) -> tuple[int, int, bool]:
         """Apply the entries from ``pos`` the compiled loop takes: where it stopped,
         the data bytes written, and whether it stopped at an entry the piece cuts."""
         if not self._ready():

@@ -16,6 +16,12 @@ replaced by a new one. At most ``high`` received bytes wait for the reader; past
 the transport stops reading (TCP flow control holds the sender). The connection is
 not reusable afterwards: the caller closes the response (aiohttp closes the
 transport), as it does for a download anyway.
+
+A chunked body (a directory's tar has no length) is taken over too, but earlier:
+aiohttp's parser keeps its chunk state to itself, so the connection's protocol
+(:mod:`aggapi.serve.chunktakeover`) hands it to a receiver before the parser sees any
+of its bytes, and a :class:`~aggapi.serve.chunked.ChunkDecoder` moves each arrival's
+data down over its framing in the same buffers.
 """
 
 from __future__ import annotations
@@ -28,9 +34,17 @@ from typing import cast
 import aiohttp
 
 from aggapi.fs.pump import next_piece
+from aggapi.serve.chunked import ChunkDecoder, ChunkError
 
 BUFFER = 1 << 20
 HIGH = 4 << 20
+# A chunked body's length is unknown, so each read is offered at least this much room.
+# A TLS transport's read that fills a buffer exactly leaves the rest for a later read,
+# which never comes if TCP ends meanwhile with no close_notify (uvloop drops it). A read
+# with room for all the TLS layer holds (its read high-water mark, 256 KiB, plus one
+# 256 KiB socket read) leaves nothing behind.
+MIN_ROOM = 640 << 10
+CHUNKED_BUFFER = 2 << 20
 SPARES = 6  # full buffers kept for reuse: more than HIGH holds, plus those being written
 # Reuse tells by the reference count that no view of a buffer is left: exact only with
 # the GIL (a free-threaded build defers some counts), so there buffers are never reused.
@@ -42,11 +56,14 @@ class BodyCut(ConnectionResetError):
 
 
 class BodyReceiver(asyncio.BufferedProtocol):
-    """The rest of one body, ``remaining`` bytes, from a transport taken over."""
+    """The rest of one body, ``remaining`` bytes, from a transport taken over; with a
+    ``decoder``, a chunked body (``remaining`` is then 1 until its end is in)."""
 
     def __init__(self, remaining: int, *, previous: asyncio.BaseProtocol | None = None,
-                 buffer: int = BUFFER, high: int = HIGH) -> None:
+                 buffer: int = BUFFER, high: int = HIGH,
+                 decoder: ChunkDecoder | None = None) -> None:
         self.remaining = remaining  # not yet received
+        self._decoder = decoder
         self._previous = previous
         self._size, self._high = buffer, high
         self._buf: bytearray | None = None
@@ -69,21 +86,34 @@ class BodyReceiver(asyncio.BufferedProtocol):
     # -- protocol side --------------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._buf is None or self._filled == len(self._buf):
+        room = 1 if self._decoder is None else MIN_ROOM
+        if self._buf is None or len(self._buf) - self._filled < room:
             self._seal()
             if self._buf is not None and len(self._spares) < SPARES:
                 self._spares.append(self._buf)
-            self._buf = self._fresh(max(1, min(self._size, self.remaining)))
+            want = self._size if self._decoder is not None else self.remaining
+            self._buf = self._fresh(max(1, min(self._size, want)))
             self._filled = self._handed = 0
         return memoryview(self._buf)[self._filled:]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if nbytes > self.remaining:
+        if self._decoder is not None:  # raw bytes: their data moves down over the framing
+            try:
+                nbytes = self._decoder.feed(cast(bytearray, self._buf), self._filled,
+                                            self._filled + nbytes)
+            except ChunkError as exc:
+                self._fail(aiohttp.ClientPayloadError(f"bad chunked body: {exc}"))
+                if self._transport is not None:  # read no more of it
+                    self._transport.abort()
+                return
+            self.remaining = 0 if self._decoder.done else 1
+        elif nbytes > self.remaining:
             self._fail(aiohttp.ClientPayloadError(
                 "the server sent more than the body's Content-Length"))
             return
+        else:
+            self.remaining -= nbytes
         self._filled += nbytes
-        self.remaining -= nbytes
         self._held += nbytes
         if self._filled == len(self._buf or b"") or not self.remaining:
             self._seal()
@@ -94,16 +124,30 @@ class BodyReceiver(asyncio.BufferedProtocol):
             self._paused = True
             self._transport.pause_reading()
 
+    def feed(self, data: bytes | bytearray) -> None:
+        """Take ``data`` as if the transport had received it (what came with the head)."""
+        view = memoryview(data)
+        while view and self._error is None:
+            buf = self.get_buffer(len(view))
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            del buf  # no view of ours may outlive the call (buffer reuse counts them)
+            self.buffer_updated(n)
+            view = view[n:]
+
+    def _missing(self) -> str:
+        return ("the chunked body's end" if self._decoder is not None
+                else f"{self.remaining} bytes of the body")
+
     def eof_received(self) -> bool:
         if self.remaining:
-            self._fail(BodyCut(f"connection closed with {self.remaining} bytes of the "
-                               "body still to come"))
+            self._fail(BodyCut(f"connection closed with {self._missing()} still to come"))
         return False  # the transport closes itself
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.remaining:
-            self._fail(BodyCut(f"connection lost with {self.remaining} bytes of the body "
-                               f"still to come: {exc or 'closed'}"))
+            self._fail(BodyCut(f"connection lost with {self._missing()} still to come: "
+                               f"{exc or 'closed'}"))
         if self._previous is not None:  # aiohttp's protocol: it tracks its connection
             self._previous.connection_lost(exc)
 
@@ -157,6 +201,11 @@ class BodyReceiver(asyncio.BufferedProtocol):
             finally:
                 self._waiter = None
 
+    def piece_nowait(self) -> memoryview | None:
+        """A received piece if one is waiting, else None (no error, no end)."""
+        self._seal()
+        return self._take() if self._ready else None
+
     def _take(self) -> memoryview:
         piece = self._ready.popleft()
         self._held -= len(piece)
@@ -167,14 +216,17 @@ class BodyReceiver(asyncio.BufferedProtocol):
 
 
 class ResponseBody:
-    """The pieces of one response's body: through a :class:`BodyReceiver` where
-    :func:`take_over` can, else aiohttp's pieces as they are. The caller closes the
+    """The pieces of one response's body: through a :class:`BodyReceiver` where the
+    connection's protocol took a chunked body over (:mod:`aggapi.serve.chunktakeover`)
+    or :func:`take_over` can, else aiohttp's pieces as they are. The caller closes the
     response afterwards (a connection taken over is not reusable)."""
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
-        taken = take_over(resp)
-        self._head = taken[0] if taken else b""
+        conn = resp.connection
+        chunked = getattr(conn.protocol, "chunked_receiver", None) if conn else None
+        taken = (b"", chunked) if isinstance(chunked, BodyReceiver) else take_over(resp)
+        self._head: bytes | memoryview = taken[0] if taken else b""
         self.receiver: BodyReceiver | None = taken[1] if taken else None
 
     async def next_piece(self) -> memoryview | bytes:
@@ -185,6 +237,51 @@ class ResponseBody:
         if self.receiver is not None:
             return await self.receiver.next_piece()
         return await next_piece(self._resp.content)
+
+    async def read(self, n: int = -1) -> bytes:
+        """What has arrived, at least a byte and at most ``n`` (b"" at the end), as one
+        ``bytes`` (the tar parser's input): one copy, the join of the pieces."""
+        if self.receiver is None and not self._head:
+            return await self._resp.content.read(n)
+        parts = [await self.next_piece()]
+        size, limit = len(parts[0]), n if n >= 0 else 1 << 62
+        while size < limit and (piece := self._ready()) is not None:
+            parts.append(piece)
+            size += len(piece)
+        if size > limit:  # the last piece's rest comes first next time
+            last = parts[-1]
+            cut = len(last) - (size - limit)
+            parts[-1], self._head = last[:cut], last[cut:]
+        return b"".join(parts)
+
+    async def pieces(self, n: int) -> list[bytes | memoryview]:
+        """What has arrived, at least a byte and about ``n`` (more by at most one
+        piece), as the pieces received: no copy; [] at the end."""
+        if self.receiver is None and not self._head:
+            data = await self._resp.content.read(n)
+            return [data] if data else []
+        first = await self.next_piece()
+        if not first:
+            return []
+        parts, size = [first], len(first)
+        while size < n and (piece := self._ready()) is not None:
+            parts.append(piece)
+            size += len(piece)
+        return parts
+
+    async def readexactly(self, n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            if not (piece := await self.read(n - len(data))):
+                raise asyncio.IncompleteReadError(bytes(data), n)
+            data += piece
+        return bytes(data)
+
+    def _ready(self) -> bytes | memoryview | None:
+        if self._head:
+            head, self._head = self._head, b""
+            return head
+        return self.receiver.piece_nowait() if self.receiver is not None else None
 
 
 def take_over(resp: aiohttp.ClientResponse) -> tuple[bytes, BodyReceiver] | None:

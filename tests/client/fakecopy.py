@@ -77,7 +77,14 @@ class FakeCopy(FakeClusterState):
                 while request.transport is not None and not request.transport.is_closing():  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
                 return resp
-            return web.Response(body=body, headers={**hdrs, "Content-Type": "application/x-tar"})
+            # Chunked, as kube-apiserver relays a tar (it has no length), 32 KiB a chunk.
+            resp = web.StreamResponse(headers={**hdrs, "Content-Type": "application/x-tar"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for at in range(0, len(body), 32 << 10):
+                await resp.write(body[at:at + (32 << 10)])
+            await resp.write_eof()
+            return resp
         if stat.S_ISLNK(st.st_mode):
             if request.query.get("symlink") != "keep" and not self.symlinks_regardless:
                 raise StatusError(409, f"{path}: is a symbolic link; not followed")

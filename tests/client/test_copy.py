@@ -102,7 +102,19 @@ async def test_sha_mismatch_leaves_nothing(cluster: FakeCluster, tmp_path: Path)
     assert not dest.exists() and leftovers(tmp_path) == []
 
 
-async def test_directory_round_trip(cluster: FakeCluster, tmp_path: Path) -> None:
+async def test_directory_round_trip(cluster: FakeCluster, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """And the tar's chunked body is decrypted into our own buffers, not aiohttp's
+    (aggapi.serve.chunktakeover)."""
+    taken: list[bool] = []
+
+    class Recorded(ResponseBody):
+        def __init__(self, resp: ClientResponse) -> None:
+            super().__init__(resp)
+            taken.append(resp.headers.get("Transfer-Encoding") == "chunked"
+                         and self.receiver is not None)
+
+    monkeypatch.setattr(client_download, "ResponseBody", Recorded)
     src = tmp_path / "src"
     (src / "a/b").mkdir(parents=True)
     (src / "a/b/deep.txt").write_text("deep")
@@ -119,6 +131,7 @@ async def test_directory_round_trip(cluster: FakeCluster, tmp_path: Path) -> Non
     assert tree(dest) == tree(src)
     assert down.entries == len(tree(src))
     assert [p for p in leftovers(tmp_path) if p.startswith(".back")] == []
+    assert taken == [True]
 
 
 

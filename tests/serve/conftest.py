@@ -12,7 +12,7 @@ import pytest
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
                                   ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    if item.path.name != "test_bodyreceiver.py":
+    if item.path.name not in ("test_bodyreceiver.py", "test_chunktakeover.py"):
         return {"asyncio": asyncio.new_event_loop}
     try:
         import uvloop

@@ -22,6 +22,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from aggapi.apiserver.handlers import copy as copy_handler
+from aggapi.serve.bodyreceiver import ResponseBody
 from aggapi.tls import certs as aggapi_certs
 from tests.framework.fakekube import FakeKube
 
@@ -36,7 +38,7 @@ BODY = os.urandom(3 * MiB + 17)
 class Agent:
     """How the stand-in answers, and what it saw: request heads, its handler's end."""
 
-    mode: str = "length"  # length, chunked, error, die, short, stall
+    mode: str = "length"  # length, chunked, tar (chunked), error, die, tardie, short, stall
     heads: list[dict[str, str]] = field(default_factory=list)
     queries: list[dict[str, str]] = field(default_factory=list)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
@@ -60,19 +62,21 @@ async def _agent(pki_dir: Path, agent: Agent) -> tuple[web.AppRunner, int]:
             await resp.write(BODY[at:] + hashlib.sha256(BODY).digest())
             await resp.write_eof()
             return resp
-        resp = web.StreamResponse(headers={"X-Aggapi-Sha256": "ab" * 32})
-        if agent.mode == "chunked":
+        tar = agent.mode.startswith("tar")  # a directory: a chunked tar
+        resp = web.StreamResponse(headers={"X-Aggapi-Sha256": "ab" * 32, **(
+            {"Content-Type": "application/x-tar"} if tar else {})})
+        if agent.mode == "chunked" or tar:
             resp.enable_chunked_encoding()
         else:
             resp.content_length = len(BODY)
         await resp.prepare(request)
         try:
-            if agent.mode in ("die", "short", "stall"):
+            if agent.mode in ("die", "short", "stall", "tardie"):
                 await resp.write(BODY[:MiB])
-                if agent.mode in ("die", "short"):
+                if agent.mode in ("die", "short", "tardie"):
                     await asyncio.sleep(0.5)
                     assert request.transport is not None
-                    if agent.mode == "die":
+                    if agent.mode in ("die", "tardie"):
                         request.transport.abort()  # the process is gone
                     else:  # a clean TLS close before the Content-Length is reached
                         request.transport.close()
@@ -111,8 +115,18 @@ URL = f"{GV}/namespaces/default/pods/box/copy"
 Q = {"container": "app", "path": "/tmp/f"}
 
 
-@pytest.mark.parametrize("mode", ["length", "chunked"])
-async def test_the_body_comes_through_unchanged(relay: Any, mode: str) -> None:
+@pytest.mark.parametrize("mode", ["length", "chunked", "tar"])
+async def test_the_body_comes_through_unchanged(relay: Any, mode: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # Into the relay's own buffers where it has a length or is a chunked tar.
+    taken: list[bool] = []
+
+    class Recorded(ResponseBody):
+        def __init__(self, resp: aiohttp.ClientResponse) -> None:
+            super().__init__(resp)
+            taken.append(self.receiver is not None)
+
+    monkeypatch.setattr(copy_handler, "ResponseBody", Recorded)
     agent = Agent(mode)
     _, s = await relay(agent)
     async with s.get(URL, params=Q, headers={"Range": "bytes=0-"}) as resp:
@@ -122,6 +136,7 @@ async def test_the_body_comes_through_unchanged(relay: Any, mode: str) -> None:
         assert ("Content-Length" in resp.headers) == (mode == "length")
     assert got == BODY
     assert agent.heads[0]["Range"] == "bytes=0-"
+    assert taken == [mode != "chunked"]
 
 
 async def test_a_trailer_download_passes_through_with_its_range(relay: Any) -> None:
@@ -150,7 +165,7 @@ async def test_an_agent_error_is_relayed_as_its_status(relay: Any) -> None:
     assert status["message"] == "no such file"
 
 
-@pytest.mark.parametrize("mode", ["die", "short"])
+@pytest.mark.parametrize("mode", ["die", "short", "tardie"])
 async def test_an_agent_dying_mid_body_ends_the_download_after_the_bytes_it_sent(
         relay: Any, mode: str) -> None:
     _, s = await relay(Agent(mode))
