@@ -1,5 +1,5 @@
 """2nodes-400k-uneven as the two-node cluster recorded it (s39, both rounds of
-``bench_progress_accuracy --cluster``; tests/agent/traces/2nodes-uneven-cluster.json:
+``bench_progress_accuracy --cluster``; tests/agent/traces/cluster/2nodes-400k-uneven.json:
 the bench throttle's record of every layer's bytes), replayed through both nodes'
 progress engines and the leader's link judgement, and scored as the bench scores
 (benchmarks._accuracy_score): each node's containerd shows its layers in 1 MiB steps
@@ -28,7 +28,8 @@ from tests.agent.fakectd import FakeContainerd, make_image
 from tests.agent.fleetrun import view_of
 from tests.agent.linkrun import T0, MiB
 
-TRACE = Path(__file__).parent / "traces" / "2nodes-uneven-cluster.json"
+# Not in traces/ itself: its *.json are single-node pulls, replayed by other tests.
+TRACE = Path(__file__).parent / "traces" / "cluster" / "2nodes-400k-uneven.json"
 HOST = "127.0.0.1:5000"
 POLL, LEADER = 0.25, 1.0
 LAG = 0.05  # an agent's object to the bench's receipt (the dump: ~50 ms)
