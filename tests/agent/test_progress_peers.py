@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggapi.agent.progress.peers import PeerBook
+from aggapi.agent.progress.peers import MAX_ENDS, PeerBook
 from aggapi.linkpeers import MAX_PEERS, MAX_PULLS, BadPeers, PeerLink, PeerPull, parse, unparse
 from tests.agent.linkrun import KB, A, B, MiB, Pull, p90, run_trace
 
@@ -132,3 +132,34 @@ def test_parse_takes_or_rejects_any_json(body: object) -> None:
         return
     assert len(link.peers) <= MAX_PEERS
     assert all(len(ps) <= MAX_PULLS for ps in link.peers.values())
+
+
+_pull = st.builds(PeerPull, st.floats(0, 1e7), st.floats(0, 1e6))
+_word = st.builds(PeerLink, st.dictionaries(st.sampled_from(["n2", "n3"]),
+                                            st.lists(_pull, max_size=3).map(tuple),
+                                            max_size=2), st.none())
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 5.0), _word), min_size=1, max_size=12))
+def test_peer_ends_lie_between_the_words_and_are_bounded(words: list[tuple[float, PeerLink]]
+                                                         ) -> None:
+    """Whatever the words: an end recorded at a word lies within the time since the word
+    before it (never in the future), no more are kept than pulls left the words, and
+    the book stays bounded."""
+    book, now, left = PeerBook(ttl=3.0), 100.0, 0
+    prev: tuple[float, PeerLink] | None = None
+    for gap, word in words:
+        now += gap
+        before = set(book._ends)
+        book.put(word, now)
+        new = [t for t in book._ends if t not in before]
+        if prev is None or now - prev[0] > 3.0:
+            assert not new
+        else:
+            assert all(prev[0] <= t <= now for t in new)
+            left += sum(max(sum(1 for p in ps if p.remaining > 0) - sum(
+                1 for p in word.peers.get(n, ()) if p.remaining > 0), 0)
+                for n, ps in prev[1].peers.items())
+        prev = (now, word)
+        assert all(t <= now for t in book.ends(now))
+    assert len(book._ends) <= min(left, MAX_ENDS)
