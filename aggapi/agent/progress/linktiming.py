@@ -22,7 +22,7 @@ from aggapi.agent.progress.model import (
     PullState,
 )
 from aggapi.agent.progress.peers import PeerBook
-from aggapi.agent.progress.rate import Trace
+from aggapi.agent.progress.rate import Rates, Trace
 from aggapi.linkpeers import PeerLink
 from aggapi.runtime.containerd import IngestStatus
 
@@ -152,14 +152,18 @@ class LinkTiming:
         pace = self._unstepped_pace(est, waiting, link)
         peers = None if wall is None else self.peers.current(wall)
         extra, whole = _peer_flows(peers), _whole_link(link, peers)
+        # A peer's end frees its share as a sibling's end does: the bytes in flight
+        # since come at the new share (its rate over whole steps lags it ~a step).
+        ends = () if wall is None else self.peers.ends(wall)
+        flowing = replace(rates, completions=rates.completions + ends) if ends else rates
         # Peers' flows run on their own nodes' download slots, not this node's.
         slots = self.counters.slots + len(extra)
-        first = plan(_paced(self._flows(pull_layers, ingests, waiting, pace), pace, extra)
-                     + extra, whole, self.slots, self.sharing.conserve, slots)
+        first = plan(_paced(self._flows(pull_layers, ingests, waiting, pace, flowing), pace,
+                            extra) + extra, whole, self.slots, self.sharing.conserve, slots)
         if first.share:
-            first = plan(_paced(self._flows(pull_layers, ingests, waiting, pace, first.share),
-                                pace, extra) + extra, whole, self.slots,
-                         self.sharing.conserve, slots)
+            first = plan(_paced(self._flows(pull_layers, ingests, waiting, pace, flowing,
+                                            first.share), pace, extra) + extra, whole,
+                         self.slots, self.sharing.conserve, slots)
         # What the node may take now: with peers told, the whole link less their
         # shares (its own measured rate lags the share a peer's end freed).
         self.room = link if peers is None else max(link or 0.0, (whole or 0.0) - sum(
@@ -183,12 +187,12 @@ class LinkTiming:
 
     def _flows(self, pull_layers: Mapping[str, tuple[LayerState, ...]],
                ingests: Mapping[str, IngestStatus], waiting: Mapping[str, float],
-               pace: Mapping[str, float | None], share: Mapping[str, float] | None = None
-               ) -> list[Flow]:
+               pace: Mapping[str, float | None], rates: Rates,
+               share: Mapping[str, float] | None = None) -> list[Flow]:
         """Every layer the node still downloads, its bytes in flight at ``pace`` (and at
-        its ``share`` of the link since a sibling finished)."""
+        its ``share`` of the link since a sibling or a peer's pull finished: ``rates``'
+        completions)."""
         share = share or {}
-        rates = self.rates
         flows: list[Flow] = []
         seen: set[str] = set()
         for lease, layers in pull_layers.items():

@@ -1,23 +1,57 @@
 """The latest word from the leader on this node's link peers (aggapi.linkpeers), kept
 only ``ttl`` seconds (three of the leader's poll intervals): stale peers would hold back
 a share that is no longer taken.
+
+It also keeps when peers' pulls ended (``ends``): on one link a peer's end hands its
+share to this node's layers at once, while their rates, measured over whole 1 MiB
+steps, show it only steps later. The planner counts a layer's bytes in flight since
+then at its new share, as it does after a sibling's end on this node (``Rates.in_flight``).
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
+
 from aggapi.linkpeers import TTL, PeerLink, PeerPull
+
+MAX_ENDS = 16  # peer pulls' ends kept (only those since a layer's last steps count)
 
 
 class PeerBook:
-    """The latest PeerLink, while fresh."""
+    """The latest PeerLink, while fresh, and when peers' pulls ended."""
 
     def __init__(self, ttl: float = TTL) -> None:
         self.ttl = ttl
         self._link: PeerLink | None = None
         self.at = 0.0  # when the latest word came
+        self._ends: deque[float] = deque(maxlen=MAX_ENDS)
 
     def put(self, link: PeerLink, now: float) -> None:
+        if self._link is not None and 0 <= now - self.at <= self.ttl:
+            self._ended(self._link, self.at, link, now)
         self._link, self.at = link, now
+
+    def _ended(self, old: PeerLink, at: float, new: PeerLink, now: float) -> None:
+        """Pulls running in the word of ``at`` that ``new`` no longer counts: per peer,
+        as many as it has fewer running pulls, those due first. Each ended when its bytes
+        left ran out at its rate, within [at, now] (the views are a poll old: the
+        countdown is the best date there is)."""
+        for node, pulls in old.peers.items():
+            due = sorted(_due(at, p) for p in pulls if p.remaining > 0)
+            still = sum(1 for p in new.peers.get(node, ()) if p.remaining > 0)
+            for end in due[:max(len(due) - still, 0)]:
+                self._ends.append(min(max(end, at), now))
+
+    def ends(self, now: float) -> tuple[float, ...]:
+        """When peers' pulls ended, up to ``now``: those the latest word no longer
+        counts, and those of the latest (fresh) word whose bytes left ran out since."""
+        out = [t for t in self._ends if t <= now]
+        link = self._link
+        if link is not None and 0 <= now - self.at <= self.ttl:
+            out += [end for pulls in link.peers.values() for p in pulls
+                    if p.remaining > 0 and (end := _due(self.at, p)) <= now]
+        return tuple(sorted(out))
 
     def current(self, now: float) -> PeerLink | None:
         """The latest word while fresh, its pulls' bytes left counted down at their
@@ -29,3 +63,8 @@ class PeerBook:
             return link
         return PeerLink({n: tuple(PeerPull(max(p.remaining - p.rate * age, 0.0), p.rate)
                                   for p in ps) for n, ps in link.peers.items()}, link.total)
+
+
+def _due(at: float, p: PeerPull) -> float:
+    """When a pull told at ``at`` runs out of bytes at its rate (never, without one)."""
+    return at + p.remaining / p.rate if p.rate > 0 else math.inf

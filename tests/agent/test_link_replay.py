@@ -1,0 +1,140 @@
+"""2nodes-400k-uneven as the two-node cluster recorded it (s39, both rounds of
+``bench_progress_accuracy --cluster``; tests/agent/traces/cluster/2nodes-400k-uneven.json:
+the bench throttle's record of every layer's bytes), replayed through both nodes'
+progress engines and the leader's link judgement, and scored as the bench scores
+(benchmarks._accuracy_score): each node's containerd shows its layers in 1 MiB steps
+dated when the step's byte left the throttle, and the bytes it received; the agents poll
+every 0.25 s at the phases their objects came at; the leader reads the views and sends
+its word once a second, the host judged one link when its log said (round 1, 5.9 s
+after the first byte) or from the start (round 2). Issue 37's goals at 50%: median
+<= 10%, p90 <= 15%; at 25%, p90 <= 30%."""
+
+from __future__ import annotations
+
+import bisect
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aggapi.agent.progress.containerd_backend import ContainerdBackend
+from aggapi.agent.progress.ocimanifest import Platform
+from aggapi.agent.progress.view import objects
+from aggapi.apiserver.collections.linkshare import HostLink, LinkShare
+from aggapi.auth.capability import ContainerRef
+from benchmarks._accuracy_score import bytes_at, checks_for, merge_logs, summarize
+from tests.agent.fakectd import FakeContainerd, make_image
+from tests.agent.fleetrun import view_of
+from tests.agent.linkrun import T0, MiB
+
+# Not in traces/ itself: its *.json are single-node pulls, replayed by other tests.
+TRACE = Path(__file__).parent / "traces" / "cluster" / "2nodes-400k-uneven.json"
+HOST = "127.0.0.1:5000"
+POLL, LEADER = 0.25, 1.0
+LAG = 0.05  # an agent's object to the bench's receipt (the dump: ~50 ms)
+Log = list[tuple[float, float]]
+
+
+def _step_time(log: Log, n: float) -> float:
+    """When the byte log reached ``n`` bytes."""
+    i = bisect.bisect_left([b for _, b in log], n)
+    return log[min(i, len(log) - 1)][0]
+
+
+class _Node:
+    def __init__(self, name: str, layers: list[Log], phase: float) -> None:
+        self.name, self.logs, self.phase = name, layers, phase
+        self.fake = FakeContainerd(now=T0)
+        self.img = make_image(f"{HOST}/{name}:1", [int(lg[-1][1]) for lg in layers], name)
+        self.lease = f"L-{name}"
+        self.fake.start_pull(self.img, self.lease)
+        self.fake.fetch_manifest(self.img, self.lease)
+        self.be = ContainerdBackend(self.fake, Platform("linux", "amd64"),
+                                    clock=lambda: self.fake.now,
+                                    monotonic=lambda: self.fake.now, received=self.received)
+        self.committed: set[str] = set()
+        self.objs: dict[str, list[tuple[float, dict[str, Any]]]] = {
+            "layer": [], "image": [], "pod": []}
+        self.view: dict[str, Any] | None = None
+
+    def received(self) -> int:
+        return int(sum(bytes_at(lg, self.fake.now - T0) for lg in self.logs))
+
+    async def poll(self, t: float) -> None:
+        """containerd as the throttle's record makes it at ``t``, then the agent's poll."""
+        fake = self.fake
+        fake.now = T0 + t
+        for (digest, size), lg in zip(self.img.layers, self.logs, strict=True):
+            if bytes_at(lg, t) >= size:
+                if digest not in self.committed:
+                    self.committed.add(digest)
+                    fake.now = T0 + lg[-1][0]
+                    fake.commit(digest, size, self.lease)
+                    fake.now = T0 + t
+            elif t >= lg[0][0] - 0.1:
+                off = int(bytes_at(lg, t) // MiB) * MiB
+                fake.download(digest, off, size, self.lease,
+                              updated_at=T0 + (_step_time(lg, off) if off else lg[0][0] - 0.05),
+                              started_at=T0 + lg[0][0] - 0.05)
+        if len(self.committed) == len(self.logs) and self.lease in fake.leases:
+            fake.finish(self.img, self.lease)
+        state = await self.be.observe([self.img.name])
+        self.view = view_of(state)
+        c = [ContainerRef("c", self.img.name)]
+        for g, out in self.objs.items():
+            out += [(t + LAG, o) for o in objects(c, state, g)]
+
+    def rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for (digest, _), lg in zip(self.img.layers, self.logs, strict=True):
+            mine = [(t, o) for t, o in self.objs["layer"] if o.get("layer") == digest]
+            rows += [c.row() for c in checks_for("layer", digest, lg, mine)]
+        whole = merge_logs(self.logs)
+        for g in ("image", "pod"):
+            rows += [c.row() for c in checks_for(g, self.name, whole, self.objs[g])]
+        return rows
+
+
+async def replay(rnd: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [_Node(f"n{i + 1}", [[(float(t), float(n)) for t, n in lg] for lg in n["layers"]],
+                   float(n["poll_phase"])) for i, n in enumerate(rnd["nodes"])]
+    judged = rnd["judged"] if rnd["judged"] is not None and rnd["judged"] > 0 else -1.0
+    end = max(lg[-1][0] for n in nodes for lg in n.logs) + 0.5
+    events: list[tuple[float, int, int]] = []
+    for k, n in enumerate(nodes):
+        events += [(-1.0 + n.phase + i * POLL, 0, k) for i in range(int((end + 1) / POLL))]
+    round_phase = judged % LEADER
+    events += [(-2.0 + round_phase + i * LEADER + d, kind, 0)
+               for i in range(int(end + 2)) for d, kind in ((-0.1, 1), (0.0, 2))]
+    share = LinkShare()
+    read_at: dict[str, float] = {}
+    for t, kind, k in sorted(events):
+        if kind == 0:
+            await nodes[k].poll(t)
+        elif kind == 1:
+            read_at = {n.name: t for n in nodes if n.view is not None}
+        else:
+            if t >= judged:  # the leader's judgement, when its log said
+                share.hosts.setdefault("127.0.0.1", HostLink()).conserve = 1.0
+            views = {n.name: n.view for n in nodes if n.name in read_at}
+            told = share.observe(T0 + t, views, {n: t - at for n, at in read_at.items()})
+            for n in nodes:
+                if n.name in told:
+                    n.fake.now = T0 + t
+                    n.be.tell_peers(told[n.name])
+    return [r for n in nodes for r in n.rows()]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["round1", "round2"])
+async def test_the_recorded_cluster_rounds_meet_the_eta_goals(index: int) -> None:
+    """On the code the rounds ran on, node 1's 8 MiB layer at half its bytes said 12.4 s
+    with 10.5 s (round 2: 10.7 s) left: node 2's pull had ended since its last 1 MiB
+    step, and its bytes in flight were still counted at the third of the link it had."""
+    rows = await replay(json.loads(TRACE.read_text())["rounds"][index])
+    s = summarize(rows, 0.0)
+    half = sorted(r["eta_error"] for r in rows if r["fraction"] == 0.5)
+    assert s["eta_error_median"] <= 0.10, half
+    assert s["eta_error_p90"] <= 0.15, half
+    assert s["eta_error_p90_at_25"] <= 0.30, rows
+    assert all(r["said_eta"] is not None for r in rows if r["fraction"] == 0.5), rows
