@@ -53,14 +53,26 @@ def test_the_tree_is_synced_during_the_transfer_and_once_more_at_the_end(
         real(fd)
 
     monkeypatch.setattr(syncfs, "syncfs", spy)
+    # Where the stream was when each early sync was started, on the loop: the worker
+    # may call syncfs only after the last read (so its own position says nothing).
+    started: list[int] = []
+    wrote = earlysync.EarlySync.wrote
+
+    def spy_wrote(self: earlysync.EarlySync, n: int) -> None:
+        before = self.started
+        wrote(self, n)
+        if self.started > before:
+            started.append(stream.pos)
+
+    monkeypatch.setattr(earlysync.EarlySync, "wrote", spy_wrote)
     before = open_fds()
 
     async def go() -> None:
         await extract_dir(ts.TarReader(stream), tmp_path / "out")
     asyncio.run(go())
     assert read_tree(tmp_path / "out") == want
-    early = [pos for _, pos in calls[:-1]]
-    assert early and all(pos < len(blob) for pos in early)  # before the end
+    assert started and all(pos < len(blob) for pos in started)  # before the end
+    assert len(calls) == len(started) + 1  # each early one ran, then the final one
     assert calls[-1][1] == len(blob)  # the final one, after the last byte
     assert calls[-1][0] not in {fd for fd, _ in calls[:-1]}  # an fd of its own
     assert open_fds() == before
