@@ -306,6 +306,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             "settled": settled, "watch_events": sum(w.tally.events for w in watchers),
             "watcher_lists": [w.tally.lists for w in watchers],
             "watcher_410s": [w.gone for w in watchers],
+            "watch_gap_max_s": [round(w.tally.gap_max, 2) for w in watchers],
             "watcher_errors": [w.errors for w in watchers], "rolled": rolled,
             "agent_polls_per_s": round(world.get("agent_polls", 0) / wall, 1),
             "fake_kube_writes": world.get("writes"),
