@@ -47,6 +47,8 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if parts.mirror is not None:
+            await parts.mirror.close()
         if parts.forwarder is not None:
             await parts.forwarder.close()
         await parts.progress_streams.close()

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -71,12 +71,26 @@ class Forwarder:
         if self._session is not None:
             await self._session.close()
 
-    async def forward(self, request: web.Request, leader: Leader) -> web.StreamResponse:
-        headers = {"Accept": request.headers.get("Accept", "application/json"),
-                   FORWARDED: self.identity}
+    async def _headers(self, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept, FORWARDED: self.identity}
         token = await self.token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    @contextlib.asynccontextmanager
+    async def open(self, leader: Leader, path: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A GET of ``path`` on ``leader`` as this replica, over the same pinned and
+        authenticated channel as forwarded requests (the mirror's stream, mirror.py)."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
+        async with self._client().get(
+                leader.endpoint + path, headers=await self._headers("application/json"),
+                timeout=timeout,
+                ssl=aiohttp.Fingerprint(bytes.fromhex(leader.cert_sha256))) as resp:
+            yield resp
+
+    async def forward(self, request: web.Request, leader: Leader) -> web.StreamResponse:
+        headers = await self._headers(request.headers.get("Accept", "application/json"))
         stop = self._stops.setdefault(leader.identity, asyncio.Event())
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
         try:

@@ -58,13 +58,18 @@ class PodFeed(Batcher):
     node where a pod still has an image to pull."""
 
     def __init__(self, sources: Sources, namespace: str,
-                 polls: Shared[str, NodePoll] | None, clock: Clock) -> None:
+                 polls: Shared[str, NodePoll] | None, clock: Clock,
+                 seed: Collection | None = None) -> None:
         super().__init__()
         self.namespace = namespace
         self._sources = sources
         self.source: Source = sources.acquire(namespace)  # released by stop()
         self.polls = polls
-        self.collection = Collection(clock)
+        # Seeded (mirror.py): the old leader's objects and history, served at once.
+        self.seeded = seed is not None
+        if seed is not None:
+            seed.adopt(clock)
+        self.collection = Collection(clock) if seed is None else seed
         self.on_node: dict[str, set[PodKey]] = {}  # every pod, by node
         self._node_of: dict[PodKey, str] = {}
         self._needs: dict[str, set[PodKey]] = {}  # pods that need their node's view
@@ -73,7 +78,9 @@ class PodFeed(Batcher):
         self._slices: dict[PodKey, tuple[list[str], Any]] = {}
         self._polled: set[str] = set()  # nodes whose poll this feed holds
         self.synced = asyncio.Event()
-        self._viewed = False  # a ready() has waited for the nodes' first views
+        # A ready() has waited for the nodes' first views (a seeded feed's state has
+        # its old leader's: none to wait for).
+        self._viewed = self.seeded
         self._sync: asyncio.Task[None] | None = None
         self.source.listeners.append(self._source_changed)
 
@@ -104,11 +111,19 @@ class PodFeed(Batcher):
             self.source.listeners.remove(self._source_changed)
         self._sources.release(self.namespace)
 
+    @property
+    def serving(self) -> bool:
+        """Whether it holds a complete state: synced, or seeded."""
+        return self.seeded or self.synced.is_set()
+
     async def ready(self) -> None:
         """A complete state: synced, and (the feed's first time) the first view of each
         node needed. Later, a node just polled (a rollout polls new ones all the time)
         shows kubelet's view until its agent's comes, as it does on a watch: a list
-        does not wait for it."""
+        does not wait for it. A seeded feed is ready at once: the mirrored state is
+        consistent at its version, stale by the build only."""
+        if self.seeded and not self.synced.is_set():
+            return
         try:
             await asyncio.wait_for(self.synced.wait(), SYNC_TIMEOUT)
         except TimeoutError:
@@ -187,7 +202,8 @@ class PodFeed(Batcher):
         dirty, _ = self.take(limit, urgent_only=urgent_only)
         # The first build is not recorded in the history: no reader holds a version of
         # this collection before it is synced (ready() waits), so none watches from it.
-        record = self.synced.is_set()
+        # A seeded one's is: its readers hold the mirrored versions.
+        record = self.synced.is_set() or self.seeded
         if self.pending and self._timer is None:  # the rest on the loop's next turns
             self._timer = asyncio.get_running_loop().call_later(0, self._fire)
         # Only the nodes of the pods rebuilt can gain or lose a poll: not every node's

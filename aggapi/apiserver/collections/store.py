@@ -148,23 +148,58 @@ class Collection:
             rv, kind = self._clock.next(), (MODIFIED if old is not None else ADDED)
             self.objects[key] = obj
         obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
-        self.rv = rv
         ev = Event(rv, kind, obj, old, key)
         if not record:  # the collection starts again from here
             self._history.clear()
             self.start_rv, self._rvs = rv, {rv}
-        else:
+        self._record(ev, history=record)
+        return ev
+
+    def _record(self, ev: Event, *, history: bool = True) -> None:
+        self.rv = ev.rv
+        if history:
             # An evicted change's version no longer names a point whose later changes
             # are all known here (nor does the start's, once any change left).
             for gone in self._history.append(ev):
                 self._rvs.discard(gone.rv)
                 self._rvs.discard(self.start_rv)
-            self._rvs.add(rv)
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+            self._rvs.add(ev.rv)
+        self._wake()
         for fn in self.listeners:
             fn(ev)
-        return ev
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # A follower's mirror of the leader's collection (``mirror.py``): the leader's own
+    # objects and versions, and a history bounded as the leader's; handed to this
+    # replica's next term when it leads, so its clients' versions stay valid.
+
+    def reset(self, objects: dict[Hashable, Obj], rv: int) -> None:
+        """The leader's state at its version ``rv``: the history starts again there."""
+        self.objects = objects
+        self._history.clear()
+        self.start_rv = self.rv = rv
+        self._rvs = {rv}
+        self._snapshots.clear()
+        self._wake()
+
+    def apply(self, kind: str, key: Hashable, obj: Obj, rv: int) -> None:
+        """The leader's change ``kind`` of ``key`` at its version ``rv`` (above all
+        held: the leader's watch sends them in order)."""
+        old = self.objects.get(key)
+        if kind == DELETED:
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = obj
+        self._record(Event(rv, kind, obj, old, key))
+
+    def adopt(self, clock: Clock) -> None:
+        """This replica leads from here: its term's ``clock`` stamps the changes that
+        follow, every one above the mirrored versions (a later epoch)."""
+        assert clock.peek() > self.rv, "a new term's versions follow the mirrored ones"
+        self._clock = clock
 
     def reached(self, rv: int) -> bool:
         """Whether ``rv`` is not from the future: not above this term's last version
@@ -243,11 +278,12 @@ class Collection:
         return out, now
 
     def close(self) -> None:
-        """This term is over (leadership lost): every watcher gets 410 and relists."""
+        """This term is over (leadership lost): each watcher gets the changes it has
+        not yet sent (``final``) and ends; it resumes from its last version on the next
+        leader, whose mirror of this history continues it (or answers 410)."""
         self.closed = True
         self._snapshots.clear()
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._wake()
 
     def owns(self, rv: int) -> bool:
         return not self.closed and rv in self._rvs
@@ -262,6 +298,17 @@ class Collection:
     def since(self, rv: int) -> list[Event]:
         """Changes after ``rv``; 410 when the history no longer has them all."""
         self.check_rv(rv)
+        return self._after(rv)
+
+    def final(self, rv: int) -> list[Event]:
+        """Changes after ``rv`` for a watch that ends, this term closed or not: a
+        watcher ending at a leader change sends what it has not yet sent (the next
+        leader's mirror has them too). 410 when the history no longer has them all."""
+        if rv not in self._rvs:
+            raise expired(rv)
+        return self._after(rv)
+
+    def _after(self, rv: int) -> list[Event]:
         if not self._history or self._history[-1].rv <= rv:
             return []
         # Versions increase along the history: skip from the end backwards.
