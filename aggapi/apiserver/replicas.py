@@ -9,8 +9,9 @@ account read the collections) and goes to the address the leader wrote in the Le
 pinned to the serving certificate it wrote there. Nothing else is trusted: a request
 that says it was forwarded and reaches a replica that does not lead (the leader just
 changed) is 503, never forwarded again. When the leader changes, every stream
-forwarded to the old one ends: the client watches again, reaches the new term, and
-gets 410 and relists, never silence.
+forwarded to the old one ends: the client watches again from its last version and
+reaches the new term, which goes on from it (its mirror of the old term has it,
+``mirror.py``) or answers 410 and the client relists; never silence.
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ are this server's own. One replica computes the collections at a time (the leade
 A version is ``epoch << 32 | sequence``: the epoch is the leader's term (a new
 leader's is higher), the sequence counts the term's changes. A version names exactly
 one point of one collection's history: a watch or a page from it replays what changed
-after it; one this collection did not hand out (another term's, a collection stopped
-since, one older than the history) gets 410 Expired and clients relist, as they do
-with kube-apiserver; one from the future waits, then 504 "Too large resource version".
+after it; one this collection did not hand out (another term's that its mirror did
+not have, ``mirror.py``; a collection stopped since; one older than the history) gets
+410 Expired and clients relist, as they do with kube-apiserver; one from the future
+waits, then 504 "Too large resource version". A term that starts from a mirror of the
+last one holds that term's versions and history (``adopt``).
 
 Readers never queue: each keeps its position in the shared history and is woken on
 change; one that falls out of it gets 410 and relists. Memory is the objects plus
