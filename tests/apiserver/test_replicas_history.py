@@ -348,9 +348,12 @@ async def test_a_version_the_mirror_never_got_is_410(replicas: Callable[[int], A
     cluster: Cluster = await replicas(2)
     await cluster.elect(0)
     await until(lambda: cluster.caught_up(1))
-    ns = "lacks"
-    cluster.kube.put("api/v1", "pods", _pod(ns, 0, 0, False))
-    await until(lambda: cluster.caught_up(1) and cluster.mirrors[1].collection.objects)
+    ns = f"lacks-{next(RUNS)}"
+    for i, done in ((0, False), (1, True), (2, False)):
+        cluster.kube.put("api/v1", "pods", _pod(ns, i, 0, done))
+    await until(lambda: cluster.caught_up(1) and sum(
+        o["metadata"]["namespace"] == ns
+        for o in cluster.mirrors[1].collection.objects.values()) == 3)
     held = cluster.mirrors[1].collection.rv
     cluster.mirrors[1].follow(None)  # the mirror hears nothing more of r0
     cluster.kube.put("api/v1", "pods", _pod(ns, 0, 1, False))
@@ -359,6 +362,9 @@ async def test_a_version_the_mirror_never_got_is_410(replicas: Callable[[int], A
     await until(lambda: old.collection.rv > held)
     lacked = old.collection.rv
     await cluster.elect(1)
+    new = cluster.servers[1].parts.feeds.pods.get("")
+    assert new is not None and new.seeded
+    await until(new.synced.is_set)  # its first build, diffed against the mirror
     path = f"{GV}/namespaces/{ns}/podimagepulls?watch=true&timeoutSeconds=1&resourceVersion="
     srv = cluster.session(cluster.servers[1])
     async with srv.get(path + str(lacked), headers=ALICE) as resp:
@@ -366,9 +372,10 @@ async def test_a_version_the_mirror_never_got_is_410(replicas: Callable[[int], A
     async with srv.get(path + str(held), headers=ALICE) as resp:
         assert resp.status == 200
         events = [json.loads(line) for line in (await resp.text()).splitlines() if line]
-    # The new term's build finds step 1 (the change the mirror missed), in its epoch.
-    assert [(e["type"], e["object"]["metadata"]["labels"]["step"]) for e in events] == [
-        ("MODIFIED", "1")]
+    # The new term's build finds step 1 (the change the mirror missed), in its epoch,
+    # and nothing else: the other pods built again equal their mirrored objects.
+    assert [(e["type"], _name(e["object"]), e["object"]["metadata"]["labels"]["step"])
+            for e in events] == [("MODIFIED", "p0", "1")]
     assert int(events[0]["object"]["metadata"]["resourceVersion"]) > lacked
 
 
