@@ -113,7 +113,8 @@ def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient 
 
 
 def _election(config: ApiServerConfig, kube_api: KubeClient, feeds: Feeds,
-              lifecycle: Lifecycle) -> tuple[Election, Forwarder | None, Mirror | None]:
+              lifecycle: Lifecycle, on_synced: Callable[[], None] | None = None
+              ) -> tuple[Election, Forwarder | None, Mirror | None]:
     """Standalone, or a Lease election whose changes start a new term of the feeds
     (from this replica's mirror of the last leader's, mirror.py)."""
     if not config.leader_elect:
@@ -127,7 +128,7 @@ def _election(config: ApiServerConfig, kube_api: KubeClient, feeds: Feeds,
         cert_sha256=lambda: cert_sha256(config.tls_cert_file))
 
     forwarder = Forwarder(election, kube_api.bearer_token, identity, lifecycle)
-    mirror = Mirror(forwarder, election)
+    mirror = Mirror(forwarder, election, on_synced)
     election.listeners.insert(0, term_listener(election, feeds, mirror))
     return election, forwarder, mirror
 
@@ -157,7 +158,7 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                   warm=config.collection_warm, on_warm=on_warm)
     metrics.collection_watches.set_function(feeds.watches)
     lifecycle = Lifecycle(metrics)
-    election, forwarder, mirror = _election(config, kube_api, feeds, lifecycle)
+    election, forwarder, mirror = _election(config, kube_api, feeds, lifecycle, on_warm)
     metrics.collection_node_polls.set_function(feeds.agent_polls)
     return Parts(
         config=config, kube_api=kube_api, metrics=metrics, auth_source=source,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import random
@@ -42,6 +43,7 @@ from .conftest import GV, Pki, Server
 
 REPLICA_TOKEN = "replica-sa-token"
 RUNS = itertools.count()
+SYNCED: list[int] = []  # each mirror's syncs (main.py: the GC freeze), by replica
 ALICE = {"Authorization": "Bearer alice-token"}
 
 
@@ -354,6 +356,7 @@ async def test_a_version_the_mirror_never_got_is_410(replicas: Callable[[int], A
     cluster: Cluster = await replicas(2)
     await cluster.elect(0)
     await until(lambda: cluster.caught_up(1))
+    assert 1 in SYNCED  # told once synced (the process freezes what it holds then)
     ns = f"lacks-{next(RUNS)}"
     for i, done in ((0, False), (1, True), (2, False)):
         cluster.kube.put("api/v1", "pods", _pod(ns, i, 0, done))
@@ -413,7 +416,8 @@ async def replicas(make_server: Any, kube: FakeKube, certs: Pki) -> Any:
                         return REPLICA_TOKEN
                     parts.election = election
                     parts.forwarder = Forwarder(election, token, f"r{i}", parts.lifecycle)
-                    parts.mirror = Mirror(parts.forwarder, election)
+                    parts.mirror = Mirror(parts.forwarder, election,
+                                          on_synced=functools.partial(SYNCED.append, i))
                     mirrors.append(parts.mirror)
                     # as complete() wires them: the feeds' terms first, from the mirror
                     election.listeners.insert(0, term_listener(election, feeds,
