@@ -163,6 +163,8 @@ class Mirror:
                     if initial is not None and INITIAL_EVENTS_END in (
                             meta.get("annotations") or {}):
                         col.reset(initial, rv)
+                        log.info("mirror synced", extra={"objects": len(initial),
+                                                         "resourceVersion": rv})
                         initial, self.synced, changed = None, True, True
                         if self._on_synced is not None:
                             self._on_synced()
@@ -176,6 +178,8 @@ class Mirror:
 
     def _lost(self) -> None:
         """The leader's history no longer has the version held: its state again."""
+        log.info("mirror fell out of the leader's history: syncing again",
+                 extra={"resourceVersion": self.collection.rv})
         self.synced = False
         self.collection.reset({}, 0)
 

@@ -25,7 +25,7 @@ import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aggapi.apiserver.collections.histbound import (
@@ -79,6 +79,9 @@ class Event:
     #                   match it? (an object leaving a selection is DELETED for it)
     #                   and what undoing the change restores (Collection.state_at)
     key: Hashable = None
+    # Its watch line by event type, encoded once for every plain watcher (watch.py):
+    # the followers' mirrors and the clients all send each change.
+    lines: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
 
 def parse_rv(raw: str | None) -> int | None:

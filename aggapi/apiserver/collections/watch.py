@@ -102,7 +102,13 @@ async def _send_changes(resp: web.StreamResponse, events: Sequence[Event], sel: 
         kind = _seen_as(ev, sel)
         if kind is None:
             continue
-        line = enc.event(kind, ev.obj)
+        if enc.version is not None:  # a one-row Table: this watcher's own
+            line = enc.event(kind, ev.obj)
+        else:  # the same bytes for every plain watcher
+            shared = ev.lines.get(kind)
+            if shared is None:
+                shared = ev.lines[kind] = enc.event(kind, ev.obj)
+            line = shared
         out.append(line)
         size += len(line)
         if size >= CHUNK_BYTES:
