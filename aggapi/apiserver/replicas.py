@@ -134,14 +134,23 @@ class Forwarder:
 
 
 class LeaderRouted:
-    """A collection route: served here while this replica leads, else forwarded."""
+    """A collection route: served here while this replica leads, else forwarded.
+    ``term``: the epoch the feeds serve now; until it is the election's (a new leader
+    waits up to mirror.SETTLE s for its mirror's last changes), 503: a request served
+    from the feeds of no term would start a build whose versions no term keeps."""
 
     def __init__(self, local: Handler, election: Election,
-                 forwarder: Forwarder | None) -> None:
+                 forwarder: Forwarder | None,
+                 term: Callable[[], int | None] | None = None) -> None:
         self.local, self.election, self.forwarder = local, election, forwarder
+        self.term = term
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         if self.election.is_leader:
+            if self.term is not None and self.term() != self.election.epoch:
+                raise StatusError(503, "this replica is starting its term of the "
+                                       "podimagepulls and nodeimagepulls collections",
+                                  retry_after=1)
             return await self.local(request)
         leader = self.election.leader
         if FORWARDED in request.headers or leader is None or self.forwarder is None:

@@ -28,6 +28,7 @@ class Feeds:
                  poll_interval: float, polls_per_second: float = 0.0,
                  warm: bool = False, on_warm: Callable[[], None] | None = None) -> None:
         self.clock = Clock()
+        self.term: int | None = None  # the epoch of the term served (None: no election)
         self._seed: Collection | None = None  # the term's start: a mirror (mirror.py)
         self.sources = sources
         self.agent = agent
@@ -78,7 +79,7 @@ class Feeds:
         term's cluster-wide pod feed starts from it, held for the term: its versions
         stay valid, and its first build changes only what differs."""
         old_pods, old_nodes = self.pods, self.nodes
-        self.clock = Clock(epoch)
+        self.clock, self.term = Clock(epoch), epoch
         self._seed = seed if epoch is not None else None
         self.pods, self.nodes = self._new_feeds()
         old = [*old_pods.parts().values(),
