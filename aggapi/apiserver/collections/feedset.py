@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import AsyncIterator, Callable
 
@@ -17,6 +18,8 @@ from aggapi.apiserver.collections.nodepolls import NodePoll
 from aggapi.apiserver.collections.store import Clock, Collection
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.shared import Shared
+
+log = logging.getLogger(__name__)
 
 WARM_SETTLE = 10.0  # seconds after the warm feed is built before ``on_warm`` runs
 
@@ -80,7 +83,11 @@ class Feeds:
         stay valid, and its first build changes only what differs."""
         old_pods, old_nodes = self.pods, self.nodes
         self.clock, self.term = Clock(epoch), epoch
+        if seed is not None and seed.rv >= self.clock.peek():  # never: epochs only grow
+            log.warning("a mirror at %d is not below epoch %s: not used", seed.rv, epoch)
+            seed = None
         self._seed = seed if epoch is not None else None
+        hold = self._seed is not None
         self.pods, self.nodes = self._new_feeds()
         old = [*old_pods.parts().values(),
                *(old_nodes.parts().values() if old_nodes is not None else ())]
@@ -90,14 +97,15 @@ class Feeds:
             await old_nodes.close()
         await old_pods.close()
         if epoch is not None:
-            self.lead()
+            self.lead(hold=hold)
 
-    def lead(self) -> None:
-        """This replica leads (a new term, or alone): with ``warm``, start the
-        cluster-wide pod feed now and hold it for the term (its Shared closes at the
-        next term), as kube-apiserver's watch cache is filled at start, not at the first
-        list: the first list then finds every object built."""
-        if (self.warm or self._seed is not None) and self._held is not self.pods:
+    def lead(self, *, hold: bool = False) -> None:
+        """This replica leads (a new term, or alone): with ``warm`` (or ``hold``: the
+        term starts from a mirror), start the cluster-wide pod feed now and hold it for
+        the term (its Shared closes at the next term), as kube-apiserver's watch cache
+        is filled at start, not at the first list: the first list then finds every
+        object built."""
+        if (self.warm or hold) and self._held is not self.pods:
             feed = self.pods.acquire("")
             self._held = self.pods
             if self._on_warm is not None:
