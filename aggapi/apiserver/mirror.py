@@ -43,7 +43,10 @@ from aggapi.apiserver.replicas import Forwarder
 
 log = logging.getLogger(__name__)
 
-PATH = f"/apis/{GROUP_VERSION}/podimagepulls?watch=true&allowWatchBookmarks=true"
+# One stream for an hour: each reconnect is a gap in which the old leader's last
+# changes may be sent to its clients and not to the mirror (their versions then 410).
+PATH = (f"/apis/{GROUP_VERSION}/podimagepulls?watch=true&allowWatchBookmarks=true"
+        "&timeoutSeconds=3600")
 INITIAL = "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 # Seconds a new leader waits for its mirror's stream from the old leader to end (a
