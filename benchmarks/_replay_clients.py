@@ -43,14 +43,26 @@ class Tally:
     lists: int = 0
     listed_at: float = 0.0
     done_at: dict[str, float] = field(default_factory=dict)  # first seen Done
+    gap_max: float = 0.0  # longest time without a change, once changes flowed
+    last_change: float = 0.0
+
+    def _changed(self, now: float) -> None:
+        if self.last_change:
+            self.gap_max = max(self.gap_max, now - self.last_change)
+        self.last_change = now
 
     def listed(self, items: Iterable[Mapping[str, Any]], rv: str, now: float) -> None:
         self.cache = {_key(o): (int(o["metadata"]["resourceVersion"]), _phase(o))
                       for o in items}
         self.rv, self.lists, self.listed_at = int(rv), self.lists + 1, now
+        # Only the first list's Dones came before this watcher (no latency); a re-list
+        # (after a 410) delivers the Dones it missed meanwhile, late, at `now`.
+        seen = -1.0 if self.lists == 1 else now
         for k, (_, phase) in self.cache.items():
             if phase == "Done":
-                self.done_at.setdefault(k, -1.0)  # Done before the list: no latency
+                self.done_at.setdefault(k, seen)
+        if self.lists > 1:
+            self._changed(now)
 
     def event(self, kind: str, obj: Mapping[str, Any], now: float) -> None:
         rv = int(obj["metadata"]["resourceVersion"])
@@ -58,6 +70,7 @@ class Tally:
             self.rv = max(self.rv, rv)
             return
         self.events += 1
+        self._changed(now)
         if rv <= self.rv:
             self.duplicates += 1
         key = _key(obj)

@@ -71,3 +71,30 @@ async def test_the_fake_apiservers_pages_miss_nothing_added_between_them() -> No
             if not cont:
                 break
     assert names == [f"p{i:02d}" for i in range(0, 40, 2)] + ["p39"]
+
+
+def test_a_relists_unseen_done_counts_with_its_latency() -> None:
+    """Only the first list's Dones came before the watcher: a Done it missed while it
+    listed again (after a 410) reached it at the re-list, late, and must be counted."""
+    t = listed()  # a and b not Done: nothing to count yet
+    t.listed([obj("a", 11, "Done"), obj("b", 12, "Done")], "12", now=5.0)
+    assert t.done_at == {"ns/a": 5.0, "ns/b": 5.0}
+    first = Tally()
+    first.listed([obj("a", 11, "Done")], "11", now=1.0)
+    assert first.done_at == {"ns/a": -1.0}  # before the first list: no latency
+    first.event("MODIFIED", obj("b", 12, "Done"), now=2.0)
+    first.listed([obj("a", 11, "Done"), obj("b", 12, "Done")], "12", now=9.0)
+    assert first.done_at == {"ns/a": -1.0, "ns/b": 2.0}  # seen once, at its event
+
+
+def test_the_longest_gap_between_changes_is_kept() -> None:
+    """watch_gap_max_s: the longest a watcher went without a change once they flowed;
+    a re-list delivers changes, a bookmark does not."""
+    t = listed()
+    assert t.gap_max == 0.0  # the first list does not start the clock
+    t.event("MODIFIED", obj("a", 11), now=2.0)
+    t.event("BOOKMARK", {"metadata": {"resourceVersion": "12"}}, now=3.0)
+    t.event("MODIFIED", obj("a", 13), now=4.5)
+    t.listed([obj("a", 13), obj("b", 14)], "14", now=10.5)
+    t.event("MODIFIED", obj("b", 15), now=11.0)
+    assert t.gap_max == 6.0

@@ -47,6 +47,8 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if parts.mirror is not None:
+            await parts.mirror.close()
         if parts.forwarder is not None:
             await parts.forwarder.close()
         await parts.progress_streams.close()
@@ -95,6 +97,7 @@ def build_app(config: ApiServerConfig, *, kube_api: KubeClient,
               auth_source: AuthConfigSource | None = None,
               on_warm: Callable[[], None] | None = None) -> web.Application:
     """The application; ``kube_api`` stays the caller's to close. ``on_warm``: called
-    each time a term's warm feed is built (the process's, not a test's, GC freeze)."""
+    each time a term's warm feed is built or a follower's mirror syncs (the process's,
+    not a test's, GC freeze)."""
     return new_app(complete(config, kube_api=kube_api, tls=tls, auth_source=auth_source,
                             on_warm=on_warm))

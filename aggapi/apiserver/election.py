@@ -8,7 +8,8 @@ to forward to it: its address, the sha256 of its serving certificate (they pin i
 the Lease is writable by the replicas' ServiceAccount only) and its term's epoch, the
 high bits of every resourceVersion it hands out (``store.Clock``). A new leader's
 epoch is above its predecessor's, so no version of an old term is ever taken for one
-of the new: the new history answers it 410 and clients relist.
+of the new: the new history goes on from the old one's versions its mirror holds
+(``mirror.py``) and answers the others 410 (clients relist).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import new_progress_streams
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
 from aggapi.apiserver.metrics import Metrics
+from aggapi.apiserver.mirror import Mirror, term_listener
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.replicas import Forwarder, cert_sha256
 from aggapi.apiserver.shutdown import Lifecycle
@@ -59,6 +60,7 @@ class Parts:
     forwarder: Forwarder | None  # to the leader, while another replica leads
     fleet: FleetMetrics  # the leader's fleet gauges, set at each scrape (--fleet-metrics)
     link_hold: LinkHold  # the leader's node feed held for link peers (--link-peers)
+    mirror: Mirror | None = None  # the leader's podimagepulls, kept while following
 
 
 def _signer(config: ApiServerConfig, kube_api: KubeClient
@@ -111,10 +113,12 @@ def _agent_client(config: ApiServerConfig, kube_api: KubeClient) -> AgentClient 
 
 
 def _election(config: ApiServerConfig, kube_api: KubeClient, feeds: Feeds,
-              lifecycle: Lifecycle) -> tuple[Election, Forwarder | None]:
-    """Standalone, or a Lease election whose changes start a new term of the feeds."""
+              lifecycle: Lifecycle, on_synced: Callable[[], None] | None = None
+              ) -> tuple[Election, Forwarder | None, Mirror | None]:
+    """Standalone, or a Lease election whose changes start a new term of the feeds
+    (from this replica's mirror of the last leader's, mirror.py)."""
     if not config.leader_elect:
-        return Election(), None
+        return Election(), None, None
     identity = f"{config.pod_name}_{uuid.uuid4().hex[:8]}"
     host = config.advertise_address
     election = LeaseElection(
@@ -123,10 +127,10 @@ def _election(config: ApiServerConfig, kube_api: KubeClient, feeds: Feeds,
         endpoint=f"https://{f'[{host}]' if ':' in host else host}:{config.secure_port}",
         cert_sha256=lambda: cert_sha256(config.tls_cert_file))
 
-    async def new_term() -> None:
-        await feeds.new_term(election.epoch if election.is_leader else None)
-    election.listeners.append(new_term)
-    return election, Forwarder(election, kube_api.bearer_token, identity, lifecycle)
+    forwarder = Forwarder(election, kube_api.bearer_token, identity, lifecycle)
+    mirror = Mirror(forwarder, election, on_synced)
+    election.listeners.insert(0, term_listener(election, feeds, mirror))
+    return election, forwarder, mirror
 
 
 def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS | None = None,
@@ -154,7 +158,7 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                   warm=config.collection_warm, on_warm=on_warm)
     metrics.collection_watches.set_function(feeds.watches)
     lifecycle = Lifecycle(metrics)
-    election, forwarder = _election(config, kube_api, feeds, lifecycle)
+    election, forwarder, mirror = _election(config, kube_api, feeds, lifecycle, on_warm)
     metrics.collection_node_polls.set_function(feeds.agent_polls)
     return Parts(
         config=config, kube_api=kube_api, metrics=metrics, auth_source=source,
@@ -169,6 +173,6 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                               timeout=config.review_timeout),
         lifecycle=lifecycle, tls=tls, agent=agent,
         pod_watches=PodWatchHub(feeds.sources), progress_streams=new_progress_streams(),
-        feeds=feeds, election=election, forwarder=forwarder,
+        feeds=feeds, election=election, forwarder=forwarder, mirror=mirror,
         fleet=FleetMetrics(metrics, feeds, election, enabled=config.fleet_metrics),
         link_hold=LinkHold(feeds, election, enabled=config.link_peers))

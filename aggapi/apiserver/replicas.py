@@ -9,8 +9,9 @@ account read the collections) and goes to the address the leader wrote in the Le
 pinned to the serving certificate it wrote there. Nothing else is trusted: a request
 that says it was forwarded and reaches a replica that does not lead (the leader just
 changed) is 503, never forwarded again. When the leader changes, every stream
-forwarded to the old one ends: the client watches again, reaches the new term, and
-gets 410 and relists, never silence.
+forwarded to the old one ends: the client watches again from its last version and
+reaches the new term, which goes on from it (its mirror of the old term has it,
+``mirror.py``) or answers 410 and the client relists; never silence.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -71,12 +72,26 @@ class Forwarder:
         if self._session is not None:
             await self._session.close()
 
-    async def forward(self, request: web.Request, leader: Leader) -> web.StreamResponse:
-        headers = {"Accept": request.headers.get("Accept", "application/json"),
-                   FORWARDED: self.identity}
+    async def _headers(self, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept, FORWARDED: self.identity}
         token = await self.token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    @contextlib.asynccontextmanager
+    async def open(self, leader: Leader, path: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A GET of ``path`` on ``leader`` as this replica, over the same pinned and
+        authenticated channel as forwarded requests (the mirror's stream, mirror.py)."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
+        async with self._client().get(
+                leader.endpoint + path, headers=await self._headers("application/json"),
+                timeout=timeout,
+                ssl=aiohttp.Fingerprint(bytes.fromhex(leader.cert_sha256))) as resp:
+            yield resp
+
+    async def forward(self, request: web.Request, leader: Leader) -> web.StreamResponse:
+        headers = await self._headers(request.headers.get("Accept", "application/json"))
         stop = self._stops.setdefault(leader.identity, asyncio.Event())
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
         try:
@@ -119,14 +134,23 @@ class Forwarder:
 
 
 class LeaderRouted:
-    """A collection route: served here while this replica leads, else forwarded."""
+    """A collection route: served here while this replica leads, else forwarded.
+    ``term``: the epoch the feeds serve now; until it is the election's (a new leader
+    waits up to mirror.SETTLE s for its mirror's last changes), 503: a request served
+    from the feeds of no term would start a build whose versions no term keeps."""
 
     def __init__(self, local: Handler, election: Election,
-                 forwarder: Forwarder | None) -> None:
+                 forwarder: Forwarder | None,
+                 term: Callable[[], int | None] | None = None) -> None:
         self.local, self.election, self.forwarder = local, election, forwarder
+        self.term = term
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         if self.election.is_leader:
+            if self.term is not None and self.term() != self.election.epoch:
+                raise StatusError(503, "this replica is starting its term of the "
+                                       "podimagepulls and nodeimagepulls collections",
+                                  retry_after=1)
             return await self.local(request)
         leader = self.election.leader
         if FORWARDED in request.headers or leader is None or self.forwarder is None:

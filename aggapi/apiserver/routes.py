@@ -88,10 +88,12 @@ def route_table(parts: Parts) -> list[Route]:
                                                                           parts.agent)),
     ]
     # Served by the replica that leads the collections, forwarded to it by the others.
+    def term() -> int | None:
+        return parts.feeds.term
     pod_pulls = LeaderRouted(CollectionHandler(PODS, parts.feeds, parts.lifecycle),
-                             parts.election, parts.forwarder)
+                             parts.election, parts.forwarder, term)
     node_pulls = LeaderRouted(CollectionHandler(NODES, parts.feeds, parts.lifecycle),
-                              parts.election, parts.forwarder)
+                              parts.election, parts.forwarder, term)
     for prefix in (GV, f"{GV}/watch"):
         # The collections: get/list/watch as the request's own attributes say
         # (a namespaced list authorizes that namespace, an all-namespaces one the

@@ -122,3 +122,31 @@ async def test_a_follower_without_a_leader_or_a_forwarded_request_is_503() -> No
     election.is_leader = True
     await routed(make_mocked_request("GET", "/x", headers={FORWARDED: "a"}))
     assert served == ["here"]
+
+
+async def test_a_new_leader_is_503_until_its_feeds_serve_its_term() -> None:
+    """Between winning the Lease and its term's start (up to mirror.SETTLE s waiting
+    for the mirror's last changes) a leader answers 503, not from the feeds of no term
+    (a build there would hand out versions no term keeps)."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from aggapi.apiserver.election import Election
+    from aggapi.apiserver.replicas import LeaderRouted
+    from aggapi.status import StatusError
+
+    served: list[str] = []
+
+    async def local(_request: object) -> Any:
+        served.append("here")
+        return None
+
+    election = Election()
+    election.epoch = 7
+    term: list[int | None] = [None]
+    routed = LeaderRouted(local, election, None, lambda: term[0])
+    with pytest.raises(StatusError) as err:
+        await routed(make_mocked_request("GET", "/x"))
+    assert err.value.code == 503 and err.value.retry_after == 1 and served == []
+    term[0] = 7
+    await routed(make_mocked_request("GET", "/x"))
+    assert served == ["here"]

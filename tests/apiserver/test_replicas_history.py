@@ -1,194 +1,31 @@
 """One history across replicas (docs/kep-aggapi.md, "Consistency model"): N
-in-process apiserver replicas over the same pods and agent, each request routed to a
-random replica as the aggregator does, leaders changing and replicas losing their
-state at random. A client that lists (in pages, each page on any replica) and then
-watches, relisting on 410 as client-go's reflector does, ends with a cache equal to
-a fresh list: every final phase seen, no event lost, none repeated, all in order.
+in-process apiserver replicas over the same pods and agent (replicaharness.py), each
+request routed to a random replica as the aggregator does, leaders changing and
+replicas losing their state at random. A client that lists (in pages, each page on any
+replica) and then watches, relisting on 410 as client-go's reflector does, ends with a
+cache equal to a fresh list: every final phase seen, no event lost, none repeated, all
+in order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, cast
-from urllib.parse import quote
+from typing import Any
 
-import aiohttp
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.collections.feedset import Feeds
-from aggapi.apiserver.election import Election, Leader
-from aggapi.apiserver.parts import Parts
-from aggapi.apiserver.podsources import Sources
-from aggapi.apiserver.replicas import Forwarder, cert_sha256
-from aggapi.apiserver.routes import Route
-from tests.framework.fakekube import FakeKube
 from tests.framework.until import until
 
-from .collections.fakes import FakeAgent, pod
-from .conftest import GV, Pki, Server
+from .replicaharness import RUNS, Cluster, Reflector, name_of, pod_at, replicas, view_of
 
-REPLICA_TOKEN = "replica-sa-token"
-ALICE = {"Authorization": "Bearer alice-token"}
-
-
-class ManualElection(Election):
-    """Leadership as the test decides (the Lease itself: tests/apiserver/test_election)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.is_leader = False
-
-    async def set(self, leading: bool, leader: Leader | None, epoch: int) -> None:
-        self.is_leader, self.leader = leading, leader
-        self.epoch = epoch if leading else None
-        await self._changed()
-
-
-@dataclass
-class Cluster:
-    servers: list[Server]
-    elections: list[ManualElection]
-    kube: FakeKube
-    certs: Pki
-    epochs: list[int]  # the last term's, shared by every example of a test
-
-    async def elect(self, i: int) -> None:
-        """Replica ``i`` leads a new term; the others (all three) follow it."""
-        self.epochs[0] += 1
-        epoch = self.epochs[0]
-        leader = Leader(f"r{i}", self.servers[i].url, cert_sha256(self.certs.path("tls.crt")),
-                        epoch)
-        for j, e in enumerate(self.elections):
-            if j != i:
-                await e.set(False, leader, epoch)
-        await self.elections[i].set(True, leader, epoch)
-
-    async def forget(self, i: int) -> None:
-        """Replica ``i`` loses its collections' state, as a restart does; a leader's
-        restart is a new term on another replica."""
-        if self.elections[i].is_leader:
-            await self.elect((i + 1) % len(self.servers))
-        else:
-            await self.servers[i].parts.feeds.new_term(None)
-
-    def session(self, srv: Server) -> aiohttp.ClientSession:
-        if not srv.sessions:
-            srv.session()
-        return srv.sessions[0]
-
-    async def get(self, rng: random.Random, path: str) -> tuple[int, Any]:
-        srv = rng.choice(self.servers)
-        async with self.session(srv).get(GV + path, headers=ALICE) as resp:
-            text = await resp.text()
-            return resp.status, json.loads(text) if text.startswith("{") else text
-
-
-def _name(obj: dict[str, Any]) -> str:
-    return str(obj["metadata"]["name"])
-
-
-def _view(obj: dict[str, Any]) -> tuple[str, str, str]:
-    return (str(obj["metadata"]["labels"].get("step")), str(obj["status"]["phase"]),
-            str(obj["metadata"]["resourceVersion"]))
-
-
-@dataclass
-class Reflector:
-    """client-go's reflector in short: list (paged), watch from the list's version,
-    resume from the last version on a dropped watch, relist on 410."""
-
-    cluster: Cluster
-    ns: str
-    rng: random.Random
-    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rv: str = ""
-    problems: list[str] = field(default_factory=list)
-    lists: int = 0
-
-    async def _list(self) -> bool:
-        items: list[dict[str, Any]] = []
-        token, first_rv = "", ""
-        while True:
-            q = f"?limit=2&continue={quote(token)}" if token else "?limit=2"
-            code, body = await self.cluster.get(self.rng, f"/namespaces/{self.ns}/podimagepulls{q}")
-            if code != 200:
-                return False  # 410 (a continue of an old term) or 503: list again
-            first_rv = first_rv or body["metadata"]["resourceVersion"]
-            if body["metadata"]["resourceVersion"] != first_rv:
-                self.problems.append("a page at another version")
-            items += body["items"]
-            token = body["metadata"].get("continue", "")
-            if not token:
-                break
-        self.cache = {_name(o): o for o in items}
-        self.rv, self.lists = first_rv, self.lists + 1
-        return True
-
-    def _apply(self, ev: dict[str, Any], since: int) -> None:
-        obj, typ = ev["object"], ev["type"]
-        rv = int(obj["metadata"]["resourceVersion"])
-        if rv <= since:
-            self.problems.append(f"{typ} {_name(obj)} at {rv}, not after {since}: repeated")
-        old = self.cache.get(_name(obj))
-        if typ == "ADDED" and old is not None:
-            self.problems.append(f"ADDED {_name(obj)} already cached")
-        if typ in ("MODIFIED", "DELETED") and old is None:
-            self.problems.append(f"{typ} {_name(obj)} never seen: an event was lost")
-        if typ == "DELETED":
-            self.cache.pop(_name(obj), None)
-        else:
-            self.cache[_name(obj)] = obj
-        self.rv = str(rv)
-
-    async def run(self) -> None:
-        while True:
-            if not self.rv and not await self._list():
-                await asyncio.sleep(0.02)
-                continue
-            srv = self.rng.choice(self.cluster.servers)
-            path = (f"{GV}/namespaces/{self.ns}/podimagepulls?watch=true&timeoutSeconds=2"
-                    f"&resourceVersion={self.rv}")
-            try:
-                async with self.cluster.session(srv).get(path, headers=ALICE) as resp:
-                    if resp.status == 410:
-                        self.rv = ""
-                        continue
-                    if resp.status != 200:
-                        await asyncio.sleep(0.02)
-                        continue
-                    async for line in resp.content:
-                        if not line.strip():
-                            continue
-                        ev = json.loads(line)
-                        if ev["type"] == "ERROR":
-                            self.rv = "" if ev["object"].get("code") == 410 else self.rv
-                            break
-                        if ev["type"] != "BOOKMARK":
-                            self._apply(ev, int(self.rv))
-            except (aiohttp.ClientError, ConnectionError):
-                await asyncio.sleep(0.02)
-
+__all__ = ["replicas"]  # the fixture
 
 OPS = st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "done", "delete",
                                           "elect", "forget"]),
                          st.integers(0, 5)), min_size=12, max_size=30)
-
-
-def _pod(ns: str, i: int, step: int, done: bool) -> dict[str, Any]:
-    obj = pod(f"p{i}", namespace=ns, labels={"step": str(step)})
-    if done:
-        obj["status"]["containerStatuses"] = [{
-            "name": "app", "image": "registry.test/app:1",
-            "imageID": "registry.test/app@sha256:a",
-            "state": {"running": {"startedAt": "2026-12-23T04:26:41Z"}}}]
-    return obj
 
 
 @settings(max_examples=10, deadline=None, derandomize=True,
@@ -198,7 +35,7 @@ async def test_a_reflector_through_random_replicas_ends_equal_to_a_fresh_list(
         replicas: Callable[[int], Any], n: int, ops: list[tuple[str, int]],
         seed: int) -> None:
     cluster: Cluster = await replicas(n)
-    ns = f"ns-{seed}-{len(ops)}-{n}"
+    ns = f"ns-{next(RUNS)}"  # a namespace of its own (hypothesis runs an example again)
     rng = random.Random(seed)
     await cluster.elect(rng.randrange(n))
     client = Reflector(cluster, ns, random.Random(seed + 1))
@@ -209,11 +46,11 @@ async def test_a_reflector_through_random_replicas_ends_equal_to_a_fresh_list(
         for op, i in ops:
             if op == "add" and i not in steps:
                 steps[i] = 0
-                cluster.kube.put("api/v1", "pods", _pod(ns, i, 0, False))
+                cluster.kube.put("api/v1", "pods", pod_at(ns, i, 0, False))
             elif op in ("step", "done") and i in steps:
                 steps[i] += 1
                 done |= {i} if op == "done" else set()
-                cluster.kube.put("api/v1", "pods", _pod(ns, i, steps[i], i in done))
+                cluster.kube.put("api/v1", "pods", pod_at(ns, i, steps[i], i in done))
             elif op == "delete" and i in steps:
                 del steps[i]
                 done.discard(i)
@@ -227,54 +64,23 @@ async def test_a_reflector_through_random_replicas_ends_equal_to_a_fresh_list(
                 for i, s in steps.items()}
 
         async def settled() -> bool:
-            code, fresh = await cluster.get(rng, f"/namespaces/{ns}/podimagepulls")
+            # From the client's own history (a namespace's feed, made while the
+            # cluster-wide one built, stamps the same changes with other versions).
+            since = f"?resourceVersion={client.rv}" if client.rv else ""
+            code, fresh = await cluster.get(rng, f"/namespaces/{ns}/podimagepulls{since}")
             if code != 200:
                 return False
-            truth = {_name(o): _view(o) for o in fresh["items"]}
+            truth = {name_of(o): view_of(o) for o in fresh["items"]}
+            last[:] = [truth, {k: view_of(o) for k, o in client.cache.items()}, want]
             return {k: v[:2] for k, v in truth.items()} == want and \
-                {k: _view(o) for k, o in client.cache.items()} == truth
-        await until(settled, within=15)
+                {k: view_of(o) for k, o in client.cache.items()} == truth
+        last: list[Any] = []
+        try:
+            await until(settled, within=15)
+        except AssertionError:
+            raise AssertionError(f"{last} {client.problems} lists={client.lists} "
+                                 f"gone={client.gone}") from None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert client.problems == [], client.problems
-
-
-@pytest.fixture
-async def replicas(make_server: Any, kube: FakeKube, certs: Pki) -> Any:
-    """make(n): n replicas (built once per test, three, over one FakeKube and agent)."""
-    kube.sar_policy = lambda _spec: True
-    kube.tokens["alice-token"] = {"username": "alice", "groups": ["devs"]}
-    kube.tokens[REPLICA_TOKEN] = {"username": "system:serviceaccount:aggapi:aggapi-apiserver",
-                                  "groups": ["system:serviceaccounts"]}
-    agent = FakeAgent()
-    built: list[Cluster] = []
-    epochs = [1000]
-
-    async def make(n: int) -> Cluster:
-        if not built:
-            servers, elections = [], []
-            for i in range(3):
-                election = ManualElection()
-
-                def setup(parts: Parts, election: ManualElection = election,
-                          i: int = i) -> list[Route]:
-                    feeds = parts.feeds = Feeds(Sources(parts.kube_api, linger=1.0),
-                                                cast(AgentClient, agent), linger=1.0,
-                                                poll_interval=0.05)
-
-                    async def new_term() -> None:
-                        await feeds.new_term(election.epoch if election.is_leader else None)
-                    election.listeners.append(new_term)
-
-                    async def token() -> str:
-                        return REPLICA_TOKEN
-                    parts.election = election
-                    parts.forwarder = Forwarder(election, token, f"r{i}", parts.lifecycle)
-                    return []
-                servers.append(await make_server(setup=setup))
-                elections.append(election)
-            built.append(Cluster(servers, elections, kube, certs, epochs))
-        c = built[0]
-        return Cluster(c.servers[:n], c.elections[:n], kube, certs, epochs)
-    return make

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 from aggapi import tasks
 from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections.batcher import FLUSH_BATCH, Batcher
 from aggapi.apiserver.collections.linkfeed import LinkFeeder
 from aggapi.apiserver.collections.nodeimagepulls import node_image_pull
 from aggapi.apiserver.collections.nodepolls import NodePoll
@@ -33,10 +33,6 @@ from aggapi.status import StatusError
 
 log = logging.getLogger(__name__)
 
-FLUSH_DELAY = 0.05  # seconds: changes within it are rebuilt together
-# Pods rebuilt per turn of the event loop (about 150 us each): a relist of 10,000 pods
-# would otherwise hold every request and watch for a second and more.
-FLUSH_BATCH = 100
 FIRST_VIEWS = 2.0  # seconds a feed's first list waits for the nodes' first views
 NODE_LIST_EVERY = 5.0  # seconds between reads of which nodes have an agent
 SYNC_TIMEOUT = 10.0
@@ -48,64 +44,6 @@ class Feed(Protocol):
     async def ready(self) -> None: ...
 
 
-class _Batcher:
-    """Dirty keys, rebuilt together FLUSH_DELAY after the first change: kube's changes
-    (``urgent``: phases, new and gone pods) before those of the nodes' views (bytes),
-    each in the order marked. In a rollout thousands of pods wait for new bytes at
-    once; a Pulled pod taken from a set in any order waited behind them for seconds."""
-
-    def __init__(self) -> None:
-        self.urgent: OrderedDict[Any, None] = OrderedDict()
-        self.dirty: OrderedDict[Any, None] = OrderedDict()
-        self.everything = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    def mark(self, keys: Iterable[Any] | None, *, urgent: bool = False) -> None:
-        if keys is None:
-            self.everything = True
-        else:
-            into = self.urgent if urgent else self.dirty
-            for key in keys:
-                into[key] = None
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._fire)
-
-    def _fire(self) -> None:
-        self._timer = None
-        self.flush()
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.urgent or self.dirty or self.everything)
-
-    def take(self, limit: int | None = None, *, urgent_only: bool = False
-             ) -> tuple[set[Any], bool]:
-        """The keys to rebuild now, at most ``limit`` (urgent first, oldest first; the
-        rest stay marked), and whether everything was marked."""
-        everything, self.everything = self.everything, False
-        if urgent_only:
-            keys = set(self.urgent)
-            self.urgent = OrderedDict()
-            return keys, everything
-        if limit is None or len(self.urgent) + len(self.dirty) <= limit:
-            keys = set(self.urgent) | set(self.dirty)
-            self.urgent, self.dirty = OrderedDict(), OrderedDict()
-            return keys, everything
-        keys = set()
-        for marked in (self.urgent, self.dirty):
-            while marked and len(keys) < limit:
-                keys.add(marked.popitem(last=False)[0])
-        return keys, everything
-
-    def flush(self) -> None:
-        raise NotImplementedError
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
 async def _first_views(polls: Shared[str, NodePoll] | None, nodes: Iterable[str]) -> None:
     """Until each of ``nodes``' polls has its first view, or FIRST_VIEWS."""
     waits = [p.polled.wait() for n in nodes
@@ -115,18 +53,23 @@ async def _first_views(polls: Shared[str, NodePoll] | None, nodes: Iterable[str]
             await asyncio.wait_for(asyncio.gather(*waits), FIRST_VIEWS)
 
 
-class PodFeed(_Batcher):
+class PodFeed(Batcher):
     """PodImagePulls of one namespace ("" for all): one Source, and a poll of each
     node where a pod still has an image to pull."""
 
     def __init__(self, sources: Sources, namespace: str,
-                 polls: Shared[str, NodePoll] | None, clock: Clock) -> None:
+                 polls: Shared[str, NodePoll] | None, clock: Clock,
+                 seed: Collection | None = None) -> None:
         super().__init__()
         self.namespace = namespace
         self._sources = sources
         self.source: Source = sources.acquire(namespace)  # released by stop()
         self.polls = polls
-        self.collection = Collection(clock)
+        # Seeded (mirror.py): the old leader's objects and history, served at once.
+        self.seeded = seed is not None
+        if seed is not None:
+            seed.adopt(clock)
+        self.collection = Collection(clock) if seed is None else seed
         self.on_node: dict[str, set[PodKey]] = {}  # every pod, by node
         self._node_of: dict[PodKey, str] = {}
         self._needs: dict[str, set[PodKey]] = {}  # pods that need their node's view
@@ -135,7 +78,9 @@ class PodFeed(_Batcher):
         self._slices: dict[PodKey, tuple[list[str], Any]] = {}
         self._polled: set[str] = set()  # nodes whose poll this feed holds
         self.synced = asyncio.Event()
-        self._viewed = False  # a ready() has waited for the nodes' first views
+        # A ready() has waited for the nodes' first views (a seeded feed's state has
+        # its old leader's: none to wait for).
+        self._viewed = self.seeded
         self._sync: asyncio.Task[None] | None = None
         self.source.listeners.append(self._source_changed)
 
@@ -166,11 +111,19 @@ class PodFeed(_Batcher):
             self.source.listeners.remove(self._source_changed)
         self._sources.release(self.namespace)
 
+    @property
+    def serving(self) -> bool:
+        """Whether it holds a complete state: synced, or seeded."""
+        return self.seeded or self.synced.is_set()
+
     async def ready(self) -> None:
         """A complete state: synced, and (the feed's first time) the first view of each
         node needed. Later, a node just polled (a rollout polls new ones all the time)
         shows kubelet's view until its agent's comes, as it does on a watch: a list
-        does not wait for it."""
+        does not wait for it. A seeded feed is ready at once: the mirrored state is
+        consistent at its version, stale by the build only."""
+        if self.seeded and not self.synced.is_set():
+            return
         try:
             await asyncio.wait_for(self.synced.wait(), SYNC_TIMEOUT)
         except TimeoutError:
@@ -249,7 +202,8 @@ class PodFeed(_Batcher):
         dirty, _ = self.take(limit, urgent_only=urgent_only)
         # The first build is not recorded in the history: no reader holds a version of
         # this collection before it is synced (ready() waits), so none watches from it.
-        record = self.synced.is_set()
+        # A seeded one's is: its readers hold the mirrored versions.
+        record = self.synced.is_set() or self.seeded
         if self.pending and self._timer is None:  # the rest on the loop's next turns
             self._timer = asyncio.get_running_loop().call_later(0, self._fire)
         # Only the nodes of the pods rebuilt can gain or lose a poll: not every node's
@@ -289,7 +243,7 @@ class PodFeed(_Batcher):
                 self.on_node.pop(node, None)
 
 
-class NodeFeed(_Batcher):
+class NodeFeed(Batcher):
     """NodeImagePulls: every node with an agent, polled while anyone watches, and the
     cluster-wide PodFeed for the pods waiting on each."""
 

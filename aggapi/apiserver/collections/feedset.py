@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import AsyncIterator, Callable
 
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feeds import NodeFeed, PodFeed
 from aggapi.apiserver.collections.nodepolls import NodePoll
-from aggapi.apiserver.collections.store import Clock
+from aggapi.apiserver.collections.store import Clock, Collection
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.shared import Shared
+
+log = logging.getLogger(__name__)
 
 WARM_SETTLE = 10.0  # seconds after the warm feed is built before ``on_warm`` runs
 
@@ -28,6 +31,8 @@ class Feeds:
                  poll_interval: float, polls_per_second: float = 0.0,
                  warm: bool = False, on_warm: Callable[[], None] | None = None) -> None:
         self.clock = Clock()
+        self.term: int | None = None  # the epoch of the term served (None: no election)
+        self._seed: Collection | None = None  # the term's start: a mirror (mirror.py)
         self.sources = sources
         self.agent = agent
         self.linger = linger
@@ -45,12 +50,18 @@ class Feeds:
     def _new_feeds(self) -> tuple[Shared[str, PodFeed], Shared[str, NodeFeed] | None]:
         clock, agent, node_polls = self.clock, self.agent, self.polls
         pods: Shared[str, PodFeed] = Shared(
-            lambda ns: PodFeed(self.sources, ns, self.polls, clock), linger=self.linger)
+            lambda ns: PodFeed(self.sources, ns, self.polls, clock,
+                               seed=self._take_seed() if ns == "" else None),
+            linger=self.linger)
         nodes: Shared[str, NodeFeed] | None = None
         if agent is not None and node_polls is not None:
             nodes = Shared(lambda _k: NodeFeed(agent, pods, node_polls, clock),
                            linger=self.linger)
         return pods, nodes
+
+    def _take_seed(self) -> Collection | None:
+        seed, self._seed = self._seed, None
+        return seed
 
     def poll_delay(self) -> float:
         """Seconds between two reads of one node's agent: ``poll_interval``, or longer
@@ -63,13 +74,20 @@ class Feeds:
         pace = polled / self.polls_per_second
         return pace * (0.75 + random.random() / 2)  # spread: polls started together
 
-    async def new_term(self, epoch: int | None) -> None:
+    async def new_term(self, epoch: int | None, seed: Collection | None = None) -> None:
         """Leadership changed: this replica leads from ``epoch`` on (None: it no longer
-        leads). The old term's collections close (their watchers get 410 and relist:
-        no version of theirs means anything in the new history) and the next request
-        starts the new term's feeds."""
+        leads). The old term's collections close (each watcher gets what it had not
+        yet sent, then ends) and the next request starts the new term's feeds. With
+        ``seed`` (the old leader's cluster-wide podimagepulls, mirrored here) the new
+        term's cluster-wide pod feed starts from it, held for the term: its versions
+        stay valid, and its first build changes only what differs."""
         old_pods, old_nodes = self.pods, self.nodes
-        self.clock = Clock(epoch)
+        self.clock, self.term = Clock(epoch), epoch
+        if seed is not None and seed.rv >= self.clock.peek():  # never: epochs only grow
+            log.warning("a mirror at %d is not below epoch %s: not used", seed.rv, epoch)
+            seed = None
+        self._seed = seed if epoch is not None else None
+        hold = self._seed is not None
         self.pods, self.nodes = self._new_feeds()
         old = [*old_pods.parts().values(),
                *(old_nodes.parts().values() if old_nodes is not None else ())]
@@ -79,14 +97,15 @@ class Feeds:
             await old_nodes.close()
         await old_pods.close()
         if epoch is not None:
-            self.lead()
+            self.lead(hold=hold)
 
-    def lead(self) -> None:
-        """This replica leads (a new term, or alone): with ``warm``, start the
-        cluster-wide pod feed now and hold it for the term (its Shared closes at the
-        next term), as kube-apiserver's watch cache is filled at start, not at the first
-        list: the first list then finds every object built."""
-        if self.warm and self._held is not self.pods:
+    def lead(self, *, hold: bool = False) -> None:
+        """This replica leads (a new term, or alone): with ``warm`` (or ``hold``: the
+        term starts from a mirror), start the cluster-wide pod feed now and hold it for
+        the term (its Shared closes at the next term), as kube-apiserver's watch cache
+        is filled at start, not at the first list: the first list then finds every
+        object built."""
+        if (self.warm or hold) and self._held is not self.pods:
             feed = self.pods.acquire("")
             self._held = self.pods
             if self._on_warm is not None:
@@ -115,8 +134,7 @@ class Feeds:
                     async with self.pods.use(key) as feed:
                         yield feed
                     return
-        async with self.pods.use_covering(namespace, "",
-                                          lambda f: f.synced.is_set()) as feed:
+        async with self.pods.use_covering(namespace, "", lambda f: f.serving) as feed:
             yield feed
 
     def watches(self) -> int:

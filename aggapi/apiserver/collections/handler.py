@@ -29,6 +29,7 @@ from aggapi.apiserver.collections.table import (
 )
 from aggapi.apiserver.collections.watch import Encoder, WatchSettings, serve_watch
 from aggapi.apiserver.fieldselector import exact_match
+from aggapi.apiserver.replicas import FORWARDED
 from aggapi.apiserver.requestinfo import INFO, RequestInfo
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.status import StatusError, not_found
@@ -108,7 +109,8 @@ class CollectionHandler:
                 if rv is not None:  # a version from the future: 504 after ~3 s
                     await feed.collection.wait_reached(rv)
                 return await serve_watch(request, feed.collection, sel, opts, enc,
-                                         self.lifecycle, self.res.name, self.settings)
+                                         self.lifecycle, self.res.name, self.settings,
+                                         forwarded=FORWARDED in request.headers)
         req = paging.page_request(query if info.verb != "get" else {}, rv)
         if opts.match == EXACT and rv is not None and req.rv is None:
             # The state at exactly rv, rebuilt from the history (410 once it no longer

@@ -6,9 +6,11 @@ are this server's own. One replica computes the collections at a time (the leade
 A version is ``epoch << 32 | sequence``: the epoch is the leader's term (a new
 leader's is higher), the sequence counts the term's changes. A version names exactly
 one point of one collection's history: a watch or a page from it replays what changed
-after it; one this collection did not hand out (another term's, a collection stopped
-since, one older than the history) gets 410 Expired and clients relist, as they do
-with kube-apiserver; one from the future waits, then 504 "Too large resource version".
+after it; one this collection did not hand out (another term's that its mirror did
+not have, ``mirror.py``; a collection stopped since; one older than the history) gets
+410 Expired and clients relist, as they do with kube-apiserver; one from the future
+waits, then 504 "Too large resource version". A term that starts from a mirror of the
+last one holds that term's versions and history (``adopt``).
 
 Readers never queue: each keeps its position in the shared history and is woken on
 change; one that falls out of it gets 410 and relists. Memory is the objects plus
@@ -23,7 +25,7 @@ import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aggapi.apiserver.collections.histbound import (
@@ -77,6 +79,9 @@ class Event:
     #                   match it? (an object leaving a selection is DELETED for it)
     #                   and what undoing the change restores (Collection.state_at)
     key: Hashable = None
+    # Its watch line by event type, encoded once for every plain watcher (watch.py):
+    # the followers' mirrors and the clients all send each change.
+    lines: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
 
 def parse_rv(raw: str | None) -> int | None:
@@ -148,23 +153,58 @@ class Collection:
             rv, kind = self._clock.next(), (MODIFIED if old is not None else ADDED)
             self.objects[key] = obj
         obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
-        self.rv = rv
         ev = Event(rv, kind, obj, old, key)
         if not record:  # the collection starts again from here
             self._history.clear()
             self.start_rv, self._rvs = rv, {rv}
-        else:
+        self._record(ev, history=record)
+        return ev
+
+    def _record(self, ev: Event, *, history: bool = True) -> None:
+        self.rv = ev.rv
+        if history:
             # An evicted change's version no longer names a point whose later changes
             # are all known here (nor does the start's, once any change left).
             for gone in self._history.append(ev):
                 self._rvs.discard(gone.rv)
                 self._rvs.discard(self.start_rv)
-            self._rvs.add(rv)
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+            self._rvs.add(ev.rv)
+        self._wake()
         for fn in self.listeners:
             fn(ev)
-        return ev
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # A follower's mirror of the leader's collection (``mirror.py``): the leader's own
+    # objects and versions, and a history bounded as the leader's; handed to this
+    # replica's next term when it leads, so its clients' versions stay valid.
+
+    def reset(self, objects: dict[Hashable, Obj], rv: int) -> None:
+        """The leader's state at its version ``rv``: the history starts again there."""
+        self.objects = objects
+        self._history.clear()
+        self.start_rv = self.rv = rv
+        self._rvs = {rv}
+        self._snapshots.clear()
+        self._wake()
+
+    def apply(self, kind: str, key: Hashable, obj: Obj, rv: int) -> None:
+        """The leader's change ``kind`` of ``key`` at its version ``rv`` (above all
+        held: the leader's watch sends them in order)."""
+        old = self.objects.get(key)
+        if kind == DELETED:
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = obj
+        self._record(Event(rv, kind, obj, old, key))
+
+    def adopt(self, clock: Clock) -> None:
+        """This replica leads from here: its term's ``clock`` stamps the changes that
+        follow, every one above the mirrored versions (a later epoch)."""
+        assert clock.peek() > self.rv, "a new term's versions follow the mirrored ones"
+        self._clock = clock
 
     def reached(self, rv: int) -> bool:
         """Whether ``rv`` is not from the future: not above this term's last version
@@ -243,11 +283,12 @@ class Collection:
         return out, now
 
     def close(self) -> None:
-        """This term is over (leadership lost): every watcher gets 410 and relists."""
+        """This term is over (leadership lost): each watcher gets the changes it has
+        not yet sent (``final``) and ends; it resumes from its last version on the next
+        leader, whose mirror of this history continues it (or answers 410)."""
         self.closed = True
         self._snapshots.clear()
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._wake()
 
     def owns(self, rv: int) -> bool:
         return not self.closed and rv in self._rvs
@@ -262,6 +303,17 @@ class Collection:
     def since(self, rv: int) -> list[Event]:
         """Changes after ``rv``; 410 when the history no longer has them all."""
         self.check_rv(rv)
+        return self._after(rv)
+
+    def final(self, rv: int) -> list[Event]:
+        """Changes after ``rv`` for a watch that ends, this term closed or not: a
+        watcher ending at a leader change sends what it has not yet sent (the next
+        leader's mirror has them too). 410 when the history no longer has them all."""
+        if rv not in self._rvs:
+            raise expired(rv)
+        return self._after(rv)
+
+    def _after(self, rv: int) -> list[Event]:
         if not self._history or self._history[-1].rv <= rv:
             return []
         # Versions increase along the history: skip from the end backwards.

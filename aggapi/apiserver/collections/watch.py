@@ -102,7 +102,13 @@ async def _send_changes(resp: web.StreamResponse, events: Sequence[Event], sel: 
         kind = _seen_as(ev, sel)
         if kind is None:
             continue
-        line = enc.event(kind, ev.obj)
+        if enc.version is not None:  # a one-row Table: this watcher's own
+            line = enc.event(kind, ev.obj)
+        else:  # the same bytes for every plain watcher
+            shared = ev.lines.get(kind)
+            if shared is None:
+                shared = ev.lines[kind] = enc.event(kind, ev.obj)
+            line = shared
         out.append(line)
         size += len(line)
         if size >= CHUNK_BYTES:
@@ -125,8 +131,11 @@ async def _send_state(resp: web.StreamResponse, objs: Sequence[Obj], sel: Select
 
 async def serve_watch(request: web.Request, col: Collection, sel: Selector,
                       opts: ListOptions, enc: Encoder, lifecycle: Lifecycle, name: str,
-                      settings: WatchSettings) -> web.StreamResponse:
-    """The watch ``opts`` asks for, on ``col`` (its feed held and ready by the caller)."""
+                      settings: WatchSettings, *, forwarded: bool = False
+                      ) -> web.StreamResponse:
+    """The watch ``opts`` asks for, on ``col`` (its feed held and ready by the caller).
+    ``forwarded`` (by another replica, or its mirror): kept while this replica drains,
+    until its term closes, as its changes go on until then."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + opts.watch_seconds(settings.min_request_timeout)
     # kubectl's Table watches ask for none; a one-row Table has no place for them.
@@ -158,7 +167,8 @@ async def serve_watch(request: web.Request, col: Collection, sel: Selector,
             await resp.write(enc.bookmark(pos, initial_end=True))
     bookmark_at = loop.time() + settings.bookmark_every
     async with lifecycle.track(name) as shutdown:
-        while not (shutdown.is_set() or lifecycle.draining.is_set()):
+        while not (shutdown.is_set() or col.closed
+                   or (lifecycle.draining.is_set() and not forwarded)):
             now = loop.time()
             if now >= deadline:
                 break
@@ -178,5 +188,21 @@ async def serve_watch(request: web.Request, col: Collection, sel: Selector,
             if bookmarks:
                 wait = min(wait, max(bookmark_at - now, 0.0))
             await col.wait(pos, wait)
+        else:
+            await _send_rest(resp, col, pos, sel, enc)
     await resp.write_eof()
     return resp
+
+
+async def _send_rest(resp: web.StreamResponse, col: Collection, pos: int, sel: Selector,
+                     enc: Encoder) -> None:
+    """A watch ending at its term's close or this replica's drain: the changes it has
+    not yet sent, then the end (the client resumes from its last version: the next
+    leader's mirror continues this history, or it is 410 there)."""
+    try:
+        rest = col.final(pos)
+    except StatusError:
+        await resp.write(enc.error(expired(pos)))
+        return
+    for i in range(0, len(rest), CATCH_UP_BATCH):
+        await _send_changes(resp, rest[i:i + CATCH_UP_BATCH], sel, enc)

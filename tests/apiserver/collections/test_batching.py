@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from aggapi.apiserver.collections import feeds
+from aggapi.apiserver.collections import batcher
 from tests.framework.until import until
 
 from .conftest import Env
@@ -16,7 +16,7 @@ N = 1000
 
 async def test_a_kube_change_is_rebuilt_before_a_thousand_waiting_for_bytes(
         env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(feeds, "FLUSH_DELAY", 3600.0)  # flushed by hand below
+    monkeypatch.setattr(batcher, "FLUSH_DELAY", 3600.0)  # flushed by hand below
     for i in range(N):
         env.kube.put("api/v1", "pods", pod(f"p{i:04d}"))
     code, body = await env.get("/namespaces/ns1/podimagepulls")

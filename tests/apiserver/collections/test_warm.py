@@ -77,3 +77,28 @@ async def test_each_term_starts_its_feed_and_a_lost_term_lets_it_go(
         await until(lambda: warmed == [{"a"}, {"a", "c"}])
     finally:
         await feeds.close()
+
+
+async def test_a_term_starts_from_a_mirror_only_below_its_epoch(make_server: Any,
+                                                                 kube: FakeKube) -> None:
+    """A mirror whose versions are not below the new term's epoch is not used (epochs
+    only grow: a new term must stamp above every version it serves); one below is, and
+    its cluster-wide feed is held for the term with collection_warm off."""
+    from aggapi.apiserver.collections.store import EPOCH_SHIFT, Clock, Collection
+
+    kube.put("api/v1", "pods", pod("a"))
+    srv: Server = await make_server()
+    feeds = srv.parts.feeds
+    ahead = Collection(Clock(50))
+    ahead.reset({}, (50 << EPOCH_SHIFT) + 3)
+    await feeds.new_term(40, seed=ahead)
+    feed = feeds.pods.get("")
+    assert feed is None or not feed.seeded
+    behind = Collection(Clock(0))
+    behind.reset({}, (45 << EPOCH_SHIFT) + 3)
+    await feeds.new_term(46, seed=behind)
+    feed = feeds.pods.get("")
+    assert feed is not None and feed.seeded and feed.collection is behind
+    await until(feed.synced.is_set)
+    await asyncio.sleep(LINGER * 3)  # no user: still held for the term
+    assert feeds.pods.get("") is feed and feed.collection.rv > (46 << EPOCH_SHIFT)

@@ -16,6 +16,7 @@ import pytest
 
 from aggapi.apiserver.collections import store
 from aggapi.apiserver.collections.store import Clock
+from aggapi.apiserver.collections.watch import Encoder
 from tests.framework.until import until
 
 from ..conftest import GV
@@ -233,3 +234,27 @@ async def test_a_watch_from_a_paged_list_the_history_rolled_past(
         ("ADDED", "d"), ("DELETED", "a"), ("MODIFIED", "b")]
     b = next(e["object"] for e in got if e["object"]["metadata"]["name"] == "b")
     assert b["status"]["images"][0]["image"] == "registry.test/app:4"  # only the last
+
+
+async def test_each_change_is_encoded_once_for_every_plain_watcher(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every follower's mirror and every client watch each change: its line is encoded
+    once and the same bytes sent to each (a Table watcher's row is its own)."""
+    env.kube.put("api/v1", "pods", pod("a"))
+    _, listed = await env.get("/namespaces/ns1/podimagepulls")
+    rv = listed["metadata"]["resourceVersion"]
+    encoded: list[str] = []
+    line = Encoder._line
+
+    def counted(kind: str, obj: Any) -> bytes:
+        encoded.append(str(obj.get("kind")))
+        return line(kind, obj)
+    monkeypatch.setattr(Encoder, "_line", staticmethod(counted))
+    path = f"/namespaces/ns1/podimagepulls?watch=true&resourceVersion={rv}"
+    tasks = [asyncio.ensure_future(_take(_events(env, path), 1)) for _ in range(3)]
+    tasks.append(asyncio.ensure_future(_take(_events(env, path, TABLE), 1)))
+    await asyncio.sleep(0.3)
+    env.kube.put("api/v1", "pods", pod("a", labels={"v": "2"}))
+    got = await asyncio.gather(*tasks)
+    assert [g[0]["type"] for g in got] == ["MODIFIED"] * 4
+    assert sorted(encoded) == ["PodImagePull", "Table"]
