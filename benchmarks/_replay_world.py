@@ -51,9 +51,9 @@ def node_of(i: int, nodes: int) -> str:
 
 
 class ReplayKube(FakeKube):
-    """FakeKube whose lists page in key order from a sorted index (continue: the last
-    key), copying only the page: 50,000 pods listed in pages of 500 without sorting
-    and copying all of them per page."""
+    """FakeKube whose lists page in key order from a sorted index (continue: the first
+    page's version and the last key), copying only the page: 50,000 pods listed in
+    pages of 500 without sorting and copying all of them per page."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
@@ -88,7 +88,12 @@ class ReplayKube(FakeKube):
         lsel = request.query.get("labelSelector", "")
         limit = int(request.query.get("limit") or 0) or len(keys) + 1
         cont = request.query.get("continue") or ""
-        start = bisect.bisect_right(keys, tuple(json.loads(cont))) if cont else 0
+        # The token carries the first page's version: every page names it, as kube's
+        # pages all come from one snapshot, so a watch from it brings each change made
+        # while the pages were read (the newest version lost those to read pages).
+        snapshot, after = (json.loads(cont)[0], json.loads(cont)[1:]) if cont \
+            else (self.rv, None)
+        start = bisect.bisect_right(keys, tuple(after)) if after is not None else 0
         if ns:
             start = max(start, bisect.bisect_left(keys, (ns, "")))
         items: list[Obj] = []
@@ -103,9 +108,9 @@ class ReplayKube(FakeKube):
             if obj is not None and _matches(obj, fsel, lsel):
                 items.append(obj)
                 last = key
-        meta: Obj = {"resourceVersion": str(self.rv)}
+        meta: Obj = {"resourceVersion": str(snapshot)}
         if len(items) == limit and i < len(keys) and (not ns or keys[i][0] == ns):
-            meta["continue"] = json.dumps(list(last or keys[i - 1]))
+            meta["continue"] = json.dumps([snapshot, *(last or keys[i - 1])])
         body = json.dumps({"kind": "List", "apiVersion": "v1", "metadata": meta,
                            "items": items})
         return web.Response(body=body.encode(), content_type="application/json")
