@@ -213,6 +213,59 @@ def pod_at(ns: str, i: int, step: int, done: bool) -> dict[str, Any]:
     return obj
 
 
+@dataclass
+class PodScript:
+    """The pods of ``ns`` the property tests drive through kube: each op of add, step,
+    done and delete applied where it can be (others do nothing), and the state a list
+    must end at."""
+
+    kube: FakeKube
+    ns: str
+    steps: dict[int, int] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+
+    def apply(self, op: str, i: int) -> None:
+        if op == "add" and i not in self.steps:
+            self.steps[i] = 0
+            self.kube.put("api/v1", "pods", pod_at(self.ns, i, 0, False))
+        elif op in ("step", "done") and i in self.steps:
+            self.steps[i] += 1
+            self.done |= {i} if op == "done" else set()
+            self.kube.put("api/v1", "pods", pod_at(self.ns, i, self.steps[i], i in self.done))
+        elif op == "delete" and i in self.steps:
+            del self.steps[i]
+            self.done.discard(i)
+            self.kube.delete("api/v1", "pods", self.ns, f"p{i}")
+
+    def want(self) -> dict[str, tuple[str, str]]:
+        return {f"p{i}": (str(s), "Done" if i in self.done else "Pending")
+                for i, s in self.steps.items()}
+
+
+async def until_settled(cluster: Cluster, rng: random.Random, client: Reflector, ns: str,
+                        want: dict[str, tuple[str, str]], note: str = "") -> None:
+    """Until a fresh list of ``ns`` has the steps and phases ``want`` and ``client``'s
+    cache equals it; the last of both in the failure."""
+    last: list[Any] = []
+
+    async def settled() -> bool:
+        # From the client's own history (a namespace's feed, made while the
+        # cluster-wide one built, stamps the same changes with other versions).
+        since = f"?resourceVersion={client.rv}" if client.rv else ""
+        code, fresh = await cluster.get(rng, f"/namespaces/{ns}/podimagepulls{since}")
+        if code != 200:
+            return False
+        truth = {name_of(o): view_of(o) for o in fresh["items"]}
+        last[:] = [truth, {k: view_of(o) for k, o in client.cache.items()}, want]
+        return {k: v[:2] for k, v in truth.items()} == want and \
+            {k: view_of(o) for k, o in client.cache.items()} == truth
+    try:
+        await until(settled, within=15)
+    except AssertionError:
+        raise AssertionError(f"{last} {client.problems} lists={client.lists} "
+                             f"gone={client.gone}{note}") from None
+
+
 @pytest.fixture
 async def replicas(make_server: Any, kube: FakeKube, certs: Pki) -> Any:
     """make(n): n replicas (built once per test, three, over one FakeKube and agent)."""

@@ -23,11 +23,12 @@ from .replicaharness import (
     RUNS,
     SYNCED,
     Cluster,
+    PodScript,
     Reflector,
     name_of,
     pod_at,
     replicas,
-    view_of,
+    until_settled,
 )
 
 __all__ = ["replicas"]  # the fixture
@@ -57,48 +58,21 @@ async def test_through_graceful_leader_changes_a_watcher_never_relists(
                             if j != cluster.leading()))
     client = Reflector(cluster, ns, random.Random(seed + 1))
     task = asyncio.ensure_future(client.run())
-    steps: dict[int, int] = {}
-    done: set[int] = set()
+    pods = PodScript(cluster.kube, ns)
     elected = 0
     try:
         await until(lambda: client.lists == 1)
         for op, i in ops:
-            if op == "add" and i not in steps:
-                steps[i] = 0
-                cluster.kube.put("api/v1", "pods", pod_at(ns, i, 0, False))
-            elif op in ("step", "done") and i in steps:
-                steps[i] += 1
-                done |= {i} if op == "done" else set()
-                cluster.kube.put("api/v1", "pods", pod_at(ns, i, steps[i], i in done))
-            elif op == "delete" and i in steps:
-                del steps[i]
-                done.discard(i)
-                cluster.kube.delete("api/v1", "pods", ns, f"p{i}")
-            elif op == "elect" and await cluster.holds(
+            if op == "elect" and await cluster.holds(
                     nxt := (cluster.leading() + 1 + i % (n - 1)) % n, client.rv):
                 await cluster.elect(nxt)
                 elected += 1
+            else:
+                pods.apply(op, i)
             await asyncio.sleep(rng.choice((0, 0.01, 0.06)))
-        want = {f"p{i}": (str(s), "Done" if i in done else "Pending")
-                for i, s in steps.items()}
+        want = pods.want()
 
-        async def settled() -> bool:
-            # From the client's own history (a namespace's feed, made while the
-            # cluster-wide one built, stamps the same changes with other versions).
-            since = f"?resourceVersion={client.rv}" if client.rv else ""
-            code, fresh = await cluster.get(rng, f"/namespaces/{ns}/podimagepulls{since}")
-            if code != 200:
-                return False
-            truth = {name_of(o): view_of(o) for o in fresh["items"]}
-            last[:] = [truth, {k: view_of(o) for k, o in client.cache.items()}, want]
-            return {k: v[:2] for k, v in truth.items()} == want and \
-                {k: view_of(o) for k, o in client.cache.items()} == truth
-        last: list[Any] = []
-        try:
-            await until(settled, within=15)
-        except AssertionError:
-            raise AssertionError(f"{last} {client.problems} lists={client.lists} "
-                                 f"gone={client.gone} elected={elected}") from None
+        await until_settled(cluster, rng, client, ns, want, f" elected={elected}")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
