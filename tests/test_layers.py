@@ -151,6 +151,7 @@ LAYERS: list[set[str]] = [
     {"authn", "authz"},                      # the authentication and authorization layer
     {"handlers", "imagepullprogress", "replicas"},  # the subresources: never authorize
     {"collections"},                         # the collections, on the merge policy
+    {"mirror"},                              # a follower's standby of the collections
     {"parts"},                               # Complete(): builds every part
     {"routes"},                              # the route table and its authorization
     {"app"},                                 # New(): middlewares, routes, background
