@@ -25,7 +25,7 @@ from benchmarks._kcpscenarios import (
     make_payload,
     tree_digest,
 )
-from benchmarks._procstats import profiled
+from benchmarks._procstats import profiled, timed
 from tests.framework.addon import Addon
 from tests.framework.cluster import Cluster
 from tests.framework.clusternode import ClusterNode
@@ -70,15 +70,6 @@ def bench_pod(image: str, node: str, data: Path | None) -> dict[str, Any]:
         container["volumeMounts"] = [{"name": "data", "mountPath": DATA,
                                       "mountPropagation": "HostToContainer"}]
     return pod_manifest(POD, [container], node=node, volumes=volumes)
-
-
-def timed(argv: list[str], cwd: Path = REPO) -> float:
-    t0 = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
-    took = time.monotonic() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:4])}... failed: {r.stderr.strip()[-2000:]}")
-    return took
 
 
 class Bench:

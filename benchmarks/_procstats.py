@@ -114,3 +114,14 @@ def profiled(out: Path | None, key: str, pids: Mapping[str, int | None],
             spy.send_signal(signal.SIGINT)
         for spy in spies:
             spy.wait()
+
+
+def timed(argv: list[str], cwd: Path) -> float:
+    """Wall seconds of one command run to its end in ``cwd`` (a failure ends the bench
+    with the tail of its stderr)."""
+    t0 = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+    took = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:4])}... failed: {r.stderr.strip()[-2000:]}")
+    return took

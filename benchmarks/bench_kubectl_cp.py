@@ -40,17 +40,15 @@ import functools
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from benchmarks._busyboxtar import push_tar_image
-from benchmarks._procstats import cpu_seconds, profiled
+from benchmarks._procstats import cpu_seconds, profiled, timed
 from benchmarks._sourcetree import file_sha, make_file
 from tests.framework import nodestate
 from tests.framework.controlplane import INSTANCES, ControlPlane, binary
@@ -166,15 +164,6 @@ class Meter:
             into[k] = into.get(k, 0.0) + f() - before[k]
 
 
-def timed(argv: list[str]) -> float:
-    t0 = time.monotonic()
-    cp = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
-    took = time.monotonic() - t0
-    if cp.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:3])}... failed: {cp.stderr.strip()}")
-    return took
-
-
 def run(cp: ControlPlane, size: int, rounds: int, workdir: Path,
         spy: Path | None = None, tools: tuple[str, ...] = TOOLS) -> dict[str, Any]:
     node = Node.load(cp)
@@ -214,7 +203,7 @@ def run(cp: ControlPlane, size: int, rounds: int, workdir: Path,
                 os.sync()  # start on clean file systems, as in _kcpbench.Bench.scenario
                 with profiled(spy if tool == "kubectl ncp" else None, key, spied), \
                         meter.window(cpu.setdefault(key, {})):
-                    t = timed(client(tool, key, up_argv[tool](remote[tool])))
+                    t = timed(client(tool, key, up_argv[tool](remote[tool])), REPO)
                 assert remote_sha(cp, remote[tool]) == sha, f"{key}: sha256 mismatch"
                 secs.setdefault(key, []).append(t)
             # Both download the file tar wrote in the container: the agent has never
@@ -226,7 +215,7 @@ def run(cp: ControlPlane, size: int, rounds: int, workdir: Path,
                 os.sync()
                 with profiled(spy if tool == "kubectl ncp" else None, key, spied), \
                         meter.window(cpu.setdefault(key, {})):
-                    t = timed(client(tool, key, down_argv[tool](cold)))
+                    t = timed(client(tool, key, down_argv[tool](cold)), REPO)
                 assert file_sha(back) == sha, f"{key}: sha256 mismatch"
                 secs.setdefault(key, []).append(t)
             cp.kubectl("exec", POD, "--", "rm", "-f", *remote.values())
