@@ -91,9 +91,8 @@ class ReplayKube(FakeKube):
         # The token carries the first page's version: every page names it, as kube's
         # pages all come from one snapshot, so a watch from it brings each change made
         # while the pages were read (the newest version lost those to read pages).
-        snapshot, after = (json.loads(cont)[0], json.loads(cont)[1:]) if cont \
-            else (self.rv, None)
-        start = bisect.bisect_right(keys, tuple(after)) if after is not None else 0
+        snapshot, *after = json.loads(cont) if cont else (self.rv,)
+        start = bisect.bisect_right(keys, tuple(after)) if cont else 0
         if ns:
             start = max(start, bisect.bisect_left(keys, (ns, "")))
         items: list[Obj] = []
