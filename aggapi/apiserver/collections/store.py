@@ -32,7 +32,8 @@ from aggapi.apiserver.collections.histbound import (
     HISTORY_BYTES,
     HISTORY_EVENTS,
     BoundedHistory,
-    estimate,
+    encode,
+    weight,
 )
 from aggapi.status import StatusError
 
@@ -79,9 +80,10 @@ class Event:
     #                   match it? (an object leaving a selection is DELETED for it)
     #                   and what undoing the change restores (Collection.state_at)
     key: Hashable = None
-    # Its watch line by event type, encoded once for every plain watcher (watch.py):
-    # the followers' mirrors and the clients all send each change.
-    lines: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    # The object's JSON, encoded once when the history takes the event (weighed with
+    # it) for every plain watcher's line (watch.py): the followers' mirrors and the
+    # clients all send each change. Empty for an event the history does not keep.
+    text: bytes = field(default=b"", compare=False, repr=False)
 
 
 def parse_rv(raw: str | None) -> int | None:
@@ -127,7 +129,7 @@ class Collection:
         self.objects: dict[Hashable, Obj] = {}
         self.start_rv = clock.next()
         self.rv = self.start_rv
-        self._history = BoundedHistory[Event](lambda ev: estimate(ev.obj),
+        self._history = BoundedHistory[Event](lambda ev: weight(ev.text),
                                               max_events=history, max_bytes=history_bytes)
         self._rvs: set[int] = {self.start_rv}  # the versions it can serve from
         self.closed = False
@@ -153,7 +155,7 @@ class Collection:
             rv, kind = self._clock.next(), (MODIFIED if old is not None else ADDED)
             self.objects[key] = obj
         obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
-        ev = Event(rv, kind, obj, old, key)
+        ev = Event(rv, kind, obj, old, key, encode(obj) if record else b"")
         if not record:  # the collection starts again from here
             self._history.clear()
             self.start_rv, self._rvs = rv, {rv}
@@ -198,7 +200,7 @@ class Collection:
             self.objects.pop(key, None)
         else:
             self.objects[key] = obj
-        self._record(Event(rv, kind, obj, old, key))
+        self._record(Event(rv, kind, obj, old, key, encode(obj)))
 
     def adopt(self, clock: Clock) -> None:
         """This replica leads from here: its term's ``clock`` stamps the changes that

@@ -56,6 +56,11 @@ class Encoder:
     def _line(kind: str, obj: Obj) -> bytes:
         return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
 
+    @staticmethod
+    def wrap(kind: str, text: bytes) -> bytes:
+        """The line of an object already encoded as ``text`` (the same bytes)."""
+        return b'{"type":"%s","object":%s}\n' % (kind.encode(), text)
+
     def event(self, kind: str, obj: Obj) -> bytes:
         if self.version is not None:
             rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
@@ -104,11 +109,10 @@ async def _send_changes(resp: web.StreamResponse, events: Sequence[Event], sel: 
             continue
         if enc.version is not None:  # a one-row Table: this watcher's own
             line = enc.event(kind, ev.obj)
-        else:  # the same bytes for every plain watcher
-            shared = ev.lines.get(kind)
-            if shared is None:
-                shared = ev.lines[kind] = enc.event(kind, ev.obj)
-            line = shared
+        elif ev.text:  # the object encoded once for every plain watcher
+            line = enc.wrap(kind, ev.text)
+        else:
+            line = enc.event(kind, ev.obj)
         out.append(line)
         size += len(line)
         if size >= CHUNK_BYTES:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.apiserver.collections.store import EPOCH_SHIFT, Clock, Collection, parse_rv
+from aggapi.apiserver.collections.store import EPOCH_SHIFT, Clock, Collection, Event, parse_rv
 from aggapi.status import StatusError
 
 # (key, value): value None deletes
@@ -192,6 +192,51 @@ def test_the_history_is_bounded_in_bytes_not_only_in_events() -> None:
     for v in range(20):
         small.set("a", {"metadata": {"name": "a"}, "v": v})
     assert len(small._history) == 8  # and in events, as before
+
+
+def _held(ev: Event) -> int:
+    """What an event holds, as the bound means it: its object's Python estimate and
+    every encoded bytes it keeps (whatever attribute keeps them)."""
+    import gc
+    import json
+
+    from aggapi.apiserver.collections.histbound import PYTHON_PER_JSON_BYTE
+    seen, todo, raw = set(), list(gc.get_referents(ev)), 0
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, bytes):
+            raw += len(o)
+        elif isinstance(o, dict) and not {"metadata", "kind"} & set(o):
+            todo.extend(gc.get_referents(o))  # an Event's own containers, not objects
+    obj = ev.obj
+    return PYTHON_PER_JSON_BYTE * len(json.dumps(obj, separators=(",", ":"))) + raw
+
+
+async def test_the_byte_bound_counts_the_lines_sent_to_watchers() -> None:
+    """The encoded lines every plain watcher sends are held with the history's events:
+    the bound counts them, or a history at its bound holds a quarter more."""
+    from aggapi.apiserver.collections.selectors import Selector
+    from aggapi.apiserver.collections.watch import Encoder, _send_changes
+
+    class Sink:
+        async def write(self, data: bytes) -> None:
+            pass
+    plain = Encoder("PodImagePull", [], lambda o: [], None, "Metadata")
+    bound = 4 * 2**20
+    col = Collection(Clock(), history_bytes=bound)
+    first = col.rv
+    for v in range(200):
+        labels = {f"k{i:04}": f"{v:04}" + "v" * 60 for i in range(512)}  # 36 KiB
+        col.set("a", {"kind": "PodImagePull", "metadata": {"name": "a", "labels": labels},
+                      "v": v})
+        news = col.since(first) if v == 0 else col.since(col.rv - 1)
+        await _send_changes(Sink(), news, Selector(), plain)  # type: ignore[arg-type]
+    held = sum(_held(ev) for ev in col._history)
+    biggest = max(_held(ev) for ev in col._history)
+    assert held <= bound + biggest, f"{held / 2**20:.2f} MiB held, bound {bound / 2**20} MiB"
 
 
 def test_an_unrecorded_change_expires_every_version_before_it() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggapi.apiserver.collections import store
 from aggapi.apiserver.collections.store import Clock
@@ -238,18 +240,24 @@ async def test_a_watch_from_a_paged_list_the_history_rolled_past(
 
 async def test_each_change_is_encoded_once_for_every_plain_watcher(
         env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every follower's mirror and every client watch each change: its line is encoded
-    once and the same bytes sent to each (a Table watcher's row is its own)."""
+    """Every follower's mirror and every client watch each change: its object is
+    encoded once, when the history takes it, and the same bytes sent to each (a Table
+    watcher's row is its own)."""
     env.kube.put("api/v1", "pods", pod("a"))
     _, listed = await env.get("/namespaces/ns1/podimagepulls")
     rv = listed["metadata"]["resourceVersion"]
     encoded: list[str] = []
-    line = Encoder._line
+    line, text = Encoder._line, store.encode
 
     def counted(kind: str, obj: Any) -> bytes:
         encoded.append(str(obj.get("kind")))
         return line(kind, obj)
+
+    def counted_text(obj: Any) -> bytes:
+        encoded.append(str(obj.get("kind")))
+        return text(obj)
     monkeypatch.setattr(Encoder, "_line", staticmethod(counted))
+    monkeypatch.setattr(store, "encode", counted_text)
     path = f"/namespaces/ns1/podimagepulls?watch=true&resourceVersion={rv}"
     tasks = [asyncio.ensure_future(_take(_events(env, path), 1)) for _ in range(3)]
     tasks.append(asyncio.ensure_future(_take(_events(env, path, TABLE), 1)))
@@ -257,4 +265,21 @@ async def test_each_change_is_encoded_once_for_every_plain_watcher(
     env.kube.put("api/v1", "pods", pod("a", labels={"v": "2"}))
     got = await asyncio.gather(*tasks)
     assert [g[0]["type"] for g in got] == ["MODIFIED"] * 4
+    assert got[0] == got[1] == got[2]
     assert sorted(encoded) == ["PodImagePull", "Table"]
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(), _json, max_size=5),
+       st.sampled_from(["ADDED", "MODIFIED", "DELETED"]))
+def test_a_line_from_the_stored_text_is_the_line_encoded_whole(obj: dict[str, Any],
+                                                               kind: str) -> None:
+    """Plain watchers send the history's stored text wrapped: byte for byte the line
+    an encoder makes of the object."""
+    assert Encoder.wrap(kind, store.encode(obj)) == Encoder._line(kind, obj)
