@@ -8,10 +8,12 @@ this replica's ServiceAccount token (a TokenReview on the leader; the chart lets
 account read the collections) and goes to the address the leader wrote in the Lease,
 pinned to the serving certificate it wrote there. Nothing else is trusted: a request
 that says it was forwarded and reaches a replica that does not lead (the leader just
-changed) is 503, never forwarded again. When the leader changes, every stream
-forwarded to the old one ends: the client watches again from its last version and
-reaches the new term, which goes on from it (its mirror of the old term has it,
-``mirror.py``) or answers 410 and the client relists; never silence.
+changed) is 503, never forwarded again. When the leader changes, every watch
+forwarded to the old one ends, after its last whole line (a cut inside an event would
+be a decode error to the client, not the end of a watch): the client watches again
+from its last version and reaches the new term, which goes on from it (its mirror of
+the old term has it, ``mirror.py``) or answers 410 and the client relists; never
+silence. A forwarded list is not cut: the old term's answer is whole and consistent.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from aggapi.apiserver.election import Election, Leader
+from aggapi.apiserver.requestinfo import INFO
 from aggapi.apiserver.shutdown import Lifecycle
 from aggapi.status import Handler, StatusError
 
@@ -107,8 +110,11 @@ class Forwarder:
                 k: up.headers[k] for k in COPIED_HEADERS if k in up.headers})
             resp.headers["Cache-Control"] = "no-cache"
             await resp.prepare(request)
+            info = request.get(INFO)
+            watch = info is not None and info.verb == "watch"
             async with self.lifecycle.track("forwarded") as shutdown:
-                await self._copy(up, resp, (stop, shutdown, self.lifecycle.draining))
+                stops = (stop, shutdown, self.lifecycle.draining) if watch else (shutdown,)
+                await self._copy(up, resp, stops, lines=watch)
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
             return resp
@@ -117,12 +123,22 @@ class Forwarder:
 
     @staticmethod
     async def _copy(up: aiohttp.ClientResponse, resp: web.StreamResponse,
-                    stops: tuple[asyncio.Event, ...]) -> None:
-        """The leader's bytes as they come, until it ends, fails, or a stop is set."""
+                    stops: tuple[asyncio.Event, ...], *, lines: bool = False) -> None:
+        """The leader's bytes as they come, until it ends, fails, or a stop is set;
+        ``lines``: only whole lines (a watch's events), the part of one never."""
         async def pump() -> None:
+            part: list[bytes] = []  # of a line not yet whole
             with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
                 async for chunk in up.content.iter_any():
-                    await resp.write(chunk)
+                    if not lines:
+                        await resp.write(chunk)
+                        continue
+                    end = chunk.rfind(b"\n") + 1
+                    if not end:
+                        part.append(chunk)
+                        continue
+                    await resp.write(b"".join((*part, chunk[:end])))
+                    part = [chunk[end:]] if end < len(chunk) else []
         task = asyncio.ensure_future(pump())
         waits = [asyncio.ensure_future(s.wait()) for s in stops]
         try:
