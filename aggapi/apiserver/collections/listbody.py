@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
+log = logging.getLogger(__name__)
+
 INLINE = 200  # items encoded on the event loop; more go to a thread
 SLICE = 500  # items per thread hop and per write; a list of more is streamed
+SLOW = 1.0  # seconds: a streamed list slower than this is logged (kube's list trace)
 
 Render = Callable[[Any], Any]
 
@@ -23,9 +28,10 @@ def _items(part: Sequence[Any], render: Render | None) -> list[Any]:
     return [render(o) for o in part] if render is not None else list(part)
 
 
-def _encode(part: Sequence[Any], render: Render | None, comma: bool) -> bytes:
+def _encode(part: Sequence[Any], render: Render | None, comma: bool) -> tuple[bytes, float]:
+    began = time.thread_time()
     text = json.dumps(_items(part, render))[1:-1]  # the items, without the brackets
-    return ((", " if comma and text else "") + text).encode()
+    return ((", " if comma and text else "") + text).encode(), time.thread_time() - began
 
 
 async def respond(request: web.Request, envelope: Mapping[str, Any], key: str,
@@ -36,12 +42,25 @@ async def respond(request: web.Request, envelope: Mapping[str, Any], key: str,
         text = await asyncio.to_thread(json.dumps, body) if len(items) > INLINE \
             else json.dumps(body)
         return web.Response(text=text, content_type="application/json")
+    began = time.monotonic()
     head = json.dumps({**{k: v for k, v in envelope.items() if k != key}, key: []})
     resp = web.StreamResponse(headers={"Content-Type": "application/json"})
     await resp.prepare(request)
     await resp.write(head[:-2].encode())  # through the items' opening bracket
+    encoding = waiting = 0.0
+    sent = 0
     for i in range(0, len(items), SLICE):
-        await resp.write(await asyncio.to_thread(_encode, items[i:i + SLICE], render, i > 0))
+        hop = time.monotonic()
+        part, took = await asyncio.to_thread(_encode, items[i:i + SLICE], render, i > 0)
+        encoding += took
+        waiting += time.monotonic() - hop - took  # for the thread, then for the loop
+        sent += len(part)
+        await resp.write(part)
     await resp.write(b"]}")
     await resp.write_eof()
+    if (spent := time.monotonic() - began) > SLOW:
+        log.info("slow list", extra={
+            "path": request.path, "objects": len(items), "bytes": sent,
+            "seconds": round(spent, 3), "encodeSeconds": round(encoding, 3),
+            "hopWaitSeconds": round(waiting, 3)})
     return resp
