@@ -7,9 +7,11 @@ every client that relists after a leader change."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +21,11 @@ log = logging.getLogger(__name__)
 
 INLINE = 200  # items encoded on the event loop; more go to a thread
 SLICE = 500  # items per thread hop and per write; a list of more is streamed
+# Slices encoded ahead of the one being written. Each slice's encoding ends on a thread
+# and the list goes on at the loop's next turn: one turn per slice, and in a rollout
+# each turn took ~60 ms (a 50,000-object list spent 6.3 of its 7 s waiting for them).
+# With slices ready ahead, one turn writes them all; at most AHEAD + 1 slices are held.
+AHEAD = 4
 SLOW = 1.0  # seconds: a streamed list slower than this is logged (kube's list trace)
 
 Render = Callable[[Any], Any]
@@ -47,20 +54,37 @@ async def respond(request: web.Request, envelope: Mapping[str, Any], key: str,
     resp = web.StreamResponse(headers={"Content-Type": "application/json"})
     await resp.prepare(request)
     await resp.write(head[:-2].encode())  # through the items' opening bracket
+    loop = asyncio.get_running_loop()
+    starts = iter(range(0, len(items), SLICE))
+    ahead: deque[asyncio.Future[tuple[bytes, float]]] = deque()
+
+    def encode_next() -> None:
+        i = next(starts, None)
+        if i is not None:
+            ahead.append(loop.run_in_executor(
+                None, functools.partial(_encode, items[i:i + SLICE], render, i > 0)))
+
     encoding = waiting = 0.0
     sent = 0
-    for i in range(0, len(items), SLICE):
-        hop = time.monotonic()
-        part, took = await asyncio.to_thread(_encode, items[i:i + SLICE], render, i > 0)
-        encoding += took
-        waiting += time.monotonic() - hop - took  # for the thread, then for the loop
-        sent += len(part)
-        await resp.write(part)
+    try:
+        for _ in range(AHEAD):
+            encode_next()
+        while ahead:
+            hop = time.monotonic()
+            part, took = await ahead.popleft()  # (done already: no turn of the loop)
+            waiting += time.monotonic() - hop
+            encoding += took
+            encode_next()
+            sent += len(part)
+            await resp.write(part)
+    finally:  # the client left: the slices not yet encoded never are
+        for fut in ahead:
+            fut.cancel()
     await resp.write(b"]}")
     await resp.write_eof()
     if (spent := time.monotonic() - began) > SLOW:
         log.info("slow list", extra={
             "path": request.path, "objects": len(items), "bytes": sent,
             "seconds": round(spent, 3), "encodeSeconds": round(encoding, 3),
-            "hopWaitSeconds": round(waiting, 3)})
+            "waitSeconds": round(waiting, 3)})
     return resp
