@@ -42,14 +42,17 @@ def _encode(part: Sequence[Any], render: Render | None, comma: bool) -> tuple[by
 
 
 async def respond(request: web.Request, envelope: Mapping[str, Any], key: str,
-                  items: Sequence[Any], render: Render | None = None) -> web.StreamResponse:
-    """``envelope`` with ``items`` (each through ``render``) under ``key``."""
+                  items: Sequence[Any], render: Render | None = None,
+                  began: float | None = None) -> web.StreamResponse:
+    """``envelope`` with ``items`` (each through ``render``) under ``key``; ``began``:
+    when the handler took the request (monotonic), for the slow list's log."""
     if len(items) <= SLICE:
         body = {**envelope, key: _items(items, render)}
         text = await asyncio.to_thread(json.dumps, body) if len(items) > INLINE \
             else json.dumps(body)
         return web.Response(text=text, content_type="application/json")
-    began = time.monotonic()
+    streaming = time.monotonic()
+    began = streaming if began is None else began
     head = json.dumps({**{k: v for k, v in envelope.items() if k != key}, key: []})
     resp = web.StreamResponse(headers={"Content-Type": "application/json"})
     await resp.prepare(request)
@@ -85,6 +88,7 @@ async def respond(request: web.Request, envelope: Mapping[str, Any], key: str,
     if (spent := time.monotonic() - began) > SLOW:
         log.info("slow list", extra={
             "path": request.path, "objects": len(items), "bytes": sent,
-            "seconds": round(spent, 3), "encodeSeconds": round(encoding, 3),
+            "seconds": round(spent, 3), "headSeconds": round(streaming - began, 3),
+            "encodeSeconds": round(encoding, 3),
             "waitSeconds": round(waiting, 3)})
     return resp
