@@ -37,7 +37,7 @@ from aiohttp import web
 
 from aggapi.tls import certs, pki
 from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
-from benchmarks._replay_clients import Replicas, Watcher, fresh_versions
+from benchmarks._replay_clients import Replicas, Watcher, fresh_versions, timed_list
 from benchmarks._replay_report import done_times, pct, report
 from tests.framework.frontproxy import FrontProxy, ProxyUser
 from tests.framework.procs import free_port, stop_child
@@ -81,6 +81,7 @@ class Stack:
         self.kube = ""
         self.agent_port = free_port()
         self.replicas = [Replica(i, free_port()) for i in range(args.replicas)]
+        self.world_use = Replica(-1, 0)  # the world's CPU: is the harness the limit?
         self.proxies: list[FrontProxy] = []
 
     # --- bring-up ----------------------------------------------------------------------
@@ -188,7 +189,8 @@ class Stack:
     async def sample(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             now = time.monotonic()
-            for r in self.replicas:
+            self.world_use.proc = self.world
+            for r in (*self.replicas, self.world_use):
                 pid = r.proc.pid if r.proc is not None and r.proc.poll() is None else None
                 if pid is None:
                     continue
@@ -283,6 +285,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
                if t > 0 and k in done]
         cpu_means = [(rec[2] - rec[0]) / (rec[3] - rec[1])
                      for r in st.replicas for rec in r.cpu.values() if rec[3] > rec[1]]
+        world_cpu = [(rec[2] - rec[0]) / (rec[3] - rec[1])
+                     for rec in st.world_use.cpu.values() if rec[3] > rec[1]]
         return {
             "nodes": args.nodes, "pods": args.pods, "replicas": args.replicas,
             "namespaces": args.namespaces, "watchers": args.watchers, "up_s": round(up_s, 1),
@@ -313,6 +317,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
                                    for w in watchers],
             "watcher_errors": [w.errors for w in watchers], "rolled": rolled,
             "agent_polls_per_s": round(world.get("agent_polls", 0) / wall, 1),
+            "world_cpu_mean": round(max(world_cpu, default=0.0), 3),
+            "world_cpu_peak": round(st.world_use.cores_peak, 3),
             "fake_kube_writes": world.get("writes"),
         }
     finally:
@@ -323,21 +329,6 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             await replicas.close()
         stop_sampling.set()
         await st.down()
-
-
-async def timed_list(replicas: Replicas, after: float = 0.0) -> tuple[float, int, int, int]:
-    """(seconds, status, items, attempts) of one list ``after`` s from now; a 503, 504 or
-    429 (with Retry-After) is tried again a second later, as client-go does."""
-    await asyncio.sleep(after)
-    t0, attempts = time.monotonic(), 0
-    while True:
-        attempts += 1
-        code, body = await replicas.list()
-        if code not in (429, 503, 504) or time.monotonic() - t0 > 120:
-            break
-        await asyncio.sleep(1.0)
-    items = len(body.get("items") or ()) if isinstance(body, dict) else 0
-    return round(time.monotonic() - t0, 3), code, items, attempts
 
 
 async def roll(st: Stack) -> dict[str, Any]:
