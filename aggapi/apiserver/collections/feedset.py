@@ -117,6 +117,8 @@ class Feeds:
         if (self.warm or hold) and self._held is not self.pods:
             feed = self.pods.acquire("")
             self._held = self.pods
+            if self._warming is not None:  # the last term's: its feed is closed
+                self._warming.cancel()
             self._warming = asyncio.create_task(self._built(feed))
 
     async def _built(self, feed: PodFeed) -> None:
