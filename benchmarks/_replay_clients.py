@@ -201,3 +201,18 @@ class Watcher:
             except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
                 self._error(type(exc).__name__)
                 await asyncio.sleep(0.2)
+
+
+async def timed_list(replicas: Replicas, after: float = 0.0) -> tuple[float, int, int, int]:
+    """(seconds, status, items, attempts) of one list ``after`` s from now; a 503, 504 or
+    429 (with Retry-After) is tried again a second later, as client-go does."""
+    await asyncio.sleep(after)
+    t0, attempts = time.monotonic(), 0
+    while True:
+        attempts += 1
+        code, body = await replicas.list()
+        if code not in (429, 503, 504) or time.monotonic() - t0 > 120:
+            break
+        await asyncio.sleep(1.0)
+    items = len(body.get("items") or ()) if isinstance(body, dict) else 0
+    return round(time.monotonic() - t0, 3), code, items, attempts

@@ -7,7 +7,9 @@ podimagepull through a front proxy per replica (the aggregator's authentication 
 its client certificate and X-Remote-* headers), each request to a replica at random.
 Midway the leader is rolled (SIGTERM, as a rolling update; started again after).
 
-Measures: ``first_list_s`` (the first complete list of all namespaces, cold),
+Measures: ``first_list_s`` (the first complete list of all namespaces, once every
+replica is ready: /readyz waits for the leader's build or a follower's mirror), and
+``rollout_list_s`` (one list in the rollout's thick, the leader busy),
 ``update_p99_s`` (from kubelet's Pulled Event, written when the agent's pull ends, to
 the Done at the watchers), each replica's CPU (mean over the run) and peak RSS, and
 per watcher, against a fresh list once settled, ``lost_events`` and
@@ -35,7 +37,7 @@ from aiohttp import web
 
 from aggapi.tls import certs, pki
 from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
-from benchmarks._replay_clients import Replicas, Watcher, fresh_versions
+from benchmarks._replay_clients import Replicas, Watcher, fresh_versions, timed_list
 from benchmarks._replay_report import done_times, pct, report
 from tests.framework.frontproxy import FrontProxy, ProxyUser
 from tests.framework.procs import free_port, stop_child
@@ -79,6 +81,7 @@ class Stack:
         self.kube = ""
         self.agent_port = free_port()
         self.replicas = [Replica(i, free_port()) for i in range(args.replicas)]
+        self.world_use = Replica(-1, 0)  # the world's CPU: is the harness the limit?
         self.proxies: list[FrontProxy] = []
 
     # --- bring-up ----------------------------------------------------------------------
@@ -186,7 +189,8 @@ class Stack:
     async def sample(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             now = time.monotonic()
-            for r in self.replicas:
+            self.world_use.proc = self.world
+            for r in (*self.replicas, self.world_use):
                 pid = r.proc.pid if r.proc is not None and r.proc.poll() is None else None
                 if pid is None:
                     continue
@@ -235,15 +239,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             f"replica-{r.index}": r.proc.pid for r in st.replicas if r.proc is not None},
             native=False))
         t0 = time.monotonic()
-        attempts = 0
-        while True:  # as client-go: a 503/504/429 (with Retry-After) is tried again
-            attempts += 1
-            code, first = await replicas.list()
-            if code not in (429, 503, 504) or time.monotonic() - t0 > 120:
-                break
-            await asyncio.sleep(1.0)
-        first_list_s = time.monotonic() - t0
-        first_items = len(first.get("items") or ()) if isinstance(first, dict) else 0
+        first_list_s, code, first_items, attempts = await timed_list(replicas)
         print(f"first list: {code}, {first_items} items in {first_list_s:.2f}s "
               f"({attempts} attempts)", flush=True)
         # Half list then watch, half stream their list (client-go's two informers).
@@ -264,6 +260,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         deadline = t0 + args.rollout + 5 + 10 + args.timeout
         roll_at = t0 + 5 + args.rollout / 2
         next_print = t0 + 15
+        # A list in the rollout's thick, before the roll (the leader busy): warm, timed.
+        busy_list = asyncio.create_task(timed_list(replicas, 5 + args.rollout / 4))
         while len(done_times(d / "done.log")) < args.pods and time.monotonic() < deadline:
             if args.roll and not rolled and time.monotonic() >= roll_at:
                 rolled = await roll(st)
@@ -274,6 +272,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
                 print(f"  {time.monotonic() - t0:5.0f}s: {len(done_times(d / 'done.log'))} "
                       f"pulls done, each watcher saw >= {seen} Done", flush=True)
         rollout_s = time.monotonic() - t0
+        busy_list_s, _, busy_items, _ = await busy_list
         settled, fresh = await settle(replicas, watchers, args.settle)
         spy.close()
         stop_sampling.set()
@@ -286,12 +285,15 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
                if t > 0 and k in done]
         cpu_means = [(rec[2] - rec[0]) / (rec[3] - rec[1])
                      for r in st.replicas for rec in r.cpu.values() if rec[3] > rec[1]]
+        world_cpu = [(rec[2] - rec[0]) / (rec[3] - rec[1])
+                     for rec in st.world_use.cpu.values() if rec[3] > rec[1]]
         return {
             "nodes": args.nodes, "pods": args.pods, "replicas": args.replicas,
             "namespaces": args.namespaces, "watchers": args.watchers, "up_s": round(up_s, 1),
             "first_list_s": round(first_list_s, 3), "first_list_status": code,
             "first_list_attempts": attempts,
             "first_list_items": first_items, "watchers_listed_s": round(watchers_listed_s, 1),
+            "rollout_list_s": busy_list_s, "rollout_list_items": busy_items,
             "pulls_done": len(done),
             "rollout_s": round(rollout_s, 1), "run_s": round(wall, 1),
             "update_samples": len(lat), "update_p50_s": pct(lat, 0.5),
@@ -315,6 +317,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
                                    for w in watchers],
             "watcher_errors": [w.errors for w in watchers], "rolled": rolled,
             "agent_polls_per_s": round(world.get("agent_polls", 0) / wall, 1),
+            "world_cpu_mean": round(max(world_cpu, default=0.0), 3),
+            "world_cpu_peak": round(st.world_use.cores_peak, 3),
             "fake_kube_writes": world.get("writes"),
         }
     finally:

@@ -10,8 +10,9 @@ first attempts failing and retried after a back-off), and measures:
 - the first complete list of podimagepulls, all namespaces and one namespace: warm,
   while the plugin follows the rollout (the leader's feed, built since it started, with
   --collection-warm; else the one the plugin started); cold, on the settled cluster,
-  right after the replica is restarted (SIGTERM) and the aggregator serves it again
-  (503s retried as client-go does, counted in); then warm again on the settled cluster,
+  right after the replica is restarted (SIGTERM), the aggregator serves it again and
+  its /readyz passes, as the chart's readinessProbe gates it (503s retried as
+  client-go does, counted in); then warm again on the settled cluster,
   whole and in pages of 500 as kubectl get and informers list; beside them
   kube-apiserver's own paged lists of pods and pod events, what a cold feed reads
   first (its floor);

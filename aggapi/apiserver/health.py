@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 
 from aggapi.apiserver.agentclient import AgentClient
@@ -15,15 +17,18 @@ async def healthz(_request: web.Request) -> web.Response:
 
 
 def readyz(auth_source: AuthConfigSource, lifecycle: Lifecycle,
-           agent: AgentClient | None) -> Handler:
-    """Ready once the authentication config is loaded and the agents' endpoints are
-    known; not while draining."""
+           agent: AgentClient | None,
+           collections: Callable[[], bool] | None = None) -> Handler:
+    """Ready once the authentication config is loaded, the agents' endpoints are known
+    and the collections were built (``collections``: ``Feeds.complete``); not while draining."""
 
     async def ready(request: web.Request) -> web.StreamResponse:
         checks = [
             ("authentication-config", auth_source.ready.is_set()),
             ("shutdown", not lifecycle.draining.is_set()),
         ]
+        if collections is not None:
+            checks.append(("collections", collections()))
         if agent is not None:
             checks.append(("agent-endpoints", agent.directory.synced))
             checks.append(("token-key", agent.key_published))

@@ -158,7 +158,12 @@ def complete(config: ApiServerConfig, *, kube_api: KubeClient, tls: ServingTLS |
                   warm=config.collection_warm, on_warm=on_warm)
     metrics.collection_watches.set_function(feeds.watches)
     lifecycle = Lifecycle(metrics)
-    election, forwarder, mirror = _election(config, kube_api, feeds, lifecycle, on_warm)
+    def mirrored() -> None:  # a follower's mirror synced: its replica is complete too
+        feeds.built.set()
+        if on_warm is not None:
+            on_warm()
+
+    election, forwarder, mirror = _election(config, kube_api, feeds, lifecycle, mirrored)
     metrics.collection_node_polls.set_function(feeds.agent_polls)
     return Parts(
         config=config, kube_api=kube_api, metrics=metrics, auth_source=source,

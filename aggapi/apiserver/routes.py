@@ -68,7 +68,8 @@ def route_table(parts: Parts) -> list[Route]:
     progress = PodProgressHandler(parts.agent, parts.pod_watches, parts.progress_streams,
                                   parts.lifecycle, stream_deadline=cfg.stream_deadline)
     copy = CopyHandler(parts.kube_api, parts.agent, parts.lifecycle.copies)
-    ready = health.readyz(parts.auth_source, parts.lifecycle, parts.agent)
+    ready = health.readyz(parts.auth_source, parts.lifecycle, parts.agent,
+                          parts.feeds.complete)
     table = [
         Route(("GET",), "/healthz", health.healthz, OPEN),
         Route(("GET",), "/livez", health.healthz, OPEN),

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -83,8 +84,9 @@ class Informer:
     async def _relist(self) -> str:
         # In pages: a cluster's pods in one response would be parsed all at once.
         items: dict[str, dict[str, Any]] = {}
-        cont = ""
+        cont, pages, began = "", 0, time.monotonic()
         while True:
+            pages += 1
             params = {**self._params, "limit": str(LIST_PAGE)}
             if cont:
                 params["continue"] = cont
@@ -97,6 +99,9 @@ class Informer:
             if not cont:
                 break
         self.items = items
+        log.info("informer listed", extra={"path": self.path, "objects": len(items),
+                                           "pages": pages,
+                                           "seconds": round(time.monotonic() - began, 2)})
         self.synced.set()
         self._notify("RELIST", {})
         return str(meta.get("resourceVersion") or "")

@@ -15,7 +15,7 @@ from typing import Any
 
 from tests.framework.controlplane import AGGAPI_PORT, GROUP, VERSION, ControlPlane
 from tests.framework.hollow import DONE_LOG
-from tests.framework.procs import HarnessError
+from tests.framework.procs import HarnessError, wait_ready
 
 
 class ScaleMeasures:
@@ -86,12 +86,26 @@ class ScaleMeasures:
 
     def restart_aggapi(self, wait: float = 90.0) -> float:
         """SIGTERM the aggapi apiserver (as a roll does) and start it again with the same
-        flags, until the aggregator serves it: the seconds that took. Its next list is
-        the first of a replica that starts (or newly leads) with nothing built."""
+        flags, until the aggregator serves it and it is ready: the seconds that took.
+        Its next list is the first of a replica that starts (or newly leads)."""
         t0 = time.monotonic()
         self.cp.proc("aggapi-apiserver").stop(timeout=30)
         self.cp.start_apiserver(wait=wait)
+        # The harness's EndpointSlice is ready whatever the replica says; in a cluster
+        # the chart's readinessProbe keeps it out of the Service (the aggregator then
+        # answers 503) until its /readyz passes: wait for that as the aggregator would.
+        wait_ready(self.aggapi_ready, wait, "aggapi /readyz")
         return time.monotonic() - t0
+
+    def aggapi_ready(self) -> bool:
+        """aggapi's /readyz, asked as kubelet's readinessProbe asks it."""
+        ctx = ssl.create_default_context(cafile=str(self.cp.aggapi_certs / "ca.crt"))
+        url = f"https://{self.cp.api_host.address}:{AGGAPI_PORT}/readyz"
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=5) as r:
+                return bool(r.status == 200)
+        except OSError:  # (HTTPError too: 503 while not ready)
+            return False
 
     def done_times(self, log: str = DONE_LOG) -> dict[tuple[str, str], float]:
         """When each pod's pull finished in the simulation (CLOCK_MONOTONIC); with

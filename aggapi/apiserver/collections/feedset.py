@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 
 from aggapi.apiserver.agentclient import AgentClient
@@ -22,6 +23,10 @@ from aggapi.apiserver.shared import Shared
 log = logging.getLogger(__name__)
 
 WARM_SETTLE = 10.0  # seconds after the warm feed is built before ``on_warm`` runs
+# Seconds from start after which /readyz stops waiting for the collections' first build
+# (pods/copy and imagepullprogress need none: a build that never ends, e.g. no right to
+# list pods, must not keep them unavailable; the lists then answer 503 as before).
+BUILT_WAIT = 60.0
 
 
 class Feeds:
@@ -39,6 +44,10 @@ class Feeds:
         self.warm, self._on_warm = warm, on_warm
         self._warming: asyncio.Task[None] | None = None
         self._held: Shared[str, PodFeed] | None = None  # the term's warm feed's owner
+        # The collections were complete once: this replica's warm feed was built (with
+        # its nodes' first views), or its mirror of the leader's synced (/readyz).
+        self.built = asyncio.Event()
+        self._started = time.monotonic()
         self.poll_interval, self.polls_per_second = poll_interval, polls_per_second
         self.polls: Shared[str, NodePoll] | None = None
         if agent is not None:
@@ -108,16 +117,31 @@ class Feeds:
         if (self.warm or hold) and self._held is not self.pods:
             feed = self.pods.acquire("")
             self._held = self.pods
-            if self._on_warm is not None:
-                self._warming = asyncio.create_task(self._built(feed, self._on_warm))
+            if self._warming is not None:  # the last term's: its feed is closed
+                self._warming.cancel()
+            self._warming = asyncio.create_task(self._built(feed))
 
-    @staticmethod
-    async def _built(feed: PodFeed, then: Callable[[], None]) -> None:
+    async def _built(self, feed: PodFeed) -> None:
+        began = time.monotonic()
         await feed.synced.wait()
-        # Not at once: the lists that waited for the build go first (a GC freeze at
-        # 10,000 pods holds the loop ~1 s; right after the build it delayed them).
-        await asyncio.sleep(WARM_SETTLE)
-        then()
+        await feed.ready()  # its nodes' first views: the first list need not wait
+        self.built.set()
+        log.info("collections built", extra={
+            "objects": len(feed.collection.objects),
+            "seconds": round(time.monotonic() - began, 2)})
+        if self._on_warm is not None:
+            # Not at once: the lists that waited for the build go first (a GC freeze at
+            # 10,000 pods holds the loop ~1 s; right after the build it delayed them).
+            await asyncio.sleep(WARM_SETTLE)
+            self._on_warm()
+
+    def complete(self) -> bool:
+        """For /readyz: whether a first list is answered from built collections (kube-
+        apiserver's readyz waits for its informers the same way): once built or
+        mirrored, always (a leader change does not make replicas unready); without a
+        warm feed there is nothing built at start; after BUILT_WAIT, stop waiting."""
+        return (self.built.is_set() or not self.warm
+                or time.monotonic() - self._started > BUILT_WAIT)
 
     @contextlib.asynccontextmanager
     async def pods_of(self, namespace: str, rv: int | None = None

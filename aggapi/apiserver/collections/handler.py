@@ -8,6 +8,7 @@ in ``params.py``, a watch is served by ``watch.py``.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,7 @@ class CollectionHandler:
             yield nodes
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
+        began = time.monotonic()
         info = request[INFO]
         query = request.query
         version = table_version(request.headers.get("Accept", ""))
@@ -150,7 +152,7 @@ class CollectionHandler:
             envelope = {"apiVersion": GROUP_VERSION, "kind": self.res.list_kind}
             key, render = "items", None
         envelope["metadata"] = {**(envelope.get("metadata") or {}), **paging.list_meta(page)}
-        return await listbody.respond(request, envelope, key, objs, render)
+        return await listbody.respond(request, envelope, key, objs, render, began)
 
     def _table(self, objs: Sequence[Obj], version: str, include: str, rv: str) -> dict[str, Any]:
         return table(objs, self.res.columns, self.res.cells, version=version,

@@ -3,6 +3,7 @@ the same JSON document, for plain items and for Table rows."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggapi.apiserver.collections import listbody
+from tests.framework.until import until
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
@@ -60,3 +62,37 @@ async def test_a_big_list_is_streamed_with_rows_built_per_slice() -> None:
     assert doc["rows"] == [{"cells": [f"p{i:05d}", i]} for i in range(len(items))]
     small, headers = await _fetch({"kind": "List"}, "items", items[:3])
     assert json.loads(small)["items"] == items[:3] and headers.get("Content-Length")
+
+
+async def test_slices_are_encoded_ahead_of_a_slow_client_and_no_further(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one slice is written (a slow client, a busy loop), the next AHEAD are
+    encoded meanwhile, so the list goes on with them at the loop's next turn rather than
+    one turn per slice; and no more than that are held."""
+    encoded: list[int] = []
+    real_encode = listbody._encode
+
+    def counting(part: Any, render: Any, comma: bool) -> Any:
+        encoded.append(len(part))
+        return real_encode(part, render, comma)
+
+    monkeypatch.setattr(listbody, "_encode", counting)
+    reading = asyncio.Event()
+    writes: list[int] = []
+    real_write = web.StreamResponse.write
+
+    async def slow_client(self: web.StreamResponse, data: bytes) -> None:
+        writes.append(len(data))
+        if len(writes) == 2:  # the first slice, after the envelope's head
+            await reading.wait()
+        await real_write(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write", slow_client)
+    items = [{"n": i} for i in range(10 * listbody.SLICE)]
+    fetch = asyncio.create_task(_fetch({"kind": "List"}, "items", items))
+    await until(lambda: len(encoded) == 1 + listbody.AHEAD)
+    await asyncio.sleep(0.2)  # (a chance to encode more, which it must not take)
+    assert len(encoded) == 1 + listbody.AHEAD
+    reading.set()
+    body, _ = await fetch
+    assert json.loads(body)["items"] == items and len(encoded) == 10

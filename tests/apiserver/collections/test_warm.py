@@ -102,3 +102,57 @@ async def test_a_term_starts_from_a_mirror_only_below_its_epoch(make_server: Any
     await until(feed.synced.is_set)
     await asyncio.sleep(LINGER * 3)  # no user: still held for the term
     assert feeds.pods.get("") is feed and feed.collection.rv > (46 << EPOCH_SHIFT)
+
+
+async def test_a_replica_is_not_ready_until_its_collections_are_built(
+        make_server: Any, kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/readyz waits for the leader's first build (kube-apiserver's readyz waits for its
+    informers the same way): a list then never waits for a cold build of every pod, nor
+    finds a replica that is ready and has nothing built. Once built, a replica stays
+    ready (a new term does not make it unready)."""
+    from aggapi.apiserver.collections.feeds import PodFeed
+
+    kube.put("api/v1", "pods", pod("a"))
+    listing = asyncio.Event()  # the build is held until set
+    first_sync = PodFeed._first_sync
+
+    async def held(self: PodFeed) -> None:
+        await listing.wait()
+        await first_sync(self)
+
+    monkeypatch.setattr(PodFeed, "_first_sync", held)
+
+    def setup(parts: Parts) -> list[Route]:
+        parts.feeds = warm_feeds(parts)
+        return []
+
+    server: Server = await make_server(setup=setup, collection_warm=True)
+
+    async def readyz() -> tuple[int, str]:
+        async with server.session().get("/readyz?verbose") as resp:
+            return resp.status, await resp.text()
+
+    await until(lambda: kube.watching("pods") == 1)
+    status, text = await readyz()
+    assert status == 503 and "[-]collections failed" in text, text
+    listing.set()
+    await until(lambda: built(server.parts.feeds) == {"a"})
+    await until(server.parts.feeds.built.is_set)
+    status, text = await readyz()
+    assert status == 200 and "[+]collections ok" in text, text
+    await server.parts.feeds.new_term(None)  # another replica leads now
+    assert (await readyz())[0] == 200
+
+
+def test_readiness_waits_for_no_build_without_a_warm_feed_and_not_for_ever(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a warm feed nothing is built at start (the first request builds); a
+    build that never ends (no right to list pods) stops blocking readiness after
+    BUILT_WAIT, so that pods/copy and imagepullprogress are served."""
+    sources = cast(Sources, None)
+    cold = Feeds(sources, None, linger=LINGER, poll_interval=1.0, warm=False)
+    assert cold.complete()
+    warm = Feeds(sources, None, linger=LINGER, poll_interval=1.0, warm=True)
+    assert not warm.complete()
+    monkeypatch.setattr(feedset, "BUILT_WAIT", -1.0)
+    assert warm.complete()
