@@ -36,7 +36,7 @@ from aiohttp import web
 from aggapi.tls import certs, pki
 from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
 from benchmarks._replay_clients import Replicas, Watcher, fresh_versions
-from benchmarks._replay_report import done_times, pct, report
+from benchmarks._replay_report import by_window, done_times, pct, report
 from tests.framework.frontproxy import FrontProxy, ProxyUser
 from tests.framework.procs import free_port, stop_child
 from tests.framework.repo import python_env
@@ -266,7 +266,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         next_print = t0 + 15
         while len(done_times(d / "done.log")) < args.pods and time.monotonic() < deadline:
             if args.roll and not rolled and time.monotonic() >= roll_at:
-                rolled = await roll(st)
+                rolled = await roll(st, t0)
             await asyncio.sleep(1.0)
             if time.monotonic() >= next_print:
                 next_print += 15
@@ -282,8 +282,9 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         with contextlib.suppress(OSError, ValueError):
             world = json.loads((d / "world.stats").read_text())
         done = done_times(d / "done.log")
-        lat = [t - done[k] for w in watchers for k, t in w.tally.done_at.items()
-               if t > 0 and k in done]
+        timed = [(done[k], t - done[k]) for w in watchers
+                 for k, t in w.tally.done_at.items() if t > 0 and k in done]
+        lat = [x for _, x in timed]
         cpu_means = [(rec[2] - rec[0]) / (rec[3] - rec[1])
                      for r in st.replicas for rec in r.cpu.values() if rec[3] > rec[1]]
         return {
@@ -314,6 +315,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             "watcher_done_timed": [sum(t > 0 for t in w.tally.done_at.values())
                                    for w in watchers],
             "watcher_errors": [w.errors for w in watchers], "rolled": rolled,
+            # [s after the rollout's start, samples, p50, p99, max] by when pulls ended
+            "update_by_5s": by_window(timed, t0),
             "agent_polls_per_s": round(world.get("agent_polls", 0) / wall, 1),
             "fake_kube_writes": world.get("writes"),
         }
@@ -327,7 +330,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         await st.down()
 
 
-async def roll(st: Stack) -> dict[str, Any]:
+async def roll(st: Stack, rollout_t0: float) -> dict[str, Any]:
     """SIGTERM the leader (it releases the Lease, as in a rolling update), start it
     again; how long until another led and until it was back."""
     # The Lease is read in a thread: a blocking read here stalled every watcher of
@@ -338,6 +341,7 @@ async def roll(st: Stack) -> dict[str, Any]:
     r = st.replicas[i]
     assert r.proc is not None
     t0 = time.monotonic()
+    at = t0 - rollout_t0
     r.proc.terminate()
     while (now := await asyncio.to_thread(st.leader)) in (i, None):  # noqa: ASYNC110
         await asyncio.sleep(0.2)
@@ -348,7 +352,7 @@ async def roll(st: Stack) -> dict[str, Any]:
     await st.wait_ready(r)
     print(f"rolled leader replica-{i}: replica-{now} led after {new_leader_s:.1f}s "
           f"(the old one exited {exited} after {exit_s:.1f}s)", flush=True)
-    return {"replica": i, "new_leader_s": round(new_leader_s, 1),
+    return {"replica": i, "at_s": round(at, 1), "new_leader_s": round(new_leader_s, 1),
             "old_leader_exit_s": round(exit_s, 1),
             "back_s": round(time.monotonic() - t0, 1), "new_leader": now}
 
