@@ -10,6 +10,14 @@ high bits of every resourceVersion it hands out (``store.Clock``). A new leader'
 epoch is above its predecessor's, so no version of an old term is ever taken for one
 of the new: the new history goes on from the old one's versions its mirror holds
 (``mirror.py``) and answers the others 410 (clients relist).
+
+A leader shutting down hands its term over (``hand_over``, then ``release``): it asks
+for a successor in the Lease, the first follower able to (its mirror synced) names
+itself there (the Lease's resourceVersion makes one write win), warms its next term
+(``Succession``: pod and event informers listed, first build, nodes' first views)
+and says so; meanwhile the leader goes on stamping and serving. Then the leader hands
+it the Lease (holderIdentity), and its term starts warm, from a current mirror. A
+leader killed without a hand-over is replaced when its Lease expires, as before.
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from aggapi import tasks
 from aggapi.kube.client import KubeClient, KubeError, path_segment
 
 log = logging.getLogger(__name__)
@@ -33,8 +42,26 @@ RETRY_PERIOD = 2.0
 ENDPOINT = "aggapi.io/endpoint"
 CERT_SHA256 = "aggapi.io/serving-cert-sha256"
 EPOCH = "aggapi.io/epoch"
+# The hand-over (hand_over): the leader asks (its identity), a follower names itself,
+# then says it is warm. Dropped when the Lease changes hands.
+HANDOVER = "aggapi.io/handover"
+SUCCESSOR = "aggapi.io/successor"
+SUCCESSOR_READY = "aggapi.io/successor-ready"
+HANDOVER_KEYS = (HANDOVER, SUCCESSOR, SUCCESSOR_READY)
+# Seconds between reads of the Lease while a hand-over runs (every replica: the
+# successor takes the Lease, the others follow it, within this of its being handed).
+HANDOVER_POLL = 0.2
 
 OnChange = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Succession:
+    """How a follower warms to succeed a leader that hands over (parts.py wires the
+    feeds' warm term and the mirror)."""
+    able: Callable[[], bool]  # it can: its mirror holds the leader's state
+    warm: Callable[[], Coroutine[Any, Any, None]]  # until its next term is warm
+    cool: Callable[[], Awaitable[None]]  # drop what warmed: another replica leads
 
 
 @dataclass(frozen=True)
@@ -55,6 +82,9 @@ class Election:
         self.listeners: list[OnChange] = []
 
     async def run(self) -> None:
+        return
+
+    async def hand_over(self, timeout: float) -> None:
         return
 
     async def release(self) -> None:
@@ -105,6 +135,10 @@ class LeaseElection(Election):
         self._seen: tuple[str, float] = ("", 0.0)  # the Lease's version, when first seen
         self._renewed = 0.0
         self._released = False  # shutting down: never lead again
+        self.succession: Succession | None = None
+        self._warming: asyncio.Task[None] | None = None  # this replica's, as successor
+        self._handing = False  # a hand-over in the last Lease read: read it often
+        self._successor = ""  # the warm successor this leader hands the Lease to
 
     async def run(self) -> None:
         while True:
@@ -114,7 +148,7 @@ class LeaseElection(Election):
                 log.warning("leader election: %s", exc)
                 if self.is_leader and self._mono() - self._renewed > self.renew_deadline:
                     await self._set(False, None)  # cannot renew: step down before expiry
-            await asyncio.sleep(self.retry_period)
+            await asyncio.sleep(HANDOVER_POLL if self._handing else self.retry_period)
 
     async def tick(self) -> None:
         """One round: renew, take over an expired or released Lease, or follow."""
@@ -143,12 +177,15 @@ class LeaseElection(Election):
             await self._acquire(lease)
             return
         await self._set(False, _leader_of(lease))
+        await self._succeed(lease, holder)
 
-    def _body(self, lease: dict[str, Any] | None, epoch: int) -> dict[str, Any]:
+    def _body(self, lease: dict[str, Any] | None, epoch: int,
+              drop: tuple[str, ...] = ()) -> dict[str, Any]:
         body = dict(lease or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                               "metadata": {"name": self.name, "namespace": self.namespace}})
         meta = dict(body.get("metadata") or {})
-        meta["annotations"] = {**(meta.get("annotations") or {}), ENDPOINT: self.endpoint,
+        kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in drop}
+        meta["annotations"] = {**kept, ENDPOINT: self.endpoint,
                                CERT_SHA256: self._cert(), EPOCH: str(epoch)}
         body["metadata"] = meta
         return body
@@ -163,7 +200,7 @@ class LeaseElection(Election):
         # Above the last term's, and above any earlier Lease's (one deleted since):
         # epochs are seconds of wall time unless the last term's is higher.
         epoch = max(int(self._wall()), before + 1, (old.epoch + 1) if old else 0)
-        body = self._body(lease, epoch)
+        body = self._body(lease, epoch, drop=HANDOVER_KEYS)
         spec = dict(body.get("spec") or {})
         transitions = int(spec.get("leaseTransitions") or 0)
         if spec.get("holderIdentity") != self.identity:
@@ -186,7 +223,9 @@ class LeaseElection(Election):
         self._seen = (str((stored.get("metadata") or {}).get("resourceVersion") or ""),
                       self._renewed)
         log.info("leading podimagepulls/nodeimagepulls from epoch %d", epoch)
-        self.epoch = epoch
+        self.epoch, self._handing = epoch, False
+        await tasks.cancel(self._warming)  # done, or never to be: the new term decides
+        self._warming = None
         await self._set(True, _leader_of(stored))
 
     async def _renew(self, lease: dict[str, Any]) -> None:
@@ -213,16 +252,106 @@ class LeaseElection(Election):
         if changed:
             await self._changed()
 
+    async def hand_over(self, timeout: float) -> None:
+        """On shutdown, before ``release``: ask for a successor and lead on until one
+        is warm (or ``timeout`` s), so that its term starts from a current mirror and
+        a warm build instead of its informers' first lists. Serving goes on meanwhile."""
+        if not self.is_leader or timeout <= 0 or self.succession is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        log.info("handing over podimagepulls/nodeimagepulls", extra={
+            "timeoutSeconds": timeout})
+        while self.is_leader and loop.time() < deadline:
+            try:
+                lease = await self.kube.get(self.path)
+                spec = lease.get("spec") or {}
+                if spec.get("holderIdentity") != self.identity:
+                    return
+                ann = (lease.get("metadata") or {}).get("annotations") or {}
+                if ann.get(HANDOVER) != self.identity:
+                    await self._annotate(lease, {HANDOVER: self.identity})
+                elif ann.get(SUCCESSOR) and ann.get(SUCCESSOR_READY):
+                    self._successor = str(ann[SUCCESSOR])
+                    log.info("successor warm", extra={"successor": self._successor})
+                    return
+            except (KubeError, OSError, TimeoutError, ValueError) as exc:
+                log.warning("hand-over: %s", exc)
+            await asyncio.sleep(HANDOVER_POLL)
+        log.warning("no successor warmed within %.0f s: releasing the Lease", timeout)
+
     async def release(self) -> None:
-        """On shutdown (before draining): give the Lease up so another replica leads at
-        its next round, not after the Lease expires; this one follows it meanwhile."""
+        """On shutdown (before draining): give the Lease up, to the warm successor
+        (``hand_over``) or to whichever replica takes it at its next round, not after
+        it expires; this one follows meanwhile. The address is dropped with it: until
+        the successor writes its own, the others forward nowhere (503, retried)."""
         self._released = True
+        await tasks.cancel(self._warming)
         if not self.is_leader:
             return
         with contextlib.suppress(KubeError, OSError, TimeoutError):
             lease = await self.kube.get(self.path)
-            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                lease["spec"] = {**lease["spec"], "holderIdentity": "",
-                                 "leaseDurationSeconds": 1}
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") == self.identity:
+                meta = lease.get("metadata") or {}
+                ann = {k: v for k, v in (meta.get("annotations") or {}).items()
+                       if k not in (ENDPOINT, CERT_SHA256, *HANDOVER_KEYS)}
+                to = self._successor
+                lease["metadata"] = {**meta, "annotations": ann}
+                lease["spec"] = {**spec, "holderIdentity": to, "renewTime": _now(),
+                                 "leaseDurationSeconds": self.lease_seconds if to else 1,
+                                 "leaseTransitions": int(spec.get("leaseTransitions") or 0)
+                                 + (1 if to else 0)}
                 await self.kube.request("PUT", self.path, body=lease)
+                if to:
+                    log.info("handed the Lease over", extra={"successor": to})
         await self._set(False, None)
+
+    # --- as a follower: succeeding a leader that hands over --------------------------
+
+    async def _annotate(self, lease: dict[str, Any], extra: dict[str, str]) -> bool:
+        """Write ``extra`` into the Lease's annotations, as read; False when it changed
+        meanwhile (409: read again at the next round)."""
+        meta = dict(lease.get("metadata") or {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), **extra}
+        try:
+            await self.kube.request("PUT", self.path, body={**lease, "metadata": meta})
+        except KubeError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    async def _succeed(self, lease: dict[str, Any], holder: str) -> None:
+        """A follower's part in a hand-over: name itself successor when none is and it
+        can, warm its next term, say when it is warm; drop it when the hand-over is
+        gone (the leader released to no one, or another leads)."""
+        ann = (lease.get("metadata") or {}).get("annotations") or {}
+        asked = bool(holder) and ann.get(HANDOVER) == holder
+        successor = str(ann.get(SUCCESSOR) or "")
+        # Read often while a hand-over runs, and while the Lease is handed to a
+        # successor that has not yet written its address (the others follow it then).
+        self._handing = asked or (bool(holder) and _leader_of(lease) is None)
+        succession = self.succession
+        if succession is None:
+            return
+        if not asked or self._released or successor not in ("", self.identity):
+            if self._warming is not None:
+                await tasks.cancel(self._warming)
+                self._warming = None
+                await succession.cool()
+            return
+        if not successor:
+            if succession.able() and await self._annotate(lease, {SUCCESSOR: self.identity}):
+                log.info("warming to succeed %s", holder)
+                self._warming = asyncio.create_task(succession.warm(), name="succession")
+            return
+        if self._warming is None:
+            self._warming = asyncio.create_task(succession.warm(), name="succession")
+        if self._warming.done() and not ann.get(SUCCESSOR_READY):
+            failed = self._warming.cancelled() or self._warming.exception()
+            if failed:
+                log.warning("warming to succeed %s failed: %r", holder, failed)
+                self._warming = None  # tried again at the next round
+                return
+            await self._annotate(lease, {SUCCESSOR_READY: "true"})

@@ -37,7 +37,7 @@ import aiohttp
 from aggapi import GROUP_VERSION, tasks
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.store import ADDED, Clock, Collection
-from aggapi.apiserver.election import Election, Leader
+from aggapi.apiserver.election import Election, Leader, Succession
 from aggapi.apiserver.podsources import pod_key
 from aggapi.apiserver.replicas import Forwarder
 
@@ -200,3 +200,12 @@ def term_listener(election: Election, feeds: Feeds, mirror: Mirror | None
         if mirror is not None:
             mirror.follow(election.leader)
     return changed
+
+
+def succession(feeds: Feeds, mirror: Mirror) -> Succession:
+    """How this follower succeeds a leader that hands over (election.py): once its
+    mirror holds the leader's state, warm its next term's cluster-wide feed, whose
+    builds keep the mirrored objects' totals."""
+    return Succession(able=lambda: mirror.synced,
+                      warm=lambda: feeds.prepare(lambda: mirror.collection.objects),
+                      cool=feeds.cool)
