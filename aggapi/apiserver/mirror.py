@@ -15,7 +15,9 @@ real differences become changes, stamped in the new epoch). A version the mirror
 never got (the old leader stamped it, its last events never came) is 410 as before.
 A leader that shuts down closes its term before it drains, and sends each stream the
 changes it had not yet sent before ending it (``watch.py``), so the mirror of a
-graceful roll ends at the old term's last change.
+graceful roll ends at the old term's last change. Before that it hands over
+(election.py): the follower that succeeds it warms its term's feed beside the
+mirror (``succession``), so the term starts from both at once.
 
 nodeimagepulls is not mirrored: its watch would keep the leader polling every
 agent for as long as followers exist; its watchers relist (5,000 nodes, not 50,000
