@@ -260,6 +260,9 @@ class LeaseElection(Election):
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        # Followers read the Lease every retry period: one able to succeed has named
+        # itself after two (none: the only replica, or the others shutting down too).
+        claim_by = loop.time() + 3 * self.retry_period
         log.info("handing over podimagepulls/nodeimagepulls", extra={
             "timeoutSeconds": timeout})
         while self.is_leader and loop.time() < deadline:
@@ -274,6 +277,9 @@ class LeaseElection(Election):
                 elif ann.get(SUCCESSOR) and ann.get(SUCCESSOR_READY):
                     self._successor = str(ann[SUCCESSOR])
                     log.info("successor warm", extra={"successor": self._successor})
+                    return
+                elif not ann.get(SUCCESSOR) and loop.time() > claim_by:
+                    log.info("no follower can succeed: releasing the Lease")
                     return
             except (KubeError, OSError, TimeoutError, ValueError) as exc:
                 log.warning("hand-over: %s", exc)

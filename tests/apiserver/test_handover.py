@@ -169,3 +169,25 @@ async def test_a_successor_cools_when_another_replica_leads(kube: FakeKube) -> N
     finally:
         for r in (a, b, c):
             await r.election.kube.close()
+
+
+async def test_with_no_follower_able_the_lease_is_released_without_waiting_the_bound(
+        kube: FakeKube) -> None:
+    """No follower names itself within a few of its rounds (the only replica, or the
+    others' mirrors not synced): the leader lets go then, not at the bound."""
+    clock: list[float] = [0.0]
+    log: list[str] = []
+    a, b = (Replica(kube, n, clock, log) for n in "ab")
+    a.election.retry_period = 0.1
+    b.able = False
+    try:
+        await a.election.tick()
+        await b.election.tick()
+        handing = asyncio.ensure_future(a.election.hand_over(timeout=3600))
+        await until(lambda: notes(kube).get(HANDOVER) == "a")
+        await b.election.tick()
+        await asyncio.wait_for(handing, 5)
+        assert SUCCESSOR not in notes(kube) and "b warms" not in log
+    finally:
+        for r in (a, b):
+            await r.election.kube.close()
