@@ -34,7 +34,7 @@ class ApiServerConfig:
     shutdown_delay: float = 0.0
     shutdown_grace: float = 30.0
     shutdown_final: float = 5.0
-    handover_timeout: float = 15.0
+    handover_timeout: float = 25.0
     log_level: str = "info"
     # Node agents: found through the EndpointSlices of their Service, called over mTLS
     # with a capability token signed by this key.

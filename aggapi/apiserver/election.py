@@ -51,6 +51,7 @@ HANDOVER_KEYS = (HANDOVER, SUCCESSOR, SUCCESSOR_READY)
 # Seconds between reads of the Lease while a hand-over runs (every replica: the
 # successor takes the Lease, the others follow it, within this of its being handed).
 HANDOVER_POLL = 0.2
+HANDED_UNWARM = 4  # the lease (s) of a successor handed the Lease before it was warm
 
 OnChange = Callable[[], Awaitable[None]]
 
@@ -138,7 +139,8 @@ class LeaseElection(Election):
         self.succession: Succession | None = None
         self._warming: asyncio.Task[None] | None = None  # this replica's, as successor
         self._handing = False  # a hand-over in the last Lease read: read it often
-        self._successor = ""  # the warm successor this leader hands the Lease to
+        self._successor = ""  # the successor this leader hands the Lease to
+        self._warm = False  # and whether it said it is warm
 
     async def run(self) -> None:
         while True:
@@ -274,23 +276,29 @@ class LeaseElection(Election):
                 ann = (lease.get("metadata") or {}).get("annotations") or {}
                 if ann.get(HANDOVER) != self.identity:
                     await self._annotate(lease, {HANDOVER: self.identity})
-                elif ann.get(SUCCESSOR) and ann.get(SUCCESSOR_READY):
-                    self._successor = str(ann[SUCCESSOR])
-                    log.info("successor warm", extra={"successor": self._successor})
-                    return
-                elif not ann.get(SUCCESSOR) and loop.time() > claim_by:
-                    log.info("no follower can succeed: releasing the Lease")
-                    return
+                else:
+                    self._successor = str(ann.get(SUCCESSOR) or "")
+                    self._warm = bool(ann.get(SUCCESSOR_READY))
+                    if self._warm:
+                        log.info("successor warm", extra={"successor": self._successor})
+                        return
+                    if not self._successor and loop.time() > claim_by:
+                        log.info("no follower can succeed: releasing the Lease")
+                        return
             except (KubeError, OSError, TimeoutError, ValueError) as exc:
                 log.warning("hand-over: %s", exc)
             await asyncio.sleep(HANDOVER_POLL)
-        log.warning("no successor warmed within %.0f s: releasing the Lease", timeout)
+        log.warning("successor not warm within %.0f s: handing the Lease over as it is",
+                    timeout, extra={"successor": self._successor})
 
     async def release(self) -> None:
-        """On shutdown (before draining): give the Lease up, to the warm successor
+        """On shutdown (before draining): give the Lease up, to the successor
         (``hand_over``) or to whichever replica takes it at its next round, not after
         it expires; this one follows meanwhile. The address is dropped with it: until
-        the successor writes its own, the others forward nowhere (503, retried)."""
+        the successor writes its own, the others forward nowhere (503, retried). A
+        successor not yet warm still gets it (its informers have listed, or are
+        listing: ahead of any other follower's), for a short lease: should it be gone,
+        another takes over after HANDED_UNWARM s, not LEASE_SECONDS."""
         self._released = True
         await tasks.cancel(self._warming)
         if not self.is_leader:
@@ -304,8 +312,10 @@ class LeaseElection(Election):
                        if k not in (ENDPOINT, CERT_SHA256, *HANDOVER_KEYS)}
                 to = self._successor
                 lease["metadata"] = {**meta, "annotations": ann}
+                duration = (self.lease_seconds if self._warm else HANDED_UNWARM) if to \
+                    else 1
                 lease["spec"] = {**spec, "holderIdentity": to, "renewTime": _now(),
-                                 "leaseDurationSeconds": self.lease_seconds if to else 1,
+                                 "leaseDurationSeconds": duration,
                                  "leaseTransitions": int(spec.get("leaseTransitions") or 0)
                                  + (1 if to else 0)}
                 await self.kube.request("PUT", self.path, body=lease)

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
@@ -86,7 +87,14 @@ class Feeds:
         if self._warm is None:
             self._warm = PodFeed(self.sources, "", self.polls, Clock(0), basis=basis)
             self._warm.start()
-        await self._warm.warm()
+        warm, start = self._warm, time.monotonic()
+        await warm.source.wait_synced(timeout=None)
+        log.info("warming the next term: pods and events listed",
+                 extra={"seconds": round(time.monotonic() - start, 2)})
+        await warm.warm()
+        log.info("warming the next term: built", extra={
+            "objects": len(warm.collection.objects),
+            "seconds": round(time.monotonic() - start, 2)})
 
     @property
     def warming(self) -> PodFeed | None:
