@@ -108,11 +108,16 @@ class Mirror:
         """Stop mirroring and hand the mirrored collection over (this replica leads
         now): after the stream from the old leader ends, at most ``settle`` s. None
         when it holds no state."""
+        start = time.monotonic()
         if self._task is not None and not self._ended.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ended.wait(), settle)
+        ended = self._ended.is_set()
         await tasks.cancel(self._task)
         col, synced = self.collection, self.synced
+        log.info("mirror taken for the term", extra={
+            "resourceVersion": col.rv, "synced": synced, "streamEnded": ended,
+            "waitedSeconds": round(time.monotonic() - start, 3)})
         self._task, self._following = None, ""
         self.collection, self.synced = Collection(Clock(0)), False
         return col if synced else None

@@ -17,7 +17,7 @@ from typing import Any
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feeds import NodeFeed, PodFeed
 from aggapi.apiserver.collections.nodepolls import NodePoll
-from aggapi.apiserver.collections.store import Clock, Collection
+from aggapi.apiserver.collections.store import EPOCH_SHIFT, Clock, Collection
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.shared import Shared
 
@@ -118,6 +118,9 @@ class Feeds:
         against ``seed``, instead of listing and building then."""
         old_pods, old_nodes = self.pods, self.nodes
         warm, self._warm = self._warm, None
+        if (ended := old_pods.get("")) is not None and self.term is not None:
+            log.info("term ends", extra={"epoch": self.term,
+                                         "resourceVersion": ended.collection.rv})
         self.clock, self.term = Clock(epoch), epoch
         if seed is not None and seed.rv >= self.clock.peek():  # never: epochs only grow
             log.warning("a mirror at %d is not below epoch %s: not used", seed.rv, epoch)
@@ -126,9 +129,14 @@ class Feeds:
         hold = self._seed is not None
         self.pods, self.nodes = self._new_feeds()
         if warm is not None and epoch is not None:
+            start = time.monotonic()
+            built = warm.synced.is_set()
             warm.promote(self._take_seed(), self.clock)
             self.pods.put("", warm)
             hold = True
+            log.info("term starts from the warm feed", extra={
+                "built": built, "stamped": self.clock.peek() - (self.clock.epoch << EPOCH_SHIFT),
+                "seconds": round(time.monotonic() - start, 3)})
         elif warm is not None:
             await warm.stop()
         old = [*old_pods.parts().values(),
