@@ -141,6 +141,7 @@ class LeaseElection(Election):
         self._handing = False  # a hand-over in the last Lease read: read it often
         self._successor = ""  # the successor this leader hands the Lease to
         self._warm = False  # and whether it said it is warm
+        self._lease: dict[str, Any] | None = None  # the hand-over's last read
 
     async def run(self) -> None:
         while True:
@@ -279,6 +280,7 @@ class LeaseElection(Election):
                 else:
                     self._successor = str(ann.get(SUCCESSOR) or "")
                     self._warm = bool(ann.get(SUCCESSOR_READY))
+                    self._lease = lease
                     if self._warm:
                         log.info("successor warm", extra={"successor": self._successor})
                         return
@@ -303,25 +305,39 @@ class LeaseElection(Election):
         await tasks.cancel(self._warming)
         if not self.is_leader:
             return
+        # The hand-over's last read, if any: one request less to kube-apiserver
+        # between the successor's "warm" and its term (read again on a 409).
+        lease, self._lease = self._lease, None
         with contextlib.suppress(KubeError, OSError, TimeoutError):
-            lease = await self.kube.get(self.path)
-            spec = lease.get("spec") or {}
-            if spec.get("holderIdentity") == self.identity:
-                meta = lease.get("metadata") or {}
-                ann = {k: v for k, v in (meta.get("annotations") or {}).items()
-                       if k not in (ENDPOINT, CERT_SHA256, *HANDOVER_KEYS)}
-                to = self._successor
-                lease["metadata"] = {**meta, "annotations": ann}
-                duration = (self.lease_seconds if self._warm else HANDED_UNWARM) if to \
-                    else 1
-                lease["spec"] = {**spec, "holderIdentity": to, "renewTime": _now(),
-                                 "leaseDurationSeconds": duration,
-                                 "leaseTransitions": int(spec.get("leaseTransitions") or 0)
-                                 + (1 if to else 0)}
-                await self.kube.request("PUT", self.path, body=lease)
-                if to:
-                    log.info("handed the Lease over", extra={"successor": to})
+            for _ in range(3):
+                lease = lease or await self.kube.get(self.path)
+                if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                    break
+                try:
+                    await self.kube.request("PUT", self.path, body=self._handed(lease))
+                except KubeError as err:
+                    if err.status != 409:
+                        raise
+                    lease = None
+                    continue
+                if self._successor:
+                    log.info("handed the Lease over", extra={"successor": self._successor})
+                break
         await self._set(False, None)
+
+    def _handed(self, lease: dict[str, Any]) -> dict[str, Any]:
+        """``lease`` given to the successor (or to no one), without this replica's
+        address and the hand-over's marks."""
+        spec, meta = lease.get("spec") or {}, lease.get("metadata") or {}
+        ann = {k: v for k, v in (meta.get("annotations") or {}).items()
+               if k not in (ENDPOINT, CERT_SHA256, *HANDOVER_KEYS)}
+        to = self._successor
+        duration = (self.lease_seconds if self._warm else HANDED_UNWARM) if to else 1
+        return {**lease, "metadata": {**meta, "annotations": ann},
+                "spec": {**spec, "holderIdentity": to, "renewTime": _now(),
+                         "leaseDurationSeconds": duration,
+                         "leaseTransitions": int(spec.get("leaseTransitions") or 0)
+                         + (1 if to else 0)}}
 
     # --- as a follower: succeeding a leader that hands over --------------------------
 

@@ -12,9 +12,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggapi.apiserver.collections import store
 from tests.framework.until import until
 
 from .conftest import GV
@@ -160,3 +162,38 @@ async def test_a_warm_successors_term_changes_only_what_its_mirror_lacks(
             for e in events] == [("MODIFIED", "p0", "1")]
     assert int(events[0]["object"]["metadata"]["resourceVersion"]) >> 32 == \
         cluster.elections[1].epoch
+
+
+async def test_a_first_build_that_outgrows_the_history_still_goes_on_from_the_old_term(
+        replicas: Callable[[int], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new term's first build changes more objects than its history holds (the
+    old leader lagged kube; here its mirror missed them): a watch from the old term's
+    last version gets each object's net change, not 410 and a relist of everything."""
+    monkeypatch.setattr(store, "HISTORY_EVENTS", 4)
+    cluster: Cluster = await replicas(2)
+    await cluster.elect(0)
+    ns = f"outgrow-{next(RUNS)}"
+    for i in range(3):
+        cluster.kube.put("api/v1", "pods", pod_at(ns, i, 0, False))
+    await until(lambda: cluster.caught_up(1) and sum(
+        o["metadata"]["namespace"] == ns
+        for o in cluster.mirrors[1].collection.objects.values()) == 3)
+    held = cluster.mirrors[1].collection.rv
+    cluster.mirrors[1].follow(None)  # the mirror hears nothing more of r0
+    for i in range(6):  # three changed, three new: six changes, the history holds four
+        cluster.kube.put("api/v1", "pods", pod_at(ns, i, 1, False))
+    await cluster.elect(1)
+    new = cluster.servers[1].parts.feeds.pods.get("")
+    assert new is not None
+    await until(new.synced.is_set)
+    await until(lambda: sum(o["metadata"]["namespace"] == ns
+                            and o["metadata"]["labels"]["step"] == "1"
+                            for o in new.collection.objects.values()) == 6)
+    path = (f"{GV}/namespaces/{ns}/podimagepulls?watch=true&timeoutSeconds=1"
+            f"&resourceVersion={held}")
+    async with cluster.session(cluster.servers[1]).get(path, headers=ALICE) as resp:
+        assert resp.status == 200, await resp.text()
+        events = [json.loads(line) for line in (await resp.text()).splitlines() if line]
+    assert sorted((e["type"], name_of(e["object"]), e["object"]["metadata"]["labels"]["step"])
+                  for e in events) == [("ADDED", f"p{i}", "1") for i in (3, 4, 5)] + [
+        ("MODIFIED", f"p{i}", "1") for i in (0, 1, 2)]
