@@ -51,7 +51,6 @@ HANDOVER_KEYS = (HANDOVER, SUCCESSOR, SUCCESSOR_READY)
 # Seconds between reads of the Lease while a hand-over runs (every replica: the
 # successor takes the Lease, the others follow it, within this of its being handed).
 HANDOVER_POLL = 0.2
-HANDED_UNWARM = 4  # the lease (s) of a successor handed the Lease before it was warm
 
 OnChange = Callable[[], Awaitable[None]]
 
@@ -299,8 +298,10 @@ class LeaseElection(Election):
         it expires; this one follows meanwhile. The address is dropped with it: until
         the successor writes its own, the others forward nowhere (503, retried). A
         successor not yet warm still gets it (its informers have listed, or are
-        listing: ahead of any other follower's), for a short lease: should it be gone,
-        another takes over after HANDED_UNWARM s, not LEASE_SECONDS."""
+        listing: ahead of any other follower's), for a whole lease: a shorter one went,
+        in the replay, to a cold follower while the successor's read of the Lease
+        waited behind its lists (should it be gone, it costs what a killed leader
+        does)."""
         self._released = True
         await tasks.cancel(self._warming)
         if not self.is_leader:
@@ -332,7 +333,7 @@ class LeaseElection(Election):
         ann = {k: v for k, v in (meta.get("annotations") or {}).items()
                if k not in (ENDPOINT, CERT_SHA256, *HANDOVER_KEYS)}
         to = self._successor
-        duration = (self.lease_seconds if self._warm else HANDED_UNWARM) if to else 1
+        duration = self.lease_seconds if to else 1
         return {**lease, "metadata": {**meta, "annotations": ann},
                 "spec": {**spec, "holderIdentity": to, "renewTime": _now(),
                          "leaseDurationSeconds": duration,
