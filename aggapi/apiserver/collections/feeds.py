@@ -130,25 +130,22 @@ class PodFeed(Batcher):
         versions kept) with only what this build sees otherwise stamped in ``clock``,
         or (no mirror) its objects at ``clock``'s first version. Synchronous: no
         change of kube's comes between the build and the diff (50,000 objects, 0.1 s).
-        Not built yet (the hand-over's bound passed): its informers go on, and its
-        first build is the term's, as a cold feed's."""
+        Not fully built yet (the hand-over's bound passed): what is built is diffed
+        now, the rest of its first build goes on into the term's collection."""
         built, self.basis = self.collection.objects, None
         if seed is not None:
             seed.adopt(clock)
         col = seed if seed is not None else Collection(clock)
-        self.collection, self.seeded = col, seed is not None
-        if not self.synced.is_set():
-            self._viewed = self._viewed or self.seeded
-            self.mark(None)
-            return
-        if seed is None:
-            for key, obj in built.items():
-                col.set(key, obj, record=False)
-            return
-        for key in [k for k in col.objects if k not in built]:
-            col.set(key, None)
         for key, obj in built.items():
-            col.set(key, obj)
+            col.set(key, obj, record=seed is not None)
+        rest = [k for k in col.objects if k not in built]
+        if self.synced.is_set():
+            for key in rest:  # gone from kube
+                col.set(key, None)
+        else:
+            self.mark(rest)  # built (or found gone) with the rest
+            self._viewed = self._viewed or seed is not None
+        self.collection, self.seeded = col, seed is not None
 
     @property
     def serving(self) -> bool:
