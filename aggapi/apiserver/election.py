@@ -11,13 +11,9 @@ epoch is above its predecessor's, so no version of an old term is ever taken for
 of the new: the new history goes on from the old one's versions its mirror holds
 (``mirror.py``) and answers the others 410 (clients relist).
 
-A leader shutting down hands its term over (``hand_over``, then ``release``): it asks
-for a successor in the Lease, the first follower able to (its mirror synced) names
-itself there (the Lease's resourceVersion makes one write win), warms its next term
-(``Succession``: pod and event informers listed, first build, nodes' first views)
-and says so; meanwhile the leader goes on stamping and serving. Then the leader hands
-it the Lease (holderIdentity), and its term starts warm, from a current mirror. A
-leader killed without a hand-over is replaced when its Lease expires, as before.
+A leader shutting down hands its term over (``hand_over``, then ``release``; the marks:
+``handover.py``): a follower warms its next term while the leader stamps and serves,
+then gets the Lease. A leader killed is replaced when its Lease expires.
 """
 
 from __future__ import annotations
@@ -27,11 +23,21 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aggapi import tasks
+from aggapi.apiserver.handover import (
+    HANDOVER,
+    HANDOVER_KEYS,
+    HANDOVER_POLL,
+    SUCCESSOR,
+    SUCCESSOR_READY,
+    Succession,
+    annotated,
+    notes,
+)
 from aggapi.kube.client import KubeClient, KubeError, path_segment
 
 log = logging.getLogger(__name__)
@@ -42,26 +48,8 @@ RETRY_PERIOD = 2.0
 ENDPOINT = "aggapi.io/endpoint"
 CERT_SHA256 = "aggapi.io/serving-cert-sha256"
 EPOCH = "aggapi.io/epoch"
-# The hand-over (hand_over): the leader asks (its identity), a follower names itself,
-# then says it is warm. Dropped when the Lease changes hands.
-HANDOVER = "aggapi.io/handover"
-SUCCESSOR = "aggapi.io/successor"
-SUCCESSOR_READY = "aggapi.io/successor-ready"
-HANDOVER_KEYS = (HANDOVER, SUCCESSOR, SUCCESSOR_READY)
-# Seconds between reads of the Lease while a hand-over runs (every replica: the
-# successor takes the Lease, the others follow it, within this of its being handed).
-HANDOVER_POLL = 0.2
 
 OnChange = Callable[[], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Succession:
-    """How a follower warms to succeed a leader that hands over (parts.py wires the
-    feeds' warm term and the mirror)."""
-    able: Callable[[], bool]  # it can: its mirror holds the leader's state
-    warm: Callable[[], Coroutine[Any, Any, None]]  # until its next term is warm
-    cool: Callable[[], Awaitable[None]]  # drop what warmed: another replica leads
 
 
 @dataclass(frozen=True)
@@ -141,6 +129,7 @@ class LeaseElection(Election):
         self._successor = ""  # the successor this leader hands the Lease to
         self._warm = False  # and whether it said it is warm
         self._lease: dict[str, Any] | None = None  # the hand-over's last read
+        self._claimed = False  # this follower named itself successor
 
     async def run(self) -> None:
         while True:
@@ -273,11 +262,14 @@ class LeaseElection(Election):
                 spec = lease.get("spec") or {}
                 if spec.get("holderIdentity") != self.identity:
                     return
-                ann = (lease.get("metadata") or {}).get("annotations") or {}
+                ann = notes(lease)
                 if ann.get(HANDOVER) != self.identity:
                     await self._annotate(lease, {HANDOVER: self.identity})
                 else:
-                    self._successor = str(ann.get(SUCCESSOR) or "")
+                    named = str(ann.get(SUCCESSOR) or "")
+                    if self._successor and not named:  # it withdrew: another may claim
+                        claim_by = loop.time() + 3 * self.retry_period
+                    self._successor = named
                     self._warm = bool(ann.get(SUCCESSOR_READY))
                     self._lease = lease
                     if self._warm:
@@ -294,17 +286,14 @@ class LeaseElection(Election):
 
     async def release(self) -> None:
         """On shutdown (before draining): give the Lease up, to the successor
-        (``hand_over``) or to whichever replica takes it at its next round, not after
-        it expires; this one follows meanwhile. The address is dropped with it: until
-        the successor writes its own, the others forward nowhere (503, retried). A
-        successor not yet warm still gets it (its informers have listed, or are
-        listing: ahead of any other follower's), for a whole lease: a shorter one went,
-        in the replay, to a cold follower while the successor's read of the Lease
-        waited behind its lists (should it be gone, it costs what a killed leader
-        does)."""
+        (``hand_over``: warm or not, its informers are ahead of any other follower's)
+        or to whichever replica takes it at its next round, not after it expires. The
+        address goes with it: until the successor writes its own, the others forward
+        nowhere (503, retried)."""
         self._released = True
         await tasks.cancel(self._warming)
         if not self.is_leader:
+            await self._withdraw()
             return
         # The hand-over's last read, if any: one request less to kube-apiserver
         # between the successor's "warm" and its term (read again on a 409).
@@ -329,12 +318,10 @@ class LeaseElection(Election):
     def _handed(self, lease: dict[str, Any]) -> dict[str, Any]:
         """``lease`` given to the successor (or to no one), without this replica's
         address and the hand-over's marks."""
-        spec, meta = lease.get("spec") or {}, lease.get("metadata") or {}
-        ann = {k: v for k, v in (meta.get("annotations") or {}).items()
-               if k not in (ENDPOINT, CERT_SHA256, *HANDOVER_KEYS)}
+        spec = lease.get("spec") or {}
         to = self._successor
         duration = self.lease_seconds if to else 1
-        return {**lease, "metadata": {**meta, "annotations": ann},
+        return {**annotated(lease, {}, drop=(ENDPOINT, CERT_SHA256, *HANDOVER_KEYS)),
                 "spec": {**spec, "holderIdentity": to, "renewTime": _now(),
                          "leaseDurationSeconds": duration,
                          "leaseTransitions": int(spec.get("leaseTransitions") or 0)
@@ -342,13 +329,22 @@ class LeaseElection(Election):
 
     # --- as a follower: succeeding a leader that hands over --------------------------
 
+    async def _withdraw(self) -> None:
+        """Shutting down while named successor: un-name itself, so that the leader
+        does not hand the Lease to a replica that is going (another may claim)."""
+        if self._warming is None and not self._claimed:
+            return
+        with contextlib.suppress(KubeError, OSError, TimeoutError):
+            lease = await self.kube.get(self.path)
+            if notes(lease).get(SUCCESSOR) == self.identity:
+                await self.kube.request("PUT", self.path, body=annotated(
+                    lease, {}, drop=(SUCCESSOR, SUCCESSOR_READY)))
+
     async def _annotate(self, lease: dict[str, Any], extra: dict[str, str]) -> bool:
         """Write ``extra`` into the Lease's annotations, as read; False when it changed
         meanwhile (409: read again at the next round)."""
-        meta = dict(lease.get("metadata") or {})
-        meta["annotations"] = {**(meta.get("annotations") or {}), **extra}
         try:
-            await self.kube.request("PUT", self.path, body={**lease, "metadata": meta})
+            await self.kube.request("PUT", self.path, body=annotated(lease, extra))
         except KubeError as err:
             if err.status == 409:
                 return False
@@ -359,7 +355,7 @@ class LeaseElection(Election):
         """A follower's part in a hand-over: name itself successor when none is and it
         can, warm its next term, say when it is warm; drop it when the hand-over is
         gone (the leader released to no one, or another leads)."""
-        ann = (lease.get("metadata") or {}).get("annotations") or {}
+        ann = notes(lease)
         asked = bool(holder) and ann.get(HANDOVER) == holder
         successor = str(ann.get(SUCCESSOR) or "")
         # Read often while a hand-over runs, and while the Lease is handed to a
@@ -377,6 +373,7 @@ class LeaseElection(Election):
         if not successor:
             if succession.able() and await self._annotate(lease, {SUCCESSOR: self.identity}):
                 log.info("warming to succeed %s", holder)
+                self._claimed = True
                 self._warming = asyncio.create_task(succession.warm(), name="succession")
             return
         if self._warming is None:

@@ -39,7 +39,8 @@ import aiohttp
 from aggapi import GROUP_VERSION, tasks
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.store import ADDED, Clock, Collection
-from aggapi.apiserver.election import Election, Leader, Succession
+from aggapi.apiserver.election import Election, Leader
+from aggapi.apiserver.handover import Succession
 from aggapi.apiserver.podsources import pod_key
 from aggapi.apiserver.replicas import Forwarder
 

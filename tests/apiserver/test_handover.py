@@ -11,14 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from aggapi.apiserver.election import (
-    ENDPOINT,
-    HANDOVER,
-    SUCCESSOR,
-    SUCCESSOR_READY,
-    LeaseElection,
-    Succession,
-)
+from aggapi.apiserver.election import ENDPOINT, LeaseElection
+from aggapi.apiserver.handover import HANDOVER, SUCCESSOR, SUCCESSOR_READY, Succession
 from tests.framework.fakekube import FakeKube
 from tests.framework.until import until
 
@@ -196,4 +190,34 @@ async def test_with_no_follower_able_the_lease_is_released_without_waiting_the_b
         assert SUCCESSOR not in notes(kube) and "b warms" not in log
     finally:
         for r in (a, b):
+            await r.election.kube.close()
+
+
+async def test_a_successor_shutting_down_withdraws_and_another_succeeds(
+        kube: FakeKube) -> None:
+    """A rolling update may stop the named successor too: it un-names itself, so the
+    leader never hands the Lease to a replica that is going; another one claims."""
+    clock: list[float] = [0.0]
+    log: list[str] = []
+    a, b, c = (Replica(kube, n, clock, log) for n in "abc")
+    try:
+        for r in (a, b, c):
+            await r.election.tick()
+        handing = asyncio.ensure_future(a.election.hand_over(timeout=30))
+        await until(lambda: notes(kube).get(HANDOVER) == "a")
+        await b.election.tick()
+        assert notes(kube).get(SUCCESSOR) == "b"
+        await b.election.release()  # b is stopped
+        assert SUCCESSOR not in notes(kube) and not b.election.is_leader
+        await c.election.tick()
+        assert notes(kube).get(SUCCESSOR) == "c"
+        c.warm_done.set()
+        await until(lambda: "c warm" in log)
+        await c.election.tick()
+        await asyncio.wait_for(handing, 5)
+        await a.election.release()
+        await c.election.tick()
+        assert c.election.is_leader and holder(kube) == "c"
+    finally:
+        for r in (a, b, c):
             await r.election.kube.close()
