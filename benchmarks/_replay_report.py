@@ -60,9 +60,10 @@ def report(r: dict[str, Any]) -> bool:
             good = good and r["first_list_items"] == r["pods"]
         met.append(good)
         print(f"  {text:44s} {value!s:>12}  {'met' if good else 'NOT met'} ({BOUNDS[key]})")
-    settled = r["settled"] and r["pulls_done"] == r["pods"]
-    print(f"  every pull done ({r['pulls_done']}/{r['pods']}) and every watcher equal to a "
-          f"fresh list: {'yes' if settled else 'NO'}")
+    settled = r["settled"] and r["pulls_done"] == r["pods"] and all(
+        n == r["pods"] for n in r.get("watcher_done_final", [r["pods"]]))
+    print(f"  every pull done ({r['pulls_done']}/{r['pods']}), Done at every watcher and "
+          f"every watcher equal to a fresh list: {'yes' if settled else 'NO'}")
     ok_all = all(met) and settled
     print(f"goal_met: {ok_all}")
     return ok_all

@@ -274,7 +274,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
                 print(f"  {time.monotonic() - t0:5.0f}s: {len(done_times(d / 'done.log'))} "
                       f"pulls done, each watcher saw >= {seen} Done", flush=True)
         rollout_s = time.monotonic() - t0
-        settled, fresh = await settle(replicas, watchers, args.settle)
+        settled, fresh = await settle(replicas, watchers, args.settle,
+                                      len(done_times(d / "done.log")))
         spy.close()
         stop_sampling.set()
         await sampler
@@ -358,15 +359,19 @@ async def roll(st: Stack, rollout_t0: float) -> dict[str, Any]:
 
 
 async def settle(replicas: Replicas, watchers: list[Watcher],
-                 within: float) -> tuple[bool, dict[str, int]]:
-    """Until every watcher's cache equals a fresh list (or ``within``); that list."""
+                 within: float, pulls: int) -> tuple[bool, dict[str, int]]:
+    """Until a fresh list has ``pulls`` Done and every watcher's cache equals it (or
+    ``within``); that list. (Versions alone passed a new leader's state from before
+    its build: 6,092 of 50,000 Done, every cache equal to it.)"""
     deadline = time.monotonic() + within
     fresh: dict[str, int] = {}
     while True:
         code, body = await replicas.list()
         if code == 200 and isinstance(body, dict):
-            fresh = fresh_versions(body.get("items") or ())
-            if all(w.tally.absent(fresh) == 0 for w in watchers):
+            items = body.get("items") or ()
+            fresh = fresh_versions(items)
+            done = sum((o.get("status") or {}).get("phase") == "Done" for o in items)
+            if done >= pulls and all(w.tally.absent(fresh) == 0 for w in watchers):
                 return True, fresh
         if time.monotonic() > deadline:
             return False, fresh
