@@ -14,6 +14,18 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
 
 
+def by_window(samples: list[tuple[float, float]], t0: float, step: float = 5.0
+              ) -> list[list[float | int | None]]:
+    """Update latency by when the pull ended: per ``step`` s from ``t0`` (the rollout's
+    start), [start s, samples, p50, p99, max]. Says whether the tail is a leader
+    change's gap or the whole run's pace."""
+    bins: dict[int, list[float]] = {}
+    for ended, lat in samples:
+        bins.setdefault(int((ended - t0) // step), []).append(lat)
+    return [[i * step, len(xs), pct(xs, 0.5), pct(xs, 0.99), pct(xs, 1.0)]
+            for i, xs in sorted(bins.items())]
+
+
 def done_times(path: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     if path.exists():
@@ -48,9 +60,10 @@ def report(r: dict[str, Any]) -> bool:
             good = good and r["first_list_items"] == r["pods"]
         met.append(good)
         print(f"  {text:44s} {value!s:>12}  {'met' if good else 'NOT met'} ({BOUNDS[key]})")
-    settled = r["settled"] and r["pulls_done"] == r["pods"]
-    print(f"  every pull done ({r['pulls_done']}/{r['pods']}) and every watcher equal to a "
-          f"fresh list: {'yes' if settled else 'NO'}")
+    settled = r["settled"] and r["pulls_done"] == r["pods"] and all(
+        n == r["pods"] for n in r.get("watcher_done_final", [r["pods"]]))
+    print(f"  every pull done ({r['pulls_done']}/{r['pods']}), Done at every watcher and "
+          f"every watcher equal to a fresh list: {'yes' if settled else 'NO'}")
     ok_all = all(met) and settled
     print(f"goal_met: {ok_all}")
     return ok_all

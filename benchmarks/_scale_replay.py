@@ -38,7 +38,7 @@ from aiohttp import web
 from aggapi.tls import certs, pki
 from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
 from benchmarks._replay_clients import Replicas, Watcher, fresh_versions, timed_list
-from benchmarks._replay_report import done_times, pct, report
+from benchmarks._replay_report import by_window, done_times, pct, report
 from tests.framework.frontproxy import FrontProxy, ProxyUser
 from tests.framework.procs import free_port, stop_child
 from tests.framework.repo import python_env
@@ -264,7 +264,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         busy_list = asyncio.create_task(timed_list(replicas, 5 + args.rollout / 4))
         while len(done_times(d / "done.log")) < args.pods and time.monotonic() < deadline:
             if args.roll and not rolled and time.monotonic() >= roll_at:
-                rolled = await roll(st)
+                rolled = await roll(st, t0)
             await asyncio.sleep(1.0)
             if time.monotonic() >= next_print:
                 next_print += 15
@@ -273,7 +273,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
                       f"pulls done, each watcher saw >= {seen} Done", flush=True)
         rollout_s = time.monotonic() - t0
         busy_list_s, _, busy_items, _ = await busy_list
-        settled, fresh = await settle(replicas, watchers, args.settle)
+        settled, fresh = await settle(replicas, watchers, args.settle,
+                                      len(done_times(d / "done.log")))
         spy.close()
         stop_sampling.set()
         await sampler
@@ -281,8 +282,9 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         with contextlib.suppress(OSError, ValueError):
             world = json.loads((d / "world.stats").read_text())
         done = done_times(d / "done.log")
-        lat = [t - done[k] for w in watchers for k, t in w.tally.done_at.items()
-               if t > 0 and k in done]
+        timed = [(done[k], t - done[k]) for w in watchers
+                 for k, t in w.tally.done_at.items() if t > 0 and k in done]
+        lat = [x for _, x in timed]
         cpu_means = [(rec[2] - rec[0]) / (rec[3] - rec[1])
                      for r in st.replicas for rec in r.cpu.values() if rec[3] > rec[1]]
         world_cpu = [(rec[2] - rec[0]) / (rec[3] - rec[1])
@@ -316,6 +318,8 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
             "watcher_done_timed": [sum(t > 0 for t in w.tally.done_at.values())
                                    for w in watchers],
             "watcher_errors": [w.errors for w in watchers], "rolled": rolled,
+            # [s after the rollout's start, samples, p50, p99, max] by when pulls ended
+            "update_by_5s": by_window(timed, t0),
             "agent_polls_per_s": round(world.get("agent_polls", 0) / wall, 1),
             "world_cpu_mean": round(max(world_cpu, default=0.0), 3),
             "world_cpu_peak": round(st.world_use.cores_peak, 3),
@@ -331,7 +335,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         await st.down()
 
 
-async def roll(st: Stack) -> dict[str, Any]:
+async def roll(st: Stack, rollout_t0: float) -> dict[str, Any]:
     """SIGTERM the leader (it releases the Lease, as in a rolling update), start it
     again; how long until another led and until it was back."""
     # The Lease is read in a thread: a blocking read here stalled every watcher of
@@ -342,6 +346,7 @@ async def roll(st: Stack) -> dict[str, Any]:
     r = st.replicas[i]
     assert r.proc is not None
     t0 = time.monotonic()
+    at = t0 - rollout_t0
     r.proc.terminate()
     while (now := await asyncio.to_thread(st.leader)) in (i, None):  # noqa: ASYNC110
         await asyncio.sleep(0.2)
@@ -352,21 +357,25 @@ async def roll(st: Stack) -> dict[str, Any]:
     await st.wait_ready(r)
     print(f"rolled leader replica-{i}: replica-{now} led after {new_leader_s:.1f}s "
           f"(the old one exited {exited} after {exit_s:.1f}s)", flush=True)
-    return {"replica": i, "new_leader_s": round(new_leader_s, 1),
+    return {"replica": i, "at_s": round(at, 1), "new_leader_s": round(new_leader_s, 1),
             "old_leader_exit_s": round(exit_s, 1),
             "back_s": round(time.monotonic() - t0, 1), "new_leader": now}
 
 
 async def settle(replicas: Replicas, watchers: list[Watcher],
-                 within: float) -> tuple[bool, dict[str, int]]:
-    """Until every watcher's cache equals a fresh list (or ``within``); that list."""
+                 within: float, pulls: int) -> tuple[bool, dict[str, int]]:
+    """Until a fresh list has ``pulls`` Done and every watcher's cache equals it (or
+    ``within``); that list. (Versions alone passed a new leader's state from before
+    its build: 6,092 of 50,000 Done, every cache equal to it.)"""
     deadline = time.monotonic() + within
     fresh: dict[str, int] = {}
     while True:
         code, body = await replicas.list()
         if code == 200 and isinstance(body, dict):
-            fresh = fresh_versions(body.get("items") or ())
-            if all(w.tally.absent(fresh) == 0 for w in watchers):
+            items = body.get("items") or ()
+            fresh = fresh_versions(items)
+            done = sum((o.get("status") or {}).get("phase") == "Done" for o in items)
+            if done >= pulls and all(w.tally.absent(fresh) == 0 for w in watchers):
                 return True, fresh
         if time.monotonic() > deadline:
             return False, fresh

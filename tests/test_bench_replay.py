@@ -126,3 +126,9 @@ async def test_a_paged_lists_version_is_its_first_pages_so_a_watch_misses_no_cha
             "watch": "1", "resourceVersion": versions[-1], "timeoutSeconds": "1"})
         lines = [line for line in (await resp.text()).splitlines() if line.strip()]
     assert any('"done": "yes"' in line or '"done":"yes"' in line for line in lines)
+
+
+def test_latency_is_binned_by_when_the_pull_ended() -> None:
+    from benchmarks._replay_report import by_window
+    rows = by_window([(100.5, 0.1), (101.0, 0.3), (107.0, 9.0)], t0=100.0)
+    assert rows == [[0.0, 2, 0.3, 0.3, 0.3], [5.0, 1, 9.0, 9.0, 9.0]]

@@ -13,6 +13,7 @@ from aggapi.apiserver.authconfig import AuthConfigSource
 from aggapi.apiserver.authn import authn_middleware
 from aggapi.apiserver.authz import authz_middleware
 from aggapi.apiserver.config import ApiServerConfig
+from aggapi.apiserver.election import Election
 from aggapi.apiserver.metrics import metrics_middleware
 from aggapi.apiserver.parts import Parts, complete
 from aggapi.apiserver.requestinfo import requestinfo_middleware
@@ -65,6 +66,8 @@ def _background(parts: Parts) -> Callable[[web.Application], AsyncIterator[None]
 
 # The app's draining/shutdown state, for the process that serves it (main.serve).
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+# Its election, for the hand-over at SIGTERM (main.serve), while it still accepts.
+ELECTION = web.AppKey("election", Election)
 
 
 def new_app(parts: Parts, *, extra_routes: list[Route] | None = None) -> web.Application:
@@ -81,6 +84,7 @@ def new_app(parts: Parts, *, extra_routes: list[Route] | None = None) -> web.App
     ])
     app.cleanup_ctx.append(_background(parts))
     app[LIFECYCLE] = parts.lifecycle
+    app[ELECTION] = parts.election
 
     async def on_shutdown(_app: web.Application) -> None:
         # Another replica leads the collections at once (not when the Lease expires),

@@ -34,6 +34,7 @@ class ApiServerConfig:
     shutdown_delay: float = 0.0
     shutdown_grace: float = 30.0
     shutdown_final: float = 5.0
+    handover_timeout: float = 25.0
     log_level: str = "info"
     # Node agents: found through the EndpointSlices of their Service, called over mTLS
     # with a capability token signed by this key.
@@ -122,6 +123,10 @@ _FLAGS: dict[str, tuple[type, str]] = {
                        "while endpoints drop this replica (progress streams end at once)"),
     "shutdown-grace": (float, "seconds streams may run on after SIGTERM"),
     "shutdown-final": (float, "seconds streams get to end after being told to"),
+    "handover-timeout": (float, "seconds a leader shutting down leads on, serving, while a "
+                         "follower warms its term (informers listed, objects built), "
+                         "before it hands the Lease over (beside --shutdown-delay; what "
+                         "outlasts it is taken from --shutdown-grace). 0: release at once"),
     "log-level": (str, "debug, info, warning, error"),
     "agent-namespace": (str, "namespace of the agent Service"),
     "agent-service": (str, "name of the agent Service (its EndpointSlices carry nodeName)"),

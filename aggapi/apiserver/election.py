@@ -10,6 +10,10 @@ high bits of every resourceVersion it hands out (``store.Clock``). A new leader'
 epoch is above its predecessor's, so no version of an old term is ever taken for one
 of the new: the new history goes on from the old one's versions its mirror holds
 (``mirror.py``) and answers the others 410 (clients relist).
+
+A leader shutting down hands its term over (``hand_over``, then ``release``; the marks:
+``handover.py``): a follower warms its next term while the leader stamps and serves,
+then gets the Lease. A leader killed is replaced when its Lease expires.
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aggapi import tasks
+from aggapi.apiserver.handover import (
+    HANDOVER,
+    HANDOVER_KEYS,
+    HANDOVER_POLL,
+    SUCCESSOR,
+    SUCCESSOR_READY,
+    Succession,
+    annotated,
+    notes,
+)
 from aggapi.kube.client import KubeClient, KubeError, path_segment
 
 log = logging.getLogger(__name__)
@@ -55,6 +70,9 @@ class Election:
         self.listeners: list[OnChange] = []
 
     async def run(self) -> None:
+        return
+
+    async def hand_over(self, timeout: float) -> None:
         return
 
     async def release(self) -> None:
@@ -105,6 +123,13 @@ class LeaseElection(Election):
         self._seen: tuple[str, float] = ("", 0.0)  # the Lease's version, when first seen
         self._renewed = 0.0
         self._released = False  # shutting down: never lead again
+        self.succession: Succession | None = None
+        self._warming: asyncio.Task[None] | None = None  # this replica's, as successor
+        self._handing = False  # a hand-over in the last Lease read: read it often
+        self._successor = ""  # the successor this leader hands the Lease to
+        self._warm = False  # and whether it said it is warm
+        self._lease: dict[str, Any] | None = None  # the hand-over's last read
+        self._claimed = False  # this follower named itself successor
 
     async def run(self) -> None:
         while True:
@@ -114,7 +139,7 @@ class LeaseElection(Election):
                 log.warning("leader election: %s", exc)
                 if self.is_leader and self._mono() - self._renewed > self.renew_deadline:
                     await self._set(False, None)  # cannot renew: step down before expiry
-            await asyncio.sleep(self.retry_period)
+            await asyncio.sleep(HANDOVER_POLL if self._handing else self.retry_period)
 
     async def tick(self) -> None:
         """One round: renew, take over an expired or released Lease, or follow."""
@@ -143,12 +168,15 @@ class LeaseElection(Election):
             await self._acquire(lease)
             return
         await self._set(False, _leader_of(lease))
+        await self._succeed(lease, holder)
 
-    def _body(self, lease: dict[str, Any] | None, epoch: int) -> dict[str, Any]:
+    def _body(self, lease: dict[str, Any] | None, epoch: int,
+              drop: tuple[str, ...] = ()) -> dict[str, Any]:
         body = dict(lease or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                               "metadata": {"name": self.name, "namespace": self.namespace}})
         meta = dict(body.get("metadata") or {})
-        meta["annotations"] = {**(meta.get("annotations") or {}), ENDPOINT: self.endpoint,
+        kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in drop}
+        meta["annotations"] = {**kept, ENDPOINT: self.endpoint,
                                CERT_SHA256: self._cert(), EPOCH: str(epoch)}
         body["metadata"] = meta
         return body
@@ -163,7 +191,7 @@ class LeaseElection(Election):
         # Above the last term's, and above any earlier Lease's (one deleted since):
         # epochs are seconds of wall time unless the last term's is higher.
         epoch = max(int(self._wall()), before + 1, (old.epoch + 1) if old else 0)
-        body = self._body(lease, epoch)
+        body = self._body(lease, epoch, drop=HANDOVER_KEYS)
         spec = dict(body.get("spec") or {})
         transitions = int(spec.get("leaseTransitions") or 0)
         if spec.get("holderIdentity") != self.identity:
@@ -186,7 +214,9 @@ class LeaseElection(Election):
         self._seen = (str((stored.get("metadata") or {}).get("resourceVersion") or ""),
                       self._renewed)
         log.info("leading podimagepulls/nodeimagepulls from epoch %d", epoch)
-        self.epoch = epoch
+        self.epoch, self._handing = epoch, False
+        await tasks.cancel(self._warming)  # done, or never to be: the new term decides
+        self._warming = None
         await self._set(True, _leader_of(stored))
 
     async def _renew(self, lease: dict[str, Any]) -> None:
@@ -213,16 +243,145 @@ class LeaseElection(Election):
         if changed:
             await self._changed()
 
+    async def hand_over(self, timeout: float) -> None:
+        """On shutdown, before ``release``: ask for a successor and lead on until one
+        is warm (or ``timeout`` s), so that its term starts from a current mirror and
+        a warm build instead of its informers' first lists. Serving goes on meanwhile."""
+        if not self.is_leader or timeout <= 0 or self.succession is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        # Followers read the Lease every retry period: one able to succeed has named
+        # itself after two (none: the only replica, or the others shutting down too).
+        claim_by = loop.time() + 3 * self.retry_period
+        log.info("handing over podimagepulls/nodeimagepulls", extra={
+            "timeoutSeconds": timeout})
+        while self.is_leader and loop.time() < deadline:
+            try:
+                lease = await self.kube.get(self.path)
+                spec = lease.get("spec") or {}
+                if spec.get("holderIdentity") != self.identity:
+                    return
+                ann = notes(lease)
+                if ann.get(HANDOVER) != self.identity:
+                    await self._annotate(lease, {HANDOVER: self.identity})
+                else:
+                    named = str(ann.get(SUCCESSOR) or "")
+                    if self._successor and not named:  # it withdrew: another may claim
+                        claim_by = loop.time() + 3 * self.retry_period
+                    self._successor = named
+                    self._warm = bool(ann.get(SUCCESSOR_READY))
+                    self._lease = lease
+                    if self._warm:
+                        log.info("successor warm", extra={"successor": self._successor})
+                        return
+                    if not self._successor and loop.time() > claim_by:
+                        log.info("no follower can succeed: releasing the Lease")
+                        return
+            except (KubeError, OSError, TimeoutError, ValueError) as exc:
+                log.warning("hand-over: %s", exc)
+            await asyncio.sleep(HANDOVER_POLL)
+        log.warning("successor not warm within %.0f s: handing the Lease over as it is",
+                    timeout, extra={"successor": self._successor})
+
     async def release(self) -> None:
-        """On shutdown (before draining): give the Lease up so another replica leads at
-        its next round, not after the Lease expires; this one follows it meanwhile."""
+        """On shutdown (before draining): give the Lease up, to the successor
+        (``hand_over``: warm or not, its informers are ahead of any other follower's)
+        or to whichever replica takes it at its next round, not after it expires. The
+        address goes with it: until the successor writes its own, the others forward
+        nowhere (503, retried)."""
         self._released = True
+        await tasks.cancel(self._warming)
         if not self.is_leader:
+            await self._withdraw()
+            return
+        # The hand-over's last read, if any: one request less to kube-apiserver
+        # between the successor's "warm" and its term (read again on a 409).
+        lease, self._lease = self._lease, None
+        with contextlib.suppress(KubeError, OSError, TimeoutError):
+            for _ in range(3):
+                lease = lease or await self.kube.get(self.path)
+                if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                    break
+                try:
+                    await self.kube.request("PUT", self.path, body=self._handed(lease))
+                except KubeError as err:
+                    if err.status != 409:
+                        raise
+                    lease = None
+                    continue
+                if self._successor:
+                    log.info("handed the Lease over", extra={"successor": self._successor})
+                break
+        await self._set(False, None)
+
+    def _handed(self, lease: dict[str, Any]) -> dict[str, Any]:
+        """``lease`` given to the successor (or to no one), without this replica's
+        address and the hand-over's marks."""
+        spec = lease.get("spec") or {}
+        to = self._successor
+        duration = self.lease_seconds if to else 1
+        return {**annotated(lease, {}, drop=(ENDPOINT, CERT_SHA256, *HANDOVER_KEYS)),
+                "spec": {**spec, "holderIdentity": to, "renewTime": _now(),
+                         "leaseDurationSeconds": duration,
+                         "leaseTransitions": int(spec.get("leaseTransitions") or 0)
+                         + (1 if to else 0)}}
+
+    # --- as a follower: succeeding a leader that hands over --------------------------
+
+    async def _withdraw(self) -> None:
+        """Shutting down while named successor: un-name itself, so that the leader
+        does not hand the Lease to a replica that is going (another may claim)."""
+        if self._warming is None and not self._claimed:
             return
         with contextlib.suppress(KubeError, OSError, TimeoutError):
             lease = await self.kube.get(self.path)
-            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                lease["spec"] = {**lease["spec"], "holderIdentity": "",
-                                 "leaseDurationSeconds": 1}
-                await self.kube.request("PUT", self.path, body=lease)
-        await self._set(False, None)
+            if notes(lease).get(SUCCESSOR) == self.identity:
+                await self.kube.request("PUT", self.path, body=annotated(
+                    lease, {}, drop=(SUCCESSOR, SUCCESSOR_READY)))
+
+    async def _annotate(self, lease: dict[str, Any], extra: dict[str, str]) -> bool:
+        """Write ``extra`` into the Lease's annotations, as read; False when it changed
+        meanwhile (409: read again at the next round)."""
+        try:
+            await self.kube.request("PUT", self.path, body=annotated(lease, extra))
+        except KubeError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    async def _succeed(self, lease: dict[str, Any], holder: str) -> None:
+        """A follower's part in a hand-over: name itself successor when none is and it
+        can, warm its next term, say when it is warm; drop it when the hand-over is
+        gone (the leader released to no one, or another leads)."""
+        ann = notes(lease)
+        asked = bool(holder) and ann.get(HANDOVER) == holder
+        successor = str(ann.get(SUCCESSOR) or "")
+        # Read often while a hand-over runs, and while the Lease is handed to a
+        # successor that has not yet written its address (the others follow it then).
+        self._handing = asked or (bool(holder) and _leader_of(lease) is None)
+        succession = self.succession
+        if succession is None:
+            return
+        if not asked or self._released or successor not in ("", self.identity):
+            if self._warming is not None:
+                await tasks.cancel(self._warming)
+                self._warming = None
+                await succession.cool()
+            return
+        if not successor:
+            if succession.able() and await self._annotate(lease, {SUCCESSOR: self.identity}):
+                log.info("warming to succeed %s", holder)
+                self._claimed = True
+                self._warming = asyncio.create_task(succession.warm(), name="succession")
+            return
+        if self._warming is None:
+            self._warming = asyncio.create_task(succession.warm(), name="succession")
+        if self._warming.done() and not ann.get(SUCCESSOR_READY):
+            failed = self._warming.cancelled() or self._warming.exception()
+            if failed:
+                log.warning("warming to succeed %s failed: %r", holder, failed)
+                self._warming = None  # tried again at the next round
+                return
+            await self._annotate(lease, {SUCCESSOR_READY: "true"})

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from aggapi import eventloop
-from aggapi.apiserver.app import LIFECYCLE, build_app
+from aggapi.apiserver.app import ELECTION, LIFECYCLE, build_app
 from aggapi.apiserver.config import ApiServerConfig, parse_args
 from aggapi.kube import client as kube
 from aggapi.serve import gctune, logs
@@ -64,10 +64,24 @@ async def serve(config: ApiServerConfig, stop: asyncio.Event | None = None) -> N
         # EndpointSlice without this replica reaches it; a closed port would fail them.
         app[LIFECYCLE].draining.set()
         log.info("shutting down", extra={"delaySeconds": config.shutdown_delay})
-        await asyncio.sleep(config.shutdown_delay)
+        await hand_over(app, config)
         await runner.cleanup()
     finally:
         await api.close()
+
+
+async def hand_over(app: web.Application, config: ApiServerConfig) -> None:
+    """The shutdown delay and, beside it, the hand-over of the collections (a follower
+    warms its term while this replica leads on, election.py), then the Lease handed:
+    both while still accepting (the followers forward here until then). What the
+    hand-over outlasts the delay by is taken from the drain."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    election = app[ELECTION]
+    await asyncio.gather(asyncio.sleep(config.shutdown_delay),
+                         election.hand_over(config.handover_timeout))
+    await election.release()
+    app[LIFECYCLE].grace_spent = max(0.0, loop.time() - start - config.shutdown_delay)
 
 
 def main(argv: Sequence[str]) -> int:

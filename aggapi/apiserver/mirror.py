@@ -15,7 +15,9 @@ real differences become changes, stamped in the new epoch). A version the mirror
 never got (the old leader stamped it, its last events never came) is 410 as before.
 A leader that shuts down closes its term before it drains, and sends each stream the
 changes it had not yet sent before ending it (``watch.py``), so the mirror of a
-graceful roll ends at the old term's last change.
+graceful roll ends at the old term's last change. Before that it hands over
+(election.py): the follower that succeeds it warms its term's feed beside the
+mirror (``succession``), so the term starts from both at once.
 
 nodeimagepulls is not mirrored: its watch would keep the leader polling every
 agent for as long as followers exist; its watchers relist (5,000 nodes, not 50,000
@@ -38,6 +40,7 @@ from aggapi import GROUP_VERSION, tasks
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.store import ADDED, Clock, Collection
 from aggapi.apiserver.election import Election, Leader
+from aggapi.apiserver.handover import Succession
 from aggapi.apiserver.podsources import pod_key
 from aggapi.apiserver.replicas import Forwarder
 
@@ -106,11 +109,16 @@ class Mirror:
         """Stop mirroring and hand the mirrored collection over (this replica leads
         now): after the stream from the old leader ends, at most ``settle`` s. None
         when it holds no state."""
+        start = time.monotonic()
         if self._task is not None and not self._ended.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ended.wait(), settle)
+        ended = self._ended.is_set()
         await tasks.cancel(self._task)
         col, synced = self.collection, self.synced
+        log.info("mirror taken for the term", extra={
+            "resourceVersion": col.rv, "synced": synced, "streamEnded": ended,
+            "waitedSeconds": round(time.monotonic() - start, 3)})
         self._task, self._following = None, ""
         self.collection, self.synced = Collection(Clock(0)), False
         return col if synced else None
@@ -200,3 +208,12 @@ def term_listener(election: Election, feeds: Feeds, mirror: Mirror | None
         if mirror is not None:
             mirror.follow(election.leader)
     return changed
+
+
+def succession(feeds: Feeds, mirror: Mirror) -> Succession:
+    """How this follower succeeds a leader that hands over (election.py): once its
+    mirror holds the leader's state, warm its next term's cluster-wide feed, whose
+    builds keep the mirrored objects' totals."""
+    return Succession(able=lambda: mirror.synced,
+                      warm=lambda: feeds.prepare(lambda: mirror.collection.objects),
+                      cool=feeds.cool)

@@ -28,7 +28,7 @@ from aggapi.apiserver.imagepullprogress.fanout import SharedStreams
 from aggapi.apiserver.imagepullprogress.objects import new_progress_streams
 from aggapi.apiserver.imagepullprogress.podwatch import PodWatchHub
 from aggapi.apiserver.metrics import Metrics
-from aggapi.apiserver.mirror import Mirror, term_listener
+from aggapi.apiserver.mirror import Mirror, succession, term_listener
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.replicas import Forwarder, cert_sha256
 from aggapi.apiserver.shutdown import Lifecycle
@@ -130,6 +130,7 @@ def _election(config: ApiServerConfig, kube_api: KubeClient, feeds: Feeds,
     forwarder = Forwarder(election, kube_api.bearer_token, identity, lifecycle)
     mirror = Mirror(forwarder, election, on_synced)
     election.listeners.insert(0, term_listener(election, feeds, mirror))
+    election.succession = succession(feeds, mirror)
     return election, forwarder, mirror
 
 

@@ -44,6 +44,12 @@ class Shared(Generic[K, P]):
         entry.refs += 1
         return entry.part
 
+    def put(self, key: K, part: P) -> None:
+        """Share ``part``, already started elsewhere, as ``key``'s (none yet): its first
+        user acquires it."""
+        assert key not in self._entries
+        self._entries[key] = _Entry(part)
+
     def release(self, key: K) -> None:
         entry = self._entries.get(key)
         if entry is None:

@@ -30,6 +30,10 @@ class Lifecycle:
         self.draining = asyncio.Event()
         self.shutdown = asyncio.Event()
         self.streams = 0
+        # Seconds of the shutdown grace already spent handing the leadership over
+        # (main.py): the drain gets the rest, so the whole stays within the pod's
+        # terminationGracePeriodSeconds.
+        self.grace_spent = 0.0
         self.copies = Drain()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -44,6 +48,7 @@ class Lifecycle:
             self._idle.set()
 
     async def drain(self, grace: float) -> None:
+        grace = max(0.0, grace - self.grace_spent)
         self.draining.set()
         start = time.monotonic()
         self.copies.start(grace)

@@ -59,6 +59,7 @@ class Cluster:
     kube: FakeKube
     certs: Pki
     epochs: list[int]  # the last term's, shared by every example of a test
+    warming: list[asyncio.Task[None]] = field(default_factory=list)
 
     def leading(self) -> int:
         return next(i for i, e in enumerate(self.elections) if e.is_leader)
@@ -82,6 +83,15 @@ class Cluster:
             return True
         return False
 
+    def warm(self, i: int) -> None:
+        """Replica ``i`` warms its next term as a successor does while the leader hands
+        over (election.py): its informers list and it builds, from now on, beside its
+        mirror; its term (``elect``) starts from it, built or not. Electing another
+        replica drops it (that one's new_term(None))."""
+        feeds, mirror = self.servers[i].parts.feeds, self.mirrors[i]
+        self.warming.append(asyncio.ensure_future(
+            feeds.prepare(lambda: mirror.collection.objects)))
+
     async def elect(self, i: int) -> None:
         """Replica ``i`` leads a new term; the others (all three) follow it."""
         self.epochs[0] += 1
@@ -92,6 +102,10 @@ class Cluster:
             if j != i:
                 await e.set(False, leader, epoch)
         await self.elections[i].set(True, leader, epoch)
+        for task in self.warming:  # (as the election's, at its term's start)
+            task.cancel()
+        await asyncio.gather(*self.warming, return_exceptions=True)
+        self.warming.clear()
 
     async def forget(self, i: int) -> None:
         """Replica ``i`` loses its collections' state, as a restart does; a leader's

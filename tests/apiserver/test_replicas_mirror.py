@@ -12,9 +12,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggapi.apiserver.collections import store
 from tests.framework.until import until
 
 from .conftest import GV
@@ -34,7 +36,7 @@ from .replicaharness import (
 __all__ = ["replicas"]  # the fixture
 
 GRACEFUL = st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "done", "delete",
-                                               "elect"]),
+                                               "elect", "warm"]),
                               st.integers(0, 5)), min_size=12, max_size=30)
 
 
@@ -45,8 +47,11 @@ async def test_through_graceful_leader_changes_a_watcher_never_relists(
         replicas: Callable[[int], Any], n: int, ops: list[tuple[str, int]],
         seed: int) -> None:
     """Each leader change as a rolling update makes it (the old leader ends its term
-    first; the next one's mirror had caught up): the reflector lists once and watches
-    on through every term, nothing lost, nothing repeated, never a 410."""
+    first; the next one's mirror had caught up), some after a hand-over (``warm``: the
+    next leader's informers list and it builds while the pods change, and its term
+    starts from that build diffed against its mirror, built yet or not): the reflector
+    lists once and watches on through every term, nothing lost, nothing repeated,
+    never a 410."""
     cluster: Cluster = await replicas(n)
     ns = f"g-{next(RUNS)}"  # a namespace of its own (hypothesis runs an example again)
     rng = random.Random(seed)
@@ -63,8 +68,10 @@ async def test_through_graceful_leader_changes_a_watcher_never_relists(
     try:
         await until(lambda: client.lists == 1)
         for op, i in ops:
-            if op == "elect" and await cluster.holds(
-                    nxt := (cluster.leading() + 1 + i % (n - 1)) % n, client.rv):
+            nxt = (cluster.leading() + 1 + i % (n - 1)) % n
+            if op == "warm":
+                cluster.warm(nxt)
+            elif op == "elect" and await cluster.holds(nxt, client.rv):
                 await cluster.elect(nxt)
                 elected += 1
             else:
@@ -116,3 +123,77 @@ async def test_a_version_the_mirror_never_got_is_410(replicas: Callable[[int], A
     assert [(e["type"], name_of(e["object"]), e["object"]["metadata"]["labels"]["step"])
             for e in events] == [("MODIFIED", "p0", "1")]
     assert int(events[0]["object"]["metadata"]["resourceVersion"]) > lacked
+
+
+async def test_a_warm_successors_term_changes_only_what_its_mirror_lacks(
+        replicas: Callable[[int], Any]) -> None:
+    """A hand-over's successor built while the leader led on: its term starts from
+    that build, diffed against its mirror, so the one change the mirror missed comes
+    in the new epoch and nothing else does; its feed is the warm one, not a new
+    build."""
+    cluster: Cluster = await replicas(2)
+    await cluster.elect(0)
+    await until(lambda: cluster.caught_up(1))
+    ns = f"warm-{next(RUNS)}"
+    for i, done in ((0, False), (1, True), (2, False)):
+        cluster.kube.put("api/v1", "pods", pod_at(ns, i, 0, done))
+    await until(lambda: cluster.caught_up(1) and sum(
+        o["metadata"]["namespace"] == ns
+        for o in cluster.mirrors[1].collection.objects.values()) == 3)
+    held = cluster.mirrors[1].collection.rv
+    cluster.mirrors[1].follow(None)  # the mirror hears nothing more of r0
+    cluster.warm(1)
+    feeds = cluster.servers[1].parts.feeds
+    await until(lambda: feeds.warming is not None)
+    warm = feeds.warming
+    assert warm is not None
+    cluster.kube.put("api/v1", "pods", pod_at(ns, 0, 1, False))
+    await until(lambda: any(o["metadata"]["namespace"] == ns and name_of(o) == "p0"
+                            and o["metadata"]["labels"]["step"] == "1"
+                            for o in warm.collection.objects.values()))
+    await cluster.elect(1)
+    assert feeds.pods.get("") is warm and warm.seeded
+    path = f"{GV}/namespaces/{ns}/podimagepulls?watch=true&timeoutSeconds=1&resourceVersion="
+    async with cluster.session(cluster.servers[1]).get(path + str(held),
+                                                       headers=ALICE) as resp:
+        assert resp.status == 200
+        events = [json.loads(line) for line in (await resp.text()).splitlines() if line]
+    assert [(e["type"], name_of(e["object"]), e["object"]["metadata"]["labels"]["step"])
+            for e in events] == [("MODIFIED", "p0", "1")]
+    assert int(events[0]["object"]["metadata"]["resourceVersion"]) >> 32 == \
+        cluster.elections[1].epoch
+
+
+async def test_a_first_build_that_outgrows_the_history_still_goes_on_from_the_old_term(
+        replicas: Callable[[int], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new term's first build changes more objects than its history holds (the
+    old leader lagged kube; here its mirror missed them): a watch from the old term's
+    last version gets each object's net change, not 410 and a relist of everything."""
+    monkeypatch.setattr(store, "HISTORY_EVENTS", 4)
+    cluster: Cluster = await replicas(2)
+    await cluster.elect(0)
+    ns = f"outgrow-{next(RUNS)}"
+    for i in range(3):
+        cluster.kube.put("api/v1", "pods", pod_at(ns, i, 0, False))
+    await until(lambda: cluster.caught_up(1) and sum(
+        o["metadata"]["namespace"] == ns
+        for o in cluster.mirrors[1].collection.objects.values()) == 3)
+    held = cluster.mirrors[1].collection.rv
+    cluster.mirrors[1].follow(None)  # the mirror hears nothing more of r0
+    for i in range(6):  # three changed, three new: six changes, the history holds four
+        cluster.kube.put("api/v1", "pods", pod_at(ns, i, 1, False))
+    await cluster.elect(1)
+    new = cluster.servers[1].parts.feeds.pods.get("")
+    assert new is not None
+    await until(new.synced.is_set)
+    await until(lambda: sum(o["metadata"]["namespace"] == ns
+                            and o["metadata"]["labels"]["step"] == "1"
+                            for o in new.collection.objects.values()) == 6)
+    path = (f"{GV}/namespaces/{ns}/podimagepulls?watch=true&timeoutSeconds=1"
+            f"&resourceVersion={held}")
+    async with cluster.session(cluster.servers[1]).get(path, headers=ALICE) as resp:
+        assert resp.status == 200, await resp.text()
+        events = [json.loads(line) for line in (await resp.text()).splitlines() if line]
+    assert sorted((e["type"], name_of(e["object"]), e["object"]["metadata"]["labels"]["step"])
+                  for e in events) == [("ADDED", f"p{i}", "1") for i in (3, 4, 5)] + [
+        ("MODIFIED", f"p{i}", "1") for i in (0, 1, 2)]

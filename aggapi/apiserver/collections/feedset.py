@@ -11,12 +11,13 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+from typing import Any
 
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feeds import NodeFeed, PodFeed
 from aggapi.apiserver.collections.nodepolls import NodePoll
-from aggapi.apiserver.collections.store import Clock, Collection
+from aggapi.apiserver.collections.store import EPOCH_SHIFT, Clock, Collection
 from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.shared import Shared
 
@@ -38,6 +39,9 @@ class Feeds:
         self.clock = Clock()
         self.term: int | None = None  # the epoch of the term served (None: no election)
         self._seed: Collection | None = None  # the term's start: a mirror (mirror.py)
+        # The cluster-wide pod feed warmed for this replica's next term, while the
+        # leader hands over (election.py): promoted at the term's start.
+        self._warm: PodFeed | None = None
         self.sources = sources
         self.agent = agent
         self.linger = linger
@@ -83,14 +87,48 @@ class Feeds:
         pace = polled / self.polls_per_second
         return pace * (0.75 + random.random() / 2)  # spread: polls started together
 
+    async def prepare(self, basis: Callable[[], Mapping[Hashable, Any]]) -> None:
+        """Warm the cluster-wide pod feed of this replica's next term (the leader hands
+        over): its informers list, it builds every object (the totals kept from
+        ``basis``, the mirror of the leader's) and reads the nodes' first views; until
+        then. Its term starts from it (``new_term``)."""
+        if self._warm is None:
+            self._warm = PodFeed(self.sources, "", self.polls, Clock(0), basis=basis)
+            self._warm.start()
+        warm, start = self._warm, time.monotonic()
+        await warm.source.wait_synced(timeout=None)
+        log.info("warming the next term: pods and events listed",
+                 extra={"seconds": round(time.monotonic() - start, 2)})
+        await warm.warm()
+        log.info("warming the next term: built", extra={
+            "objects": len(warm.collection.objects),
+            "seconds": round(time.monotonic() - start, 2)})
+
+    @property
+    def warming(self) -> PodFeed | None:
+        """The feed ``prepare`` warms for the next term, if any."""
+        return self._warm
+
+    async def cool(self) -> None:
+        """Another replica leads: what ``prepare`` warmed is not needed."""
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            await warm.stop()
+
     async def new_term(self, epoch: int | None, seed: Collection | None = None) -> None:
         """Leadership changed: this replica leads from ``epoch`` on (None: it no longer
         leads). The old term's collections close (each watcher gets what it had not
         yet sent, then ends) and the next request starts the new term's feeds. With
         ``seed`` (the old leader's cluster-wide podimagepulls, mirrored here) the new
         term's cluster-wide pod feed starts from it, held for the term: its versions
-        stay valid, and its first build changes only what differs."""
+        stay valid, and its first build changes only what differs. A feed warmed for
+        the term (``prepare``) is its first build: the term starts with it, diffed
+        against ``seed``, instead of listing and building then."""
         old_pods, old_nodes = self.pods, self.nodes
+        warm, self._warm = self._warm, None
+        if (ended := old_pods.get("")) is not None and self.term is not None:
+            log.info("term ends", extra={"epoch": self.term,
+                                         "resourceVersion": ended.collection.rv})
         self.clock, self.term = Clock(epoch), epoch
         if seed is not None and seed.rv >= self.clock.peek():  # never: epochs only grow
             log.warning("a mirror at %d is not below epoch %s: not used", seed.rv, epoch)
@@ -98,6 +136,17 @@ class Feeds:
         self._seed = seed if epoch is not None else None
         hold = self._seed is not None
         self.pods, self.nodes = self._new_feeds()
+        if warm is not None and epoch is not None:
+            start = time.monotonic()
+            built = warm.synced.is_set()
+            warm.promote(self._take_seed(), self.clock)
+            self.pods.put("", warm)
+            hold = True
+            log.info("term starts from the warm feed", extra={
+                "built": built, "stamped": self.clock.peek() - (self.clock.epoch << EPOCH_SHIFT),
+                "seconds": round(time.monotonic() - start, 3)})
+        elif warm is not None:
+            await warm.stop()
         old = [*old_pods.parts().values(),
                *(old_nodes.parts().values() if old_nodes is not None else ())]
         for feed in old:
@@ -172,6 +221,7 @@ class Feeds:
     async def close(self) -> None:
         if self._warming is not None:
             self._warming.cancel()
+        await self.cool()
         if self.nodes is not None:
             await self.nodes.close()
         await self.pods.close()

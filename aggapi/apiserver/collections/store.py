@@ -204,9 +204,14 @@ class Collection:
 
     def adopt(self, clock: Clock) -> None:
         """This replica leads from here: its term's ``clock`` stamps the changes that
-        follow, every one above the mirrored versions (a later epoch)."""
+        follow, every one above the mirrored versions (a later epoch). The mirrored
+        state is kept at its last version, the one every client the old term ended
+        holds (as a paged list's): the term's first build may change more objects than
+        the history holds (a leader that lagged kube by 10,000 changes), and a watch
+        from it then gets each object's net change (``net_since``), not 410."""
         assert clock.peek() > self.rv, "a new term's versions follow the mirrored ones"
         self._clock = clock
+        self.keep_state(self.rv, self.objects)
 
     def reached(self, rv: int) -> bool:
         """Whether ``rv`` is not from the future: not above this term's last version
