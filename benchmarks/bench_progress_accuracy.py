@@ -169,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_summary(total, f"overall ({len(results)} scenarios"
                   + (f"; skipped {skipped}" if skipped else "") + ")")
-    print(f"{'scenario':15} {'ETA50 med':>9} {'p90':>5} {'rate max':>8} {'layer/link':>10}  goals")
+    print(f"{'scenario':15} {'ETA50 med':>9} {'p90':>5} {'rate max':>8} {'centred':>8} "
+          f"{'layer/link':>10}  goals")
     for r in results:
         s = r["summary"]
         print(f"{r['scenario']:15} {pct(s['eta_error_median']):>9} {pct(s['eta_error_p90'])} "
-              f"{pct(s['rate_error_max']):>8} {s['layer_rate_over_link']:10.2f}  "
-              f"{'met' if s['goal_met'] else 'NOT met'}")
+              f"{pct(s['rate_error_max']):>8} {pct(s.get('rate_error_max_centered')):>8} "
+              f"{s['layer_rate_over_link']:10.2f}  {'met' if s['goal_met'] else 'NOT met'}")
     if a.json:
         a.json.write_text(json.dumps(finite({
             "eta_error_median": total["eta_error_median"],
