@@ -25,6 +25,7 @@ from benchmarks._accuracy_score import (
     max_layer_rate,
     merge_logs,
     peak_rate,
+    steps_for,
     summarize,
 )
 from benchmarks._accuracy_stacks import ClusterStack, Stack, log
@@ -136,26 +137,31 @@ def run_scenario(stack: Stack | ClusterStack, sc: Scenario, cache: oci.BlobCache
     return r
 
 
+def _sent(sc: Scenario, b: oci.Blob, record: dict[str, Any]) -> ByteLog:
+    """A blob's bytes as the throttle sent them: the attempt that finished, the one the
+    pull's progress ends with."""
+    fetches = record.get(b.digest) or []
+    done = [f for f in fetches if f.received == b.size]
+    if not done:
+        raise RuntimeError(f"{sc.name}: blob {b.digest[:19]} never fully sent "
+                           f"({[f.received for f in fetches]} of {b.size})")
+    return [(wall, float(n)) for _, wall, n in done[-1].samples]
+
+
 def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> dict[str, Any]:
     checks: list[Check] = []
-    retries = 0
     finals: dict[str, dict[str, Any]] = {}
     objects: dict[str, dict[str, int]] = {}
     link_logs: list[ByteLog] = []
     layer_max = 0.0
+    flows = [_sent(sc, b, record) for p in pods for b in p.blobs]  # every blob on the link
+    retries = sum(max(0, len(record.get(b.digest) or []) - 1) for p in pods for b in p.blobs)
+    first = 0  # the pod's first blob in ``flows``
     for p in pods:
         k = int(p.name.rsplit("-", 1)[1])
         tag = f"p{k} " if len(pods) > 1 else ""
-        logs: list[ByteLog] = []
-        for b in p.blobs:
-            fetches = record.get(b.digest) or []
-            done = [f for f in fetches if f.received == b.size]
-            retries += max(0, len(fetches) - 1)
-            if not done:
-                raise RuntimeError(f"{sc.name}: blob {b.digest[:19]} never fully sent "
-                                   f"({[f.received for f in fetches]} of {b.size})")
-            # The attempt that finished is the one the pull's progress ends with.
-            logs.append([(wall, float(n)) for _, wall, n in done[-1].samples])
+        mine = range(first, first + len(p.blobs))
+        logs, first = flows[first:first + len(p.blobs)], first + len(p.blobs)
         got = {g: s.objects for g, s in p.streams.items()}
         progress = {g: [(t, o) for t, o in objs if o.get("kind") == "Progress"]
                     for g, objs in got.items()}
@@ -165,12 +171,14 @@ def evaluate(sc: Scenario, pods: Sequence[PodRun], record: dict[str, Any]) -> di
         objects[p.name] = {g: len(v) for g, v in got.items()}
         for i, (b, lg) in enumerate(zip(p.blobs, logs, strict=True)):
             objs = [(t, o) for t, o in progress["layer"] if o.get("layer") == b.digest]
-            checks += checks_for("layer", f"{tag}L{i + 1} {sc.layers(k)[i]:g}MiB", lg, objs)
+            checks += checks_for("layer", f"{tag}L{i + 1} {sc.layers(k)[i]:g}MiB", lg, objs,
+                                 steps_for(flows, {mine[i]}))
         image_log = merge_logs(logs)
         # One image per pod: its objects are the image stream's (named as the spec does).
         image_objs = [(t, o) for t, o in progress["image"] if o.get("image") == p.ref]
-        checks += checks_for("image", f"{tag}image", image_log, image_objs)
-        checks += checks_for("pod", f"{tag}pod", image_log, progress["pod"])
+        steps = steps_for(flows, set(mine))
+        checks += checks_for("image", f"{tag}image", image_log, image_objs, steps)
+        checks += checks_for("pod", f"{tag}pod", image_log, progress["pod"], steps)
         link_logs.append(image_log)
         layer_max = max(layer_max, max_layer_rate(progress["layer"]))
     rows = [c.row() for c in checks]

@@ -24,6 +24,7 @@ from benchmarks._accuracy_score import (
     quantile,
     rate_error,
     real_rate,
+    steps_for,
     summarize,
     time_at_fraction,
 )
@@ -98,6 +99,51 @@ def test_real_rate_sees_a_stall_in_the_window() -> None:
     assert real_rate(log, 5.0) == pytest.approx(1e5, rel=0.01)
     assert real_rate(log, 15.0) == 0.0
     assert real_rate(log, 10.0) == pytest.approx(0.5e5, rel=0.03)  # half stalled
+
+
+def uneven() -> tuple[ByteLog, ByteLog]:
+    """2nodes-400k-uneven's link (400 kB/s) as the throttle records it: node 2's one 3 MiB
+    flow at a third until its end at 23.6 s, node 1's flows (one merged item here) at two
+    thirds, then at all of it."""
+    end = 3 * MiB / (4e5 / 3)
+    n2 = steady(0.0, 4e5 / 3, 3 * MiB)
+    n1 = steady(0.0, 8e5 / 3, 6 * MiB)
+    n1 += [(t + end, n + 6 * MiB) for t, n in steady(0.0, 4e5, 6 * MiB)]
+    return n1, n2
+
+
+@pytest.mark.parametrize(("dt", "rate"), [(-0.36, 8e5 / 3), (0.31, 4e5), (1.9, 4e5),
+                                          (-1.9, 8e5 / 3)])
+def test_the_real_rate_does_not_straddle_another_pulls_end(dt: float, rate: float) -> None:
+    """The reference is the true rate on T's side of a known step (a flow on the link
+    ending: the throttle's record steps there from 267k to 400k), not their mix: at
+    node 2's end +0.31 s the centred window read 343k with 398k flowing (s39/s40)."""
+    n1, n2 = uneven()
+    steps = steps_for([n1, n2], {0})
+    # The flows' starts together, and node 2's last byte.
+    assert steps[-1] == n2[-1][0] and all(x < 0.1 for x in steps[:-1])
+    t = n2[-1][0] + dt
+    assert real_rate(n1, t, steps=steps) == pytest.approx(rate, rel=0.02)
+    centred = real_rate(n1, t)
+    assert centred is not None and abs(centred - rate) / rate > 0.1 * (2 - abs(dt)) / 2
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(1e4, 1e6), st.integers(1, 8 << 20)),
+                min_size=1, max_size=5), st.data())
+def test_steps_are_other_flows_ends_and_never_widen_the_window(
+        spec: list[tuple[float, float, int]], data: st.DataObject) -> None:
+    """An item alone on the link has no step (its own layers' ends leave it the link);
+    any step is a flow's first or last byte; the window only ever narrows, and with no
+    step within it the reference is the centred one."""
+    flows = [steady(t0, rate, size) for t0, rate, size in spec]
+    assert steps_for(flows, set(range(len(flows)))) == ()
+    i = data.draw(st.integers(0, len(flows) - 1))
+    steps = steps_for(flows, {i})
+    assert set(steps) <= {x for lg in flows for x in (lg[0][0], lg[-1][0])}
+    t = data.draw(st.floats(flows[i][0][0], flows[i][-1][0]))
+    got, centred = real_rate(flows[i], t, steps=steps), real_rate(flows[i], t)
+    if not any(abs(x - t) < 2.0 for x in steps):
+        assert got == centred
 
 
 def test_latest_before_is_strictly_before() -> None:

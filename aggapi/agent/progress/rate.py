@@ -191,8 +191,7 @@ class Rates:
         hint = self._step_hint()
         extra = tr.value_at(self.now, estimate, self.totals.get(key), hint) - tr.points[-1][1]
         if len(tr.points) > 1:
-            since = tr.points[max(len(tr.points) - 1 - MIN_CHANGES, 0)][0]
-            done = [at for at in self.completions if since < at <= self.now]
+            done = self._done_since_span(tr)
             if not share or not estimate or not done or tr.finished:
                 return extra
             t_last, v_last = tr.points[-1]
@@ -210,6 +209,18 @@ class Rates:
             # they are (shares are uneven), so anywhere within the step.
             return min(extra, hint / 2)
         return max(min(estimate * elapsed, room), 0.0)
+
+    def lags(self, key: str) -> bool:
+        """A live counter whose rate, over its last steps, spans a download's completion
+        on the link: it shows its share from before, not the one it gets since."""
+        tr = self.traces.get(key)
+        return (tr is not None and not tr.finished and len(tr.points) > 1
+                and bool(self._done_since_span(tr)))
+
+    def _done_since_span(self, tr: Trace) -> list[float]:
+        """Completions since the start of the span its rate is measured over."""
+        since = tr.points[max(len(tr.points) - 1 - MIN_CHANGES, 0)][0]
+        return [at for at in self.completions if since < at <= self.now]
 
     def _typical_rate(self, key: str) -> float | None:
         """The mean measured rate of the other live counters."""
