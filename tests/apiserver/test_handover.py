@@ -97,7 +97,7 @@ async def test_one_follower_warms_and_the_leader_hands_it_the_lease_when_warm(
         await until(lambda: "c warm" in log)
         await c.election.tick()  # says it is warm
         assert notes(kube).get(SUCCESSOR_READY)
-        await asyncio.wait_for(handing, 5)
+        await asyncio.wait_for(handing, 20)
         assert a.election.is_leader  # until it releases: it stamps every change till then
         await a.election.release()
         # handed: c holds it, with no address until it writes its own
@@ -132,7 +132,7 @@ async def test_a_successor_not_warm_within_the_bound_gets_the_lease_as_it_is(
         handing = asyncio.ensure_future(a.election.hand_over(timeout=1.0))
         await until(lambda: notes(kube).get(HANDOVER) == "a")
         await b.election.tick()  # names itself, never gets warm
-        await asyncio.wait_for(handing, 5)
+        await asyncio.wait_for(handing, 20)
         await a.election.release()
         assert holder(kube) == "b"
         await c.election.tick()  # not c's
@@ -186,7 +186,7 @@ async def test_with_no_follower_able_the_lease_is_released_without_waiting_the_b
         handing = asyncio.ensure_future(a.election.hand_over(timeout=3600))
         await until(lambda: notes(kube).get(HANDOVER) == "a")
         await b.election.tick()
-        await asyncio.wait_for(handing, 5)
+        await asyncio.wait_for(handing, 20)
         assert SUCCESSOR not in notes(kube) and "b warms" not in log
     finally:
         for r in (a, b):
@@ -214,7 +214,7 @@ async def test_a_successor_shutting_down_withdraws_and_another_succeeds(
         c.warm_done.set()
         await until(lambda: "c warm" in log)
         await c.election.tick()
-        await asyncio.wait_for(handing, 5)
+        await asyncio.wait_for(handing, 20)
         await a.election.release()
         await c.election.tick()
         assert c.election.is_leader and holder(kube) == "c"

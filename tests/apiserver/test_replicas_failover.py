@@ -170,7 +170,7 @@ async def test_a_leader_shutting_down_hands_over_to_a_warm_successor(
     try:
         handing = asyncio.ensure_future(main.hand_over(old.app, old.parts.config))
         await until(lambda: (w := new.parts.feeds.warming) is not None
-                    and w.synced.is_set(), within=10)
+                    and w.synced.is_set(), within=30)
         warm = new.parts.feeds.warming
         warm_lists = _pod_lists(kube)
         kube.put("api/v1", "pods", pod("b"))  # while the successor is warm, not ready
@@ -179,7 +179,7 @@ async def test_a_leader_shutting_down_hands_over_to_a_warm_successor(
         old_epoch = elections[first].epoch
         assert old_epoch is not None
         gate.set()
-        await asyncio.wait_for(handing, 10)
+        await asyncio.wait_for(handing, 30)
         await until(lambda: elections[1 - first].is_leader
                     and new.parts.feeds.term == elections[1 - first].epoch, within=5)
         kube.put("api/v1", "pods", pod("c"))  # the new term's

@@ -145,17 +145,20 @@ class Feeds:
             log.info("term starts from the warm feed", extra={
                 "built": built, "stamped": self.clock.peek() - (self.clock.epoch << EPOCH_SHIFT),
                 "seconds": round(time.monotonic() - start, 3)})
-        elif warm is not None:
-            await warm.stop()
+        # The term serves from here (its epoch is set): its cluster-wide feed, holding
+        # the mirrored versions, must be there before the first await below, or a
+        # watch from such a version would find only a namespace's new feed: 410.
+        if epoch is not None:
+            self.lead(hold=hold)
         old = [*old_pods.parts().values(),
                *(old_nodes.parts().values() if old_nodes is not None else ())]
         for feed in old:
             feed.collection.close()
+        if warm is not None and epoch is None:
+            await warm.stop()
         if old_nodes is not None:
             await old_nodes.close()
         await old_pods.close()
-        if epoch is not None:
-            self.lead(hold=hold)
 
     def lead(self, *, hold: bool = False) -> None:
         """This replica leads (a new term, or alone): with ``warm`` (or ``hold``: the

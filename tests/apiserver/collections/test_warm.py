@@ -156,3 +156,30 @@ def test_readiness_waits_for_no_build_without_a_warm_feed_and_not_for_ever(
     assert not warm.complete()
     monkeypatch.setattr(feedset, "BUILT_WAIT", -1.0)
     assert warm.complete()
+
+
+async def test_a_terms_mirrored_feed_is_there_from_the_moment_it_serves(
+        make_server: Any, kube: FakeKube) -> None:
+    """The term serves once its epoch is set: while the old term's feeds close (awaits),
+    a watch from a mirrored version must find the feed holding it, not build a
+    namespace's own (410: a graceful leader change's watcher relisted)."""
+    from aggapi.apiserver.collections.store import EPOCH_SHIFT, Clock, Collection
+
+    kube.put("api/v1", "pods", pod("a"))
+    srv: Server = await make_server()
+    feeds = srv.parts.feeds
+    await feeds.new_term(60)
+    async with feeds.pods_of("ns1"):
+        pass  # the old term has a namespace's feed to close
+    mirrored = Collection(Clock(0))
+    mirrored.reset({}, (60 << EPOCH_SHIFT) + 7)
+    seen: list[bool] = []
+
+    async def probe() -> None:  # a request, at the first turn the term serves
+        while feeds.term != 61:  # noqa: ASYNC110 (each loop turn, as a request would)
+            await asyncio.sleep(0)
+        seen.append(feeds.pods.get("") is not None)
+    watching = asyncio.ensure_future(probe())
+    await feeds.new_term(61, seed=mirrored)
+    await watching
+    assert seen == [True], "the term served before its cluster-wide feed was there"

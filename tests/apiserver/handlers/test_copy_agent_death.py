@@ -81,11 +81,11 @@ async def test_agent_dies_mid_upload_503_at_once_and_the_body_is_not_read_on(
         assert status_line.startswith(b"HTTP/1.1 503"), status_line
         assert status["kind"] == "Status" and status["code"] == 503, status
         assert "at" in died and sent_at_death is not None
-        assert answered - died["at"] < 1.0
         after = sent - sent_at_death
         print(f"\nagent died after {sent_at_death / MiB:.0f} MiB; 503 {answered - died['at']:.3f}"
               f" s later; {after / MiB:.1f} MiB sent after it")
-        # What the sockets' buffers hold, not the rest of a 1 GiB body.
+        # What the sockets' buffers hold, not the rest of a 1 GiB body: answered at once
+        # (bytes, not seconds: a loaded machine's seconds prove nothing).
         assert sender in done, f"still sending {sent / MiB:.0f} MiB in"
         assert after < 32 * MiB, f"{after / MiB:.0f} MiB read after the agent died"
     finally:
