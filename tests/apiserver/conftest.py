@@ -92,6 +92,16 @@ async def kube(certs: Pki) -> AsyncIterator[FakeKube]:
     await fake.stop()
 
 
+@pytest.fixture
+async def lease_kube() -> AsyncIterator[FakeKube]:
+    """A kube-apiserver with writable Leases only (the election's tests)."""
+    fake = FakeKube()
+    fake.writable.add("leases")
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
 @dataclass
 class Server:
     url: str

@@ -4,7 +4,6 @@ higher epoch for every new term, and a released Lease taken over at once."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,12 +15,8 @@ LEASES = "apis/coordination.k8s.io/v1"
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    fake = FakeKube()
-    fake.writable.add("leases")
-    await fake.start()
-    yield fake
-    await fake.stop()
+def kube(lease_kube: FakeKube) -> FakeKube:
+    return lease_kube
 
 
 class Replica:

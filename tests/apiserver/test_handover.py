@@ -7,7 +7,9 @@ bound, the Lease is released to whoever takes it first, as before."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -20,12 +22,8 @@ LEASES = "apis/coordination.k8s.io/v1"
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    fake = FakeKube()
-    fake.writable.add("leases")
-    await fake.start()
-    yield fake
-    await fake.stop()
+def kube(lease_kube: FakeKube) -> FakeKube:
+    return lease_kube
 
 
 class Replica:
@@ -62,6 +60,37 @@ def notes(kube: FakeKube) -> dict[str, str]:
     lease = kube.get(LEASES, "leases", "aggapi", "aggapi-collections")
     assert lease is not None
     return dict(lease["metadata"].get("annotations") or {})
+
+
+@dataclass
+class Scene:
+    replicas: list[Replica]
+    clock: list[float]  # the elections' monotonic clock, moved by the test
+    log: list[str]
+    handing: asyncio.Future[None]  # the first replica's hand_over, asked for
+
+
+@contextlib.asynccontextmanager
+async def handing_over(kube: FakeKube, names: str, timeout: float, *, unable: str = "",
+                       retry: float | None = None) -> AsyncIterator[Scene]:
+    """Replicas ``names`` (those in ``unable`` cannot succeed), each elected once: the
+    first leads and has asked for a successor."""
+    clock: list[float] = [0.0]
+    log: list[str] = []
+    rs = [Replica(kube, n, clock, log) for n in names]
+    for r in rs:
+        r.able = r.name not in unable
+    if retry is not None:
+        rs[0].election.retry_period = retry
+    try:
+        for r in rs:
+            await r.election.tick()
+        handing = asyncio.ensure_future(rs[0].election.hand_over(timeout=timeout))
+        await until(lambda: notes(kube).get(HANDOVER) == names[0])
+        yield Scene(rs, clock, log, handing)
+    finally:
+        for r in rs:
+            await r.election.kube.close()
 
 
 def holder(kube: FakeKube) -> str:
@@ -123,14 +152,10 @@ async def test_a_successor_not_warm_within_the_bound_gets_the_lease_as_it_is(
     Lease is handed to it, not left to whichever follower reads it first, and it
     takes it at its next read; its unfinished build is its term's (the property
     test's "warm")."""
-    clock: list[float] = [0.0]
-    log: list[str] = []
-    a, b, c = (Replica(kube, n, clock, log) for n in "abc")
-    try:
-        for r in (a, b, c):
-            await r.election.tick()
-        handing = asyncio.ensure_future(a.election.hand_over(timeout=1.0))
-        await until(lambda: notes(kube).get(HANDOVER) == "a")
+    async with handing_over(kube, "abc", 1.0) as scene:
+        a, b, c = scene.replicas
+        log = scene.log
+        handing = scene.handing
         await b.election.tick()  # names itself, never gets warm
         await asyncio.wait_for(handing, 20)
         await a.election.release()
@@ -140,22 +165,16 @@ async def test_a_successor_not_warm_within_the_bound_gets_the_lease_as_it_is(
         await b.election.tick()
         assert b.election.is_leader and b.election.epoch == 1001
         assert "b warms" in log and "b warm" not in log
-    finally:
-        for r in (a, b, c):
-            await r.election.kube.close()
 
 
 async def test_a_successor_cools_when_another_replica_leads(kube: FakeKube) -> None:
     """The leader dies during the hand-over (no release): the Lease expires; whoever
     takes it, the successor's warm-up ends there and it follows (or leads) as before."""
-    clock: list[float] = [0.0]
-    log: list[str] = []
-    a, b, c = (Replica(kube, n, clock, log) for n in "abc")
-    try:
-        for r in (a, b, c):
-            await r.election.tick()
-        handing = asyncio.ensure_future(a.election.hand_over(timeout=30))
-        await until(lambda: notes(kube).get(HANDOVER) == "a")
+    async with handing_over(kube, "abc", 30) as scene:
+        _, b, c = scene.replicas
+        clock = scene.clock
+        log = scene.log
+        handing = scene.handing
         await b.election.tick()
         await until(lambda: "b warms" in log)
         handing.cancel()  # a is killed
@@ -166,9 +185,6 @@ async def test_a_successor_cools_when_another_replica_leads(kube: FakeKube) -> N
         await b.election.tick()
         assert b.election.leader is not None and b.election.leader.identity == "c"
         assert "b cools" in log
-    finally:
-        for r in (a, b, c):
-            await r.election.kube.close()
 
 
 async def test_with_no_follower_able_the_lease_is_released_without_waiting_the_bound(
@@ -197,14 +213,10 @@ async def test_a_successor_shutting_down_withdraws_and_another_succeeds(
         kube: FakeKube) -> None:
     """A rolling update may stop the named successor too: it un-names itself, so the
     leader never hands the Lease to a replica that is going; another one claims."""
-    clock: list[float] = [0.0]
-    log: list[str] = []
-    a, b, c = (Replica(kube, n, clock, log) for n in "abc")
-    try:
-        for r in (a, b, c):
-            await r.election.tick()
-        handing = asyncio.ensure_future(a.election.hand_over(timeout=30))
-        await until(lambda: notes(kube).get(HANDOVER) == "a")
+    async with handing_over(kube, "abc", 30) as scene:
+        a, b, c = scene.replicas
+        log = scene.log
+        handing = scene.handing
         await b.election.tick()
         assert notes(kube).get(SUCCESSOR) == "b"
         await b.election.release()  # b is stopped
@@ -218,6 +230,3 @@ async def test_a_successor_shutting_down_withdraws_and_another_succeeds(
         await a.election.release()
         await c.election.tick()
         assert c.election.is_leader and holder(kube) == "c"
-    finally:
-        for r in (a, b, c):
-            await r.election.kube.close()

@@ -86,22 +86,29 @@ async def test_through_graceful_leader_changes_a_watcher_never_relists(
     assert (client.problems, client.gone, client.lists) == ([], 0, 1)
 
 
-async def test_a_version_the_mirror_never_got_is_410(replicas: Callable[[int], Any]) -> None:
-    """The old leader stamps changes its follower's mirror never gets (its stream
-    stopped): after the change of leader, a watch from such a version is 410, while
-    one from the mirror's last version goes on."""
-    cluster: Cluster = await replicas(2)
+async def _mirrored_then_cut(cluster: Cluster, ns: str) -> int:
+    """r0 leads; three pods of ``ns`` reach r1's mirror, which then hears nothing more
+    of r0; the mirror's last version."""
     await cluster.elect(0)
     await until(lambda: cluster.caught_up(1))
-    assert 1 in SYNCED  # told once synced (the process freezes what it holds then)
-    ns = f"lacks-{next(RUNS)}"
     for i, done in ((0, False), (1, True), (2, False)):
         cluster.kube.put("api/v1", "pods", pod_at(ns, i, 0, done))
     await until(lambda: cluster.caught_up(1) and sum(
         o["metadata"]["namespace"] == ns
         for o in cluster.mirrors[1].collection.objects.values()) == 3)
     held = cluster.mirrors[1].collection.rv
-    cluster.mirrors[1].follow(None)  # the mirror hears nothing more of r0
+    cluster.mirrors[1].follow(None)
+    return held
+
+
+async def test_a_version_the_mirror_never_got_is_410(replicas: Callable[[int], Any]) -> None:
+    """The old leader stamps changes its follower's mirror never gets (its stream
+    stopped): after the change of leader, a watch from such a version is 410, while
+    one from the mirror's last version goes on."""
+    cluster: Cluster = await replicas(2)
+    ns = f"lacks-{next(RUNS)}"
+    held = await _mirrored_then_cut(cluster, ns)
+    assert 1 in SYNCED  # told once synced (the process freezes what it holds then)
     cluster.kube.put("api/v1", "pods", pod_at(ns, 0, 1, False))
     old = cluster.servers[0].parts.feeds.pods.get("")
     assert old is not None
@@ -132,16 +139,8 @@ async def test_a_warm_successors_term_changes_only_what_its_mirror_lacks(
     in the new epoch and nothing else does; its feed is the warm one, not a new
     build."""
     cluster: Cluster = await replicas(2)
-    await cluster.elect(0)
-    await until(lambda: cluster.caught_up(1))
     ns = f"warm-{next(RUNS)}"
-    for i, done in ((0, False), (1, True), (2, False)):
-        cluster.kube.put("api/v1", "pods", pod_at(ns, i, 0, done))
-    await until(lambda: cluster.caught_up(1) and sum(
-        o["metadata"]["namespace"] == ns
-        for o in cluster.mirrors[1].collection.objects.values()) == 3)
-    held = cluster.mirrors[1].collection.rv
-    cluster.mirrors[1].follow(None)  # the mirror hears nothing more of r0
+    held = await _mirrored_then_cut(cluster, ns)
     cluster.warm(1)
     feeds = cluster.servers[1].parts.feeds
     await until(lambda: feeds.warming is not None)
