@@ -172,20 +172,15 @@ class LeaseElection(Election):
 
     def _body(self, lease: dict[str, Any] | None, epoch: int,
               drop: tuple[str, ...] = ()) -> dict[str, Any]:
-        body = dict(lease or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                              "metadata": {"name": self.name, "namespace": self.namespace}})
-        meta = dict(body.get("metadata") or {})
-        kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in drop}
-        meta["annotations"] = {**kept, ENDPOINT: self.endpoint,
-                               CERT_SHA256: self._cert(), EPOCH: str(epoch)}
-        body["metadata"] = meta
-        return body
+        base = lease or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                         "metadata": {"name": self.name, "namespace": self.namespace}}
+        return annotated(base, {ENDPOINT: self.endpoint, CERT_SHA256: self._cert(),
+                                EPOCH: str(epoch)}, drop=drop)
 
     async def _acquire(self, lease: dict[str, Any] | None) -> None:
         old = _leader_of(lease) if lease is not None else None
-        ann = ((lease or {}).get("metadata") or {}).get("annotations") or {}
         try:
-            before = int(ann.get(EPOCH) or 0)
+            before = int(notes(lease or {}).get(EPOCH) or 0)
         except ValueError:
             before = 0
         # Above the last term's, and above any earlier Lease's (one deleted since):
