@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
+from hypothesis import strategies as st
 
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feedset import Feeds
@@ -225,6 +226,14 @@ def pod_at(ns: str, i: int, step: int, done: bool) -> dict[str, Any]:
             "imageID": "registry.test/app@sha256:a",
             "state": {"running": {"startedAt": "2026-12-23T04:26:41Z"}}}]
     return obj
+
+
+def script_ops(*others: str) -> st.SearchStrategy[list[tuple[str, int]]]:
+    """A property test's script: PodScript's ops (add and step weighed twice) and the
+    test's ``others`` (elections, restarts...), each on one of six pods."""
+    return st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "done",
+                                               "delete", *others]),
+                              st.integers(0, 5)), min_size=12, max_size=30)
 
 
 @dataclass

@@ -17,13 +17,19 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .replicaharness import RUNS, Cluster, PodScript, Reflector, replicas, until_settled
+from .replicaharness import (
+    RUNS,
+    Cluster,
+    PodScript,
+    Reflector,
+    replicas,
+    script_ops,
+    until_settled,
+)
 
 __all__ = ["replicas"]  # the fixture
 
-OPS = st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "done", "delete",
-                                          "elect", "forget"]),
-                         st.integers(0, 5)), min_size=12, max_size=30)
+OPS = script_ops("elect", "forget")
 
 
 @settings(max_examples=10, deadline=None, derandomize=True,

@@ -30,14 +30,13 @@ from .replicaharness import (
     name_of,
     pod_at,
     replicas,
+    script_ops,
     until_settled,
 )
 
 __all__ = ["replicas"]  # the fixture
 
-GRACEFUL = st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "done", "delete",
-                                               "elect", "warm"]),
-                              st.integers(0, 5)), min_size=12, max_size=30)
+GRACEFUL = script_ops("elect", "warm")
 
 
 @settings(max_examples=8, deadline=None, derandomize=True,
