@@ -7,9 +7,10 @@ in ``params.py``, a watch is served by ``watch.py``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ from aggapi.apiserver.collections.feeds import Feed
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.params import EXACT, list_options
 from aggapi.apiserver.collections.selectors import FieldTerm, Selector, selector
+from aggapi.apiserver.collections.store import Collection
+from aggapi.apiserver.collections.store import Obj as Stored
 from aggapi.apiserver.collections.table import (
     include_object,
     row_of,
@@ -129,12 +132,9 @@ class CollectionHandler:
                 if err.code == 410 and req.after is None:
                     raise StatusError(410, LIST_TOO_OLD, reason="Expired") from None
                 raise
-            page = paging.cut(state.values(), sel.matches, req,
-                              col.rv if at is None else at,
-                              count_remaining=not (query.get("labelSelector")
-                                                   or query.get("fieldSelector")))
-            if page.cont:  # the next pages read this state, whatever changes meanwhile
-                col.keep_state(page.rv, state)
+            page = await self._page(col, state, col.rv if at is None else at, sel, req,
+                                    count_remaining=not (query.get("labelSelector")
+                                                         or query.get("fieldSelector")))
             objs, current = page.items, str(page.rv)
         if info.verb == "get":  # the object's own path (a list by name stays a list)
             if not objs:
@@ -153,6 +153,28 @@ class CollectionHandler:
             key, render = "items", None
         envelope["metadata"] = {**(envelope.get("metadata") or {}), **paging.list_meta(page)}
         return await listbody.respond(request, envelope, key, objs, render, began)
+
+    @staticmethod
+    async def _page(col: Collection, state: Mapping[Hashable, Stored], rv: int, sel: Selector,
+                    req: paging.PageRequest, *, count_remaining: bool) -> paging.Page:
+        """The page of ``state`` (the objects at ``rv``; the live ones when ``rv`` is
+        the collection's). A kept state's sorted selection is reused; otherwise it is
+        sorted, off the event loop when big (50,000 objects: ~0.3 s)."""
+        selection = (sel.labels, sel.fields)
+        kept = col.kept_order(rv, selection)
+        if kept is not None:
+            selected = kept
+        else:
+            if state is col.objects:
+                state = dict(state)  # the loop changes the live objects meanwhile
+            objs = list(state.values())
+            selected = await asyncio.to_thread(paging.order, objs, sel.matches) \
+                if len(objs) > listbody.INLINE else paging.order(objs, sel.matches)
+        page = paging.cut(selected, req, rv, count_remaining=count_remaining)
+        if page.cont:  # the next pages read this state, whatever changes meanwhile
+            col.keep_state(rv, state)
+            col.keep_order(rv, selection, selected)
+        return page
 
     def _table(self, objs: Sequence[Obj], version: str, include: str, rv: str) -> dict[str, Any]:
         return table(objs, self.res.columns, self.res.cells, version=version,

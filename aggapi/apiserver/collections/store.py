@@ -48,7 +48,9 @@ TOO_LARGE_WAIT = 3.0
 # changes cover a few seconds, less than kubectl get -A takes to page through 500 at a
 # time, so every continue was 410 and kubectl get -A -w exited. Each is a shallow copy
 # (the objects are shared: stored objects are replaced, never changed); at most
-# SNAPSHOTS, each dropped SNAPSHOT_SECONDS after its last page.
+# SNAPSHOTS, each dropped SNAPSHOT_SECONDS after its last page. Each keeps one sorted
+# selection (a list of references) for its later pages: sorting 50,000 objects again
+# for each page of 500 held the loop ~0.6 s a page.
 SNAPSHOTS = 16
 SNAPSHOT_SECONDS = 60.0
 
@@ -120,6 +122,14 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return bare(a) == bare(b)
 
 
+@dataclass
+class Kept:
+    """A paged list's state at one version, and the last selection a page sorted."""
+    used: float
+    state: dict[Hashable, Obj]
+    order: tuple[Hashable, list[Obj]] | None = None
+
+
 class Collection:
     def __init__(self, clock: Clock, *, history: int | None = None,
                  history_bytes: int | None = None) -> None:
@@ -133,7 +143,7 @@ class Collection:
                                               max_events=history, max_bytes=history_bytes)
         self._rvs: set[int] = {self.start_rv}  # the versions it can serve from
         self.closed = False
-        self._snapshots: OrderedDict[int, tuple[float, dict[Hashable, Obj]]] = OrderedDict()
+        self._snapshots: OrderedDict[int, Kept] = OrderedDict()
         self._changed = asyncio.Event()
         self.listeners: list[Callable[[Event], None]] = []
 
@@ -235,16 +245,31 @@ class Collection:
         now = time.monotonic()
         self._drop_snapshots(now)
         if rv in self._snapshots:
-            self._snapshots[rv] = (now, self._snapshots[rv][1])
+            self._snapshots[rv].used = now
             self._snapshots.move_to_end(rv)
             return
-        self._snapshots[rv] = (now, dict(state))
+        self._snapshots[rv] = Kept(now, dict(state))
         while len(self._snapshots) > SNAPSHOTS:
             self._snapshots.popitem(last=False)
 
+    def kept_order(self, rv: int, selection: Hashable) -> list[Obj] | None:
+        """The objects at ``rv`` that ``selection`` matches, in page order, if a page
+        of that list sorted them."""
+        kept = None if self.closed else self._snapshots.get(rv)
+        if kept is None or kept.order is None or kept.order[0] != selection:
+            return None
+        return kept.order[1]
+
+    def keep_order(self, rv: int, selection: Hashable, objs: list[Obj]) -> None:
+        """Keep a paged list's sorted selection beside its state (one per state: a
+        later page then bisects instead of sorting the whole state again)."""
+        kept = self._snapshots.get(rv)
+        if kept is not None:
+            kept.order = (selection, objs)
+
     def _drop_snapshots(self, now: float) -> None:
-        for rv in [rv for rv, (used, _) in self._snapshots.items()
-                   if now - used > SNAPSHOT_SECONDS]:
+        for rv in [rv for rv, kept in self._snapshots.items()
+                   if now - kept.used > SNAPSHOT_SECONDS]:
             del self._snapshots[rv]
 
     def state_at(self, rv: int) -> dict[Hashable, Obj]:
@@ -255,7 +280,7 @@ class Collection:
         self._drop_snapshots(time.monotonic())
         kept = None if self.closed else self._snapshots.get(rv)
         if kept is not None:
-            return kept[1]
+            return kept.state
         state = dict(self.objects)
         for ev in reversed(self.since(rv)):
             if ev.prev is None:
@@ -276,7 +301,7 @@ class Collection:
         kept = None if self.closed else self._snapshots.get(rv)
         if kept is None:
             raise expired(rv)
-        before, now = kept[1], self.rv
+        before, now = kept.state, self.rv
         out = [Event(int(obj["metadata"]["resourceVersion"]),
                      ADDED if old is None else MODIFIED, obj, old, key)
                for key, obj in self.objects.items()
