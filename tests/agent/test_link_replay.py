@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -102,14 +103,17 @@ class _Node:
         return rows
 
 
-async def replay(rnd: dict[str, Any]) -> list[dict[str, Any]]:
+async def replay_nodes(rnd: dict[str, Any], busy: float = 0.0) -> list[_Node]:
+    """``busy``: seconds each poll takes between its instant (containerd read, the plan's
+    time) and its view; a leader's word sent meanwhile lands inside the poll."""
     nodes = [_Node(f"n{i + 1}", [[(float(t), float(n)) for t, n in lg] for lg in n["layers"]],
                    float(n["poll_phase"])) for i, n in enumerate(rnd["nodes"])]
     judged = rnd["judged"] if rnd["judged"] is not None and rnd["judged"] > 0 else -1.0
     end = max(lg[-1][0] for n in nodes for lg in n.logs) + 0.5
     events: list[tuple[float, int, int]] = []
-    for k, n in enumerate(nodes):
-        events += [(-1.0 + n.phase + i * POLL, 0, k) for i in range(int((end + 1) / POLL))]
+    for k, n in enumerate(nodes):  # (a poll's place in time: when its view is there)
+        events += [(-1.0 + n.phase + i * POLL + busy, 0, k)
+                   for i in range(int((end + 1) / POLL))]
     round_phase = judged % LEADER
     events += [(-2.0 + round_phase + i * LEADER + d, kind, 0)
                for i in range(int(end + 2)) for d, kind in ((-0.1, 1), (0.0, 2))]
@@ -117,7 +121,7 @@ async def replay(rnd: dict[str, Any]) -> list[dict[str, Any]]:
     read_at: dict[str, float] = {}
     for t, kind, k in sorted(events):
         if kind == 0:
-            await nodes[k].poll(t)
+            await nodes[k].poll(t - busy)
         elif kind == 1:
             read_at = {n.name: t for n in nodes if n.view is not None}
         else:
@@ -129,6 +133,12 @@ async def replay(rnd: dict[str, Any]) -> list[dict[str, Any]]:
                 if n.name in told:
                     n.fake.now = T0 + t
                     n.be.tell_peers(told[n.name])
+    return nodes
+
+
+async def replay(rnd: dict[str, Any], busy: float = 0.0) -> list[dict[str, Any]]:
+    """The round's rows, scored as the bench scores."""
+    nodes = await replay_nodes(rnd, busy)
     flows = [lg for n in nodes for lg in n.logs]
     return [r for n in nodes for r in n.rows(flows)]
 
@@ -154,6 +164,46 @@ async def test_the_recorded_cluster_rounds_meet_the_goals(name: str, index: int)
     assert s["eta_error_median"] <= 0.10, half
     assert s["eta_error_p90"] <= 0.15, half
     assert s["eta_error_p90_at_25"] <= 0.30, rows
+    assert all(r["said_eta"] is not None for r in rows if r["fraction"] == 0.5), rows
+    assert s["rate_error_max"] <= 0.15, [(r["item"], r["fraction"], r["said_rate"],
+                                          r["real_rate"]) for r in rows if r["kind"] != "layer"]
+
+
+def _jumps(node: _Node) -> int:
+    """Polls whose image's end (time + ETA) lies more than 2 s off the median of the 8
+    polls around it, after the first 8 s (round 1's judgement came at 5.9 and 7.8 s)."""
+    ends = [(t, t + o["etaSeconds"]) for t, o in node.objs["image"]
+            if o.get("etaSeconds") is not None]
+    out = 0
+    for i, (t, end) in enumerate(ends):
+        near = [e for _, e in ends[max(0, i - 4):i] + ends[i + 1:i + 5]]
+        out += len(near) >= 4 and t > 8.0 and abs(end - statistics.median(near)) > 2.0
+    return out
+
+
+@pytest.mark.parametrize("busy", [0.1, 0.2])
+@pytest.mark.parametrize("index", [0, 1], ids=["round1", "round2"])
+async def test_a_word_that_lands_while_a_poll_runs_is_used(index: int, busy: float) -> None:
+    """The uneven rounds with each poll taking ``busy`` s from its instant to its view, as
+    under load (s41's cluster run at load 4.8: 0.07-0.33 s): a leader's word that lands
+    meanwhile is newer than the poll's instant. Until stop 42 the poll then had no word
+    at all and planned as if the node had no peer (that run's node 1 at 50%: 23.2 s said,
+    15.8 s left, 286 kB/s with 397 kB/s real); replayed here, round 1's 25% p90 read 39.7%
+    and its rate 11.4% (5.7% and 6.1% as the word is used)."""
+    rnd = json.loads((TRACES / "2nodes-400k-uneven.json").read_text())["rounds"][index]
+    nodes = await replay_nodes(rnd, busy)
+    # A poll without the word says the node's end as if it had no peer: its ETA jumps
+    # off its neighbours' (round 1, node 1: 16 such polls at 0.1 s before, none quiet).
+    quiet = await replay_nodes(rnd)
+    assert all(_jumps(n) <= _jumps(q) for n, q in zip(nodes, quiet, strict=True)), (
+        [_jumps(n) for n in nodes], [_jumps(q) for q in quiet])
+    flows = [lg for n in nodes for lg in n.logs]
+    rows = [r for n in nodes for r in n.rows(flows)]
+    s = summarize(rows, 0.0)
+    assert s["eta_error_median"] <= 0.10, rows
+    assert s["eta_error_p90"] <= 0.15, rows
+    assert s["eta_error_p90_at_25"] <= 0.30, [(r["item"], r["said_eta"], r["eta_error"])
+                                              for r in rows if r["fraction"] == 0.25]
     assert all(r["said_eta"] is not None for r in rows if r["fraction"] == 0.5), rows
     assert s["rate_error_max"] <= 0.15, [(r["item"], r["fraction"], r["said_rate"],
                                           r["real_rate"]) for r in rows if r["kind"] != "layer"]

@@ -2,6 +2,12 @@
 only ``ttl`` seconds (three of the leader's poll intervals): stale peers would hold back
 a share that is no longer taken.
 
+A poll plans at the instant it began, after awaiting containerd: a word that came
+meanwhile is newer than that instant, and is used as of it (the freshest word there
+is; a poll under load takes 0.1-0.3 s, so one word in several used to land inside one,
+and that poll planned as if the node had no peer: s41's uneven miss). Only a word from
+more than ``ttl`` ahead is not trusted (a clock that stepped back).
+
 It also keeps when peers' pulls ended (``ends``): on one link a peer's end hands its
 share to this node's layers at once, while their rates, measured over whole 1 MiB
 steps, show it only steps later. The planner counts a layer's bytes in flight since
@@ -27,8 +33,12 @@ class PeerBook:
         self.at = 0.0  # when the latest word came
         self._ends: deque[float] = deque(maxlen=MAX_ENDS)
 
+    def fresh(self, now: float) -> bool:
+        """The latest word is ``ttl`` old at most at ``now`` (or came after ``now``)."""
+        return self._link is not None and -self.ttl <= now - self.at <= self.ttl
+
     def put(self, link: PeerLink, now: float) -> None:
-        if self._link is not None and 0 <= now - self.at <= self.ttl:
+        if self._link is not None and self.fresh(now):
             self._ended(self._link, self.at, link, now)
         self._link, self.at = link, now
 
@@ -45,21 +55,26 @@ class PeerBook:
 
     def ends(self, now: float) -> tuple[float, ...]:
         """When peers' pulls ended, up to ``now``: those the latest word no longer
-        counts, and those of the latest (fresh) word whose bytes left ran out since."""
-        out = [t for t in self._ends if t <= now]
+        counts, and those of the latest (fresh) word whose bytes left ran out since.
+        A word that came after ``now`` is used (``current``): the ends it told of are
+        too, as of ``now`` at the latest."""
         link = self._link
-        if link is not None and 0 <= now - self.at <= self.ttl:
+        fresh = link is not None and self.fresh(now)
+        upto = max(now, self.at) if fresh else now
+        out = [min(t, now) for t in self._ends if t <= upto]
+        if link is not None and fresh:
             out += [end for pulls in link.peers.values() for p in pulls
                     if p.remaining > 0 and (end := _due(self.at, p)) <= now]
         return tuple(sorted(out))
 
     def current(self, now: float) -> PeerLink | None:
         """The latest word while fresh, its pulls' bytes left counted down at their
-        rates since it came (the agent plans from now)."""
+        rates since it came (the agent plans from now); one that came after ``now``, as
+        it is."""
         link, age = self._link, now - self.at
-        if link is None or not 0 <= age <= self.ttl:
+        if link is None or not self.fresh(now):
             return None
-        if age == 0:
+        if age <= 0:
             return link
         return PeerLink({n: tuple(PeerPull(max(p.remaining - p.rate * age, 0.0), p.rate)
                                   for p in ps) for n, ps in link.peers.items()}, link.total)

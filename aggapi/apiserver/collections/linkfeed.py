@@ -6,11 +6,17 @@ one link, and each node it names gets its peers by PUT /v1/linkpeers, signed as 
 call to an agent (capability for that node, operation ``linkpeers``). Sent every round:
 the agent keeps the word three seconds only. A failed send is logged and dropped; the
 next round sends afresh.
+
+One slow agent must not make the others' words late: a round waits for its sends at
+most half a round, the rest run on (one at a time per node: a node whose last send is
+still out is skipped), and a send ends after ``SEND_TIMEOUT`` (a word that late is
+stale; the client itself has no total timeout, its streams being long-lived).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 
 EVERY = 1.0  # seconds between rounds (the agent keeps the word 3 s)
 AT_ONCE = 16  # sends in flight at once
+SEND_TIMEOUT = 2.0  # seconds a send may take (the agent keeps a word TTL = 3 s)
 
 
 class LinkFeeder:
@@ -39,6 +46,7 @@ class LinkFeeder:
         self._gate = asyncio.Semaphore(AT_ONCE)
         self._task: asyncio.Task[None] | None = None
         self._telling: set[str] = set()
+        self._sending: dict[str, asyncio.Task[None]] = {}  # node -> its send still out
 
     def start(self) -> None:
         if self._task is None:
@@ -47,6 +55,9 @@ class LinkFeeder:
     async def stop(self) -> None:
         await tasks.cancel(self._task)
         self._task = None
+        for t in list(self._sending.values()):
+            await tasks.cancel(t)
+        self._sending.clear()
 
     async def round(self) -> dict[str, PeerLink]:
         """One judgement over the latest views, and its sends; what was told."""
@@ -62,8 +73,27 @@ class LinkFeeder:
             log.info("link peers: telling %s", ", ".join(
                 f"{n} ({len(link.peers)} peers, total {link.total or 0:.0f} B/s)"
                 for n, link in sorted(told.items())) or "no node")
-        await asyncio.gather(*(self.send(n, link) for n, link in told.items()))
+        sent = []
+        for n, link in told.items():
+            if n not in self._sending:  # its last word still out: this one waits
+                t = self._sending[n] = asyncio.create_task(self._send(n, link))
+                t.add_done_callback(functools.partial(self._sent, n))
+                sent.append(t)
+        if sent:
+            await asyncio.wait(sent, timeout=self.every / 2)
         return told
+
+    def _sent(self, node: str, _: asyncio.Task[None]) -> None:
+        self._sending.pop(node, None)
+
+    async def _send(self, node: str, link: PeerLink) -> None:
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT):
+                await self.send(node, link)
+        except TimeoutError:
+            log.debug("link peers to %s: no answer within %.0f s", node, SEND_TIMEOUT)
+        except Exception as exc:  # nobody awaits this task: say it here
+            log.warning("link peers to %s: %r", node, exc)
 
     async def _run(self) -> None:
         while True:

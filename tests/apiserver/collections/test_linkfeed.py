@@ -3,6 +3,7 @@ node views, the nodes judged to share one link each get a signed PUT of their pe
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any, cast
@@ -29,10 +30,11 @@ class _Polls:
         return {n: SimpleNamespace(view=v, read_at=self.now[0]) for n, v in self.views.items()}
 
 
-def _feeder(agent: Any) -> tuple[LinkFeeder, _Polls, list[float]]:
+def _feeder(agent: Any, every: float = 1.0) -> tuple[LinkFeeder, _Polls, list[float]]:
     now = [0.0]
     polls = _Polls(now)
-    feeder = LinkFeeder(cast(AgentClient, agent), cast(Any, polls), clock=lambda: now[0])
+    feeder = LinkFeeder(cast(AgentClient, agent), cast(Any, polls), every=every,
+                        clock=lambda: now[0])
     return feeder, polls, now
 
 
@@ -73,3 +75,27 @@ async def test_an_agent_that_refuses_is_skipped() -> None:
     feeder, polls, now = _feeder(agent)
     await _play(feeder, polls, now)
     assert {p[0] for p in agent.puts} == {"b"}
+
+
+async def test_an_agent_that_never_answers_does_not_hold_the_others_words() -> None:
+    """Node a's agent takes the PUT and never answers (a node under load, a half-open
+    connection; the client has no total timeout). Before stop 42 the round awaited every
+    send: it never ended, and b's word, kept 3 s, was gone for good. Now b is told every
+    round and a has one send out at a time."""
+    class Stuck(FakeAgent):
+        async def open(self, method: str, path: str, *, node: str, **kw: Any) -> Any:
+            resp = await super().open(method, path, node=node, **kw)
+            if node == "a":
+                await asyncio.Event().wait()
+            return resp
+
+    agent = Stuck()
+    feeder, polls, now = _feeder(agent, every=0.01)
+    async with asyncio.timeout(10):  # a bound for the old code's hang, not a speed goal
+        await _play(feeder, polls, now)
+    await feeder.stop()
+    plain = FakeAgent()
+    await _play(*_feeder(plain, every=0.01))
+    told = [node for node, _, _, _ in agent.puts]
+    assert told.count("a") == 1, told
+    assert told.count("b") == [n for n, _, _, _ in plain.puts].count("b") > 1, told
