@@ -190,7 +190,7 @@ async def serve_watch(request: web.Request, col: Collection, sel: Selector,
                 await resp.write(enc.bookmark(pos))
                 bookmark_at = now + settings.bookmark_every
             try:
-                events = col.since(pos)[:CATCH_UP_BATCH]
+                events = col.since(pos, CATCH_UP_BATCH)
             except StatusError:
                 await resp.write(enc.error(expired(pos)))
                 break
