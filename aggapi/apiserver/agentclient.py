@@ -20,6 +20,7 @@ from aggapi.apiserver.agents import AgentDirectory
 from aggapi.auth.agentidentity import IdentityPins
 from aggapi.auth.capability import CapabilitySigner, ContainerRef
 from aggapi.auth.tokenkeys import KeyPublisher
+from aggapi.auth.tokenreuse import Reused, ReusedTokens
 from aggapi.serve.chunktakeover import takeover_connector
 from aggapi.serve.site import READ_BUFSIZE
 from aggapi.status import StatusError
@@ -78,6 +79,11 @@ class AgentClient:
         self._server_name = server_name
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self.reused = ReusedTokens(signer)
+        # Agents that took a reusable token once and refused it the second time (their
+        # version predates reuse): node -> the agent pod's uid. Single-use tokens for
+        # them until another agent pod serves the node.
+        self._no_reuse: dict[str, str] = {}
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -117,8 +123,11 @@ class AgentClient:
         query: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
         data: Any = None,
+        reuse: bool = False,
     ) -> aiohttp.ClientResponse:
         """Start a request to ``node``'s agent; the caller reads and releases the response.
+        ``reuse``: with a reusable token (``aggapi.auth.tokenreuse``; a node view read,
+        nothing named but the node), signed once for many calls.
 
         Raises StatusError for a missing/unreachable agent (503) and for any error
         Status the agent answered.
@@ -131,11 +140,16 @@ class AgentClient:
                 raise StatusError(503, f'the aggapi agent on node "{node}" has not published '
                                        "its identity yet", retry_after=5)
             ctx = pinned
-        token = self._signer.sign(
-            node=node, subject=subject, operation=operation, pod_namespace=pod_namespace,
-            pod_name=pod_name, pod_uid=pod_uid, containers=tuple(containers),
-            path=copy_path, params=dict(params or {}),
-        )
+        reused: Reused | None = None
+        if reuse and self._no_reuse.get(node) != ep.pod_uid:
+            reused = self.reused.get(node=node, subject=subject, operation=operation)
+            token = reused.token
+        else:
+            token = self._signer.sign(
+                node=node, subject=subject, operation=operation, pod_namespace=pod_namespace,
+                pod_name=pod_name, pod_uid=pod_uid, containers=tuple(containers),
+                path=copy_path, params=dict(params or {}),
+            )
         hdrs = {"Authorization": f"Bearer {token}", **(headers or {})}
         try:
             resp = await self._get_session().request(
@@ -145,6 +159,17 @@ class AgentClient:
         except (aiohttp.ClientConnectionError, TimeoutError, ssl.SSLError) as exc:
             raise StatusError(503, f'aggapi agent on node "{node}" is unreachable: {exc}',
                               retry_after=5) from None
+        if reused is not None:
+            if resp.status == 401:
+                self.reused.forget(node, subject, operation)
+                if reused.served:  # taken once, refused again: an agent without reuse
+                    resp.release()
+                    self._no_reuse[node] = ep.pod_uid
+                    return await self.open(method, path, node=node, subject=subject,
+                                           operation=operation, query=query,
+                                           headers=headers, data=data)
+            elif resp.status < 400:
+                reused.served += 1
         if resp.status >= 400:
             raise await error_from_response(resp, node)
         return resp

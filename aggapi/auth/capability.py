@@ -7,7 +7,8 @@ path, so the agent needs no Kubernetes API access. Tokens live at most 60 s and
 each ``jti`` is accepted once.
 
 Claims: iss, aud, sub, iat, exp, jti, op, pod {namespace, name, uid},
-containers [{name, image, kind}], path (copy only), params {str: str}. The JWT
+containers [{name, image, kind}], path (copy only), params {str: str}, reuse (true or
+absent). The JWT
 header's ``kid`` names the signing key (:func:`key_id` of its public half), so an
 agent that follows several apiserver replicas' keys (a :class:`KeySet`, filled by
 ``aggapi.auth.tokenkeys``) knows which one to check with.
@@ -32,11 +33,15 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 
 from aggapi.status import StatusError
-from aggapi.wire import OPERATIONS
+from aggapi.wire import OP_NODE_PULLS, OPERATIONS
 
 MAX_LIFETIME = 60  # seconds between iat and exp, by policy
 CONTAINER_KINDS = frozenset({"init", "regular", "ephemeral", "imagevolume"})
 _ALGORITHMS = ["ES256", "EdDSA"]
+# The operations a token may be used for more than once (``reuse``): reading a node's
+# view of its pulls names no pod and changes nothing, and the leader reads every node
+# polled once a second (a signature per read was a tenth of its event loop).
+REUSABLE_OPERATIONS = frozenset({OP_NODE_PULLS})
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Capability:
     containers: tuple[ContainerRef, ...] = ()
     path: str | None = None  # copy only
     params: Mapping[str, str] = field(default_factory=dict)
+    reusable: bool = False  # the ``reuse`` claim: the jti may come again until exp
 
     def container(self, name: str) -> ContainerRef | None:
         return next((c for c in self.containers if c.name == name), None)
@@ -126,11 +132,23 @@ class CapabilitySigner:
     def public_key_pem(self) -> bytes:
         return public_pem(self.public_key)
 
+    def now(self) -> float:
+        """The signer's clock (``iat`` is its whole second)."""
+        return self._clock()
+
     def sign(self, *, node: str, subject: str, operation: str, pod_namespace: str = "",
              pod_name: str = "", pod_uid: str = "", containers: Iterable[ContainerRef] = (),
-             path: str | None = None, params: Mapping[str, str] | None = None) -> str:
+             path: str | None = None, params: Mapping[str, str] | None = None,
+             reuse: bool = False) -> str:
+        """A token for one call, or (``reuse``) for every call of a reusable operation
+        on ``node`` by ``subject`` until it expires."""
         if operation not in OPERATIONS:
             raise ValueError(f"unknown operation {operation!r}")
+        containers = tuple(containers)
+        if reuse and (operation not in REUSABLE_OPERATIONS or pod_namespace or pod_name
+                      or pod_uid or containers or path is not None or params):
+            raise ValueError(f"a {operation!r} token naming a pod, container, path or "
+                             "parameter is for one call only")
         iat = int(self._clock())
         claims: dict[str, Any] = {
             "iss": self.issuer,
@@ -148,6 +166,8 @@ class CapabilitySigner:
             claims["path"] = path
         if params:
             claims["params"] = {str(k): str(v) for k, v in params.items()}
+        if reuse:
+            claims["reuse"] = True
         return jwt.encode(claims, self._key, algorithm=self._alg,  # type: ignore[arg-type]
                           headers={"kid": self.key_id})
 
@@ -303,6 +323,8 @@ class CapabilityVerifier:
             raise StatusError(401, "capability token expired")
         if cap.issued_at > now + self.leeway:
             raise StatusError(401, "capability token issued in the future")
+        if cap.reusable:  # checked in _capability: bound as tightly as a single-use one
+            return cap
         # Only after the signature checked out, so forged tokens cannot fill the cache.
         if not self.replay.add(cap.jti, cap.expires_at + self.leeway):
             raise StatusError(401, "capability token already used")
@@ -325,6 +347,13 @@ class CapabilityVerifier:
             params = c.get("params") or {}
             if not isinstance(params, dict):
                 raise ValueError("params must be an object")
+            reuse = c.get("reuse", False)
+            if not isinstance(reuse, bool):
+                raise ValueError("reuse must be a boolean")
+            if reuse and (op not in REUSABLE_OPERATIONS or any(pod.values())
+                          or containers or path is not None or params):
+                raise ValueError(f"a {op!r} token naming a pod, container, path or "
+                                 "parameter cannot be reused")
             return Capability(
                 # aud was checked to contain our node name.
                 issuer=str(c["iss"]), node=self.node, subject=str(c["sub"]),
@@ -333,6 +362,7 @@ class CapabilityVerifier:
                 pod_name=str(pod.get("name", "")), pod_uid=str(pod.get("uid", "")),
                 containers=containers, path=None if path is None else str(path),
                 params=MappingProxyType({str(k): str(v) for k, v in params.items()}),
+                reusable=reuse,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise StatusError(401, f"malformed capability token: {err}") from err

@@ -24,6 +24,7 @@ from aggapi.apiserver.collections.nodepolls import NodePoll
 from aggapi.apiserver.collections.podimagepulls import (
     needs_node_view,
     pod_image_pull,
+    reads_others,
     view_slice,
 )
 from aggapi.apiserver.collections.store import Clock, Collection, Event
@@ -78,9 +79,10 @@ class PodFeed(Batcher):
         self.on_node: dict[str, set[PodKey]] = {}  # every pod, by node
         self._node_of: dict[PodKey, str] = {}
         self._needs: dict[str, set[PodKey]] = {}  # pods that need their node's view
-        # Of those: their images and the slice of the view their object was built from
-        # (a view change rebuilds only the pods whose slice moved).
-        self._slices: dict[PodKey, tuple[list[str], Any]] = {}
+        # Of those: their images, whether their object reads the other pulls, and the
+        # slice of the view it was built from (a view change rebuilds only the pods
+        # whose slice moved).
+        self._slices: dict[PodKey, tuple[list[str], bool, Any]] = {}
         self._polled: set[str] = set()  # nodes whose poll this feed holds
         self.synced = asyncio.Event()
         # A ready() has waited for the nodes' first views (a seeded feed's state has
@@ -183,7 +185,7 @@ class PodFeed(Batcher):
         moved = []
         for key in self._needs.get(node, ()):
             built = self._slices.get(key)
-            if built is None or view_slice(built[0], view) != built[1]:
+            if built is None or view_slice(built[0], view, others=built[1]) != built[2]:
                 moved.append(key)
         self.mark(moved)
 
@@ -267,7 +269,8 @@ class PodFeed(Batcher):
             needs = needs_node_view(obj)
             if needs:
                 images = [str(i.get("image") or "") for i in obj["status"]["images"]]
-                self._slices[key] = (images, view_slice(images, view))
+                others = reads_others(obj)
+                self._slices[key] = (images, others, view_slice(images, view, others=others))
             self._index(key, node, needs)
             touched.add(node)
             self.collection.set(key, obj, record=record)

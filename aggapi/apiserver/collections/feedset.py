@@ -16,6 +16,7 @@ from typing import Any
 
 from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.collections.feeds import NodeFeed, PodFeed
+from aggapi.apiserver.collections.loopbusy import LoopBusy
 from aggapi.apiserver.collections.nodepolls import NodePoll
 from aggapi.apiserver.collections.store import EPOCH_SHIFT, Clock, Collection
 from aggapi.apiserver.podsources import Sources
@@ -54,9 +55,12 @@ class Feeds:
         self._started = time.monotonic()
         self.poll_interval, self.polls_per_second = poll_interval, polls_per_second
         self.polls: Shared[str, NodePoll] | None = None
+        # How busy the loop is: node reads are spread further apart while it is too busy
+        # (started with the first read).
+        self.busy = LoopBusy()
         if agent is not None:
             polls: Shared[str, NodePoll] = Shared(
-                lambda node: NodePoll(agent, node, interval=self.poll_delay), linger=0)
+                lambda node: self._node_poll(agent, node), linger=0)
             self.polls = polls
         self.pods, self.nodes = self._new_feeds()
 
@@ -76,15 +80,21 @@ class Feeds:
         seed, self._seed = self._seed, None
         return seed
 
+    def _node_poll(self, agent: AgentClient, node: str) -> NodePoll:
+        self.busy.start()
+        return NodePoll(agent, node, interval=self.poll_delay)
+
     def poll_delay(self) -> float:
         """Seconds between two reads of one node's agent: ``poll_interval``, or longer
         while that many nodes read that often would pass ``polls_per_second`` (0: no
-        bound). Each read is a TLS request with a freshly signed token: 5,000 nodes
-        read every second would take more than the leader's whole core."""
+        bound), times the stretch a too busy event loop asks (``loopbusy``). Each read
+        is a TLS request: 5,000 nodes read every second would take more than the
+        leader's whole core."""
         polled = len(self.polls) if self.polls is not None else 0
+        stretch = self.busy.stretch
         if self.polls_per_second <= 0 or polled <= self.poll_interval * self.polls_per_second:
-            return self.poll_interval
-        pace = polled / self.polls_per_second
+            return self.poll_interval * stretch
+        pace = polled / self.polls_per_second * stretch
         return pace * (0.75 + random.random() / 2)  # spread: polls started together
 
     async def prepare(self, basis: Callable[[], Mapping[Hashable, Any]]) -> None:
@@ -222,6 +232,7 @@ class Feeds:
         return len(self.polls) if self.polls is not None else 0
 
     async def close(self) -> None:
+        await self.busy.stop()
         if self._warming is not None:
             self._warming.cancel()
         await self.cool()

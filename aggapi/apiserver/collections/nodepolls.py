@@ -58,7 +58,7 @@ class NodePoll:
         while True:
             try:
                 view: dict[str, Any] | None = await fetch_node_view(
-                    self.agent, self.node, POLL_SUBJECT)
+                    self.agent, self.node, POLL_SUBJECT, reuse=True)
                 error = ""
             except StatusError as exc:
                 view, error = None, exc.message

@@ -172,19 +172,34 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     }
 
 
-def view_slice(images: Sequence[str], view: Mapping[str, Any] | None) -> Any:
+def view_slice(images: Sequence[str], view: Mapping[str, Any] | None, *,
+               others: bool = True) -> Any:
     """What of the node view ``pod_image_pull`` reads for a pod of ``images``: the
-    pulls of its images whole, and of the others only which images they bring and
-    the slot counts (whether the pod waits for a slot). Another pod's bytes moving
-    leave it unchanged: the pod's object need not be rebuilt."""
+    pulls of its images whole, and (``others``: see :func:`reads_others`) of the
+    others only which images they bring and the slot counts (whether the pod waits
+    for a slot). Another pod's bytes moving leave it unchanged: the pod's object need
+    not be rebuilt."""
     if view is None:
         return None
-    pulls = [p for p in view.get("pulls") or () if isinstance(p, Mapping)]
     own = [_pull_of(image, view) for image in images]
     present = [_on_node(image, view) for image in images]
+    if not others:
+        return own, present
+    pulls = [p for p in view.get("pulls") or () if isinstance(p, Mapping)]
     return (own, present, [(p.get("images"), p.get("repositories")) for p in pulls],
             view.get("slotsFree"), view.get("inFlight"), view.get("slots"),
             view.get("kubelet"))
+
+
+def reads_others(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` (built by ``pod_image_pull``) may change with the node's other
+    pulls and slots: only an image kubelet pulls while the runtime shows nothing of it
+    reads them (Waiting for a slot, else Pulling); no other image's phase can become
+    that through a change of the others alone (kube's change or its own pull's comes
+    first, and rebuilds it). A node where a pull starts or ends thus rebuilds the pods
+    waiting there, not the ten that kubelet has not asked for yet."""
+    return any(i.get("phase") in ("Pulling", "Waiting")
+               for i in (obj.get("status") or {}).get("images") or ())
 
 
 def needs_node_view(obj: Mapping[str, Any]) -> bool:

@@ -63,9 +63,11 @@ def node_pulls_object(node: str, view: Mapping[str, Any], created: str) -> dict[
             **rest, "node": node, "slots": slots_of(view)}
 
 
-async def fetch_node_view(agent: AgentClient, node: str, subject: str) -> dict[str, Any]:
+async def fetch_node_view(agent: AgentClient, node: str, subject: str, *,
+                          reuse: bool = False) -> dict[str, Any]:
+    """``reuse``: with a token signed for many reads (the shared polls'), not per read."""
     resp = await agent.open("GET", AGENT_NODE_PULLS_PATH, node=node, subject=subject,
-                            operation=OP_NODE_PULLS)
+                            operation=OP_NODE_PULLS, reuse=reuse)
     try:
         data: dict[str, Any] = await resp.json(content_type=None)
         return data

@@ -248,6 +248,40 @@ async def test_a_view_change_rebuilds_only_the_pods_whose_pull_moved(
     assert built and set(built) == {"a"}, built
 
 
+async def test_a_pull_starting_on_a_node_rebuilds_no_pod_kubelet_has_not_asked_for(
+        env: Env, built: list[str]) -> None:
+    """A rollout on a node of ten pods: each pull starting or ending moved the node's
+    pulls and slot counts, and rebuilt all ten (issue 36: most of the leader's
+    rebuilds in the replay). Now only the pods that read them: those kubelet pulls."""
+    a = env.kube.put("api/v1", "pods", pod("a", "registry.test/a:1"))
+    env.kube.put("api/v1", "events", event(a, "Pulling", 'Pulling image "registry.test/a:1"'))
+    for name in ("b", "c", "d"):
+        env.kube.put("api/v1", "pods", pod(name, f"registry.test/{name}:1"))
+    env.agent.views["node-a"] = node_view(pull("registry.test/a", progress=1, total=10,
+                                               rate=1.0))
+    await env.get("/namespaces/ns1/podimagepulls")
+    b = env.kube.get("api/v1", "pods", "ns1", "b")
+    assert b is not None
+    env.kube.put("api/v1", "events", event(b, "Pulling", 'Pulling image "registry.test/b:1"'))
+
+    async def b_pulling() -> bool:
+        _, body = await env.get("/namespaces/ns1/podimagepulls/b")
+        return bool(body["status"]["phase"] == "Pulling")
+
+    await until(b_pulling)
+    built.clear()
+    env.agent.views["node-a"] = node_view(
+        pull("registry.test/a", progress=1, total=10, rate=1.0),
+        pull("registry.test/b", progress=2, total=10, rate=1.0))
+
+    async def b_moved() -> bool:
+        _, body = await env.get("/namespaces/ns1/podimagepulls/b")
+        return bool(body["status"]["progress"] == 2)
+
+    await until(b_moved)
+    assert set(built) == {"b"}, built  # not c and d (nor a: its own pull stood still)
+
+
 async def test_a_big_change_is_rebuilt_a_batch_per_turn_of_the_loop(
         env: Env, built: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(10):

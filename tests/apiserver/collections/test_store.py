@@ -263,3 +263,23 @@ def test_an_unrecorded_changes_version_leaves_with_the_first_eviction() -> None:
     for v in range(3):
         col.set("b", {"metadata": {"name": "b"}, "v": v})
     assert not col.owns(built)
+
+
+@settings(derandomize=True, database=None, max_examples=100)
+@given(OPS, st.integers(4, 64), st.data())
+def test_the_changes_after_a_version_are_the_historys_later_ones_first_first(
+        ops: list[tuple[str, int | None]], history: int, data: st.DataObject) -> None:
+    """since(rv, limit) (found by bisection, watch.py takes its catch-up that way) is
+    the history's changes after rv, in order, the first ``limit`` of them."""
+    col = Collection(Clock(), history=history)
+    state: dict[str, int] = {}
+    for k, v in ops:
+        _apply(state, col, k, v)
+    held = list(col._history)
+    rvs = sorted({col.start_rv, *(e.rv for e in held)})
+    rv = data.draw(st.sampled_from(rvs))
+    limit = data.draw(st.none() | st.integers(1, 8))
+    if not col.owns(rv):
+        return
+    want = [e for e in held if e.rv > rv]
+    assert col.since(rv, limit) == (want if limit is None else want[:limit])

@@ -1,6 +1,7 @@
 """A pod's object is rebuilt on a node view change only when its slice of the view
-changed (``view_slice``). Sound only if the object never differs between two views
-with the same slice: checked over random pods, events and pairs of views."""
+changed (``view_slice``; the other pulls and the slots only for an object that
+``reads_others``). Sound only if the object never differs between two views with the
+same slice: checked over random pods, events and pairs of views."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi.apiserver.collections.podimagepulls import pod_image_pull, view_slice
+from aggapi.apiserver.collections.podimagepulls import pod_image_pull, reads_others, view_slice
 from tests import kubeobjects
 
 from .fakes import event
@@ -76,5 +77,34 @@ def test_same_slice_same_object(images: list[str], kubelet: list[str],
             ev["involvedObject"]["fieldPath"] = f"spec.containers{{c{i}}}"
             events.append(ev)
     v1, v2 = pair
+    built = pod_image_pull(pod, events, v1)
     if view_slice(images, v1) == view_slice(images, v2):
-        assert pod_image_pull(pod, events, v1) == pod_image_pull(pod, events, v2)
+        assert built == pod_image_pull(pod, events, v2)
+    others = reads_others(built)
+    if view_slice(images, v1, others=others) == view_slice(images, v2, others=others):
+        assert built == pod_image_pull(pod, events, v2)
+
+
+def test_a_pod_kubelet_has_not_asked_for_ignores_the_others() -> None:
+    """The narrowed slice: a pull of another image starting on the node (the pulls, the
+    counts and the slots all move) leaves a pod kubelet has not asked for as it was,
+    and is read by one that waits for a slot."""
+    img = "registry.test/a:1"
+    pod = kubeobjects.pod_object("p", [("c0", img)], node="node-a", namespace="ns1",
+                                 uid="uid-p")
+    slots = {"limit": 1, "serialize": None, "source": "test", "error": ""}
+    idle = {"kind": "NodeImagePulls", "pulls": [], "slotsFree": 1, "inFlight": 0,
+            "slots": slots}
+    busy = {**idle, "slotsFree": 0, "inFlight": 1, "pulls": [{
+        "lease": "l1", "phase": "Downloading", "images": ["other.test/c:1"],
+        "repositories": ["other.test/c"], "progress": 5, "total": 10}]}
+    pending = pod_image_pull(pod, [], idle)
+    assert not reads_others(pending)
+    assert view_slice([img], idle, others=False) == view_slice([img], busy, others=False)
+    assert pod_image_pull(pod, [], busy) == pending
+    ev = event(pod, "Pulling", f'Pulling image "{img}"')
+    ev["involvedObject"]["fieldPath"] = "spec.containers{c0}"
+    asked = pod_image_pull(pod, [ev], idle)
+    assert reads_others(asked)
+    assert view_slice([img], idle) != view_slice([img], busy)
+    assert pod_image_pull(pod, [ev], busy)["status"]["images"][0]["phase"] == "Waiting"
