@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from aggapi.kube.client import KubeClient
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from aggapi.tls import certs
+from tests.agent.fakectd import FakeContainerd
 
 NODE = "node-a"
 
@@ -140,3 +142,14 @@ async def run_agent(pki_dir: Path, *, cri: CRIClient | Any, containerd: Containe
     finally:
         for r in reversed(runners):
             await r.cleanup()
+
+
+@asynccontextmanager
+async def fake_runtime_agent(tmp_path: Path) -> AsyncIterator[Agent]:
+    """An agent on a fake containerd whose clock is now, no CRI, no pod check, polling
+    every 50 ms: for tests of what the agent does with a word or a token."""
+    fake = FakeContainerd()
+    fake.now = time.time()
+    async with run_agent(pki(tmp_path / "pki"), cri=None, containerd=fake, pod_check=False,
+                         poll_interval=0.05) as a:
+        yield a

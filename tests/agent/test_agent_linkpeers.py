@@ -23,18 +23,14 @@ from aggapi.apiserver.agentclient import AgentClient
 from aggapi.apiserver.agents import AgentEndpoint
 from aggapi.apiserver.collections.linkfeed import LinkFeeder
 from aggapi.linkpeers import PeerLink, PeerPull
-from tests.agent.agentserver import NODE, Agent, client_ssl, pki, run_agent
-from tests.agent.fakectd import FakeContainerd
+from tests.agent.agentserver import NODE, Agent, client_ssl, fake_runtime_agent
 
 BODY = {"peers": {"node-b": [{"remaining": 3e6, "bytesPerSecond": 1.6e5}]}, "total": 4e5}
 
 
 @pytest.fixture
 async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    fake = FakeContainerd()
-    fake.now = time.time()
-    async with run_agent(pki(tmp_path / "pki"), cri=None, containerd=fake, pod_check=False,
-                         poll_interval=0.05) as a:
+    async with fake_runtime_agent(tmp_path) as a:
         yield a
 
 

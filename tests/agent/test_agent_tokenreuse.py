@@ -6,7 +6,6 @@ succeeds."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -19,16 +18,12 @@ from aggapi.apiserver.collections.nodepolls import POLL_SUBJECT
 from aggapi.apiserver.imagepullprogress.nodeview import fetch_node_view
 from aggapi.auth.capability import Capability, CapabilitySigner, CapabilityVerifier
 from aggapi.status import StatusError
-from tests.agent.agentserver import NODE, Agent, pki, run_agent
-from tests.agent.fakectd import FakeContainerd
+from tests.agent.agentserver import NODE, Agent, fake_runtime_agent
 
 
 @pytest.fixture
 async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    fake = FakeContainerd()
-    fake.now = time.time()
-    async with run_agent(pki(tmp_path / "pki"), cri=None, containerd=fake, pod_check=False,
-                         poll_interval=0.05) as a:
+    async with fake_runtime_agent(tmp_path) as a:
         yield a
 
 
