@@ -3,7 +3,9 @@ ServiceMonitor, copy as root, the agent's drain and metrics port."""
 
 from __future__ import annotations
 
-from tests.manifests.conftest import Render, find, pod_spec
+import subprocess
+
+from tests.manifests.conftest import CHART, Render, find, pod_spec
 
 
 def test_apiserver_on_control_plane_preset(render: Render) -> None:
@@ -193,3 +195,22 @@ def test_agent_metrics_port_and_its_credentials(render: Render) -> None:
     sources = next(v for v in ag["volumes"] if v["name"] == "kube-api-access")
     assert sources["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
     assert find(docs, "ClusterRoleBinding", "aggapi-agent:system:auth-delegator")
+
+
+def test_apiserver_hand_over_fits_its_grace_period(render: Render, helm: str) -> None:
+    """--handover-timeout runs beside --shutdown-delay and what outlasts it comes off
+    --shutdown-grace: the kubelet must not kill a leader mid-hand-over."""
+    from aggapi.apiserver.config import parse_args
+
+    for sets, want in (((), 25.0), (("apiserver.handoverTimeoutSeconds=0",), 0.0),
+                       (("apiserver.handoverTimeoutSeconds=35",), 35.0)):
+        spec = pod_spec(render(sets), "Deployment")
+        cfg = parse_args(spec["containers"][0]["args"][1:], env={})
+        assert cfg.handover_timeout == want
+        assert cfg.handover_timeout <= cfg.shutdown_delay + cfg.shutdown_grace
+        assert spec["terminationGracePeriodSeconds"] >= \
+            cfg.shutdown_delay + cfg.shutdown_grace + cfg.shutdown_final
+    r = subprocess.run([helm, "template", "aggapi", str(CHART), "--set",
+                        "apiserver.handoverTimeoutSeconds=36"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "handoverTimeoutSeconds may be at most" in r.stderr

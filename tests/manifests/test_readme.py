@@ -51,3 +51,12 @@ def test_every_value_is_described() -> None:
     for key in ("apiserver.affinity", "agent.priorityClassName", "tls.helm.lookup",
                 "serviceMonitor.authorization", "criticalPodsQuota"):
         assert key in dict(rows), key
+
+
+def test_no_comment_line_opens_a_description_by_mistake() -> None:
+    """helm-docs starts a value's description at any comment line opening with "-- ":
+    a flag wrapped onto the start of a line ("# --always-allow-metrics).") cut the
+    README's text of metricsAlwaysAllow down to "always-allow-metrics)."."""
+    text = (CHART / "values.yaml").read_text()
+    bad = [line for line in text.splitlines() if re.match(r"\s*# --\S", line)]
+    assert not bad, bad

@@ -277,6 +277,10 @@ container port it targets. */}}
 - --authz-deny-ttl={{ .Values.apiserver.sarCacheTTL }}
 - --shutdown-grace={{ .Values.apiserver.shutdownGracePeriod }}
 - --shutdown-delay={{ .Values.apiserver.shutdownDelaySeconds }}
+{{- if gt (int .Values.apiserver.handoverTimeoutSeconds) (add (int .Values.apiserver.shutdownDelaySeconds) (int .Values.apiserver.shutdownGracePeriod)) }}
+{{- fail "apiserver.handoverTimeoutSeconds may be at most apiserver.shutdownDelaySeconds + apiserver.shutdownGracePeriod: the hand-over's time past the delay comes off the grace, and the pod's terminationGracePeriodSeconds is their sum (+15)." }}
+{{- end }}
+- --handover-timeout={{ .Values.apiserver.handoverTimeoutSeconds }}
 - --copy-require-exec={{ .Values.apiserver.copyRequireExec }}
 - --always-allow-metrics={{ .Values.apiserver.metricsAlwaysAllow }}
 - --fleet-metrics={{ .Values.apiserver.fleetMetrics }}
