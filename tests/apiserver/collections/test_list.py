@@ -222,6 +222,14 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
+async def _until_status(env: Env, name: str, key: str, value: object) -> None:
+    """Until ``name``'s object in ns1 shows ``status[key] == value``."""
+    async def shown() -> bool:
+        _, body = await env.get(f"/namespaces/ns1/podimagepulls/{name}")
+        return bool(body["status"][key] == value)
+    await until(shown)
+
+
 async def test_a_view_change_rebuilds_only_the_pods_whose_pull_moved(
         env: Env, built: list[str]) -> None:
     for name in ("a", "b"):
@@ -240,11 +248,7 @@ async def test_a_view_change_rebuilds_only_the_pods_whose_pull_moved(
         pull("registry.test/a", progress=7, total=10, rate=1.0),
         pull("registry.test/b", progress=1, total=10, rate=1.0))
 
-    async def a_moved() -> bool:
-        _, body = await env.get("/namespaces/ns1/podimagepulls/a")
-        return bool(body["status"]["progress"] == 7)
-
-    await until(a_moved)
+    await _until_status(env, "a", "progress", 7)
     assert built and set(built) == {"a"}, built
 
 
@@ -264,21 +268,13 @@ async def test_a_pull_starting_on_a_node_rebuilds_no_pod_kubelet_has_not_asked_f
     assert b is not None
     env.kube.put("api/v1", "events", event(b, "Pulling", 'Pulling image "registry.test/b:1"'))
 
-    async def b_pulling() -> bool:
-        _, body = await env.get("/namespaces/ns1/podimagepulls/b")
-        return bool(body["status"]["phase"] == "Pulling")
-
-    await until(b_pulling)
+    await _until_status(env, "b", "phase", "Pulling")
     built.clear()
     env.agent.views["node-a"] = node_view(
         pull("registry.test/a", progress=1, total=10, rate=1.0),
         pull("registry.test/b", progress=2, total=10, rate=1.0))
 
-    async def b_moved() -> bool:
-        _, body = await env.get("/namespaces/ns1/podimagepulls/b")
-        return bool(body["status"]["progress"] == 2)
-
-    await until(b_moved)
+    await _until_status(env, "b", "progress", 2)
     assert set(built) == {"b"}, built  # not c and d (nor a: its own pull stood still)
 
 
