@@ -20,7 +20,9 @@ the history, bounded in events and in estimated bytes (``histbound.py``).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
@@ -353,13 +355,7 @@ class Collection:
         # bisection, then only the changes taken. (Walking the deque was O(history) per
         # call: each watcher's every wake-up, and a watcher thousands behind took its
         # catch-up 256 at a time, each time walking all of them: ~3% of the leader.)
-        lo, hi = 0, len(h)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if h[mid].rv <= rv:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = bisect.bisect_right(h, rv, key=operator.attrgetter("rv"))
         end = len(h) if limit is None else min(len(h), lo + limit)
         return [h[i] for i in range(lo, end)]
 
