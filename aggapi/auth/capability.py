@@ -44,6 +44,14 @@ _ALGORITHMS = ["ES256", "EdDSA"]
 REUSABLE_OPERATIONS = frozenset({OP_NODE_PULLS})
 
 
+def _reusable(operation: str, names_pod: bool, containers: tuple[Any, ...],
+              path: str | None, params: Mapping[str, Any] | None) -> bool:
+    """Whether a token of these claims may carry ``reuse``: a reusable operation that
+    names no pod, container, path or parameter (the signer and the verifier both ask)."""
+    return (operation in REUSABLE_OPERATIONS and not names_pod and not containers
+            and path is None and not params)
+
+
 @dataclass(frozen=True)
 class ContainerRef:
     name: str
@@ -145,8 +153,8 @@ class CapabilitySigner:
         if operation not in OPERATIONS:
             raise ValueError(f"unknown operation {operation!r}")
         containers = tuple(containers)
-        if reuse and (operation not in REUSABLE_OPERATIONS or pod_namespace or pod_name
-                      or pod_uid or containers or path is not None or params):
+        if reuse and not _reusable(operation, bool(pod_namespace or pod_name or pod_uid),
+                                   containers, path, params):
             raise ValueError(f"a {operation!r} token naming a pod, container, path or "
                              "parameter is for one call only")
         iat = int(self._clock())
@@ -350,8 +358,7 @@ class CapabilityVerifier:
             reuse = c.get("reuse", False)
             if not isinstance(reuse, bool):
                 raise ValueError("reuse must be a boolean")
-            if reuse and (op not in REUSABLE_OPERATIONS or any(pod.values())
-                          or containers or path is not None or params):
+            if reuse and not _reusable(op, any(pod.values()), containers, path, params):
                 raise ValueError(f"a {op!r} token naming a pod, container, path or "
                                  "parameter cannot be reused")
             return Capability(
