@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
+from aggapi.apiserver.agentclient import AgentClient
+from aggapi.apiserver.collections.feedset import Feeds
+from aggapi.apiserver.podsources import Sources
+from aggapi.kube.client import KubeClient
 from tests import kubeobjects
 
 
@@ -91,3 +95,10 @@ def event(pod_obj: Mapping[str, Any], reason: str, message: str, *, n: int = 0,
             "reason": reason, "message": message,
             "source": {"component": "kubelet", "host": pod_obj["spec"].get("nodeName", "")},
             "lastTimestamp": when, "type": "Normal"}
+
+
+def budgeted_feeds(polls_per_second: float) -> Feeds:
+    """Feeds with no kube and a FakeAgent, reading each node every second within a
+    budget of ``polls_per_second`` (0: none): for the node reads' pace."""
+    return Feeds(Sources(cast(KubeClient, None), linger=1.0), cast(AgentClient, FakeAgent()),
+                 linger=1.0, poll_interval=1.0, polls_per_second=polls_per_second)

@@ -3,15 +3,9 @@ wait, kube's phases should not), and at its pace again once the loop frees up.""
 
 from __future__ import annotations
 
-from typing import cast
-
-from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.loopbusy import MAX_STRETCH, TARGET, LoopBusy, next_stretch
-from aggapi.apiserver.podsources import Sources
-from aggapi.kube.client import KubeClient
 
-from .fakes import FakeAgent
+from .fakes import budgeted_feeds
 
 
 class Clocks:
@@ -61,9 +55,7 @@ def test_a_loop_at_its_target_keeps_the_pace() -> None:
 
 
 async def test_the_node_reads_take_the_stretch() -> None:
-    feeds = Feeds(Sources(cast(KubeClient, None), linger=1.0),
-                  cast(AgentClient, FakeAgent()), linger=1.0, poll_interval=1.0,
-                  polls_per_second=100)
+    feeds = budgeted_feeds(100)
     assert feeds.polls is not None
     try:
         feeds.polls.acquire("n0")  # the first read starts the meter

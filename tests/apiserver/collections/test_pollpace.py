@@ -6,21 +6,14 @@ second would take more than the leader's core)."""
 from __future__ import annotations
 
 from statistics import mean
-from typing import cast
 
-from aggapi.apiserver.agentclient import AgentClient
-from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.config import parse_args
-from aggapi.apiserver.podsources import Sources
-from aggapi.kube.client import KubeClient
 
-from .fakes import FakeAgent
+from .fakes import budgeted_feeds
 
 
 async def test_reads_of_all_nodes_together_stay_within_the_budget() -> None:
-    feeds = Feeds(Sources(cast(KubeClient, None), linger=1.0),
-                  cast(AgentClient, FakeAgent()), linger=1.0, poll_interval=1.0,
-                  polls_per_second=100)
+    feeds = budgeted_feeds(100)
     assert feeds.polls is not None
     try:
         for i in range(100):
@@ -40,7 +33,5 @@ async def test_reads_of_all_nodes_together_stay_within_the_budget() -> None:
 def test_the_budget_is_a_flag_and_zero_means_none() -> None:
     assert parse_args([]).collection_polls_per_second == 500.0
     assert parse_args(["--collection-polls-per-second=0"]).collection_polls_per_second == 0
-    feeds = Feeds(Sources(cast(KubeClient, None), linger=1.0),
-                  cast(AgentClient, FakeAgent()), linger=1.0, poll_interval=1.0,
-                  polls_per_second=0)
+    feeds = budgeted_feeds(0)
     assert feeds.poll_delay() == 1.0
