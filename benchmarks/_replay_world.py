@@ -5,8 +5,8 @@ the agent API the collections poll, and a rollout: each pod's pull starts at its
 time, its bytes move, and it ends as kubelet ends one (a Pulled Event and the
 container running with the image's digest, the agent's pull gone).
 
-No etcd, kubelet or kwok: ``tests.framework.fakekube`` with lists paged in key order
-(what the replicas' informers read at 50,000 pods), and one HTTPS port for every
+No etcd, kubelet or kwok: ``benchmarks._replay_kube`` (a fake kube-apiserver that
+encodes each change once, as kube-apiserver's watch cache), and one HTTPS port for every
 hollow agent (each node has its EndpointSlice naming it; the capability token's
 audience says which node is asked; its signature is not checked here).
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import bisect
 import contextlib
 import json
 import random
@@ -33,7 +32,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.framework.fakekube import FakeKube, Obj, _matches
+from benchmarks._replay_kube import ReplayKube
+from tests.framework.fakekube import Obj
 
 GROUP_HOST = "registry.replay.test"
 NAMESPACE = "aggapi"
@@ -48,71 +48,6 @@ def namespace_of(i: int, namespaces: int) -> str:
 
 def node_of(i: int, nodes: int) -> str:
     return f"hollow-{i % nodes}"
-
-
-class ReplayKube(FakeKube):
-    """FakeKube whose lists page in key order from a sorted index (continue: the first
-    page's version and the last key), copying only the page: 50,000 pods listed in
-    pages of 500 without sorting and copying all of them per page."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self._keys: dict[tuple[str, str], list[tuple[str, str]]] = {}
-
-    def put(self, api: str, resource: str, obj: Obj) -> Obj:
-        bucket = self.objects.get((api.strip("/"), resource), {})
-        meta = obj.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta["name"])
-        if key not in bucket:
-            keys = self._keys.get((api.strip("/"), resource))
-            if keys is not None:
-                bisect.insort(keys, key)
-        return super().put(api, resource, obj)
-
-    def delete(self, api: str, resource: str, namespace: str, name: str) -> None:
-        self._keys.pop((api.strip("/"), resource), None)
-        super().delete(api, resource, namespace, name)
-
-    async def _resource(self, request: web.Request) -> web.StreamResponse:
-        parsed = self._parse(request.path)
-        if (request.method != "GET" or parsed is None or parsed[3]
-                or request.query.get("watch", "").lower() in ("1", "true")):
-            return await super()._resource(request)
-        self.requests.append((request.method, request.path_qs))
-        api, ns, resource, _ = parsed
-        bucket = self.objects.get((api, resource), {})
-        keys = self._keys.get((api, resource))
-        if keys is None:
-            keys = self._keys[(api, resource)] = sorted(bucket)
-        fsel = request.query.get("fieldSelector", "")
-        lsel = request.query.get("labelSelector", "")
-        limit = int(request.query.get("limit") or 0) or len(keys) + 1
-        cont = request.query.get("continue") or ""
-        # The token carries the first page's version: every page names it, as kube's
-        # pages all come from one snapshot, so a watch from it brings each change made
-        # while the pages were read (the newest version lost those to read pages).
-        snapshot, *after = json.loads(cont) if cont else (self.rv,)
-        start = bisect.bisect_right(keys, tuple(after)) if cont else 0
-        if ns:
-            start = max(start, bisect.bisect_left(keys, (ns, "")))
-        items: list[Obj] = []
-        last: tuple[str, str] | None = None
-        i = start
-        while i < len(keys) and len(items) < limit:
-            key = keys[i]
-            i += 1
-            if ns and key[0] != ns:
-                break
-            obj = bucket.get(key)
-            if obj is not None and _matches(obj, fsel, lsel):
-                items.append(obj)
-                last = key
-        meta: Obj = {"resourceVersion": str(snapshot)}
-        if len(items) == limit and i < len(keys) and (not ns or keys[i][0] == ns):
-            meta["continue"] = json.dumps([snapshot, *(last or keys[i - 1])])
-        body = json.dumps({"kind": "List", "apiVersion": "v1", "metadata": meta,
-                           "items": items})
-        return web.Response(body=body.encode(), content_type="application/json")
 
 
 def pod_object(i: int, nodes: int, namespaces: int) -> Obj:
@@ -200,7 +135,7 @@ class World:
             self.views[node] = (0, self._view(node))
         for i in range(a.pods):
             self.kube.put("api/v1", "pods", pod_object(i, a.nodes, a.namespaces))
-        self.kube._history.clear()  # the watches start from the lists
+        self.kube.forget_history()  # the watches start from the lists
 
     def _event(self, pod: Obj, reason: str, message: str) -> None:
         self.seq += 1

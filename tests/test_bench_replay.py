@@ -5,12 +5,13 @@ while objects are added between pages."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
 from benchmarks._replay_clients import Tally, fresh_versions
-from benchmarks._replay_world import ReplayKube
+from benchmarks._replay_kube import ReplayKube
 
 
 def obj(name: str, rv: int, phase: str = "Pulling") -> dict[str, Any]:
@@ -132,3 +133,26 @@ def test_latency_is_binned_by_when_the_pull_ended() -> None:
     from benchmarks._replay_report import by_window
     rows = by_window([(100.5, 0.1), (101.0, 0.3), (107.0, 9.0)], t0=100.0)
     assert rows == [[0.0, 2, 0.3, 0.3, 0.3], [5.0, 1, 9.0, 9.0, 9.0]]
+
+
+async def test_the_fake_apiservers_watches_get_the_changes_after_their_version() -> None:
+    """Each change is encoded once for every watch: a watch from version V gets the
+    changes after V in order, filtered by its field selector; one from before the
+    history it keeps gets kube-apiserver's 410."""
+    kube = ReplayKube(history=4)
+    for i in range(6):
+        kube.put("api/v1", "events", {"metadata": {"namespace": "ns", "name": f"e{i}"},
+                                      "involvedObject": {"kind": "Pod" if i % 2 else "Node"}})
+    async with TestClient(TestServer(kube.app())) as client:
+        async def watch(rv: int, fsel: str = "") -> list[dict[str, Any]]:
+            resp = await client.get("/api/v1/events", params={
+                "watch": "1", "resourceVersion": str(rv), "timeoutSeconds": "1",
+                **({"fieldSelector": fsel} if fsel else {})})
+            return [json.loads(line) for line in (await resp.text()).splitlines() if line]
+
+        got = await watch(kube.rv - 3, "involvedObject.kind=Pod")
+        assert [e["object"]["metadata"]["name"] for e in got] == ["e3", "e5"]
+        assert {e["type"] for e in got} == {"ADDED"}
+        assert len(await watch(kube.rv - 3)) == 3
+        old = await watch(kube.rv - 6)
+        assert [e["type"] for e in old] == ["ERROR"] and old[0]["object"]["code"] == 410
