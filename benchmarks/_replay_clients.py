@@ -138,11 +138,19 @@ class Watcher:
         self.tally = Tally()
         self.errors: dict[str, int] = {}
         self.gone = 0  # 410s: lists again
+        # (monotonic, what): each list and watch with its replica and how it ended,
+        # written beside the replicas' logs (where a hand-over's gap went)
+        self.timeline: list[tuple[float, str]] = []
 
     def _error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
+        self._note(what)
+
+    def _note(self, what: str) -> None:
+        self.timeline.append((round(time.monotonic(), 3), what))
 
     async def _list(self) -> bool:
+        self._note("list")
         code, body = await self.replicas.list()
         if code != 200 or not isinstance(body, dict):
             self._error(f"list {code}")
@@ -157,8 +165,17 @@ class Watcher:
         if not self.tally.rv:  # streaming: the state first, as ADDED events
             initial = []
             since = "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
-        url = (f"{self.replicas.pick()}{PATH}?watch=true&allowWatchBookmarks=true"
+        replica = self.replicas.pick()
+        url = (f"{replica}{PATH}?watch=true&allowWatchBookmarks=true"
                f"{since}&timeoutSeconds={self.rng.randint(30, 90)}")
+        events = self.tally.events
+        self._note(f"watch {replica} from {self.tally.rv}")
+        try:
+            await self._stream(url, initial)
+        finally:
+            self._note(f"watch ended: {self.tally.events - events} events")
+
+    async def _stream(self, url: str, initial: list[Mapping[str, Any]] | None) -> None:
         async with self.replicas.session.get(url, headers=self.replicas.headers) as resp:
             if resp.status == 410:
                 self.gone += 1

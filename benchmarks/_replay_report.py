@@ -26,6 +26,13 @@ def by_window(samples: list[tuple[float, float]], t0: float, step: float = 5.0
             for i, xs in sorted(bins.items())]
 
 
+def dump_watchers(path: Path, t0: float, replicas: list[str], watchers: list[Any]) -> None:
+    """For reading a run afterwards: each watcher's lists and watches (``timeline``)
+    and when it first saw each Done, on the same clock as ``done.log``."""
+    path.write_text(json.dumps({"t0": t0, "replicas": replicas, "watchers": [
+        {"timeline": w.timeline, "done_at": w.tally.done_at} for w in watchers]}))
+
+
 def done_times(path: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     if path.exists():

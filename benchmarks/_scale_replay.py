@@ -38,7 +38,7 @@ from aiohttp import web
 from aggapi.tls import certs, pki
 from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
 from benchmarks._replay_clients import Replicas, Watcher, fresh_versions, timed_list
-from benchmarks._replay_report import by_window, done_times, pct, report
+from benchmarks._replay_report import by_window, done_times, dump_watchers, pct, report
 from tests.framework.frontproxy import FrontProxy, ProxyUser
 from tests.framework.procs import free_port, stop_child
 from tests.framework.repo import python_env
@@ -282,6 +282,7 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         with contextlib.suppress(OSError, ValueError):
             world = json.loads((d / "world.stats").read_text())
         done = done_times(d / "done.log")
+        dump_watchers(d / "watchers.json", t0, urls, watchers)
         timed = [(done[k], t - done[k]) for w in watchers
                  for k, t in w.tally.done_at.items() if t > 0 and k in done]
         lat = [x for _, x in timed]
