@@ -6,9 +6,14 @@ queued behind them, seconds late and growing. Bytes can wait, phases should not:
 the loop is busier than ``TARGET``, the node reads are spread further apart (at most
 ``MAX_STRETCH`` times), and back to the poll interval as it frees up.
 
-The measure is the loop thread's own CPU time over wall time (``time.thread_time``),
-sampled every ``EVERY`` s on the loop itself: exact, whatever other processes do with
-the machine, and blind to the worker threads (their encoding does not hold the loop).
+Two measures, sampled every ``EVERY`` s on the loop itself, the larger counting: the
+loop thread's own CPU time over wall time (``time.thread_time``; blind to the worker
+threads, whose encoding does not hold the loop), and the loop's lag, how long a
+callback waits for its turn (``LAG_FULL`` counts as fully busy). The CPU share alone
+missed a loop starved by other processes on the machine: at 50,000 pods (s43 replay)
+the leader's thread had CPU 62-77% of the time while its ready callbacks never ran
+out (py-spy: 94% of samples outside the poll), phases queued behind node reads for
+seconds, and the followers' mirror streams fell out of its history.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ EVERY = 1.0  # seconds between samples
 TARGET = 0.75  # the loop's busy share above which node reads are spread further apart
 MAX_STRETCH = 4.0  # at most this many times the budget's pace
 SMOOTH = 0.5  # weight of the newest sample in the busy share (an EWMA)
+LAG_FULL = 0.1  # seconds a callback waits for its turn that count as a fully busy loop
 
 
 def next_stretch(stretch: float, busy: float) -> float:
@@ -44,6 +50,7 @@ class LoopBusy:
         self._thread, self._wall = thread_clock, wall_clock
         self.busy = 0.0
         self.stretch = 1.0
+        self.lag = 0.0  # seconds the last probe waited for its turn
         self._last: tuple[float, float] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -51,7 +58,9 @@ class LoopBusy:
         """One sample (on the loop's thread)."""
         now = (self._thread(), self._wall())
         if self._last is not None and now[1] > self._last[1]:
-            share = min(1.0, (now[0] - self._last[0]) / (now[1] - self._last[1]))
+            share = max((now[0] - self._last[0]) / (now[1] - self._last[1]),
+                        self.lag / LAG_FULL)
+            share = min(1.0, share)
             self.busy = SMOOTH * share + (1 - SMOOTH) * self.busy
             before, self.stretch = self.stretch, next_stretch(self.stretch, self.busy)
             if (before == 1.0) != (self.stretch == 1.0):
@@ -64,9 +73,18 @@ class LoopBusy:
             self._task = asyncio.create_task(self._run(), name="loopbusy")
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            # The lag: a yield waits for every callback ready before it, and a sleep's
+            # wake-up is late by the callbacks then queued (the larger of the two).
+            at = loop.time()
+            await asyncio.sleep(0)
+            self.lag = max(self.lag, loop.time() - at)
             self.sample()
+            self.lag = 0.0
+            at = loop.time() + EVERY
             await asyncio.sleep(EVERY)
+            self.lag = max(0.0, loop.time() - at)
 
     async def stop(self) -> None:
         await tasks.cancel(self._task)

@@ -3,7 +3,18 @@ wait, kube's phases should not), and at its pace again once the loop frees up.""
 
 from __future__ import annotations
 
-from aggapi.apiserver.collections.loopbusy import MAX_STRETCH, TARGET, LoopBusy, next_stretch
+import asyncio
+import time
+from typing import Any
+
+from aggapi.apiserver.collections import loopbusy
+from aggapi.apiserver.collections.loopbusy import (
+    LAG_FULL,
+    MAX_STRETCH,
+    TARGET,
+    LoopBusy,
+    next_stretch,
+)
 
 from .fakes import budgeted_feeds
 
@@ -70,3 +81,36 @@ async def test_the_node_reads_take_the_stretch() -> None:
     finally:
         await feeds.close()
     assert feeds.busy._task is None
+
+
+def test_a_loop_whose_callbacks_wait_counts_as_busy_whatever_its_cpu() -> None:
+    """Starved by other processes, the loop's thread is on the CPU only part of the
+    time, yet callbacks queue: the lag makes it busy, and the reads spread out."""
+    meter, clocks = _meter()
+    meter.sample()
+    for _ in range(30):
+        clocks.run(1.0, 0.6)  # the CPU share alone: below the target
+        meter.lag = LAG_FULL
+        meter.sample()
+    assert meter.busy > 0.9 and meter.stretch == MAX_STRETCH
+    for _ in range(30):
+        clocks.run(1.0, 0.6)
+        meter.lag = LAG_FULL / 10
+        meter.sample()
+    assert meter.stretch == 1.0
+
+
+async def test_the_probe_measures_how_long_a_callback_waits(monkeypatch: Any) -> None:
+    monkeypatch.setattr(loopbusy, "EVERY", 0.05)
+    meter = LoopBusy(thread_clock=lambda: 0.0)  # no CPU share: only the lag counts
+    meter.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert meter.busy < 0.1  # an idle loop
+        loop = asyncio.get_running_loop()
+        for _ in range(30):  # callbacks holding the loop 10 ms each, ahead of the probe
+            loop.call_soon(time.sleep, 0.01)
+        await asyncio.sleep(0.2)
+        assert meter.busy > 0.4
+    finally:
+        await meter.stop()
