@@ -9,12 +9,13 @@ from typing import Any
 
 from aggapi.apiserver.collections import loopbusy
 from aggapi.apiserver.collections.loopbusy import (
-    LAG_FULL,
+
     MAX_STRETCH,
     TARGET,
     LoopBusy,
     next_stretch,
 )
+from tests.framework.until import until
 
 from .fakes import budgeted_feeds
 
@@ -90,12 +91,12 @@ def test_a_loop_whose_callbacks_wait_counts_as_busy_whatever_its_cpu() -> None:
     meter.sample()
     for _ in range(30):
         clocks.run(1.0, 0.6)  # the CPU share alone: below the target
-        meter.lag = LAG_FULL
+        meter.lag = 0.1
         meter.sample()
     assert meter.busy > 0.9 and meter.stretch == MAX_STRETCH
     for _ in range(30):
         clocks.run(1.0, 0.6)
-        meter.lag = LAG_FULL / 10
+        meter.lag = 0.01
         meter.sample()
     assert meter.stretch == 1.0
 
@@ -103,14 +104,22 @@ def test_a_loop_whose_callbacks_wait_counts_as_busy_whatever_its_cpu() -> None:
 async def test_the_probe_measures_how_long_a_callback_waits(monkeypatch: Any) -> None:
     monkeypatch.setattr(loopbusy, "EVERY", 0.05)
     meter = LoopBusy(thread_clock=lambda: 0.0)  # no CPU share: only the lag counts
+    seen: list[float] = []
+    sample = meter.sample
+
+    def recorded() -> None:
+        sample()
+        seen.append(meter.busy)
+    meter.sample = recorded  # type: ignore[method-assign]
     meter.start()
     try:
-        await asyncio.sleep(0.2)
-        assert meter.busy < 0.1  # an idle loop
+        await until(lambda: len(seen) >= 3)
+        assert max(seen) < 0.1  # an idle loop
         loop = asyncio.get_running_loop()
         for _ in range(30):  # callbacks holding the loop 10 ms each, ahead of the probe
             loop.call_soon(time.sleep, 0.01)
-        await asyncio.sleep(0.2)
-        assert meter.busy > 0.4
+        count = len(seen)
+        await until(lambda: len(seen) >= count + 3)
+        assert max(seen[count:]) > 0.4
     finally:
         await meter.stop()
