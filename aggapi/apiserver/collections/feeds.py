@@ -118,15 +118,6 @@ class PodFeed(Batcher):
             self.source.listeners.remove(self._source_changed)
         self._sources.release(self.namespace)
 
-    async def warm(self) -> None:
-        """Until built and the first view of each node needed has come (a warming
-        feed's ``ready``, with no time limit)."""
-        await self.synced.wait()
-        if not self._viewed:
-            await _first_views(self.polls, self._polled)
-            self._viewed = True
-            self.flush()
-
     def promote(self, seed: Collection | None, clock: Clock) -> None:
         """A warmed feed becomes its term's: from ``seed`` (the mirror, the old term's
         versions kept) with only what this build sees otherwise stamped in ``clock``,

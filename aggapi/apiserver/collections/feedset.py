@@ -99,9 +99,14 @@ class Feeds:
 
     async def prepare(self, basis: Callable[[], Mapping[Hashable, Any]]) -> None:
         """Warm the cluster-wide pod feed of this replica's next term (the leader hands
-        over): its informers list, it builds every object (the totals kept from
-        ``basis``, the mirror of the leader's) and reads the nodes' first views; until
-        then. Its term starts from it (``new_term``)."""
+        over), until its informers have listed: then it can lead. Its build of every
+        object (the totals kept from ``basis``, the mirror of the leader's) and its
+        nodes' first views go on, and are its term's first (``new_term``): what is
+        built then is diffed against the mirror, the rest keeps the mirror's state (the
+        old leader's, to its last change) until built, and kube's changes since the
+        lists go first. Waiting for the whole build kept two replicas doing every
+        change's work: at 50,000 pods in a rollout on two cores, the build outlasted
+        the hand-over's 25 s bound in every s43 replay while the old leader went on."""
         if self._warm is None:
             self._warm = PodFeed(self.sources, "", self.polls, Clock(0), basis=basis)
             self._warm.start()
@@ -109,10 +114,6 @@ class Feeds:
         await warm.source.wait_synced(timeout=None)
         log.info("warming the next term: pods and events listed",
                  extra={"seconds": round(time.monotonic() - start, 2)})
-        await warm.warm()
-        log.info("warming the next term: built", extra={
-            "objects": len(warm.collection.objects),
-            "seconds": round(time.monotonic() - start, 2)})
 
     @property
     def warming(self) -> PodFeed | None:
