@@ -21,7 +21,7 @@ from aggapi.apiserver.podsources import Sources
 from tests.framework.fakekube import FakeKube
 from tests.framework.until import until
 
-from .fakes import pod
+from .fakes import event, pod
 
 RUNS = itertools.count()
 
@@ -91,5 +91,34 @@ async def test_a_warm_feed_promoted_at_any_point_ends_as_a_cold_build(
                 bare({0: ev.prev}) != bare({0: ev.obj}), "a change that changed nothing"
     finally:
         await warm.stop()
+        await sources.close()
+        await client.close()
+
+
+async def test_a_build_starts_with_the_pods_kube_changed_last(
+        kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A successor's term starts before its build ends: the changes its old leader had
+    not stamped are kube's newest, and are built first (by the pod's version or its
+    newest event's), not anywhere among every pod."""
+    monkeypatch.setattr(feeds_module, "FLUSH_BATCH", 2)
+    ns = f"newest-{next(RUNS)}"
+    pods = {i: pod(f"p{i}", namespace=ns) for i in range(8)}
+    for obj in pods.values():
+        kube.put("api/v1", "pods", obj)
+    kube.put("api/v1", "pods", pod("p2", namespace=ns, labels={"step": "1"}))
+    for i in (0, 1, 3, 4, 6, 7):  # older events than both changes below
+        kube.put("api/v1", "events", event(pods[i], "Pulling", "Pulling image"))
+    kube.put("api/v1", "pods", pod("p5", namespace=ns, labels={"step": "1"}))
+    kube.put("api/v1", "events", event(pods[6], "Pulled", "Successfully pulled image"))
+    client = kube.kube_client()
+    sources = Sources(client, linger=0)
+    feed = await built(sources, ns, Clock(0))
+    try:
+        await until(lambda: len(feed.collection.objects) >= 2)
+        first = {key[1] for key in list(feed.collection.objects)[:2]}  # type: ignore[index]
+        await until(feed.synced.is_set)
+        assert first == {"p6", "p5"} and len(feed.collection.objects) == 8
+    finally:
+        await feed.stop()
         await sources.close()
         await client.close()
