@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aggapi import GROUP_VERSION, imageref
+from aggapi.apiserver.collections.kubepart import kube_part
 from aggapi.apiserver.collections.table import AGE_COLUMN, age
 from aggapi.apiserver.imagepullprogress.merge import Merger, present_phase
 from aggapi.apiserver.imagepullprogress.objects import overall_phase
-from aggapi.apiserver.imagepullprogress.pullstate import PULLED, kubelet_events, who
-from aggapi.apiserver.pods import target_from_pod
+from aggapi.apiserver.imagepullprogress.pullstate import PULLED, who
 from aggapi.auth.capability import ContainerRef
 
 KIND, LIST_KIND, RESOURCE = "PodImagePull", "PodImagePullList", "podimagepulls"
@@ -138,15 +138,16 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     """The PodImagePull of ``pod``: its events (any order) and its node's view merged.
     ``previous``: the object last built for this pod, whose totals a Done image keeps
     (only when it is the same pod: same uid)."""
-    target = target_from_pod(pod)
+    part = kube_part(pod, events)
     meta = pod.get("metadata") or {}
-    if previous is not None and (previous.get("metadata") or {}).get("uid") != target.uid:
+    uid = meta.get("uid", "")
+    if previous is not None and (previous.get("metadata") or {}).get("uid") != uid:
         previous = None
-    merger = Merger(target.containers)
-    merger.update(pod, kubelet_events(pod, events))
+    merger = Merger(part.containers)
+    merger.restore(part.k8s, part.always)
     merger.node_view = dict(view) if view is not None else None
-    images = [_image(merger, c, bool(target.node), view, previous)
-              for c in target.containers]
+    images = [_image(merger, c, bool(part.node), view, previous)
+              for c in part.containers]
     # As the stream's pod granularity: each image once, however many containers (or
     # image volumes) name it, and only the images that need downloading.
     once = list({_same_image(str(i["image"])): i for i in reversed(images)}.values())
@@ -157,12 +158,12 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     etas = [i["etaSeconds"] for i in need if i["etaSeconds"] is not None]
     return {
         "apiVersion": GROUP_VERSION, "kind": KIND,
-        "metadata": {"name": target.name, "namespace": target.namespace,
-                     "uid": target.uid,
+        "metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", ""),
+                     "uid": uid,
                      **({"creationTimestamp": meta["creationTimestamp"]}
                         if meta.get("creationTimestamp") else {}),
                      "labels": dict(meta.get("labels") or {})},
-        "spec": {"nodeName": target.node},
+        "spec": {"nodeName": part.node},
         "status": {"phase": overall_phase([str(i["phase"]) for i in images]),
                    "progress": sums["progress"], "total": sums["total"],
                    "bytesPerSecond": sum(rates) if rates else None,

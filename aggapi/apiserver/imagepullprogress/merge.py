@@ -10,7 +10,8 @@ failure is ``Failed`` then ``BackOff`` until kubelet's next ``Pulling``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from aggapi import imageref
@@ -47,6 +48,15 @@ def present_phase(v: K8sView) -> str | None:
     return "AlreadyPresent" if v.already_present else None
 
 
+def pulls_always(spec: Mapping[str, Any]) -> set[Who]:
+    """The containers and image volumes of imagePullPolicy Always."""
+    always: set[Who] = {(CONTAINER, str(c.get("name"))) for key in (
+        "initContainers", "containers", "ephemeralContainers")
+        for c in spec.get(key) or () if c.get("imagePullPolicy") == "Always"}
+    return always | {("volume", str(v.get("name"))) for v in spec.get("volumes") or ()
+                     if (v.get("image") or {}).get("pullPolicy") == "Always"}
+
+
 def _ref(image: str) -> imageref.ImageRef | None:
     try:
         return imageref.parse(image)
@@ -71,18 +81,25 @@ class Merger:
         # attempt makes that Failed stale (the agent keeps it until a new lease shows).
         self._agent_failed_at: dict[Who, int] = {}
         self._always: set[Who] = set()  # imagePullPolicy Always
-        refs = [r for c in containers if (r := _ref(c.image)) is not None]
-        self._own_images = {str(r) for r in refs}
-        self._own_repos = {f"{r.host}/{r.path}" for r in refs}
+
+    # (read only when the node view has pulls to tell apart: not built before)
+    @functools.cached_property
+    def _own_images(self) -> set[str]:
+        return {str(r) for c in self.containers if (r := _ref(c.image)) is not None}
+
+    @functools.cached_property
+    def _own_repos(self) -> set[str]:
+        return {f"{r.host}/{r.path}" for c in self.containers
+                if (r := _ref(c.image)) is not None}
 
     def update(self, pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
         self.k8s = views(pod, events, self.containers)
-        spec = pod.get("spec") or {}
-        self._always = {(CONTAINER, str(c.get("name"))) for key in (
-            "initContainers", "containers", "ephemeralContainers")
-            for c in spec.get(key) or () if c.get("imagePullPolicy") == "Always"}
-        self._always |= {("volume", str(v.get("name"))) for v in spec.get("volumes") or ()
-                         if (v.get("image") or {}).get("pullPolicy") == "Always"}
+        self._always = pulls_always(pod.get("spec") or {})
+
+    def restore(self, k8s: Mapping[Who, K8sView], always: Iterable[Who]) -> None:
+        """What :meth:`update` computes, computed before for the same pod and events."""
+        self.k8s = dict(k8s)
+        self._always = set(always)
 
     def who_of(self, obj: Mapping[str, Any]) -> Who:
         """Whose pull an object of the agent is about: by its container name and image
