@@ -86,8 +86,8 @@ def _kept_total(previous: Mapping[str, Any] | None, container: str,
 def _image(merger: Merger, c: ContainerRef, scheduled: bool,
            view: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
            ) -> dict[str, Any]:
-    container, image = c.name, c.image
-    k8s = merger.view_of(who(c))
+    container, image, w = c.name, c.image, who(c)
+    k8s = merger.view_of(w)
     pull = _pull_of(image, view) if k8s.phase != PULLED else None
     if not scheduled:
         phase = "Unscheduled"
@@ -109,7 +109,7 @@ def _image(merger: Merger, c: ContainerRef, scheduled: bool,
         (0, 0) if phase == "AlreadyPresent" and k8s.phase != PULLED else (None, None)
     raw = {"kind": "Progress", "container": container, "image": image, "layer": "",
            "phase": phase, "progress": bytes_[0], "total": bytes_[1], "error": ""}
-    merged = merger.apply(raw, who(c)) if scheduled else raw
+    merged = merger.apply(raw, w) if scheduled else raw
     if merged.get("phase") == "Done" and merged.get("total") is None:
         kept = _kept_total(previous, container, image)
         merged = {**merged, "progress": kept, "total": kept}
@@ -132,6 +132,25 @@ def _image(merger: Merger, c: ContainerRef, scheduled: bool,
     return out
 
 
+def _summed(need: Sequence[Mapping[str, Any]]
+            ) -> tuple[tuple[int | None, int | None], float | None, float | None]:
+    """The images' (progress, total) summed when every one is known, rates summed, the
+    longest ETA (in one pass: a build's own share of a rollout's loop)."""
+    progress: int | None = 0
+    total: int | None = 0
+    rate: float | None = None
+    eta: float | None = None
+    for i in need:
+        p, t, r, e = i["progress"], i["total"], i["bytesPerSecond"], i["etaSeconds"]
+        progress = progress + p if progress is not None and isinstance(p, int) else None
+        total = total + t if total is not None and isinstance(t, int) else None
+        if r is not None:  # (as sum(): from 0)
+            rate = (0 if rate is None else rate) + r
+        if e is not None and (eta is None or e > eta):
+            eta = e
+    return (progress, total), rate, eta
+
+
 def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
                    view: Mapping[str, Any] | None,
                    previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -150,12 +169,9 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
               for c in part.containers]
     # As the stream's pod granularity: each image once, however many containers (or
     # image volumes) name it, and only the images that need downloading.
-    once = list({_same_image(str(i["image"])): i for i in reversed(images)}.values())
-    need = [i for i in once if i["phase"] != "AlreadyPresent"]
-    sums = {k: sum(i[k] for i in need) if all(isinstance(i[k], int) for i in need)
-            else None for k in ("progress", "total")}
-    rates = [i["bytesPerSecond"] for i in need if i["bytesPerSecond"] is not None]
-    etas = [i["etaSeconds"] for i in need if i["etaSeconds"] is not None]
+    once = images if len(images) == 1 else list(
+        {_same_image(str(i["image"])): i for i in reversed(images)}.values())
+    sums, rate, eta = _summed([i for i in once if i["phase"] != "AlreadyPresent"])
     return {
         "apiVersion": GROUP_VERSION, "kind": KIND,
         "metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", ""),
@@ -165,9 +181,8 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
                      "labels": dict(meta.get("labels") or {})},
         "spec": {"nodeName": part.node},
         "status": {"phase": overall_phase([str(i["phase"]) for i in images]),
-                   "progress": sums["progress"], "total": sums["total"],
-                   "bytesPerSecond": sum(rates) if rates else None,
-                   "etaSeconds": max(etas) if etas else None,
+                   "progress": sums[0], "total": sums[1],
+                   "bytesPerSecond": rate, "etaSeconds": eta,
                    "imagesPresent": sum(i["phase"] in PRESENT for i in images),
                    "images": images},
     }

@@ -19,6 +19,7 @@ from aggapi.apiserver.imagepullprogress.nodeview import slots_of
 from aggapi.apiserver.imagepullprogress.objects import now, unknown_to_null
 from aggapi.apiserver.imagepullprogress.pullstate import (
     CONTAINER,
+    NO_VIEW,
     POD,
     PULLED,
     PULLING,
@@ -119,8 +120,8 @@ class Merger:
     def _pull_ahead(self, w: Who) -> bool:
         """kubelet pulls (or, under imagePullPolicy Always, will pull) this image even
         though it is present: the present record is not the end of it."""
-        return any(self.k8s.get(n, K8sView()).phase == PULLING
-                   or (self.k8s.get(n, K8sView()).phase == "" and n in self._always)
+        return any(self.k8s.get(n, NO_VIEW).phase == PULLING
+                   or (self.k8s.get(n, NO_VIEW).phase == "" and n in self._always)
                    for n in self._whos(w))
 
     def pull_ahead(self, obj: Mapping[str, Any]) -> bool:
@@ -140,8 +141,8 @@ class Merger:
         """kubelet's view for one container or image volume, or (POD) for the pod:
         the first failure, else the latest pull in progress."""
         if w != POD:
-            return self.k8s.get(w, K8sView())
-        vs = [self.k8s.get(who(c), K8sView()) for c in self.containers]
+            return self.k8s.get(w, NO_VIEW)
+        vs = [self.k8s.get(who(c), NO_VIEW) for c in self.containers]
         for v in vs:
             if v.failed:
                 return v
@@ -150,7 +151,7 @@ class Merger:
             return max(pulling, key=lambda v: v.attempt)
         if vs and all(v.phase == PULLED for v in vs):
             return vs[0]
-        return K8sView()
+        return NO_VIEW
 
     def failure(self, follow: bool) -> dict[str, Any] | None:
         """The Error object that ends the stream: when following, only a failure
@@ -168,7 +169,7 @@ class Merger:
         again (a new attempt is under way), or says every image the agent saw fail
         arrived after all."""
         failed = set(self._agent_failed_at)
-        vs = [self.k8s.get(who(c), K8sView()) for c in self.containers
+        vs = [self.k8s.get(who(c), NO_VIEW) for c in self.containers
               if not failed or POD in failed or who(c) in failed]
         return any(v.phase == PULLING and v.attempt > v.failures >= 1 for v in vs) or (
             bool(vs) and all(v.phase == PULLED for v in vs))
@@ -211,7 +212,7 @@ class Merger:
 
     def _pulled_images(self) -> set[str]:
         return {str(r) for c in self.containers
-                if self.k8s.get(who(c), K8sView()).phase == PULLED
+                if self.k8s.get(who(c), NO_VIEW).phase == PULLED
                 and (r := _ref(c.image)) is not None}
 
     def _waiting_for(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -220,7 +221,7 @@ class Merger:
         if obj.get("image"):
             return self.waiting(str(obj["image"]))
         for c in self.containers:
-            if self.k8s.get(who(c), K8sView()).phase == PULLING:
+            if self.k8s.get(who(c), NO_VIEW).phase == PULLING:
                 w = self.waiting(c.image)
                 if w is not None:
                     return w
@@ -262,7 +263,7 @@ class Merger:
     def _present_phase(self, w: Who) -> str | None:
         """present_phase for one container or image volume, or for the pod (POD): Done
         when any of its images was pulled for it and kubelet has them all."""
-        phases = [present_phase(self.k8s.get(n, K8sView())) for n in self._whos(w)]
+        phases = [present_phase(self.k8s.get(n, NO_VIEW)) for n in self._whos(w)]
         if "Done" in phases and all(p is not None for p in phases):
             return "Done"
         return None
@@ -273,7 +274,7 @@ class Merger:
         image committed since as brought by that pull, as the stream that watched it
         did. One whose image kubelet found present, or still pulls, has none."""
         return {i: v.pull_began for i, c in enumerate(self.containers)
-                if (v := self.k8s.get(who(c), K8sView())).phase == PULLED
+                if (v := self.k8s.get(who(c), NO_VIEW)).phase == PULLED
                 and v.pull_began is not None}
 
     def _summary(self, obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -96,6 +96,11 @@ class K8sView:
         return min(BACKOFF_INITIAL << min(n - 1, 16), BACKOFF_MAX)
 
 
+# Kubernetes has said nothing of an image: one shared instance (frozen), as a default
+# read several times per container and build.
+NO_VIEW = K8sView()
+
+
 def _count(ev: Mapping[str, Any]) -> int:
     """How many times kubelet emitted this (deduplicated) event."""
     n = (ev.get("series") or {}).get("count") or ev.get("count") or 1
@@ -228,7 +233,7 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
         reason = waiting.get("reason") or ""
-        prev = latest.get(name, K8sView())
+        prev = latest.get(name, NO_VIEW)
         if reason in PULL_ERROR_REASONS:
             retrying = prev.phase in (PULLING, PULLED) and failures.get(name, 0) > 0
             if retrying and reason not in PERMANENT_REASONS:
