@@ -99,3 +99,14 @@ def parse(ref: str) -> ImageRef:
 def normalize(ref: str) -> str:
     """The image-record name containerd gives ``ref``."""
     return str(parse(ref))
+
+
+def identity(ref: str) -> tuple[str, str] | None:
+    """The image-record name containerd gives ``ref`` and its repository as the
+    distribution-source labels name it (host without port), or None for no reference:
+    how a node's pulls and present images name one image."""
+    try:
+        r = parse(ref)
+    except InvalidReference:
+        return None
+    return str(r), f"{r.host}/{r.path}"

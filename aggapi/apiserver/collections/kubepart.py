@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aggapi import imageref
 from aggapi.apiserver.imagepullprogress.merge import pulls_always
 from aggapi.apiserver.imagepullprogress.pullstate import K8sView, Who, kubelet_events, views
 from aggapi.apiserver.pods import containers_of
@@ -38,6 +39,7 @@ class KubePart:
     containers: tuple[ContainerRef, ...]
     k8s: Mapping[Who, K8sView]  # (never changed once built: shared by builds)
     always: frozenset[Who]
+    names: tuple[tuple[str, str] | None, ...]  # each container's imageref.identity
 
 
 _parts: OrderedDict[tuple[Any, ...], KubePart] = OrderedDict()
@@ -49,7 +51,8 @@ def build(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> KubePa
     containers = containers_of(spec)
     return KubePart(node=spec.get("nodeName") or "", containers=containers,
                     k8s=views(pod, kubelet_events(pod, events), containers),
-                    always=frozenset(pulls_always(spec)))
+                    always=frozenset(pulls_always(spec)),
+                    names=tuple(imageref.identity(c.image) for c in containers))
 
 
 def _key(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]

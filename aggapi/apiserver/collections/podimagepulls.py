@@ -26,27 +26,28 @@ PRESENT = ("Done", "AlreadyPresent")
 STUCK = ("Failed", "BackOff")
 
 
-def _pull_of(image: str, view: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The node's in-flight pull that brings ``image``: by image when the agent named
-    it, else by repository (containerd's distribution-source labels)."""
-    try:
-        ref = imageref.parse(image)
-    except imageref.InvalidReference:
+def _pull_named(names: tuple[str, str] | None, view: Mapping[str, Any] | None
+                ) -> Mapping[str, Any] | None:
+    """The node's in-flight pull that brings the image of ``names`` (its
+    ``imageref.identity``): by image when the agent named it, else by repository
+    (containerd's distribution-source labels)."""
+    if names is None:
         return None
-    repo = f"{ref.host}/{ref.path}"
+    full, repo = names
     for p in (view or {}).get("pulls") or ():
         if not isinstance(p, Mapping):
             continue
-        if str(ref) in (p.get("images") or ()) or (
+        if full in (p.get("images") or ()) or (
                 not p.get("images") and repo in (p.get("repositories") or ())):
             return p
     return None
 
 
-def _on_node(image: str, view: Mapping[str, Any] | None) -> bool:
-    """The node's runtime has ``image`` (the agent's ``presentImages``)."""
+def _named_on_node(same: str, view: Mapping[str, Any] | None) -> bool:
+    """The node's runtime has the image ``same`` names (the agent's ``presentImages``;
+    ``same``: as :func:`_same_image` names it)."""
     present = (view or {}).get("presentImages")
-    return isinstance(present, list) and _same_image(image) in present
+    return isinstance(present, list) and same in present
 
 
 def _eta(progress: Any, total: Any, rate: Any) -> float | None:
@@ -83,12 +84,14 @@ def _kept_total(previous: Mapping[str, Any] | None, container: str,
     return total if isinstance(total, int) and not isinstance(total, bool) else None
 
 
-def _image(merger: Merger, c: ContainerRef, scheduled: bool,
-           view: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
-           ) -> dict[str, Any]:
+def _image(merger: Merger, c: ContainerRef, names: tuple[str, str] | None,
+           scheduled: bool, view: Mapping[str, Any] | None,
+           previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One container's (or image volume's) image; ``names``: its image's
+    ``imageref.identity``."""
     container, image, w = c.name, c.image, who(c)
     k8s = merger.view_of(w)
-    pull = _pull_of(image, view) if k8s.phase != PULLED else None
+    pull = _pull_named(names, view) if k8s.phase != PULLED else None
     if not scheduled:
         phase = "Unscheduled"
     elif k8s.phase == PULLED:
@@ -101,7 +104,7 @@ def _image(merger: Merger, c: ContainerRef, scheduled: bool,
         # Always), before kubelet's Pulled event.
         # (The node is not polled once every image is present: the phase seen then
         # stands until kubelet's event.)
-        present = _on_node(image, view) or (
+        present = _named_on_node(names[0] if names else image, view) or (
             view is None and _before(previous, container, image).get("phase")
             == "AlreadyPresent")
         phase = "AlreadyPresent" if present else "Unknown"
@@ -165,8 +168,8 @@ def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     merger = Merger(part.containers)
     merger.restore(part.k8s, part.always)
     merger.node_view = dict(view) if view is not None else None
-    images = [_image(merger, c, bool(part.node), view, previous)
-              for c in part.containers]
+    images = [_image(merger, c, names, bool(part.node), view, previous)
+              for c, names in zip(part.containers, part.names, strict=True)]
     # As the stream's pod granularity: each image once, however many containers (or
     # image volumes) name it, and only the images that need downloading.
     once = images if len(images) == 1 else list(
@@ -197,8 +200,10 @@ def view_slice(images: Sequence[str], view: Mapping[str, Any] | None, *,
     not be rebuilt."""
     if view is None:
         return None
-    own = [_pull_of(image, view) for image in images]
-    present = [_on_node(image, view) for image in images]
+    ids = [imageref.identity(image) for image in images]
+    own = [_pull_named(n, view) for n in ids]
+    present = [_named_on_node(n[0] if n else image, view)
+               for image, n in zip(images, ids, strict=True)]
     if not others:
         return own, present
     pulls = [p for p in view.get("pulls") or () if isinstance(p, Mapping)]

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggapi import GROUP_VERSION
+from aggapi import GROUP_VERSION, imageref
 from aggapi.apiserver.collections import kubepart, podimagepulls
 from aggapi.apiserver.collections.podimagepulls import pod_image_pull
 from aggapi.apiserver.imagepullprogress.merge import Merger
@@ -50,8 +50,8 @@ def _reference(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     merger = Merger(target.containers)
     merger.update(pod, kubelet_events(pod, events))
     merger.node_view = dict(view) if view is not None else None
-    images = [podimagepulls._image(merger, c, bool(target.node), view, previous)
-              for c in target.containers]
+    images = [podimagepulls._image(merger, c, imageref.identity(c.image), bool(target.node),
+                                   view, previous) for c in target.containers]
     once = list({podimagepulls._same_image(str(i["image"])): i
                  for i in reversed(images)}.values())
     need = [i for i in once if i["phase"] != "AlreadyPresent"]
