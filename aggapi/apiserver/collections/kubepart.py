@@ -27,9 +27,10 @@ from aggapi.apiserver.imagepullprogress.pullstate import K8sView, Who, kubelet_e
 from aggapi.apiserver.pods import containers_of
 from aggapi.auth.capability import ContainerRef
 
-# Above the pods a rollout rebuilds by turns (each tick, every pod pulling: 5,000 at
-# 50,000 pods on 5,000 nodes); a cycle longer than the bound would never hit.
-ENTRIES = 16384
+# Above the pods a rollout rebuilds by turns (each node poll, every pod pulling there:
+# about 5,400 at 50,000 pods on 5,000 nodes), as a cycle longer than the bound would
+# never hit; about 0.75 KiB each (one container, two events): 6 MiB when full.
+ENTRIES = 8192
 MAX_CONTAINERS, MAX_EVENTS, MAX_IMAGE_CHARS = 8, 8, 1024
 
 

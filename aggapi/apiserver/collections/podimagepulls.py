@@ -200,10 +200,15 @@ def view_slice(images: Sequence[str], view: Mapping[str, Any] | None, *,
     not be rebuilt."""
     if view is None:
         return None
-    ids = [imageref.identity(image) for image in images]
-    own = [_pull_named(n, view) for n in ids]
-    present = [_named_on_node(n[0] if n else image, view)
-               for image, n in zip(images, ids, strict=True)]
+    # (read often: for every pod still pulling on a node, at each change of its view;
+    # each image parsed once, and only when the view has pulls or present images)
+    pulls, listed = view.get("pulls"), isinstance(view.get("presentImages"), list)
+    own: list[Mapping[str, Any] | None] = []
+    present: list[bool] = []
+    for image in images:
+        names = imageref.identity(image) if pulls or listed else None
+        own.append(_pull_named(names, view) if pulls else None)
+        present.append(listed and _named_on_node(names[0] if names else image, view))
     if not others:
         return own, present
     pulls = [p for p in view.get("pulls") or () if isinstance(p, Mapping)]

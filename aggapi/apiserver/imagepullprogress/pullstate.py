@@ -66,9 +66,10 @@ def who(c: ContainerRef) -> Who:
     return (VOLUME if c.kind == "imagevolume" else CONTAINER, c.name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class K8sView:
-    """Kubernetes' view of one container's image."""
+    """Kubernetes' view of one container's image. (Slots: builds keep one per container
+    of each pod version they remember, ``collections.kubepart``.)"""
 
     phase: str = ""          # "", Unscheduled, Pulling, Pulled, Failed, BackOff
     error: str = ""          # the registry's / kubelet's error text
