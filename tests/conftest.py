@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from aggapi.apiserver.collections import kubepart
 from aggapi.runtime.containerd import ContainerdClient
 from aggapi.runtime.cri import CRIClient
 from tests.framework import oci
@@ -39,6 +40,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _forget_kube_parts() -> None:
+    """Each test's fake kube-apiserver numbers versions from 1 again, and the fakes name
+    uids after pods: what builds remember of one test's pods must not serve the next's
+    (a process serves one cluster, where a uid and resourceVersion name one content)."""
+    kubepart.forget()
 
 
 @pytest.fixture(scope="session")

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aggapi import GROUP_VERSION, imageref
+from aggapi.apiserver.collections.kubepart import kube_part
 from aggapi.apiserver.collections.table import AGE_COLUMN, age
 from aggapi.apiserver.imagepullprogress.merge import Merger, present_phase
 from aggapi.apiserver.imagepullprogress.objects import overall_phase
-from aggapi.apiserver.imagepullprogress.pullstate import PULLED, kubelet_events, who
-from aggapi.apiserver.pods import target_from_pod
+from aggapi.apiserver.imagepullprogress.pullstate import PULLED, who
 from aggapi.auth.capability import ContainerRef
 
 KIND, LIST_KIND, RESOURCE = "PodImagePull", "PodImagePullList", "podimagepulls"
@@ -26,27 +26,28 @@ PRESENT = ("Done", "AlreadyPresent")
 STUCK = ("Failed", "BackOff")
 
 
-def _pull_of(image: str, view: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The node's in-flight pull that brings ``image``: by image when the agent named
-    it, else by repository (containerd's distribution-source labels)."""
-    try:
-        ref = imageref.parse(image)
-    except imageref.InvalidReference:
+def _pull_named(names: tuple[str, str] | None, view: Mapping[str, Any] | None
+                ) -> Mapping[str, Any] | None:
+    """The node's in-flight pull that brings the image of ``names`` (its
+    ``imageref.identity``): by image when the agent named it, else by repository
+    (containerd's distribution-source labels)."""
+    if names is None:
         return None
-    repo = f"{ref.host}/{ref.path}"
+    full, repo = names
     for p in (view or {}).get("pulls") or ():
         if not isinstance(p, Mapping):
             continue
-        if str(ref) in (p.get("images") or ()) or (
+        if full in (p.get("images") or ()) or (
                 not p.get("images") and repo in (p.get("repositories") or ())):
             return p
     return None
 
 
-def _on_node(image: str, view: Mapping[str, Any] | None) -> bool:
-    """The node's runtime has ``image`` (the agent's ``presentImages``)."""
+def _named_on_node(same: str, view: Mapping[str, Any] | None) -> bool:
+    """The node's runtime has the image ``same`` names (the agent's ``presentImages``;
+    ``same``: as :func:`_same_image` names it)."""
     present = (view or {}).get("presentImages")
-    return isinstance(present, list) and _same_image(image) in present
+    return isinstance(present, list) and same in present
 
 
 def _eta(progress: Any, total: Any, rate: Any) -> float | None:
@@ -83,12 +84,14 @@ def _kept_total(previous: Mapping[str, Any] | None, container: str,
     return total if isinstance(total, int) and not isinstance(total, bool) else None
 
 
-def _image(merger: Merger, c: ContainerRef, scheduled: bool,
-           view: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
-           ) -> dict[str, Any]:
-    container, image = c.name, c.image
-    k8s = merger.view_of(who(c))
-    pull = _pull_of(image, view) if k8s.phase != PULLED else None
+def _image(merger: Merger, c: ContainerRef, names: tuple[str, str] | None,
+           scheduled: bool, view: Mapping[str, Any] | None,
+           previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One container's (or image volume's) image; ``names``: its image's
+    ``imageref.identity``."""
+    container, image, w = c.name, c.image, who(c)
+    k8s = merger.view_of(w)
+    pull = _pull_named(names, view) if k8s.phase != PULLED else None
     if not scheduled:
         phase = "Unscheduled"
     elif k8s.phase == PULLED:
@@ -101,7 +104,7 @@ def _image(merger: Merger, c: ContainerRef, scheduled: bool,
         # Always), before kubelet's Pulled event.
         # (The node is not polled once every image is present: the phase seen then
         # stands until kubelet's event.)
-        present = _on_node(image, view) or (
+        present = _named_on_node(names[0] if names else image, view) or (
             view is None and _before(previous, container, image).get("phase")
             == "AlreadyPresent")
         phase = "AlreadyPresent" if present else "Unknown"
@@ -109,7 +112,7 @@ def _image(merger: Merger, c: ContainerRef, scheduled: bool,
         (0, 0) if phase == "AlreadyPresent" and k8s.phase != PULLED else (None, None)
     raw = {"kind": "Progress", "container": container, "image": image, "layer": "",
            "phase": phase, "progress": bytes_[0], "total": bytes_[1], "error": ""}
-    merged = merger.apply(raw, who(c)) if scheduled else raw
+    merged = merger.apply(raw, w) if scheduled else raw
     if merged.get("phase") == "Done" and merged.get("total") is None:
         kept = _kept_total(previous, container, image)
         merged = {**merged, "progress": kept, "total": kept}
@@ -132,41 +135,57 @@ def _image(merger: Merger, c: ContainerRef, scheduled: bool,
     return out
 
 
+def _summed(need: Sequence[Mapping[str, Any]]
+            ) -> tuple[tuple[int | None, int | None], float | None, float | None]:
+    """The images' (progress, total) summed when every one is known, rates summed, the
+    longest ETA (in one pass: a build's own share of a rollout's loop)."""
+    progress: int | None = 0
+    total: int | None = 0
+    rate: float | None = None
+    eta: float | None = None
+    for i in need:
+        p, t, r, e = i["progress"], i["total"], i["bytesPerSecond"], i["etaSeconds"]
+        progress = progress + p if progress is not None and isinstance(p, int) else None
+        total = total + t if total is not None and isinstance(t, int) else None
+        if r is not None:  # (as sum(): from 0)
+            rate = (0 if rate is None else rate) + r
+        if e is not None and (eta is None or e > eta):
+            eta = e
+    return (progress, total), rate, eta
+
+
 def pod_image_pull(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
                    view: Mapping[str, Any] | None,
                    previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The PodImagePull of ``pod``: its events (any order) and its node's view merged.
     ``previous``: the object last built for this pod, whose totals a Done image keeps
     (only when it is the same pod: same uid)."""
-    target = target_from_pod(pod)
+    part = kube_part(pod, events)
     meta = pod.get("metadata") or {}
-    if previous is not None and (previous.get("metadata") or {}).get("uid") != target.uid:
+    uid = meta.get("uid", "")
+    if previous is not None and (previous.get("metadata") or {}).get("uid") != uid:
         previous = None
-    merger = Merger(target.containers)
-    merger.update(pod, kubelet_events(pod, events))
+    merger = Merger(part.containers)
+    merger.restore(part.k8s, part.always)
     merger.node_view = dict(view) if view is not None else None
-    images = [_image(merger, c, bool(target.node), view, previous)
-              for c in target.containers]
+    images = [_image(merger, c, names, bool(part.node), view, previous)
+              for c, names in zip(part.containers, part.names, strict=True)]
     # As the stream's pod granularity: each image once, however many containers (or
     # image volumes) name it, and only the images that need downloading.
-    once = list({_same_image(str(i["image"])): i for i in reversed(images)}.values())
-    need = [i for i in once if i["phase"] != "AlreadyPresent"]
-    sums = {k: sum(i[k] for i in need) if all(isinstance(i[k], int) for i in need)
-            else None for k in ("progress", "total")}
-    rates = [i["bytesPerSecond"] for i in need if i["bytesPerSecond"] is not None]
-    etas = [i["etaSeconds"] for i in need if i["etaSeconds"] is not None]
+    once = images if len(images) == 1 else list(
+        {_same_image(str(i["image"])): i for i in reversed(images)}.values())
+    sums, rate, eta = _summed([i for i in once if i["phase"] != "AlreadyPresent"])
     return {
         "apiVersion": GROUP_VERSION, "kind": KIND,
-        "metadata": {"name": target.name, "namespace": target.namespace,
-                     "uid": target.uid,
+        "metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", ""),
+                     "uid": uid,
                      **({"creationTimestamp": meta["creationTimestamp"]}
                         if meta.get("creationTimestamp") else {}),
                      "labels": dict(meta.get("labels") or {})},
-        "spec": {"nodeName": target.node},
+        "spec": {"nodeName": part.node},
         "status": {"phase": overall_phase([str(i["phase"]) for i in images]),
-                   "progress": sums["progress"], "total": sums["total"],
-                   "bytesPerSecond": sum(rates) if rates else None,
-                   "etaSeconds": max(etas) if etas else None,
+                   "progress": sums[0], "total": sums[1],
+                   "bytesPerSecond": rate, "etaSeconds": eta,
                    "imagesPresent": sum(i["phase"] in PRESENT for i in images),
                    "images": images},
     }
@@ -181,8 +200,15 @@ def view_slice(images: Sequence[str], view: Mapping[str, Any] | None, *,
     not be rebuilt."""
     if view is None:
         return None
-    own = [_pull_of(image, view) for image in images]
-    present = [_on_node(image, view) for image in images]
+    # (read often: for every pod still pulling on a node, at each change of its view;
+    # each image parsed once, and only when the view has pulls or present images)
+    pulls, listed = view.get("pulls"), isinstance(view.get("presentImages"), list)
+    own: list[Mapping[str, Any] | None] = []
+    present: list[bool] = []
+    for image in images:
+        names = imageref.identity(image) if pulls or listed else None
+        own.append(_pull_named(names, view) if pulls else None)
+        present.append(listed and _named_on_node(names[0] if names else image, view))
     if not others:
         return own, present
     pulls = [p for p in view.get("pulls") or () if isinstance(p, Mapping)]

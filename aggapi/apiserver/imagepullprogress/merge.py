@@ -10,7 +10,8 @@ failure is ``Failed`` then ``BackOff`` until kubelet's next ``Pulling``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from aggapi import imageref
@@ -18,6 +19,7 @@ from aggapi.apiserver.imagepullprogress.nodeview import slots_of
 from aggapi.apiserver.imagepullprogress.objects import now, unknown_to_null
 from aggapi.apiserver.imagepullprogress.pullstate import (
     CONTAINER,
+    NO_VIEW,
     POD,
     PULLED,
     PULLING,
@@ -47,6 +49,15 @@ def present_phase(v: K8sView) -> str | None:
     return "AlreadyPresent" if v.already_present else None
 
 
+def pulls_always(spec: Mapping[str, Any]) -> set[Who]:
+    """The containers and image volumes of imagePullPolicy Always."""
+    always: set[Who] = {(CONTAINER, str(c.get("name"))) for key in (
+        "initContainers", "containers", "ephemeralContainers")
+        for c in spec.get(key) or () if c.get("imagePullPolicy") == "Always"}
+    return always | {("volume", str(v.get("name"))) for v in spec.get("volumes") or ()
+                     if (v.get("image") or {}).get("pullPolicy") == "Always"}
+
+
 def _ref(image: str) -> imageref.ImageRef | None:
     try:
         return imageref.parse(image)
@@ -71,18 +82,25 @@ class Merger:
         # attempt makes that Failed stale (the agent keeps it until a new lease shows).
         self._agent_failed_at: dict[Who, int] = {}
         self._always: set[Who] = set()  # imagePullPolicy Always
-        refs = [r for c in containers if (r := _ref(c.image)) is not None]
-        self._own_images = {str(r) for r in refs}
-        self._own_repos = {f"{r.host}/{r.path}" for r in refs}
+
+    # (read only when the node view has pulls to tell apart: not built before)
+    @functools.cached_property
+    def _own_images(self) -> set[str]:
+        return {str(r) for c in self.containers if (r := _ref(c.image)) is not None}
+
+    @functools.cached_property
+    def _own_repos(self) -> set[str]:
+        return {f"{r.host}/{r.path}" for c in self.containers
+                if (r := _ref(c.image)) is not None}
 
     def update(self, pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
         self.k8s = views(pod, events, self.containers)
-        spec = pod.get("spec") or {}
-        self._always = {(CONTAINER, str(c.get("name"))) for key in (
-            "initContainers", "containers", "ephemeralContainers")
-            for c in spec.get(key) or () if c.get("imagePullPolicy") == "Always"}
-        self._always |= {("volume", str(v.get("name"))) for v in spec.get("volumes") or ()
-                         if (v.get("image") or {}).get("pullPolicy") == "Always"}
+        self._always = pulls_always(pod.get("spec") or {})
+
+    def restore(self, k8s: Mapping[Who, K8sView], always: Iterable[Who]) -> None:
+        """What :meth:`update` computes, computed before for the same pod and events."""
+        self.k8s = dict(k8s)
+        self._always = set(always)
 
     def who_of(self, obj: Mapping[str, Any]) -> Who:
         """Whose pull an object of the agent is about: by its container name and image
@@ -102,8 +120,8 @@ class Merger:
     def _pull_ahead(self, w: Who) -> bool:
         """kubelet pulls (or, under imagePullPolicy Always, will pull) this image even
         though it is present: the present record is not the end of it."""
-        return any(self.k8s.get(n, K8sView()).phase == PULLING
-                   or (self.k8s.get(n, K8sView()).phase == "" and n in self._always)
+        return any(self.k8s.get(n, NO_VIEW).phase == PULLING
+                   or (self.k8s.get(n, NO_VIEW).phase == "" and n in self._always)
                    for n in self._whos(w))
 
     def pull_ahead(self, obj: Mapping[str, Any]) -> bool:
@@ -123,8 +141,8 @@ class Merger:
         """kubelet's view for one container or image volume, or (POD) for the pod:
         the first failure, else the latest pull in progress."""
         if w != POD:
-            return self.k8s.get(w, K8sView())
-        vs = [self.k8s.get(who(c), K8sView()) for c in self.containers]
+            return self.k8s.get(w, NO_VIEW)
+        vs = [self.k8s.get(who(c), NO_VIEW) for c in self.containers]
         for v in vs:
             if v.failed:
                 return v
@@ -133,7 +151,7 @@ class Merger:
             return max(pulling, key=lambda v: v.attempt)
         if vs and all(v.phase == PULLED for v in vs):
             return vs[0]
-        return K8sView()
+        return NO_VIEW
 
     def failure(self, follow: bool) -> dict[str, Any] | None:
         """The Error object that ends the stream: when following, only a failure
@@ -151,7 +169,7 @@ class Merger:
         again (a new attempt is under way), or says every image the agent saw fail
         arrived after all."""
         failed = set(self._agent_failed_at)
-        vs = [self.k8s.get(who(c), K8sView()) for c in self.containers
+        vs = [self.k8s.get(who(c), NO_VIEW) for c in self.containers
               if not failed or POD in failed or who(c) in failed]
         return any(v.phase == PULLING and v.attempt > v.failures >= 1 for v in vs) or (
             bool(vs) and all(v.phase == PULLED for v in vs))
@@ -194,7 +212,7 @@ class Merger:
 
     def _pulled_images(self) -> set[str]:
         return {str(r) for c in self.containers
-                if self.k8s.get(who(c), K8sView()).phase == PULLED
+                if self.k8s.get(who(c), NO_VIEW).phase == PULLED
                 and (r := _ref(c.image)) is not None}
 
     def _waiting_for(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -203,7 +221,7 @@ class Merger:
         if obj.get("image"):
             return self.waiting(str(obj["image"]))
         for c in self.containers:
-            if self.k8s.get(who(c), K8sView()).phase == PULLING:
+            if self.k8s.get(who(c), NO_VIEW).phase == PULLING:
                 w = self.waiting(c.image)
                 if w is not None:
                     return w
@@ -245,7 +263,7 @@ class Merger:
     def _present_phase(self, w: Who) -> str | None:
         """present_phase for one container or image volume, or for the pod (POD): Done
         when any of its images was pulled for it and kubelet has them all."""
-        phases = [present_phase(self.k8s.get(n, K8sView())) for n in self._whos(w)]
+        phases = [present_phase(self.k8s.get(n, NO_VIEW)) for n in self._whos(w)]
         if "Done" in phases and all(p is not None for p in phases):
             return "Done"
         return None
@@ -256,7 +274,7 @@ class Merger:
         image committed since as brought by that pull, as the stream that watched it
         did. One whose image kubelet found present, or still pulls, has none."""
         return {i: v.pull_began for i, c in enumerate(self.containers)
-                if (v := self.k8s.get(who(c), K8sView())).phase == PULLED
+                if (v := self.k8s.get(who(c), NO_VIEW)).phase == PULLED
                 and v.pull_began is not None}
 
     def _summary(self, obj: Mapping[str, Any]) -> dict[str, Any]:

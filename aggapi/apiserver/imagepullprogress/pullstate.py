@@ -7,9 +7,10 @@ pull failed with the registry's text, back-off). The apiserver merges both.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -47,6 +48,9 @@ PULL_SECONDS_MAX = 86400.0  # a longer pull is not believed
 # kubelet measures the pull before it makes the event (a channel hand-off, and the
 # duration cut to milliseconds): the start is put this much earlier.
 PULL_BEGAN_MARGIN = 0.05
+# Distinct event times whose parse is remembered (a pure function of the string; a
+# rollout's events share few seconds, and every build orders its pod's events).
+SECONDS_CACHE = 4096
 
 
 # Whose pull a view is: (CONTAINER, name) or (VOLUME, name). An image volume may share
@@ -62,9 +66,10 @@ def who(c: ContainerRef) -> Who:
     return (VOLUME if c.kind == "imagevolume" else CONTAINER, c.name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class K8sView:
-    """Kubernetes' view of one container's image."""
+    """Kubernetes' view of one container's image. (Slots: builds keep one per container
+    of each pod version they remember, ``collections.kubepart``.)"""
 
     phase: str = ""          # "", Unscheduled, Pulling, Pulled, Failed, BackOff
     error: str = ""          # the registry's / kubelet's error text
@@ -90,6 +95,11 @@ class K8sView:
             return None
         n = max(self.failures, 1)
         return min(BACKOFF_INITIAL << min(n - 1, 16), BACKOFF_MAX)
+
+
+# Kubernetes has said nothing of an image: one shared instance (frozen), as a default
+# read several times per container and build.
+NO_VIEW = K8sView()
 
 
 def _count(ev: Mapping[str, Any]) -> int:
@@ -130,7 +140,7 @@ def kubelet_events(pod: Mapping[str, Any], events: Iterable[E]) -> list[E]:
     evs = [e for e in events
            if (not uid or (e.get("involvedObject") or {}).get("uid") in (uid, None))
            and from_kubelet(e, node)]
-    return sorted(evs, key=event_time)
+    return sorted(evs, key=event_time) if len(evs) > 1 else evs
 
 
 def _statuses(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -177,7 +187,10 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
     latest: dict[Who, K8sView] = {}
     attempts: dict[Who, int] = {}
     failures: dict[Who, int] = {}
-    for ev in sorted(events, key=_order):
+    ordered = list(events)
+    if len(ordered) > 1:  # (each key costs a time parse: one event needs none)
+        ordered.sort(key=_order)
+    for ev in ordered:
         reason = ev.get("reason") or ""
         if reason not in (PULLING, PULLED, FAILED, BACKOFF):
             continue
@@ -221,7 +234,7 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
         reason = waiting.get("reason") or ""
-        prev = latest.get(name, K8sView())
+        prev = latest.get(name, NO_VIEW)
         if reason in PULL_ERROR_REASONS:
             retrying = prev.phase in (PULLING, PULLED) and failures.get(name, 0) > 0
             if retrying and reason not in PERMANENT_REASONS:
@@ -245,9 +258,17 @@ def views(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
             # failure's retry, whether or not the Pulled event came (kubelet's spam
             # filter drops events of a pod that failed often).
             latest[name] = K8sView(phase=PULLED, since=prev.since)
-    return {name: replace(v, attempt=_attempt(v, attempts.get(name, 0), failures.get(name, 0)),
-                          failures=failures.get(name, 0))
+    return {name: _counted(v, attempts.get(name, 0), failures.get(name, 0))
             for name, v in latest.items()}
+
+
+def _counted(v: K8sView, pulling: int, failures: int) -> K8sView:
+    """``v`` with its attempts and failures (built whole: dataclasses.replace costs
+    several times the constructor, once per container and build)."""
+    return K8sView(phase=v.phase, error=v.error, already_present=v.already_present,
+                   pulled_here=v.pulled_here, pull_began=v.pull_began, since=v.since,
+                   attempt=_attempt(v, pulling, failures), failures=failures,
+                   permanent=v.permanent)
 
 
 def _attempt(v: K8sView, pulling: int, failures: int) -> int:
@@ -259,6 +280,7 @@ def _attempt(v: K8sView, pulling: int, failures: int) -> int:
     return max(pulling, failures + since_failure)
 
 
+@functools.lru_cache(maxsize=SECONDS_CACHE)
 def _seconds(when: str) -> float | None:
     try:
         return datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
