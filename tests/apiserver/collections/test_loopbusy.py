@@ -9,7 +9,6 @@ from typing import Any
 
 from aggapi.apiserver.collections import loopbusy
 from aggapi.apiserver.collections.loopbusy import (
-
     MAX_STRETCH,
     TARGET,
     LoopBusy,
