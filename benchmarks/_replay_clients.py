@@ -233,3 +233,23 @@ async def timed_list(replicas: Replicas, after: float = 0.0) -> tuple[float, int
         await asyncio.sleep(1.0)
     items = len(body.get("items") or ()) if isinstance(body, dict) else 0
     return round(time.monotonic() - t0, 3), code, items, attempts
+
+
+async def settle(replicas: Replicas, watchers: list[Watcher],
+                 within: float, pulls: int) -> tuple[bool, dict[str, int]]:
+    """Until a fresh list has ``pulls`` Done and every watcher's cache equals it (or
+    ``within``); that list. (Versions alone passed a new leader's state from before
+    its build: 6,092 of 50,000 Done, every cache equal to it.)"""
+    deadline = time.monotonic() + within
+    fresh: dict[str, int] = {}
+    while True:
+        code, body = await replicas.list()
+        if code == 200 and isinstance(body, dict):
+            items = body.get("items") or ()
+            fresh = fresh_versions(items)
+            done = sum((o.get("status") or {}).get("phase") == "Done" for o in items)
+            if done >= pulls and all(w.tally.absent(fresh) == 0 for w in watchers):
+                return True, fresh
+        if time.monotonic() > deadline:
+            return False, fresh
+        await asyncio.sleep(2.0)

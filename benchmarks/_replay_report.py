@@ -58,7 +58,8 @@ BOUNDS = {"first_list_s": "<= 3", "update_p99_s": "<= 1", "replica_cpu_mean_max"
 def report(r: dict[str, Any]) -> bool:
     print(json.dumps(r, indent=1))
     print(f"goals (replay: {r['pods']} pods on {r['nodes']} nodes, {r['replicas']} replicas, "
-          f"{r['watchers']} watchers):")
+          f"{r['watchers']} watchers; pulls started over {r['rollout_over_s']:g} s, "
+          f"{r['pods'] / r['rollout_over_s']:.0f} a second):")
     met = []
     for key, text, ok in GOALS:
         value = r.get(key)

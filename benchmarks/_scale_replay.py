@@ -5,15 +5,15 @@ kube-apiserver's pod and event watches, hollow agents whose pulls progress), wit
 etcd, kubelet or kwok. Watchers (``benchmarks._replay_clients``) list and watch every
 podimagepull through a front proxy per replica (the aggregator's authentication path:
 its client certificate and X-Remote-* headers), each request to a replica at random.
-Midway the leader is rolled (SIGTERM, as a rolling update; started again after).
+Midway the leader is rolled (SIGTERM, as a rolling update; started again after). The
+pulls start over ``--rollout`` s (bench_scale's default: 200 a second at 50,000 pods).
 
 Measures: ``first_list_s`` (the first complete list of all namespaces, once every
 replica is ready: /readyz waits for the leader's build or a follower's mirror), and
-``rollout_list_s`` (one list in the rollout's thick, the leader busy),
-``update_p99_s`` (from kubelet's Pulled Event, written when the agent's pull ends, to
-the Done at the watchers), each replica's CPU (mean over the run) and peak RSS, and
-per watcher, against a fresh list once settled, ``lost_events`` and
-``duplicate_events``.
+``rollout_list_s`` (one list in the rollout's thick, the leader busy), ``update_p99_s``
+(from kubelet's Pulled Event, written when the agent's pull ends, to the Done at the
+watchers), each replica's CPU (mean over the run) and peak RSS, and per watcher,
+against a fresh list once settled, ``lost_events`` and ``duplicate_events``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from aiohttp import web
 
 from aggapi.tls import certs, pki
 from benchmarks._procstats import MiB, cpu_seconds, profiled, status_bytes
-from benchmarks._replay_clients import Replicas, Watcher, fresh_versions, timed_list
+from benchmarks._replay_clients import Replicas, Watcher, settle, timed_list
 from benchmarks._replay_report import by_window, done_times, dump_watchers, pct, report
 from tests.framework.frontproxy import FrontProxy, ProxyUser
 from tests.framework.procs import free_port, stop_child
@@ -292,10 +292,11 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
                      for rec in st.world_use.cpu.values() if rec[3] > rec[1]]
         return {
             "nodes": args.nodes, "pods": args.pods, "replicas": args.replicas,
-            "namespaces": args.namespaces, "watchers": args.watchers, "up_s": round(up_s, 1),
+            "rollout_over_s": args.rollout, "namespaces": args.namespaces,
+            "watchers": args.watchers, "up_s": round(up_s, 1),
             "first_list_s": round(first_list_s, 3), "first_list_status": code,
-            "first_list_attempts": attempts,
-            "first_list_items": first_items, "watchers_listed_s": round(watchers_listed_s, 1),
+            "first_list_attempts": attempts, "first_list_items": first_items,
+            "watchers_listed_s": round(watchers_listed_s, 1),
             "rollout_list_s": busy_list_s, "rollout_list_items": busy_items,
             "pulls_done": len(done),
             "rollout_s": round(rollout_s, 1), "run_s": round(wall, 1),
@@ -361,26 +362,6 @@ async def roll(st: Stack, rollout_t0: float) -> dict[str, Any]:
     return {"replica": i, "at_s": round(at, 1), "new_leader_s": round(new_leader_s, 1),
             "old_leader_exit_s": round(exit_s, 1),
             "back_s": round(time.monotonic() - t0, 1), "new_leader": now}
-
-
-async def settle(replicas: Replicas, watchers: list[Watcher],
-                 within: float, pulls: int) -> tuple[bool, dict[str, int]]:
-    """Until a fresh list has ``pulls`` Done and every watcher's cache equals it (or
-    ``within``); that list. (Versions alone passed a new leader's state from before
-    its build: 6,092 of 50,000 Done, every cache equal to it.)"""
-    deadline = time.monotonic() + within
-    fresh: dict[str, int] = {}
-    while True:
-        code, body = await replicas.list()
-        if code == 200 and isinstance(body, dict):
-            items = body.get("items") or ()
-            fresh = fresh_versions(items)
-            done = sum((o.get("status") or {}).get("phase") == "Done" for o in items)
-            if done >= pulls and all(w.tally.absent(fresh) == 0 for w in watchers):
-                return True, fresh
-        if time.monotonic() > deadline:
-            return False, fresh
-        await asyncio.sleep(2.0)
 
 
 def replay_main(args: Any) -> int:
