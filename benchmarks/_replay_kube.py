@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import copy
-import datetime as dt
 import json
-import uuid
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -70,19 +67,10 @@ class ReplayKube(FakeKube):
         """Create or replace; returns the stored object, never to be changed (the
         caller's is copied once: later writes replace it whole)."""
         api = api.strip("/")
-        obj = copy.deepcopy(obj)
-        meta = obj.setdefault("metadata", {})
-        key = (meta.get("namespace", ""), meta["name"])
-        bucket = self.objects.setdefault((api, resource), {})
-        event = "MODIFIED" if key in bucket else "ADDED"
+        event, obj = self._store(api, resource, obj)
+        key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         if event == "ADDED" and (keys := self._keys.get((api, resource))) is not None:
             bisect.insort(keys, key)
-        self.rv += 1
-        meta["resourceVersion"] = str(self.rv)
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp",
-                        dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-        bucket[key] = obj
         body = json.dumps(obj, separators=(",", ":")).encode()
         self._bodies.setdefault((api, resource), {})[key] = body
         self._record(api, resource, event, obj, body)
@@ -190,9 +178,7 @@ class ReplayKube(FakeKube):
         stream = _Stream(api, resource, ns, fsel, lsel)
         stream.lines = self._backlog(api, ns, resource, fsel, lsel,
                                      request.query.get("resourceVersion", ""))
-        timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
-        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await resp.prepare(request)
+        resp, timeout = await self._watch_response(request)
         self._streams.add(stream)
         try:
             async with asyncio.timeout(timeout):

@@ -14,6 +14,7 @@ from aggapi.apiserver.imagepullprogress.merge import Merger
 from aggapi.apiserver.pods import target_from_pod
 from aggapi.apiserver.podslim import slim_pod
 from aggapi.apiserver.podsources import Sources
+from tests.apiserver.podstates import container_states
 from tests.framework.fakekube import FakeKube
 
 NAMES = ["app", "side", "init", "vol"]
@@ -36,12 +37,7 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         return c
 
     def cstatus() -> dict[str, Any]:
-        state = draw(st.sampled_from([
-            {}, {"waiting": {"reason": "ContainerCreating"}},
-            {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
-            {"waiting": {"reason": "ImagePullBackOff"}},
-            {"waiting": {"reason": "InvalidImageName"}},
-            {"running": {"startedAt": draw(st.sampled_from(TIMES))}}]))
+        state = draw(container_states(TIMES))
         return {"name": draw(st.sampled_from(NAMES)), "image": draw(st.sampled_from(IMAGES)),
                 "imageID": draw(st.sampled_from(["", "sha256:" + "b" * 64])),
                 "state": state, "ready": False, "restartCount": 0, **draw(NOISE)}

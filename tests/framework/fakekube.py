@@ -109,10 +109,17 @@ class FakeKube:
     # --- store -------------------------------------------------------------
     def put(self, api: str, resource: str, obj: Obj) -> Obj:
         """Create or replace; returns the stored copy (resourceVersion set)."""
+        event, obj = self._store(api.strip("/"), resource, obj)
+        self._notify(api.strip("/"), resource, event, obj)
+        return copy.deepcopy(obj)
+
+    def _store(self, api: str, resource: str, obj: Obj) -> tuple[str, Obj]:
+        """A copy of ``obj`` stored with the next resourceVersion (and a uid and
+        creation time if it has none); the change's type, and the stored object."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         key = (meta.get("namespace", ""), meta["name"])
-        bucket = self.objects.setdefault((api.strip("/"), resource), {})
+        bucket = self.objects.setdefault((api, resource), {})
         event = "MODIFIED" if key in bucket else "ADDED"
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
@@ -120,8 +127,7 @@ class FakeKube:
         meta.setdefault("creationTimestamp",
                         dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         bucket[key] = obj
-        self._notify(api.strip("/"), resource, event, obj)
-        return copy.deepcopy(obj)
+        return event, obj
 
     def delete(self, api: str, resource: str, namespace: str, name: str) -> None:
         bucket = self.objects.get((api.strip("/"), resource), {})
@@ -291,6 +297,14 @@ class FakeKube:
         meta["uid"] = current["metadata"]["uid"]
         return web.json_response(self.put(api, resource, obj))
 
+    @staticmethod
+    async def _watch_response(request: web.Request) -> tuple[web.StreamResponse, float | None]:
+        """A watch's response, started, and its timeoutSeconds (None: none)."""
+        timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        return resp, timeout
+
     async def _watch(self, request: web.Request, api: str, ns: str, resource: str,
                      fsel: str, lsel: str) -> web.StreamResponse:
         watcher = _Watcher(api, resource, ns)
@@ -311,9 +325,7 @@ class FakeKube:
                        sorted(self.objects.get((api, resource), {}).items()) if ns in ("", ons)]
         for item in backlog:
             watcher.queue.put_nowait(item)
-        timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
-        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await resp.prepare(request)
+        resp, timeout = await self._watch_response(request)
         self._watchers.add(watcher)
         try:
             async with asyncio.timeout(timeout):

@@ -30,6 +30,7 @@ from aggapi.apiserver.imagepullprogress.pullstate import (
     kubelet_events,
 )
 from aggapi.apiserver.pods import target_from_pod
+from tests.apiserver.podstates import container_states
 
 IMAGES = ["registry.test/a:1", "registry.test/a:2", "busybox", "other.test/c:1",
           "Not/Valid", "registry.test/a@sha256:" + "ab" * 32]
@@ -87,12 +88,7 @@ def pods(draw: st.DrawFn, uid: str = "uid-p", rv: str | None = "7") -> dict[str,
             image = draw(st.sampled_from(IMAGES))
             items.append({"name": name, "image": image,
                           "imagePullPolicy": draw(st.sampled_from(["Always", "IfNotPresent"]))})
-            state = draw(st.sampled_from([
-                {}, {"waiting": {"reason": "ContainerCreating"}},
-                {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
-                {"waiting": {"reason": "ImagePullBackOff"}},
-                {"waiting": {"reason": "InvalidImageName"}},
-                {"running": {"startedAt": draw(st.sampled_from(TIMES))}}]))
+            state = draw(container_states(TIMES))
             statuses.setdefault(status, []).append({
                 "name": name, "state": state,
                 "imageID": draw(st.sampled_from(["", "registry.test/a@sha256:" + "cd" * 32]))})
