@@ -10,6 +10,11 @@ generation scanned every pod, event and object again, though JSON trees hold no 
 - ``freeze``: once the leader's cluster-wide feed is built, everything alive then goes
   to the permanent generation and is never scanned again; it is still freed as usual
   when its last reference goes. One full collection first, so no garbage is frozen.
+  Later freezes (each term's build, each mirror sync) collect only the young
+  generations first: a full collection then scanned a million objects (a mirror and a
+  term's build at 50,000 pods), holding a new leader's loop 1.6-2.6 s in its first
+  seconds. What cyclic garbage the old generation holds then stays frozen; JSON
+  trees, nearly all of it, have no cycles.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ def tune() -> None:
 
 def freeze() -> None:
     t0 = time.monotonic()
-    gc.collect()
+    gc.collect(2 if gc.get_freeze_count() == 0 else 1)
     gc.freeze()
     log.info("objects built: moved out of the collector's scans",
              extra={"frozen": gc.get_freeze_count(),

@@ -40,3 +40,29 @@ def test_freeze_collects_the_garbage_first_then_freezes_what_lives(restore_gc: N
     gctune.freeze()
     assert gone() is None  # collected, not frozen
     assert gc.get_freeze_count() > 0 and gc.is_tracked(kept)
+
+
+def test_a_later_freeze_collects_only_the_young_generations(
+        restore_gc: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first freeze scans everything; a later one (a new term's build, a mirror's
+    sync) only what is young: a full collection over a million objects held a new
+    leader's loop for seconds. A young cycle is still collected, not frozen."""
+    gc.unfreeze()
+    generations: list[int] = []
+    collect = gc.collect
+
+    def recorded(generation: int = 2) -> int:
+        generations.append(generation)
+        return collect(generation)
+    monkeypatch.setattr(gc, "collect", recorded)
+    gctune.freeze()
+
+    class Node:
+        other: object = None
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    del a, b
+    gctune.freeze()
+    assert generations == [2, 1] and gone() is None
