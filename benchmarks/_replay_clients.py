@@ -104,12 +104,16 @@ class Replicas:
         self.proxies = list(proxies)
         self.headers = {"Authorization": f"Bearer {token}"}
         self.rng = random.Random(seed)
+        self.ready = [True] * len(self.proxies)
         self.session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
             connector=aiohttp.TCPConnector(limit=0))
 
     def pick(self) -> str:
-        return self.rng.choice(self.proxies)
+        """A replica at random among the ready ones (``ready``, kept by the bench as
+        endpoints are), or among all if none is."""
+        up = [p for p, ok in zip(self.proxies, self.ready, strict=False) if ok]
+        return self.rng.choice(up or self.proxies)
 
     async def list(self) -> tuple[int, dict[str, Any] | str]:
         """(status, the list) from a random replica; parsed off the event loop."""

@@ -147,6 +147,7 @@ class Stack:
             "--agent-namespace=aggapi", "--agent-service=aggapi-agent",
             "--agent-pod-check=false", "--leader-elect", "--pod-namespace=aggapi",
             f"--pod-name=replica-{r.index}", "--advertise-address=127.0.0.1",
+            "--shutdown-delay=5",  # the chart's apiserver.shutdownDelaySeconds
             "--log-level=warning", *getattr(self.args, "replica_arg", ())])
 
     def readyz(self, r: Replica) -> bool:
@@ -204,6 +205,15 @@ class Stack:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
 
+    async def endpoints(self, replicas: Replicas, stop: asyncio.Event) -> None:
+        """Route only to ready replicas, as kube-apiserver's aggregator does once the
+        EndpointSlice says a terminating pod is not ready (read every 0.5 s here)."""
+        while not stop.is_set():
+            replicas.ready = list(await asyncio.gather(
+                *(asyncio.to_thread(self.readyz, r) for r in self.replicas)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+
     async def down(self) -> None:
         for p in self.proxies:
             await p.stop()
@@ -232,8 +242,9 @@ async def run(d: Path, args: Any) -> dict[str, Any]:
         up_s = time.monotonic() - t_up
         print(f"up in {up_s:.1f}s: {args.pods} pods on {args.nodes} nodes, leader "
               f"replica-{st.leader()}", flush=True)
-        sampler = asyncio.create_task(st.sample(stop_sampling))
         replicas = Replicas(urls, CLIENT_TOKEN, args.seed)
+        sampler = asyncio.gather(st.sample(stop_sampling),
+                                 st.endpoints(replicas, stop_sampling))
         spy = contextlib.ExitStack()
         spy.enter_context(profiled(getattr(args, "py_spy", None), "replay", {
             f"replica-{r.index}": r.proc.pid for r in st.replicas if r.proc is not None},

@@ -156,3 +156,17 @@ async def test_the_fake_apiservers_watches_get_the_changes_after_their_version()
         assert len(await watch(kube.rv - 3)) == 3
         old = await watch(kube.rv - 6)
         assert [e["type"] for e in old] == ["ERROR"] and old[0]["object"]["code"] == 410
+
+
+async def test_requests_go_to_ready_replicas_only() -> None:
+    """As the aggregator once a terminating replica's endpoint is not ready: none to
+    it while another is ready; any when none is."""
+    from benchmarks._replay_clients import Replicas
+    replicas = Replicas(["a", "b", "c"], "token", seed=1)
+    try:
+        replicas.ready = [False, True, False]
+        assert {replicas.pick() for _ in range(50)} == {"b"}
+        replicas.ready = [False, False, False]
+        assert {replicas.pick() for _ in range(50)} == {"a", "b", "c"}
+    finally:
+        await replicas.close()
