@@ -13,14 +13,15 @@ reportingInstance) and ``podsources`` (metadata's and involvedObject's name and
 namespace: the informer's key and the pod's index).
 
 The strings many Events repeat (namespaces, reasons, nodes, times, field paths) are
-interned: parsed JSON holds a new string for each occurrence.
+held once (``interned``).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
+
+from aggapi.apiserver import interned
 
 TOP = ("reason", "message", "count", "lastTimestamp", "eventTime",
        "reportingComponent", "reportingInstance")
@@ -32,17 +33,10 @@ SERIES = ("count",)
 SHARED = frozenset({"namespace", "reason", "fieldPath", "component", "host",
                     "reportingComponent", "reportingInstance", "lastTimestamp",
                     "eventTime", "creationTimestamp"})
-INTERN_MAX = 253  # characters: a DNS name's bound; longer ones are not worth a lookup
-
-
-def _value(key: str, v: Any) -> Any:
-    if key in SHARED and type(v) is str and len(v) <= INTERN_MAX:
-        return sys.intern(v)
-    return v
 
 
 def _pick(obj: Any, keys: tuple[str, ...]) -> dict[str, Any]:
-    return {k: _value(k, obj[k]) for k in keys if k in obj}
+    return {k: interned.text(obj[k]) if k in SHARED else obj[k] for k in keys if k in obj}
 
 
 def slim_event(ev: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,9 +15,10 @@ creationTimestamp, labels) and the stream's producer (uid, nodeName).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
+
+from aggapi.apiserver import interned
 
 META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
         "deletionTimestamp", "labels")
@@ -25,29 +26,16 @@ CONTAINER = ("name", "image", "imagePullPolicy")
 STATUS = ("name", "image", "imageID", "state")
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 STATUS_LISTS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
-# Held once however many pods repeat them (parsed JSON holds a new string for each):
-# namespaces, nodes, labels, container names, images, pull policies, phases, states'
-# reasons and times. Not a pod's own name, uid or version, which no other pod has.
+# Held once however many pods repeat them (``interned``): namespaces, nodes, labels,
+# container names, images, pull policies, phases, states' reasons and times. Not a
+# pod's own name, uid or version, which no other pod has.
 UNIQUE = frozenset({"name", "uid", "resourceVersion"})
-INTERN_MAX = 253  # characters: a DNS name's bound; longer ones are not worth a lookup
-
-
-def _shared(v: Any) -> Any:
-    """``v`` with its short strings interned (a nested object or list: a new one)."""
-    if type(v) is str:
-        return sys.intern(v) if len(v) <= INTERN_MAX else v
-    if isinstance(v, dict):
-        return {sys.intern(k) if type(k) is str and len(k) <= INTERN_MAX else k: _shared(x)
-                for k, x in v.items()}
-    if isinstance(v, list):
-        return [_shared(x) for x in v]
-    return v
 
 
 def _pick(obj: Any, keys: tuple[str, ...], unique: frozenset[str] = frozenset()) -> Any:
     if not isinstance(obj, Mapping):
         return obj  # (not a pod's shape: kept as is, the readers cope with it)
-    return {k: obj[k] if k in unique else _shared(obj[k]) for k in keys if k in obj}
+    return {k: obj[k] if k in unique else interned.tree(obj[k]) for k in keys if k in obj}
 
 
 def _each(items: Any, keys: tuple[str, ...]) -> Any:
@@ -64,7 +52,7 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
         slim: dict[str, Any] = {k: _each(spec[k], CONTAINER) for k in CONTAINER_LISTS
                                 if k in spec}
         if "nodeName" in spec:
-            slim["nodeName"] = _shared(spec["nodeName"])
+            slim["nodeName"] = interned.text(spec["nodeName"])
         volumes = spec.get("volumes")
         if isinstance(volumes, list):  # only image volumes are pulled
             images = [_pick(v, ("name", "image")) for v in volumes
@@ -79,7 +67,7 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
         kept: dict[str, Any] = {k: _each(status[k], STATUS) for k in STATUS_LISTS
                                 if k in status}
         if "phase" in status:
-            kept["phase"] = _shared(status["phase"])
+            kept["phase"] = interned.text(status["phase"])
         out["status"] = kept
     elif "status" in pod:
         out["status"] = status
