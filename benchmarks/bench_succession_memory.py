@@ -51,12 +51,24 @@ from aggapi.apiserver.podsources import Sources
 from aggapi.apiserver.replicas import Forwarder
 from aggapi.kube.client import client_for_url
 from aggapi.serve import gctune
-from benchmarks._replay_world import GROUP_HOST, event_object, node_of, pod_object
+from benchmarks._replay_world import (
+    GROUP_HOST,
+    event_object,
+    namespace_of,
+    node_of,
+    pod_object,
+)
 from tests.apiserver.collections.fakes import FakeAgent, node_view, pull
 
 GOAL_MIB = 1024.0
 MiB = 1 << 20
 EPOCH = 7
+
+
+def _last_ended(args: argparse.Namespace) -> tuple[str, str]:
+    """The last pod ``_rollout`` ends (its Events seen: the rollout reached here)."""
+    ended = [i for i in range(args.pods) if _pulling(i, args.pulled)][:args.rollout]
+    return namespace_of(ended[-1], args.namespaces), f"app-{ended[-1]}"
 
 
 def _pulling(i: int, pulled: float) -> bool:
@@ -118,10 +130,40 @@ def _world(pods: int, nodes: int, namespaces: int, pulled: float, changes: int,
 
     async def serve() -> None:
         conn.send(await kube.start())
-        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        loop = asyncio.get_running_loop()
+        while (n := await loop.run_in_executor(None, conn.recv)) != "stop":
+            _rollout(kube, pods, nodes, namespaces, pulled, int(n))
+            conn.send("done")
         await kube.stop()
 
     asyncio.run(serve())
+
+
+def _rollout(kube: Any, pods: int, nodes: int, namespaces: int, pulled: float,
+             n: int) -> None:
+    """The rollout goes on: ``n`` pods whose pull was in flight end it (a Pulled Event,
+    the container running), as kubelet ends one."""
+    ended = 0
+    for i in range(pods):
+        if ended >= n:
+            break
+        if not _pulling(i, pulled):
+            continue
+        p = kube.get("api/v1", "pods", namespace_of(i, namespaces), f"app-{i}")
+        if p is None or p["status"]["phase"] == "Running":
+            continue
+        ended += 1
+        kube.put("api/v1", "events", event_object(
+            p, pods * 2 + i, "Pulled", f'Successfully pulled image "{GROUP_HOST}/app-{i}:v1" '
+            "in 3.000s (3.000s including waiting). Image size: 33554432 bytes."))
+        p = json.loads(json.dumps(p))
+        p["status"].update(phase="Running", conditions=[{"type": "Ready", "status": "True"}])
+        p["status"]["containerStatuses"] = [{
+            "name": "app", "image": f"{GROUP_HOST}/app-{i}:v1",
+            "imageID": f"{GROUP_HOST}/app-{i}@sha256:{i:064x}", "ready": True,
+            "started": True, "restartCount": 0,
+            "state": {"running": {"startedAt": "2026-11-29T00:00:01Z"}}}]
+        kube.put("api/v1", "pods", p)
 
 
 class _Content:
@@ -283,6 +325,18 @@ async def run(args: argparse.Namespace, lines_file: Path) -> dict[str, Any]:
     gctune.freeze()
     stage("4 GC frozen")
     gc.unfreeze()
+    if args.rollout:
+        # A paged list at the term's start (its state kept for its later pages), then
+        # the rollout goes on: the objects it replaces stay held by what keeps them.
+        tcol.keep_state(tcol.rv, tcol.objects)
+        t0 = time.monotonic()
+        here.send(str(args.rollout))
+        await asyncio.get_running_loop().run_in_executor(None, here.recv)
+        last = _last_ended(args)
+        while term.pending or len(term.source.events_of(last)) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)  # (no event says the informers got there)
+        await asyncio.sleep(0.5)
+        stage(f"5 {args.rollout} pulls ended ({time.monotonic() - t0:.1f} s)")
 
     sampler.cancel()
     peak = max(r["hwm"] for r in rows)
@@ -305,6 +359,8 @@ def main() -> None:
                     help="share of the pods whose pull ended before the succession")
     ap.add_argument("--changes", type=int, default=8192,
                     help="the leader's changes the mirror applies after its sync")
+    ap.add_argument("--rollout", type=int, default=20_000,
+                    help="pulls that end after the term started (0: none)")
     ap.add_argument("--trace", action="store_true", help="tracemalloc too (slower)")
     ap.add_argument("--freeze-mirror", action="store_true",
                     help="the GC freeze after the mirror's sync, as a replica")
