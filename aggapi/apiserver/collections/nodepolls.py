@@ -9,6 +9,7 @@ same endpoint nodes/imagepulls and the per-pod stream's slot check read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,11 +35,14 @@ def _bare(view: dict[str, Any] | None) -> dict[str, Any] | None:
 
 class NodePoll:
     """The latest node view of one node (None until read, or while unreadable).
-    ``interval``: seconds between reads, or a function giving them (the feeds' pace)."""
+    ``interval``: seconds between reads, or a function giving them (the feeds' pace).
+    ``gate``: shared by every node's poll, bounds the reads in flight at once."""
 
     def __init__(self, agent: AgentClient, node: str, *,
-                 interval: float | Callable[[], float]) -> None:
+                 interval: float | Callable[[], float],
+                 gate: asyncio.Semaphore | None = None) -> None:
         self.agent, self.node, self.interval = agent, node, interval
+        self.gate = gate
         self.view: dict[str, Any] | None = None
         self.read_at = 0.0  # time.monotonic() of the last read
         self.error = ""
@@ -57,8 +61,9 @@ class NodePoll:
     async def _run(self) -> None:
         while True:
             try:
-                view: dict[str, Any] | None = await fetch_node_view(
-                    self.agent, self.node, POLL_SUBJECT, reuse=True)
+                async with self.gate or contextlib.nullcontext():
+                    view: dict[str, Any] | None = await fetch_node_view(
+                        self.agent, self.node, POLL_SUBJECT, reuse=True)
                 error = ""
             except StatusError as exc:
                 view, error = None, exc.message
