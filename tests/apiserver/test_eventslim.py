@@ -15,12 +15,12 @@ from aggapi.apiserver.eventslim import slim_event
 from aggapi.apiserver.imagepullprogress.merge import Merger
 from aggapi.apiserver.imagepullprogress.pullstate import kubelet_events
 from aggapi.apiserver.pods import target_from_pod
-from aggapi.apiserver.podsources import Source
 from aggapi.kube.events import from_kubelet
 from tests.framework.fakekube import FakeKube
 
 from .collections.fakes import event, pod
 from .test_podslim import VIEWS, events, pods
+from .test_podsources import synced_source
 
 NOISE = {"apiVersion": "v1", "kind": "Event", "type": "Normal", "action": "Pulling",
          "firstTimestamp": "2026-01-01T00:00:00Z", "reportingController": "kubelet",
@@ -99,20 +99,14 @@ async def test_the_shared_event_informer_holds_only_what_is_read(kube: FakeKube)
     ev.update(NOISE)
     ev["metadata"].update(META_NOISE)
     kube.put("api/v1", "events", ev)
-    async with kube.kube_client() as api:
-        src = Source(api, "ns1")
-        src.start()
-        try:
-            await src.wait_synced(5)
-            (kept,) = src.events_of(("ns1", "web-0"))
-            assert set(kept) == {"metadata", "involvedObject", "reason", "message",
-                                 "source", "lastTimestamp"}
-            assert set(kept["metadata"]) == {"name", "namespace", "resourceVersion",
-                                             "creationTimestamp"}
-            assert set(kept["involvedObject"]) == {"name", "namespace", "uid", "fieldPath"}
-            assert list(src._events.items.values()) == [kept]
-        finally:
-            await src.stop()
+    async with synced_source(kube, "ns1") as src:
+        (kept,) = src.events_of(("ns1", "web-0"))
+        assert set(kept) == {"metadata", "involvedObject", "reason", "message",
+                             "source", "lastTimestamp"}
+        assert set(kept["metadata"]) == {"name", "namespace", "resourceVersion",
+                                         "creationTimestamp"}
+        assert set(kept["involvedObject"]) == {"name", "namespace", "uid", "fieldPath"}
+        assert list(src._events.items.values()) == [kept]
 
 
 def test_slim_events_keep_what_a_remembered_build_is_keyed_by() -> None:
