@@ -147,7 +147,7 @@ AP = "aggapi.apiserver."
 LAYERS: list[set[str]] = [
     {"user", "requestinfo", "config", "metrics", "shutdown", "pods", "agents", "apischemas",
      "agentclient", "authconfig", "discovery", "openapi", "health", "shared",
-     "podsources", "podslim", "eventslim", "interned", "election", "handover",
+     "podsources", "podslim", "election", "handover",
      "fieldselector"},  # foundation
     {"authn", "authz"},                      # the authentication and authorization layer
     {"handlers", "imagepullprogress", "replicas"},  # the subresources: never authorize

@@ -37,12 +37,10 @@ from typing import Any
 import aiohttp
 
 from aggapi import GROUP_VERSION, tasks
-from aggapi.apiserver import interned
 from aggapi.apiserver.collections.feedset import Feeds
 from aggapi.apiserver.collections.store import ADDED, Clock, Collection
 from aggapi.apiserver.election import Election, Leader
 from aggapi.apiserver.handover import Succession
-from aggapi.apiserver.podslim import UNIQUE
 from aggapi.apiserver.podsources import pod_key
 from aggapi.apiserver.replicas import Forwarder
 
@@ -61,27 +59,12 @@ RETRY = 0.5  # seconds between attempts while the leader does not answer
 Obj = dict[str, Any]
 
 
-def _held(obj: Any) -> Any:
-    """A mirrored object with the strings objects repeat held once (``interned``; not
-    its own name, uid or version): the mirror holds 50,000 beside the successor's
-    informers and build."""
-    if not isinstance(obj, dict):
-        return obj
-    return {k: {m: v if m in UNIQUE else interned.tree(v) for m, v in x.items()}
-            if k == "metadata" and isinstance(x, dict) else interned.tree(x)
-            for k, x in obj.items()}
-
-
 def _parse(lines: bytes) -> list[Obj]:
     """Watch events, one JSON object a line; parsed as one array so that the parser's
     key memo is shared by the batch (the keys of 50,000 objects stored once a batch,
     not once an object)."""
     parts = [line for line in lines.split(b"\n") if line.strip()]
-    events = json.loads(b"[" + b",".join(parts) + b"]") if parts else []
-    for ev in events:
-        if isinstance(ev, dict) and "object" in ev:
-            ev["object"] = _held(ev["object"])
-    return events
+    return json.loads(b"[" + b",".join(parts) + b"]") if parts else []
 
 
 async def _batches(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -4,8 +4,7 @@ per-pod progress streams read, nothing else (as client-go's SetTransform).
 A cluster's worth of pods is held for as long as a source runs (the leader's whole
 term): parsed, a Deployment's pod of 1.2 KB of JSON took
 about 8.6 KiB of Python objects (418 MiB for 50,000 pods), most of it env, ports,
-resources, conditions and owner references nobody here reads; slim, 2.9 KiB, and 2.3
-with the strings pods repeat held once (147 -> 113 MiB at 50,000). Readers:
+resources, conditions and owner references nobody here reads; slim, 2.9 KiB. Readers:
 ``pods.target_from_pod``/``containers_of`` (names, images, image volumes),
 ``merge.Merger.update`` (imagePullPolicy, image volumes' pullPolicy),
 ``pullstate.views``/``kubelet_events`` (nodeName, uid, container statuses' name,
@@ -18,24 +17,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aggapi.apiserver import interned
-
 META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
         "deletionTimestamp", "labels")
 CONTAINER = ("name", "image", "imagePullPolicy")
 STATUS = ("name", "image", "imageID", "state")
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 STATUS_LISTS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
-# Held once however many pods repeat them (``interned``): namespaces, nodes, labels,
-# container names, images, pull policies, phases, states' reasons and times. Not a
-# pod's own name, uid or version, which no other pod has.
-UNIQUE = frozenset({"name", "uid", "resourceVersion"})
 
 
-def _pick(obj: Any, keys: tuple[str, ...], unique: frozenset[str] = frozenset()) -> Any:
+def _pick(obj: Any, keys: tuple[str, ...]) -> Any:
     if not isinstance(obj, Mapping):
         return obj  # (not a pod's shape: kept as is, the readers cope with it)
-    return {k: obj[k] if k in unique else interned.tree(obj[k]) for k in keys if k in obj}
+    return {k: obj[k] for k in keys if k in obj}
 
 
 def _each(items: Any, keys: tuple[str, ...]) -> Any:
@@ -46,13 +39,13 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """``pod`` with only the fields read here (a new dict; ``pod`` is not changed)."""
     out: dict[str, Any] = {}
     if "metadata" in pod:
-        out["metadata"] = _pick(pod["metadata"], META, UNIQUE)
+        out["metadata"] = _pick(pod["metadata"], META)
     spec = pod.get("spec")
     if isinstance(spec, Mapping):
         slim: dict[str, Any] = {k: _each(spec[k], CONTAINER) for k in CONTAINER_LISTS
                                 if k in spec}
         if "nodeName" in spec:
-            slim["nodeName"] = interned.text(spec["nodeName"])
+            slim["nodeName"] = spec["nodeName"]
         volumes = spec.get("volumes")
         if isinstance(volumes, list):  # only image volumes are pulled
             images = [_pick(v, ("name", "image")) for v in volumes
@@ -67,7 +60,7 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
         kept: dict[str, Any] = {k: _each(status[k], STATUS) for k in STATUS_LISTS
                                 if k in status}
         if "phase" in status:
-            kept["phase"] = interned.text(status["phase"])
+            kept["phase"] = status["phase"]
         out["status"] = kept
     elif "status" in pod:
         out["status"] = status

@@ -5,7 +5,7 @@ This is the shape of client-go's SharedInformerFactory: every consumer of a
 namespace (the collections' feeds, every per-pod progress stream) shares its two
 watches (``Sources`` starts a source with its first user and stops it a linger after
 its last). Events are indexed by pod, only kubelet's pull reasons, at most
-``EVENTS_PER_POD`` per pod, each with only the fields read (``eventslim``).
+``EVENTS_PER_POD`` per pod.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from aggapi.apiserver.eventslim import slim_event
 from aggapi.apiserver.podslim import slim_pod
 from aggapi.apiserver.shared import Shared
 from aggapi.kube.client import KubeClient, KubeError, path_segment
@@ -28,10 +27,19 @@ EVENTS_PER_POD = 32
 PULL_REASONS = frozenset({"Pulling", "Pulled", "Failed", "BackOff"})
 
 
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """The event without its managedFields (server-side apply's bookkeeping): nothing
+    here reads them. (Pods keep only the fields read: ``podslim``.)"""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    return obj
+
+
 def _pull_event(ev: dict[str, Any]) -> dict[str, Any] | None:
     """Only kubelet's pull events are kept (Scheduled, Created, Started... are not
-    read here), and of each only the fields read (``eventslim``)."""
-    return slim_event(ev) if ev.get("reason") in PULL_REASONS else None
+    read here)."""
+    return _slim(ev) if ev.get("reason") in PULL_REASONS else None
 
 
 def pod_key(obj: Mapping[str, Any]) -> PodKey:

@@ -155,25 +155,3 @@ async def test_the_shared_informer_holds_only_what_is_read() -> None:
         await sources.close()
         await api.close()
         await kube.stop()
-
-
-def test_the_strings_pods_repeat_are_held_once_and_their_own_are_not_interned() -> None:
-    def parsed(name: str) -> dict[str, Any]:  # each string its own, as parsed JSON's
-        return {"metadata": {"name": "".join(["web-", name]), "namespace": "".join(["n", "s1"]),
-                             "uid": "".join(["uid-", name]),
-                             "labels": {"app": "".join(["w", "eb"])}},
-                "spec": {"nodeName": "".join(["node", "-a"]), "containers": [
-                    {"name": "".join(["a", "pp"]), "image": "".join(["busy", "box"])}]},
-                "status": {"phase": "".join(["Pend", "ing"]), "containerStatuses": [
-                    {"name": "app", "state": {"waiting": {"reason": "".join(["Container",
-                                                                             "Creating"])}}}]}}
-    a, b = slim_pod(parsed("0")), slim_pod(parsed("1"))
-    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
-    assert a["metadata"]["labels"]["app"] is b["metadata"]["labels"]["app"]
-    assert a["spec"]["nodeName"] is b["spec"]["nodeName"]
-    assert a["spec"]["containers"][0]["image"] is b["spec"]["containers"][0]["image"]
-    assert a["status"]["phase"] is b["status"]["phase"]
-    sa, sb = (p["status"]["containerStatuses"][0]["state"] for p in (a, b))
-    assert sa["waiting"]["reason"] is sb["waiting"]["reason"]
-    whole = parsed("0")
-    assert slim_pod(whole)["metadata"]["uid"] is whole["metadata"]["uid"]

@@ -27,7 +27,7 @@ from aggapi.apiserver.collections.podimagepulls import (
     reads_others,
     view_slice,
 )
-from aggapi.apiserver.collections.store import Clock, Collection, Event, same_object
+from aggapi.apiserver.collections.store import Clock, Collection, Event
 from aggapi.apiserver.podsources import PodKey, Source, Sources, pod_key
 from aggapi.apiserver.shared import Shared
 from aggapi.status import StatusError
@@ -281,12 +281,6 @@ class PodFeed(Batcher):
                 self._slices[key] = (images, others, view_slice(images, view, others=others))
             self._index(key, node, needs)
             touched.add(node)
-            mirrored = basis.get(key) if basis is not None else None
-            if mirrored is not None and same_object(mirrored, obj):
-                # Warming: the mirror's object itself, not an equal copy (the term's
-                # start keeps the mirror's where equal: one copy at the succession).
-                self.collection.keep(key, mirrored)
-                continue
             self.collection.set(key, obj, record=record)
         for node in touched:
             if self._needs.get(node):

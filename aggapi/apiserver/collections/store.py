@@ -115,7 +115,7 @@ def too_large(rv: int, current: int) -> StatusError:
                              "message": "Too large resource version"}]})
 
 
-def same_object(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Equal but for metadata.resourceVersion."""
     def bare(o: Mapping[str, Any]) -> dict[str, Any]:
         meta = {k: v for k, v in (o.get("metadata") or {}).items() if k != "resourceVersion"}
@@ -159,37 +159,19 @@ class Collection:
             if old is None:
                 return None
             del self.objects[key]
-            rv, kind, obj = self._clock.next(), DELETED, old
+            rv, kind, obj = self._clock.next(), DELETED, dict(old)
         else:
-            if old is obj or (old is not None and same_object(old, obj)):
+            if old is not None and _same(old, obj):
                 return None
             rv, kind = self._clock.next(), (MODIFIED if old is not None else ADDED)
-        # Stamped in a copy (its top level only): ``obj`` may be another collection's,
-        # as a warming feed holds the mirror's objects (``keep``), and is never changed.
-        obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}}
-        if kind != DELETED:
             self.objects[key] = obj
+        obj["metadata"] = {**(obj.get("metadata") or {}), "resourceVersion": str(rv)}
         ev = Event(rv, kind, obj, old, key, encode(obj) if record else b"")
         if not record:  # the collection starts again from here
             self._history.clear()
             self.start_rv, self._rvs = rv, {rv}
         self._record(ev, history=record)
         return ev
-
-    def keep(self, key: Hashable, obj: Obj) -> None:
-        """Hold ``obj``, another collection's object, as it is (its version not
-        stamped): a warming feed's build equal to the mirror's object holds that one,
-        not a second copy of 50,000. As ``set(record=False)``: only for a collection no
-        reader holds a version of; the collection starts again from here."""
-        old = self.objects.get(key)
-        if old is obj:
-            return
-        self.objects[key] = obj
-        rv = self._clock.next()
-        self._history.clear()
-        self.start_rv, self._rvs = rv, {rv}
-        self._record(Event(rv, MODIFIED if old is not None else ADDED, obj, old, key),
-                     history=False)
 
     def _record(self, ev: Event, *, history: bool = True) -> None:
         self.rv = ev.rv

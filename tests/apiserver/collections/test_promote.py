@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from collections.abc import Hashable
 from typing import Any
 
@@ -121,44 +120,5 @@ async def test_a_build_starts_with_the_pods_kube_changed_last(
         assert first == {"p6", "p5"} and len(feed.collection.objects) == 8
     finally:
         await feed.stop()
-        await sources.close()
-        await client.close()
-
-
-async def test_a_warm_build_holds_the_mirrors_objects_where_equal_not_copies(
-        kube: FakeKube) -> None:
-    """A successor holds one copy of the objects at the succession: its warm build
-    keeps the mirror's own object wherever it builds an equal one, and the term keeps
-    those (their versions the old term's, unchanged); only a real difference is a new
-    object, stamped in the term's epoch."""
-    ns = f"promote-{next(RUNS)}"
-    for i in range(4):
-        kube.put("api/v1", "pods", pod(f"p{i}", namespace=ns))
-    client = kube.kube_client()
-    sources = Sources(client, linger=0)
-    old = await built(sources, ns, Clock(10))  # the old leader's, mirrored
-    await until(old.synced.is_set)
-    mirror = Collection(Clock(0))
-    # as parsed from the leader's watch (mirror.py): objects of their own
-    mirror.reset({k: json.loads(json.dumps(o)) for k, o in old.collection.objects.items()},
-                 old.collection.rv)
-    await old.stop()
-    versions = {k: o["metadata"]["resourceVersion"] for k, o in mirror.objects.items()}
-    kube.put("api/v1", "pods", pod("p3", namespace=ns, labels={"step": "1"}))
-    warm = await built(sources, ns, Clock(0), basis=lambda: mirror.objects)
-    try:
-        await until(lambda: warm.synced.is_set() and not warm.pending)
-        for i in range(3):
-            key = (ns, f"p{i}")
-            assert warm.collection.objects[key] is mirror.objects[key]
-        assert warm.collection.objects[(ns, "p3")] is not mirror.objects[(ns, "p3")]
-        kept, held = dict(mirror.objects), mirror.rv
-        warm.promote(mirror, Clock(11))
-        assert all(mirror.objects[(ns, f"p{i}")] is kept[(ns, f"p{i}")] for i in range(3))
-        assert {k: o["metadata"]["resourceVersion"] for k, o in kept.items()} == versions
-        assert [(ev.key, ev.rv >> EPOCH_SHIFT) for ev in mirror.since(held)] == [
-            ((ns, "p3"), 11)]
-    finally:
-        await warm.stop()
         await sources.close()
         await client.close()

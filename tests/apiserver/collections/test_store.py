@@ -4,7 +4,6 @@ replays to exactly the current state; versions older than its history are 410.""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -284,31 +283,3 @@ def test_the_changes_after_a_version_are_the_historys_later_ones_first_first(
         return
     want = [e for e in held if e.rv > rv]
     assert col.since(rv, limit) == (want if limit is None else want[:limit])
-
-
-def test_storing_an_object_never_changes_the_callers() -> None:
-    """Another collection's object (a warming feed holds the mirror's) is stamped in
-    a copy: its own version stays what its collection handed out."""
-    mirrored: dict[str, Any] = {"metadata": {"name": "a", "resourceVersion": "5"}, "v": 1}
-    col = Collection(Clock(3))
-    ev = col.set("a", mirrored)
-    assert ev is not None and ev.obj is col.objects["a"]
-    assert mirrored == {"metadata": {"name": "a", "resourceVersion": "5"}, "v": 1}
-    assert col.objects["a"]["metadata"]["resourceVersion"] == str(ev.rv)
-    changed = {"metadata": {"name": "a"}, "v": 2}
-    col.set("a", changed)
-    assert changed == {"metadata": {"name": "a"}, "v": 2}
-    gone = col.set("a", None)
-    assert gone is not None and gone.prev is not None
-    assert gone.prev["metadata"]["resourceVersion"] == str(gone.rv - 1)
-
-
-def test_a_kept_object_is_held_as_it_is_and_starts_the_collection_again() -> None:
-    mirrored: dict[str, Any] = {"metadata": {"name": "a", "resourceVersion": "5"}, "v": 1}
-    col = Collection(Clock(3))
-    col.set("b", {"metadata": {"name": "b"}, "v": 1})
-    held = col.rv
-    col.keep("a", mirrored)
-    assert col.objects["a"] is mirrored and mirrored["metadata"]["resourceVersion"] == "5"
-    assert not col.owns(held) and col.owns(col.rv)
-    assert col.set("a", mirrored) is None  # the same object: nothing changed
