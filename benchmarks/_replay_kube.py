@@ -50,6 +50,10 @@ class _Stream:
         self.wake.set()
 
 
+def _compact(obj: Obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
 def _line(event: str, body: bytes) -> bytes:
     return b'{"type":"%s","object":%s}\n' % (event.encode(), body)
 
@@ -71,7 +75,7 @@ class ReplayKube(FakeKube):
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         if event == "ADDED" and (keys := self._keys.get((api, resource))) is not None:
             bisect.insort(keys, key)
-        body = json.dumps(obj, separators=(",", ":")).encode()
+        body = _compact(obj)
         self._bodies.setdefault((api, resource), {})[key] = body
         self._record(api, resource, event, obj, body)
         return obj
@@ -86,7 +90,7 @@ class ReplayKube(FakeKube):
         self.rv += 1
         obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.rv)}}
         self._record(api, resource, "DELETED", obj,
-                     json.dumps(obj, separators=(",", ":")).encode())
+                     _compact(obj))
 
     def _record(self, api: str, resource: str, event: str, obj: Obj, body: bytes) -> None:
         ns = obj["metadata"].get("namespace", "")

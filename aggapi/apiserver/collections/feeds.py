@@ -181,9 +181,8 @@ class PodFeed(Batcher):
         newest = []
         for p in self.source.pods.items.values():
             key = pod_key(p)
-            events = self.source.events_of(key)
-            newest.append((max(version(p), *map(version, events)) if events
-                           else version(p), key))
+            newest.append((max([version(p), *map(version, self.source.events_of(key))]),
+                           key))
         newest.sort(reverse=True)
         return [key for _, key in newest]
 
